@@ -1,0 +1,1 @@
+"""dlrover_events."""

@@ -1,0 +1,332 @@
+"""The event bus on aiokafka: a producer keyed by job, and a consumer that dead-letters
+what it cannot decode and commits only after the handler's effects are durable.
+
+Delivery is at least once. Handlers make their effects idempotent (event ids, plan ids),
+so a consumer killed before its commit re-processes without duplicating anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaConnectionError, KafkaError
+
+from dlrover_events.errors import BusUnavailable
+from dlrover_events.settings import Settings
+from dlrover_events.topics import DLQ, topic, topic_of
+from schemas.codec import CodecError, decode, encode
+from schemas.dlq import DeadLetter, FailureKind
+from schemas.envelope import Event
+
+log = logging.getLogger(__name__)
+
+
+def _unavailable(settings: Settings, err: Exception) -> BusUnavailable:
+    return BusUnavailable(
+        f"cannot reach Kafka at {settings.bootstrap_servers} ({err}); start the embedded "
+        "stack with `dlrover-events up` or set DLROVER_EVENTS_BOOTSTRAP_SERVERS"
+    )
+
+
+class Producer:
+    """Publishes events to their env topic, keyed so one job's events stay in order."""
+
+    def __init__(self, settings: Settings, *, linger_ms: int = 5) -> None:
+        self._settings = settings
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id=settings.client_id,
+            enable_idempotence=settings.enable_idempotence,
+            transactional_id=settings.transactional_id,
+            linger_ms=linger_ms,
+            request_timeout_ms=settings.request_timeout_ms,
+            acks="all",
+        )
+
+    async def start(self) -> None:
+        try:
+            await self._producer.start()
+        except KafkaConnectionError as err:
+            await self._producer.stop()
+            raise _unavailable(self._settings, err) from None
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def publish(self, event: Event) -> None:
+        """Publish and wait until the broker has it."""
+        await self.send_raw(topic_of(event), encode(event), _key(event))
+
+    async def publish_many(self, events: Iterable[Event]) -> int:
+        """Publish a batch, letting the client pipeline it; returns once all are acked."""
+        futures = [await self._producer.send(topic_of(e), encode(e), key=_key(e)) for e in events]
+        if futures:
+            await asyncio.gather(*futures)
+        return len(futures)
+
+    async def send_raw(self, topic_name: str, value: bytes | None, key: bytes | None) -> None:
+        """Bytes as they are: for dead letters, replays and tests of bad input."""
+        await self._producer.send_and_wait(topic_name, value, key=key)
+
+    async def flush(self) -> None:
+        await self._producer.flush()
+
+
+def _key(event: Event) -> bytes | None:
+    return event.key.encode() if event.key is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A decoded event with the coordinates it was read from."""
+
+    event: Event
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+Handler = Callable[[list[Received]], Awaitable[None]]
+
+
+def dead_letter(
+    env: str, record: ConsumerRecord, kind: FailureKind, error: str, group: str
+) -> DeadLetter:
+    return DeadLetter(
+        env=env,
+        source=group,
+        key=record.key.decode("utf-8", "replace") if record.key is not None else None,
+        original_topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        original_key=DeadLetter.b64(record.key),
+        original_value=DeadLetter.b64(record.value),
+        error_kind=kind,
+        error=error[:2000],
+        consumer_group=group,
+    )
+
+
+class Consumer:
+    """Consumes some of one env's topics in a consumer group of that env.
+
+    Each fetched batch is decoded; what fails becomes a dead letter in ``<env>.dlq``; the
+    valid events go to ``handler``; the offsets are committed only when both the dead
+    letters are acked and the handler has returned. A handler that keeps failing is
+    retried per event, and an event that still fails is dead-lettered (kind ``handler``)
+    so one poison event cannot stall a partition forever.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        env: str,
+        topics: Sequence[str],
+        group: str,
+        handler: Handler,
+        *,
+        from_beginning: bool = True,
+        max_records: int | None = None,
+        handler_attempts: int = 3,
+        retry_backoff_s: float = 0.2,
+    ) -> None:
+        self.env = env
+        self.group = f"{env}.{group}"
+        self._settings = settings
+        self._topics = [topic(env, t) for t in topics]
+        self._handler = handler
+        self._max_records = max_records or settings.consumer_batch
+        self._attempts = handler_attempts
+        self._backoff = retry_backoff_s
+        self._consumer = AIOKafkaConsumer(
+            *self._topics,
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id=settings.client_id,
+            group_id=self.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            request_timeout_ms=settings.request_timeout_ms,
+            isolation_level="read_uncommitted",
+        )
+        self._producer = Producer(settings)
+        self._stopping = asyncio.Event()
+        self.processed = 0
+        self.dead_lettered = 0
+
+    async def start(self) -> None:
+        await self._producer.start()
+        try:
+            await self._consumer.start()
+        except KafkaConnectionError as err:
+            await self._producer.stop()
+            await self._consumer.stop()
+            raise _unavailable(self._settings, err) from None
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        await self._consumer.stop()
+        await self._producer.stop()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def run(self) -> None:
+        """Consume until ``stop()`` is called or the task is cancelled."""
+        while not self._stopping.is_set():
+            await self.poll(timeout_ms=500)
+
+    async def poll(self, timeout_ms: int = 1000) -> int:
+        """Fetch one batch, process and commit it; returns how many records it covered."""
+        batch = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=self._max_records)
+        if not batch:
+            return 0
+        records = [r for rs in batch.values() for r in rs]
+        await self._process(records)
+        offsets = {tp: rs[-1].offset + 1 for tp, rs in batch.items()}
+        await self._consumer.commit(offsets)
+        return len(records)
+
+    async def _process(self, records: list[ConsumerRecord]) -> None:
+        good: list[Received] = []
+        letters: list[DeadLetter] = []
+        for r in records:
+            try:
+                event = decode(r.value)
+            except CodecError as err:
+                letters.append(dead_letter(self.env, r, err.kind, err.message, self.group))
+                continue
+            if event.env != self.env:
+                msg = f"event of env {event.env!r} on topic {r.topic!r} of env {self.env!r}"
+                letters.append(dead_letter(self.env, r, FailureKind.WRONG_ENV, msg, self.group))
+                continue
+            good.append(Received(event, r.topic, r.partition, r.offset, r.timestamp))
+        if good:
+            letters.extend(await self._handle(good, records))
+        if letters:
+            await self._producer.publish_many(letters)
+            self.dead_lettered += len(letters)
+            for letter in letters:
+                log.warning(
+                    "dead-lettered %s[%d]@%d: %s",
+                    letter.original_topic,
+                    letter.partition,
+                    letter.offset,
+                    letter.error,
+                )
+        self.processed += len(good)
+
+    async def _handle(
+        self, good: list[Received], records: list[ConsumerRecord]
+    ) -> list[DeadLetter]:
+        for attempt in range(1, self._attempts + 1):
+            try:
+                await self._handler(good)
+                return []
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("handler failed on a batch of %d (attempt %d)", len(good), attempt)
+                await asyncio.sleep(self._backoff * attempt)
+        # The batch keeps failing: isolate the events that fail on their own.
+        by_coord = {(r.topic, r.partition, r.offset): r for r in records}
+        letters = []
+        for item in good:
+            try:
+                await self._handler([item])
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                record = by_coord[(item.topic, item.partition, item.offset)]
+                letters.append(
+                    dead_letter(
+                        self.env,
+                        record,
+                        FailureKind.HANDLER,
+                        f"{type(err).__name__}: {err}",
+                        self.group,
+                    )
+                )
+        return letters
+
+
+async def read_topic(
+    settings: Settings,
+    topic_name: str,
+    *,
+    timeout_s: float = 5.0,
+    expect: int | None = None,
+    **consumer_args: Any,
+) -> list[ConsumerRecord]:
+    """Read a whole topic from the beginning without a group (tools and tests).
+
+    Stops when ``expect`` records were read, or when the end offsets captured at the
+    start are reached, or after ``timeout_s``.
+    """
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        enable_auto_commit=False,
+        group_id=None,
+        **consumer_args,
+    )
+    try:
+        await consumer.start()
+    except KafkaError as err:
+        await consumer.stop()
+        raise _unavailable(settings, err) from None
+    try:
+        parts = await _partitions(consumer, topic_name)
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        end = await consumer.end_offsets(parts)
+        out: list[ConsumerRecord] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if expect is not None and len(out) >= expect:
+                break
+            if expect is None and await _reached(consumer, end):
+                break
+            batch = await consumer.getmany(timeout_ms=200)
+            for rs in batch.values():
+                out.extend(rs)
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic_name: str) -> list[TopicPartition]:
+    await consumer._client.force_metadata_update()
+    ids = consumer.partitions_for_topic(topic_name) or set()
+    return [TopicPartition(topic_name, p) for p in sorted(ids)]
+
+
+async def _reached(consumer: AIOKafkaConsumer, end: dict[TopicPartition, int]) -> bool:
+    for tp, offset in end.items():
+        if await consumer.position(tp) < offset:
+            return False
+    return True
+
+
+__all__ = ["DLQ", "Consumer", "Handler", "Producer", "Received", "dead_letter", "read_topic"]

@@ -1,0 +1,84 @@
+"""Root of the CLI. User mistakes end in one line on stderr and exit code 2; only bugs
+show a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Coroutine
+from importlib.metadata import entry_points
+from typing import Any, TypeVar
+
+import typer
+
+from dlrover_events.errors import UserError
+from dlrover_events.services import COMMAND_GROUP
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="dlrover-events",
+    help="The event-driven Brain of an elastic deep-learning training cluster, on Kafka.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one line to stderr; the caller raises the returned Exit."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _register() -> None:
+    from dlrover_events.cli import env, schemas_cmd, tail, up
+
+    app.add_typer(env.app, name="env")
+    app.add_typer(schemas_cmd.app, name="schemas")
+    app.command("tail")(tail.tail)
+    app.command("up")(up.up)
+    # Commands contributed by streams/ and handlers/ (brain, operator, gateway, bench...).
+    for ep in entry_points(group=COMMAND_GROUP):
+        contributed = ep.load()
+        if isinstance(contributed, typer.Typer):
+            app.add_typer(contributed, name=ep.name)
+        else:
+            app.command(ep.name)(contributed)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # aiokafka logs every refused connection at ERROR; our own error line says it once.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        app(args=argv, standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except typer.TyperException as exc:
+        # Usage mistakes: one line that names the problem, and where to look.
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        typer.echo(f"error: {exc.format_message()}{hint}", err=True)
+        sys.exit(exc.exit_code)
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,71 @@
+"""`dlrover-events env ...`: manage envs (topic prefix + Postgres schema each)."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dlrover_events.cli.app import run_async
+from dlrover_events.embedded import resolve_postgres
+from dlrover_events.envs import EnvRegistry
+from dlrover_events.settings import load_settings
+from schemas.control import EnvMode
+
+app = typer.Typer(
+    help="Create, list and delete envs (each a topic prefix and a schema).", no_args_is_help=True
+)
+
+
+async def _registry() -> EnvRegistry:
+    settings = load_settings()
+    pg = await resolve_postgres(settings)
+    return EnvRegistry(settings, pg.dsn)
+
+
+@app.command()
+def create(
+    name: str = typer.Argument(..., help="env name: [a-z][a-z0-9-]{0,30}"),
+    mode: EnvMode = typer.Option(EnvMode.VIRTUAL, help="real (touches the cluster) or virtual"),
+    partitions: int | None = typer.Option(
+        None, min=1, help="partitions per topic (default: settings.partitions)"
+    ),
+) -> None:
+    """Create an env: its topics <env>.*, its schema env_<name> (migrated), and announce it."""
+
+    async def go() -> None:
+        registry = await _registry()
+        rec = await registry.create(name, mode, partitions=partitions)
+        typer.echo(f"created env {rec.name} ({rec.mode.value}, {rec.partitions} partitions)")
+
+    run_async(go())
+
+
+@app.command("list")
+def list_envs() -> None:
+    """List envs with their mode and partitions."""
+
+    async def go() -> None:
+        registry = await _registry()
+        envs = await registry.list()
+        table = Table("name", "mode", "partitions", "created")
+        for e in envs:
+            table.add_row(e.name, e.mode.value, str(e.partitions), e.created_at.isoformat())
+        Console().print(table)
+
+    run_async(go())
+
+
+@app.command()
+def delete(
+    name: str = typer.Argument(..., help="env to delete"),
+    force: bool = typer.Option(False, "--force", help="allow deleting the real env"),
+) -> None:
+    """Delete an env: drops its schema and topics, and tombstones it on dlrover.control."""
+
+    async def go() -> None:
+        registry = await _registry()
+        await registry.delete(name, force=force)
+        typer.echo(f"deleted env {name}")
+
+    run_async(go())

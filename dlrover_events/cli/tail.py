@@ -1,0 +1,80 @@
+"""`dlrover-events tail`: one readable line per event, or JSON lines for piping."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from dlrover_events.cli.app import run_async
+from dlrover_events.errors import UserError
+from dlrover_events.settings import load_settings
+from dlrover_events.tail import Filter, Line, format_json, format_text, parse_since
+from dlrover_events.tailer import Start, follow
+from dlrover_events.topics import ENV_TOPIC_NAMES
+
+_STYLE = {
+    "node.oom": "bold red",
+    "node.failed": "red",
+    "job.failed": "red",
+    "brain.plan": "cyan",
+    "scale.plan": "magenta",
+    "scale.result": "green",
+    "dlq.record": "yellow",
+}
+
+
+def tail(
+    topics: list[str] = typer.Argument(
+        None, help=f"env topics to follow (default: all of {', '.join(ENV_TOPIC_NAMES)})"
+    ),
+    env: str = typer.Option(
+        None, "--env", "-e", help="env to tail (default: settings.default_env)"
+    ),
+    job: str | None = typer.Option(None, "--job", "-j", help="only this job id"),
+    type_: str | None = typer.Option(None, "--type", "-t", help="only these types (glob: node.*)"),
+    from_beginning: bool = typer.Option(False, "--from-beginning", help="start at the oldest"),
+    since: str | None = typer.Option(None, "--since", help="start this long ago: 30s, 10m, 2h"),
+    as_json: bool = typer.Option(False, "--json", help="raw JSON lines for piping"),
+    limit: int | None = typer.Option(None, "--limit", "-n", min=1, help="stop after N events"),
+) -> None:
+    """Follow env topics live, one line per event (colour on a terminal)."""
+    settings = load_settings()
+    env_name = env or settings.default_env
+    for t in topics or []:
+        if t not in ENV_TOPIC_NAMES:
+            raise UserError(f"unknown topic {t!r}; choose from {', '.join(ENV_TOPIC_NAMES)}")
+    if from_beginning and since:
+        raise UserError("--from-beginning and --since exclude each other")
+    start: Start = "earliest" if from_beginning else "latest"
+    if since:
+        try:
+            start = parse_since(since)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+    console = Console(highlight=False, soft_wrap=True)
+    colour = sys.stdout.isatty() and not as_json
+
+    def emit(line: Line) -> None:
+        if as_json:
+            sys.stdout.buffer.write(format_json(line) + b"\n")
+            sys.stdout.flush()
+        elif colour:
+            style = "yellow" if line.event is None else _STYLE.get(line.event.type, "")
+            console.print(Text(format_text(line), style=style))
+        else:
+            print(format_text(line), flush=True)
+
+    run_async(
+        follow(
+            settings,
+            env_name,
+            topics or [],
+            emit,
+            where=Filter(job, type_),
+            start=start,
+            max_events=limit,
+        )
+    )

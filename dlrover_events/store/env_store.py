@@ -1,0 +1,115 @@
+"""One env's tables, through a pool bound to its schema.
+
+Writes are idempotent by construction (event ids, plan ids as keys), which is what lets
+consumers commit after the effect and re-process safely after a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import asyncpg
+
+from dlrover_events.store.database import create_pool, env_schema
+from schemas.plans import OptimizePlan, ScalePlan
+
+if TYPE_CHECKING:
+    from dlrover_events.bus import Received
+
+
+class EnvStore:
+    def __init__(self, pool: asyncpg.Pool, env: str) -> None:
+        self.pool = pool
+        self.env = env
+        self.schema = env_schema(env)
+
+    @classmethod
+    async def open(cls, dsn: str, env: str, *, max_size: int = 10) -> EnvStore:
+        pool = await create_pool(dsn, env_schema(env), max_size=max_size)
+        return cls(pool, env)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def tables(self) -> list[str]:
+        rows = await self.pool.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = $1"
+            " ORDER BY table_name",
+            self.schema,
+        )
+        return [r["table_name"] for r in rows]
+
+    async def archive(self, items: Sequence[Received]) -> int:
+        """Store events once per event_id; returns how many were new."""
+        if not items:
+            return 0
+        rows = [
+            (
+                r.event.event_id,
+                r.event.type,
+                r.topic,
+                r.partition,
+                r.offset,
+                r.event.key,
+                r.event.occurred_at,
+                r.event.model_dump(mode="json", by_alias=True),
+            )
+            for r in items
+        ]
+        async with self.pool.acquire() as conn:
+            result = await conn.fetchval(
+                """
+                WITH ins AS (
+                    INSERT INTO events_archive
+                        (event_id, type, topic, partition, "offset", key, occurred_at, body)
+                    SELECT * FROM unnest(
+                        $1::uuid[], $2::text[], $3::text[], $4::int[], $5::bigint[],
+                        $6::text[], $7::timestamptz[], $8::jsonb[])
+                    ON CONFLICT (event_id) DO NOTHING
+                    RETURNING 1)
+                SELECT count(*) FROM ins
+                """,
+                *map(list, zip(*rows, strict=True)),
+            )
+        return int(result)
+
+    async def save_plan(self, plan: OptimizePlan) -> bool:
+        """Record an OptimizePlan; False when that plan_id was already recorded."""
+        status = await self.pool.execute(
+            "INSERT INTO plans (plan_id, job_uuid, optimizer, stage, reason, resource, caused_by)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (plan_id) DO NOTHING",
+            plan.plan_id,
+            plan.job.uuid,
+            plan.optimizer,
+            plan.stage,
+            plan.reason,
+            plan.resource.model_dump(mode="json"),
+            plan.caused_by,
+        )
+        return bool(status.endswith(" 1"))
+
+    async def save_scale_plan(self, plan: ScalePlan) -> bool:
+        """Record a ScalePlan once; False when that plan_id was already recorded."""
+        status = await self.pool.execute(
+            "INSERT INTO scale_plans (plan_id, job_uuid, source_plan, body)"
+            " VALUES ($1, $2, $3, $4) ON CONFLICT (plan_id) DO NOTHING",
+            plan.plan_id,
+            plan.job.uuid,
+            plan.source_plan,
+            plan.model_dump(mode="json"),
+        )
+        return bool(status.endswith(" 1"))
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        rows: list[asyncpg.Record] = await self.pool.fetch(query, *args)
+        return rows

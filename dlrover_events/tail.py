@@ -1,0 +1,118 @@
+"""`tail`: follow env topics live. The parsing and formatting here are pure; the CLI
+adapter in ``cli/tail.py`` wires them to a group-less consumer.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import orjson
+
+from schemas.codec import CodecError, decode, encode
+from schemas.dlq import DeadLetter
+from schemas.envelope import Event
+from schemas.jobs import JobEvent, NodeEvent, NodeOOM, RuntimeSample
+from schemas.plans import OptimizePlan, ScalePlan, ScaleResult
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """``10m``, ``2h``, ``1.5d`` (ago) or an ISO 8601 time; ValueError says which is wanted."""
+    now = now or datetime.now(UTC)
+    m = _DURATION.match(text)
+    if m:
+        return now - timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"--since {text!r}: expected a duration like 30s, 10m, 2h, 1d or an ISO time "
+            "like 2026-11-21T09:00:00Z"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Filter:
+    job: str | None = None
+    type_pattern: str | None = None  # glob: node.*, job.runtime_sample
+
+    def accepts(self, event: Event) -> bool:
+        if self.job is not None and event.key != self.job:
+            return False
+        return self.type_pattern is None or fnmatch.fnmatchcase(event.type, self.type_pattern)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One tailed message: the event, or why it could not be read."""
+
+    topic: str
+    partition: int
+    offset: int
+    event: Event | None
+    error: str | None
+    raw: bytes | None
+
+
+def read_line(topic: str, partition: int, offset: int, raw: bytes | None) -> Line:
+    try:
+        return Line(topic, partition, offset, decode(raw), None, raw)
+    except CodecError as err:
+        return Line(topic, partition, offset, None, str(err), raw)
+
+
+def summary(event: Event) -> str:
+    """A short human account of an event, by type."""
+    if isinstance(event, RuntimeSample):
+        return (
+            f"step={event.global_step} speed={event.speed:.3g}/s "
+            f"samples/s={event.samples_per_s:.4g} nodes={len(event.nodes)}"
+        )
+    if isinstance(event, NodeOOM):
+        return f"{event.node.type}-{event.node.id} OOM ({event.kind.value})"
+    if isinstance(event, NodeEvent):
+        return f"{event.node.type}-{event.node.id}"
+    if isinstance(event, OptimizePlan):
+        groups = ", ".join(f"{r}={g.count}" for r, g in event.resource.node_group_resources.items())
+        return f"[{event.optimizer}] {event.reason} {groups}".strip()
+    if isinstance(event, ScalePlan):
+        return (
+            f"plan={event.plan_id} launch={len(event.launch_nodes)} "
+            f"remove={len(event.remove_nodes)} migrate={len(event.migrate_nodes)}"
+        )
+    if isinstance(event, ScaleResult):
+        return f"plan={event.plan_id} {event.status.value} {event.reason}".strip()
+    if isinstance(event, DeadLetter):
+        return f"{event.original_topic}[{event.partition}]@{event.offset} {event.error}"
+    return ""
+
+
+def format_text(line: Line) -> str:
+    where = f"{line.topic}[{line.partition}]@{line.offset}"
+    if line.event is None:
+        return f"{where} UNREADABLE {line.error}"
+    e = line.event
+    job = e.job.uuid if isinstance(e, JobEvent) else (e.key or "-")
+    ts = e.occurred_at.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
+    return f"{ts} {where} {e.type} {job} {summary(e)}".rstrip()
+
+
+def format_json(line: Line) -> bytes:
+    """One JSON object per line: the event, or the failure with the raw bytes (base64)."""
+    if line.event is not None:
+        return encode(line.event)
+    return orjson.dumps(
+        {
+            "topic": line.topic,
+            "partition": line.partition,
+            "offset": line.offset,
+            "error": line.error,
+            "raw": DeadLetter.b64(line.raw),
+        }
+    )

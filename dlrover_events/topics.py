@@ -1,0 +1,102 @@
+"""Topic naming: every topic of an env is ``<env>.<topic>``; the env registry is global.
+
+This is the one place that knows which event goes to which topic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlrover_events.errors import UserError
+from schemas.control import EnvAnnouncement
+from schemas.envelope import ENV_NAME_PATTERN, Event, _check_env
+
+CONTROL_TOPIC = EnvAnnouncement.topic
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    compacted: bool
+    purpose: str
+
+
+JOB_METRICS = "job.metrics"
+JOB_EVENTS = "job.events"
+BRAIN_PLANS = "brain.plans"
+SCALE_PLANS = "scale.plans"
+SCALE_RESULTS = "scale.results"
+CONFIG_CHANGES = "config.changes"
+EVAL_REPORTS = "eval.reports"
+DLQ = "dlq"
+
+ENV_TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec(JOB_METRICS, False, "runtime samples from training jobs"),
+    TopicSpec(JOB_EVENTS, False, "job lifecycle and node events"),
+    TopicSpec(BRAIN_PLANS, False, "OptimizePlans: what the brain wants, and why"),
+    TopicSpec(SCALE_PLANS, False, "ScalePlans: the diff for the operator"),
+    TopicSpec(SCALE_RESULTS, False, "what the operator did with each plan"),
+    TopicSpec(CONFIG_CHANGES, True, "config document changes (compacted)"),
+    TopicSpec(EVAL_REPORTS, False, "evaluator KPIs"),
+    TopicSpec(DLQ, False, "messages that could not be processed, with the reason"),
+)
+ENV_TOPIC_NAMES = tuple(t.name for t in ENV_TOPICS)
+
+
+class InvalidEnvName(UserError, ValueError):
+    pass
+
+
+def check_env_name(name: str) -> str:
+    try:
+        return _check_env(name)
+    except ValueError as err:
+        raise InvalidEnvName(str(err)) from None
+
+
+def topic(env: str, name: str) -> str:
+    """Full topic name of an env topic; rejects names that are not env topics."""
+    if name not in ENV_TOPIC_NAMES:
+        raise ValueError(f"unknown topic {name!r}; env topics are: {', '.join(ENV_TOPIC_NAMES)}")
+    return f"{check_env_name(env)}.{name}"
+
+
+def env_topics(env: str) -> list[str]:
+    return [topic(env, t) for t in ENV_TOPIC_NAMES]
+
+
+def topic_of(event: Event) -> str:
+    """Where an event is published: its class names the topic, its env the prefix."""
+    if isinstance(event, EnvAnnouncement):
+        return CONTROL_TOPIC
+    return topic(event.env, type(event).topic)
+
+
+def split_topic(full: str) -> tuple[str, str]:
+    """``prod.job.metrics`` -> (``prod``, ``job.metrics``)."""
+    env, _, name = full.partition(".")
+    if not name:
+        raise ValueError(f"{full!r} is not an env topic (<env>.<topic>)")
+    return env, name
+
+
+__all__ = [
+    "BRAIN_PLANS",
+    "CONFIG_CHANGES",
+    "CONTROL_TOPIC",
+    "DLQ",
+    "ENV_NAME_PATTERN",
+    "ENV_TOPICS",
+    "ENV_TOPIC_NAMES",
+    "EVAL_REPORTS",
+    "JOB_EVENTS",
+    "JOB_METRICS",
+    "SCALE_PLANS",
+    "SCALE_RESULTS",
+    "TopicSpec",
+    "check_env_name",
+    "env_topics",
+    "split_topic",
+    "topic",
+    "topic_of",
+]

@@ -1,0 +1,81 @@
+"""Event contracts of dlrover-events: every event and plan on the bus, and the codec.
+
+This package imports nothing of the project, so any producer (a training job, a tool in
+another language through the JSON Schema files in ``schemas/json``) shares one contract.
+"""
+
+from schemas.codec import CodecError, DecodeFailure, decode, encode
+from schemas.config import ConfigChange, ConfigDocument
+from schemas.control import EnvAnnouncement, EnvMode
+from schemas.dlq import DeadLetter
+from schemas.envelope import SCHEMA_VERSION, Event
+from schemas.evaluation import EvaluationReport
+from schemas.events import (
+    EVENT_TYPES,
+    AnyEvent,
+    event_class,
+)
+from schemas.jobs import (
+    JobCompleted,
+    JobFailed,
+    JobMeta,
+    JobStarted,
+    JobSubmitted,
+    NodeExited,
+    NodeFailed,
+    NodeOOM,
+    NodeStarted,
+    OOMKind,
+    RuntimeSample,
+)
+from schemas.plans import (
+    MigrateNode,
+    Node,
+    NodeGroupResource,
+    NodeResource,
+    OptimizePlan,
+    OptimizeRequest,
+    ResourcePlan,
+    ScalePlan,
+    ScaleResult,
+    ScaleStatus,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "SCHEMA_VERSION",
+    "AnyEvent",
+    "CodecError",
+    "ConfigChange",
+    "ConfigDocument",
+    "DeadLetter",
+    "DecodeFailure",
+    "EnvAnnouncement",
+    "EnvMode",
+    "EvaluationReport",
+    "Event",
+    "JobCompleted",
+    "JobFailed",
+    "JobMeta",
+    "JobStarted",
+    "JobSubmitted",
+    "MigrateNode",
+    "Node",
+    "NodeExited",
+    "NodeFailed",
+    "NodeGroupResource",
+    "NodeOOM",
+    "NodeResource",
+    "NodeStarted",
+    "OOMKind",
+    "OptimizePlan",
+    "OptimizeRequest",
+    "ResourcePlan",
+    "RuntimeSample",
+    "ScalePlan",
+    "ScaleResult",
+    "ScaleStatus",
+    "decode",
+    "encode",
+    "event_class",
+]

@@ -1,0 +1,35 @@
+"""Env announcements on the compacted ``dlrover.control`` topic.
+
+Keyed by env name, so compaction keeps the latest word on each env and every process can
+learn the whole registry (and which env is real) by reading the topic from the start.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from schemas.envelope import EnvName, Event
+
+
+class EnvMode(StrEnum):
+    REAL = "real"
+    VIRTUAL = "virtual"
+
+
+class EnvAnnouncement(Event):
+    topic: ClassVar[str] = "dlrover.control"  # global, not env-prefixed
+    type: Literal["env.announcement"] = "env.announcement"
+    name: EnvName
+    mode: EnvMode
+    partitions: int = Field(ge=1)
+    settings: dict[str, Any] = Field(default_factory=dict)
+    deleted: bool = False
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _key_is_name(self) -> EnvAnnouncement:
+        self.key = self.name
+        return self

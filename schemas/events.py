@@ -1,0 +1,86 @@
+"""The registry of event types: one discriminated union decodes any of them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from schemas.config import ConfigChange
+from schemas.control import EnvAnnouncement
+from schemas.dlq import DeadLetter
+from schemas.envelope import Event
+from schemas.evaluation import EvaluationReport
+from schemas.jobs import (
+    JobCompleted,
+    JobFailed,
+    JobStarted,
+    JobSubmitted,
+    NodeExited,
+    NodeFailed,
+    NodeOOM,
+    NodeStarted,
+    RuntimeSample,
+)
+from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan, ScaleResult
+
+AnyEvent = Annotated[
+    JobSubmitted
+    | JobStarted
+    | JobCompleted
+    | JobFailed
+    | NodeStarted
+    | NodeExited
+    | NodeFailed
+    | NodeOOM
+    | RuntimeSample
+    | OptimizeRequest
+    | OptimizePlan
+    | ScalePlan
+    | ScaleResult
+    | ConfigChange
+    | EvaluationReport
+    | DeadLetter
+    | EnvAnnouncement,
+    Field(discriminator="type"),
+]
+
+EVENT_CLASSES: tuple[type[Event], ...] = (
+    JobSubmitted,
+    JobStarted,
+    JobCompleted,
+    JobFailed,
+    NodeStarted,
+    NodeExited,
+    NodeFailed,
+    NodeOOM,
+    RuntimeSample,
+    OptimizeRequest,
+    OptimizePlan,
+    ScalePlan,
+    ScaleResult,
+    ConfigChange,
+    EvaluationReport,
+    DeadLetter,
+    EnvAnnouncement,
+)
+
+
+def _type_name(cls: type[Event]) -> str:
+    default = cls.model_fields["type"].default
+    assert isinstance(default, str), cls
+    return default
+
+
+#: type name -> model class
+EVENT_TYPES: dict[str, type[Event]] = {_type_name(c): c for c in EVENT_CLASSES}
+
+
+def event_class(type_name: str) -> type[Event]:
+    """The model class of an event type; KeyError names the known types."""
+    try:
+        return EVENT_TYPES[type_name]
+    except KeyError:
+        raise KeyError(
+            f"unknown event type {type_name!r}; known: {', '.join(sorted(EVENT_TYPES))}"
+        ) from None
