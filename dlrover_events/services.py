@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from typing import Any
 
 from dlrover_events.settings import Settings
 

