@@ -1,0 +1,1 @@
+"""Simulated cluster and job simulator: the pure core of the virtual operator."""

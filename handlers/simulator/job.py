@@ -1,0 +1,601 @@
+"""A simulated training job: what a real job would report under the plans it is given.
+
+The virtual environment closes the brain's loop without a cluster: a ScalePlan goes in,
+and the runtime samples, node events and completion that a real job would produce come out,
+on a simulated clock that is just a number. Speed comes from the measured Pollux traces
+(throughput.py), usefulness of a step from their gradient statistics, and memory failures
+from a small per-application memory model (MEMORY_MODELS), so a plan that starves a job of
+memory is answered the way Kubernetes answers it: OOMKilled, exit code 137.
+
+Pure: no I/O, no sleeping, no wall clock. Event ids and timestamps derive from the job, a
+per-job sequence number and the simulated clock, so the same inputs give the same events.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from handlers.simulator.cluster import Allocation, Cluster, GiB, PodRequest
+from handlers.simulator.throughput import Application, OutOfTraceError, StepTime
+from schemas.jobs import (
+    JobCompleted,
+    JobEvent,
+    JobFailed,
+    JobStarted,
+    JobSubmitted,
+    NodeOOM,
+    NodeRef,
+    NodeStarted,
+    NodeUsage,
+    OOMKind,
+    RuntimeSample,
+)
+from schemas.plans import NodeResource, ScalePlan, ScaleStatus
+
+MiB = 1024**2
+
+#: Roles whose pods are data-parallel replicas: one replica per GPU of such a pod.
+TRAINING_ROLES: frozenset[str] = frozenset({"worker", "chief"})
+
+#: Pollux's simulator charges every re-allocation 30 s of checkpoint-restart.
+DEFAULT_RESTART_DELAY = 30.0
+
+#: Simulated time 0; fixed so that two runs of the same input give equal timestamps.
+DEFAULT_ORIGIN = datetime(2021, 1, 1, tzinfo=UTC)
+
+_EVENT_NAMESPACE = uuid.UUID("6f1c1d3e-4b5a-4f0e-9a7c-5d8e2b1a0c93")
+
+#: Slack when the clock lands on an epoch boundary computed along another path (float sums).
+_EPS = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryModel:
+    """Host memory one training replica needs: a fixed part (framework, model, optimizer
+    state, data-loader workers) and a part that grows with the local batch (prefetched
+    samples). These are assumptions of scale, not measurements: the Pollux traces record
+    no host memory."""
+
+    base: int
+    per_sample: int
+
+    def need(self, local_bsz: int) -> int:
+        return self.base + self.per_sample * local_bsz
+
+
+MEMORY_MODELS: Mapping[str, MemoryModel] = {
+    # BERT-base fine-tuning on SQuAD: large model and tokenised dataset in memory.
+    "bert": MemoryModel(base=6 * GiB, per_sample=32 * MiB),
+    # ResNet-18 on CIFAR-10: the whole dataset (~180 MB) fits in memory.
+    "cifar10": MemoryModel(base=2 * GiB, per_sample=1 * MiB),
+    # DeepSpeech2 on LibriSpeech: spectrogram batches are large.
+    "deepspeech2": MemoryModel(base=4 * GiB, per_sample=32 * MiB),
+    # ResNet-50 on ImageNet: JPEG decoding workers and their prefetch queues.
+    "imagenet": MemoryModel(base=8 * GiB, per_sample=16 * MiB),
+    # NeuMF on MovieLens: rating matrix and embedding tables, tiny samples.
+    "ncf": MemoryModel(base=4 * GiB, per_sample=4 * 1024),
+    # YOLOv3 on PASCAL VOC: augmentation workers on 416x416 images.
+    "yolov3": MemoryModel(base=6 * GiB, per_sample=64 * MiB),
+}
+DEFAULT_MEMORY_MODEL = MemoryModel(base=4 * GiB, per_sample=8 * MiB)
+
+
+def memory_model(application: str) -> MemoryModel:
+    return MEMORY_MODELS.get(application, DEFAULT_MEMORY_MODEL)
+
+
+class JobState(StrEnum):
+    PENDING = "pending"  # not (yet) admitted: waiting for the whole gang to fit
+    RESTARTING = "restarting"  # pods placed, job (re)loading its checkpoint
+    RUNNING = "running"
+    STALLED = "stalled"  # pods crash-loop (OOM) until a plan gives them what they need
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """What the job looks like now: the seed's status(), in the brain's vocabulary."""
+
+    state: JobState
+    clock: float
+    speed: float  # optimizer steps per second
+    samples_per_s: float
+    goodput: float  # scale-invariant iterations per second
+    global_step: int
+    progress: float
+    target_progress: float
+    epoch: int
+    batch_size: int
+    local_batch_size: int
+    accumulation_steps: int
+    replicas: int
+    placement: tuple[int, ...]
+    waiting_for: str
+    started_at: float | None
+    completed_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOutcome:
+    """What the operator reports back for a plan: a ScaleResult's status and reason."""
+
+    status: ScaleStatus
+    reason: str
+    events: list[JobEvent] = field(default_factory=list)
+
+
+class JobSimulator:
+    """One job on a simulated cluster, driven by ScalePlans and a clock that only moves
+    when advance() is called."""
+
+    def __init__(
+        self,
+        submitted: JobSubmitted,
+        application: Application,
+        cluster: Cluster,
+        *,
+        clock: float = 0.0,
+        origin: datetime = DEFAULT_ORIGIN,
+        restart_delay: float = DEFAULT_RESTART_DELAY,
+        sample_interval: float | None = 30.0,
+        memory: MemoryModel | None = None,
+        source: str = "simulator",
+    ) -> None:
+        self.job = submitted.job
+        self.env = submitted.env
+        self.app = application
+        self.cluster = cluster
+        self.origin = origin
+        self.restart_delay = restart_delay
+        self.sample_interval = sample_interval
+        self.memory = memory or memory_model(application.name)
+        self.source = source
+        self.submitted_at = clock
+        self._clock = clock
+        self._seq = 0
+        self._desired: dict[tuple[str, int], PodRequest] = {}
+        for role, spec in (submitted.roles or {}).items():
+            gpu = spec.gpu_num or (1 if role in TRAINING_ROLES else 0)
+            for index in range(spec.replicas):
+                self._desired[(role, index)] = PodRequest(role, index, gpu, spec.cpu, spec.memory)
+        if not any(p.role in TRAINING_ROLES for p in self._desired.values()):
+            self._desired[("worker", 0)] = PodRequest("worker", 0, 1)
+        self._target_batch = submitted.batch_size or application.init_batch_size
+        self._batch_override: tuple[int, int] | None = None
+        self._allocation: Allocation | None = None
+        self._state = JobState.PENDING
+        self._waiting_for = "admission"
+        self._resume_at = 0.0
+        self._progress = 0.0
+        self._steps = 0.0
+        self._started_at: float | None = None
+        self._completed_at: float | None = None
+        self._next_sample = math.inf
+        self._applied: set[str] = set()
+        self._eta: float | None = None
+
+    # -- what the job is doing ------------------------------------------------------------
+
+    @property
+    def clock(self) -> float:
+        return self._clock
+
+    @property
+    def state(self) -> JobState:
+        return self._state
+
+    @property
+    def completed_at(self) -> float | None:
+        return self._completed_at
+
+    def _replicas(self, pods: Mapping[tuple[str, int], PodRequest]) -> int:
+        return sum(p.gpu for p in pods.values() if p.role in TRAINING_ROLES)
+
+    def _placement(self) -> tuple[int, ...]:
+        if self._allocation is None:
+            return ()
+        return self._allocation.gpus_per_node(TRAINING_ROLES)
+
+    def _batch(self, replicas: int) -> tuple[int, int]:
+        """(local_bsz, accumulation_steps) at a replica count: the plan's, else the rule's."""
+        if self._batch_override is not None:
+            return self._batch_override
+        return self.app.split_batch(self._target_batch, max(replicas, 1))
+
+    def _running_pods(self) -> Mapping[tuple[str, int], PodRequest]:
+        return {} if self._allocation is None else self._allocation.pods
+
+    def _rates(self) -> tuple[StepTime, float, int, float]:
+        """(step time, iteration time, global batch, goodput) of the running configuration."""
+        replicas = self._replicas(self._running_pods())
+        local_bsz, accumulation = self._batch(replicas)
+        step = self.app.step_time(self._placement(), local_bsz)
+        iteration = step.iteration_time(accumulation)
+        batch = replicas * local_bsz * accumulation
+        epoch = min(self.app.epoch_at(self._progress), self.app.max_epochs - 1)
+        return step, iteration, batch, self.app.gain(batch, epoch) / iteration
+
+    def status(self) -> JobStatus:
+        replicas = self._replicas(self._running_pods() or self._desired)
+        local_bsz, accumulation = self._batch(replicas)
+        speed = samples = goodput = 0.0
+        if self._state is JobState.RUNNING:
+            _, iteration, batch, goodput = self._rates()
+            speed, samples = 1 / iteration, batch / iteration
+        return JobStatus(
+            state=self._state,
+            clock=self._clock,
+            speed=speed,
+            samples_per_s=samples,
+            goodput=goodput,
+            global_step=int(self._steps + _EPS),
+            progress=self._progress,
+            target_progress=self.app.target_progress,
+            epoch=min(self.app.epoch_at(self._progress), self.app.max_epochs),
+            batch_size=replicas * local_bsz * accumulation,
+            local_batch_size=local_bsz,
+            accumulation_steps=accumulation,
+            replicas=replicas,
+            placement=self._placement(),
+            waiting_for=self._waiting_for,
+            started_at=self._started_at,
+            completed_at=self._completed_at,
+        )
+
+    def observed(self) -> dict[str, dict[str, int]]:
+        """Per role pod counts, as a ScaleResult reports them."""
+        counts: dict[str, dict[str, int]] = {}
+        running = self._running_pods()
+        phase = {
+            JobState.COMPLETED: "succeeded",
+            JobState.FAILED: "failed",
+            JobState.STALLED: "failed",
+        }.get(self._state, "running")
+        for key, pod in self._desired.items():
+            role = counts.setdefault(
+                pod.role, {"pending": 0, "running": 0, "succeeded": 0, "failed": 0}
+            )
+            role["pending" if running.get(key) != pod else phase] += 1
+        return counts
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _meta(self, kind: str) -> dict[str, Any]:
+        self._seq += 1
+        return {
+            "env": self.env,
+            "job": self.job,
+            "source": self.source,
+            "event_id": uuid.uuid5(_EVENT_NAMESPACE, f"{self.job.uuid}/{self._seq}/{kind}"),
+            "occurred_at": self.origin + timedelta(seconds=self._clock),
+        }
+
+    def _node(self, pod: PodRequest) -> NodeRef:
+        return NodeRef(
+            type=pod.role,
+            id=pod.index,
+            name=f"{self.job.name or self.job.uuid}-{pod.role}-{pod.index}",
+        )
+
+    def _sample(self) -> RuntimeSample:
+        step, iteration, batch, _ = self._rates()
+        local_bsz, accumulation = self._batch(self._replicas(self._running_pods()))
+        nodes = [
+            NodeUsage(
+                type=pod.role,
+                id=pod.index,
+                cpu=pod.cpu,
+                memory=self._memory_used(pod, local_bsz),
+                gpu_util=(step.compute_time / step.step_time) if pod.gpu else None,
+                step_time=iteration,
+            )
+            for pod in self._running_pods().values()
+        ]
+        return RuntimeSample(
+            **self._meta("sample"),
+            global_step=int(self._steps + _EPS),
+            speed=1 / iteration,
+            samples_per_s=batch / iteration,
+            batch_size=batch,
+            local_batch_size=local_bsz,
+            accumulation_steps=accumulation,
+            nodes=nodes,
+        )
+
+    def _memory_used(self, pod: PodRequest, local_bsz: int) -> int:
+        if pod.role not in TRAINING_ROLES:
+            return 0
+        need = self.memory.need(local_bsz)
+        return min(need, pod.memory) if pod.memory else need
+
+    # -- plans ----------------------------------------------------------------------------
+
+    def update(self, plan: ScalePlan) -> PlanOutcome:
+        """Make the plan the job's desired state; each plan_id takes effect once.
+
+        Pods whose set or resources change restart the whole gang (all-reduce rendezvous);
+        so does a change of batch settings, which the training script reads on start. A gang
+        that does not fit yet keeps the old one running and waits (see try_admit).
+        """
+        if plan.job.uuid != self.job.uuid:
+            return PlanOutcome(ScaleStatus.REJECTED, f"plan is for job {plan.job.uuid}")
+        if plan.plan_id in self._applied:
+            return PlanOutcome(ScaleStatus.APPLIED, "already applied")
+        if self._state in (JobState.COMPLETED, JobState.FAILED):
+            return PlanOutcome(ScaleStatus.REJECTED, f"job is {self._state.value}")
+        try:
+            desired = self._desired_after(plan)
+            override = self._override_after(plan.training)
+        except ValueError as e:
+            return PlanOutcome(ScaleStatus.REJECTED, str(e))
+        if not any(p.role in TRAINING_ROLES and p.gpu for p in desired.values()):
+            return PlanOutcome(
+                ScaleStatus.REJECTED, "plan leaves the job without training replicas"
+            )
+        if not self.cluster.can_ever_fit(list(desired.values())):
+            return PlanOutcome(ScaleStatus.REJECTED, "the job's pods cannot fit on the cluster")
+        self._applied.add(plan.plan_id)
+        pods_changed = desired != self._desired or self._allocation is None
+        self._desired = desired
+        if override != self._batch_override:
+            self._batch_override = override
+            self._eta = None
+            if self._allocation is not None and not pods_changed:
+                # The training script re-reads its batch settings on restart from checkpoint.
+                self._state, self._resume_at = JobState.RESTARTING, self._clock + self.restart_delay
+        events = self.try_admit() if pods_changed else []
+        if self._desired != dict(self._running_pods()):
+            return PlanOutcome(ScaleStatus.APPLIED, f"waiting for {self._waiting_for}", events)
+        return PlanOutcome(ScaleStatus.APPLIED, "", events)
+
+    def _desired_after(self, plan: ScalePlan) -> dict[tuple[str, int], PodRequest]:
+        pods = dict(self._desired)
+        for role, group in plan.node_group_resources.items():
+            current = sorted((k for k in pods if k[0] == role), key=lambda k: k[1])
+            template = (
+                pods[current[0]]
+                if current
+                else PodRequest(role, 0, 1 if role in TRAINING_ROLES else 0)
+            )
+            template = _with_resource(template, group.node_resource)
+            for key in current:
+                pods[key] = _with_resource(pods[key], group.node_resource)
+            if group.count:
+                for key in current[group.count :]:  # highest index first
+                    del pods[key]
+                next_index = (current[-1][1] + 1) if current else 0
+                for index in range(next_index, next_index + max(0, group.count - len(current))):
+                    pods[(role, index)] = replace(template, index=index)
+        for ref in plan.remove_nodes:
+            pods.pop((ref.type, ref.id), None)
+        for node in plan.launch_nodes:
+            key = (node.type, node.id)
+            siblings = [p for p in pods.values() if p.role == node.type]
+            base = (
+                siblings[0]
+                if siblings
+                else PodRequest(node.type, node.id, 1 if node.type in TRAINING_ROLES else 0)
+            )
+            pods[key] = _with_resource(replace(base, index=node.id), node.resource)
+        for move in plan.migrate_nodes:
+            key = (move.node.type, move.node.id)
+            if key not in pods:
+                raise ValueError(f"cannot migrate {move.node.type}-{move.node.id}: no such node")
+            pods[key] = _with_resource(pods[key], move.resource)
+        return pods
+
+    def _override_after(self, training: Mapping[str, Any]) -> tuple[int, int] | None:
+        if "local_batch_size" not in training and "accumulation_steps" not in training:
+            return self._batch_override
+        local_bsz, accumulation = self._batch(self._replicas(self._desired))
+        local_bsz = int(training.get("local_batch_size", local_bsz))
+        accumulation = int(training.get("accumulation_steps", accumulation))
+        if local_bsz < 1 or accumulation < 1:
+            raise ValueError("local_batch_size and accumulation_steps must be >= 1")
+        return (local_bsz, accumulation)
+
+    def try_admit(self) -> list[JobEvent]:
+        """Ask the cluster for the desired gang; on success the job restarts on it."""
+        if self._state in (JobState.COMPLETED, JobState.FAILED):
+            return []
+        if self._allocation is not None and dict(self._allocation.pods) == self._desired:
+            return []
+        pods = list(self._desired.values())
+        if not self.cluster.can_ever_fit(pods):
+            self._state = JobState.FAILED
+            self._waiting_for = ""
+            self.cluster.release(self.job.uuid)
+            self._allocation = None
+            return [
+                JobFailed(**self._meta("failed"), reason="the job's pods cannot fit on the cluster")
+            ]
+        allocation = self.cluster.admit(self.job.uuid, pods)
+        if allocation is None:
+            self._waiting_for = f"capacity: {self._replicas(self._desired)} GPUs as one gang"
+            return []
+        previous = self._running_pods()
+        self._allocation = allocation
+        self._waiting_for = ""
+        self._state = JobState.RESTARTING
+        self._resume_at = self._clock + self.restart_delay
+        self._eta = None
+        return [
+            NodeStarted(**self._meta("node.started"), node=self._node(pod))
+            for key, pod in allocation.pods.items()
+            if previous.get(key) != pod
+        ]
+
+    # -- time -----------------------------------------------------------------------------
+
+    def advance(self, dt: float) -> list[JobEvent]:
+        """Move the simulated clock by dt seconds and return what the job said meanwhile."""
+        if dt < 0:
+            raise ValueError("time does not run backwards")
+        end = self._clock + dt
+        events: list[JobEvent] = []
+        while self._clock < end and self._state in (JobState.RESTARTING, JobState.RUNNING):
+            if self._state is JobState.RESTARTING:
+                if self._resume_at > end:
+                    break
+                self._clock = self._resume_at
+                events.extend(self._resume())
+                continue
+            events.extend(self._train_until(end))
+        self._clock = max(self._clock, end)
+        return events
+
+    def _resume(self) -> list[JobEvent]:
+        """Training starts on the new gang, unless its pods do not have the memory."""
+        replicas = self._replicas(self._running_pods())
+        local_bsz, _ = self._batch(replicas)
+        events: list[JobEvent] = []
+        training = [p for p in self._running_pods().values() if p.role in TRAINING_ROLES]
+        if local_bsz > self.app.max_local_bsz:
+            events = [
+                NodeOOM(
+                    **self._meta("node.oom"),
+                    node=self._node(pod),
+                    kind=OOMKind.GPU_MEMORY,
+                    exit_code=1,
+                )
+                for pod in training
+            ]
+        else:
+            need = self.memory.need(local_bsz)
+            events = [
+                NodeOOM(
+                    **self._meta("node.oom"),
+                    node=self._node(pod),
+                    kind=OOMKind.HOST_MEMORY,
+                    memory=need,
+                    exit_code=137,
+                )
+                for pod in training
+                if pod.memory and pod.memory < need
+            ]
+        if not events:
+            try:
+                self._rates()
+            except OutOfTraceError as e:
+                # Beyond what was measured the simulator would only guess; say so loudly.
+                self._state = JobState.FAILED
+                self._waiting_for = ""
+                self.cluster.release(self.job.uuid)
+                self._allocation = None
+                return [JobFailed(**self._meta("failed"), reason=f"not simulable: {e}")]
+        if events:
+            self._state = JobState.STALLED
+            self._waiting_for = "a plan that gives the job the memory it needs"
+            self._eta = None
+            return events
+        self._state = JobState.RUNNING
+        if self.sample_interval:
+            self._next_sample = (
+                math.floor(self._clock / self.sample_interval) + 1
+            ) * self.sample_interval
+        if self._started_at is None:
+            self._started_at = self._clock
+            events.append(JobStarted(**self._meta("job.started")))
+        return events
+
+    def _train_until(self, end: float) -> list[JobEvent]:
+        """Train to the first of: end, the next sample, the end of the current epoch."""
+        _, iteration, _, goodput = self._rates()
+        epoch = self.app.epoch_at(self._progress)
+        boundary = self.app.epoch_end_progress(epoch)
+        to_boundary = (boundary - self._progress) / goodput
+        horizon = min(end, self._next_sample)
+        if self._clock + to_boundary <= horizon + _EPS:
+            self._clock += to_boundary
+            self._steps += to_boundary / iteration
+            self._progress = boundary
+            if epoch + 1 >= self.app.max_epochs:
+                return self._complete()
+            return []
+        elapsed = horizon - self._clock
+        self._clock = horizon
+        self._steps += elapsed / iteration
+        self._progress += goodput * elapsed
+        if horizon >= self._next_sample:
+            assert self.sample_interval is not None
+            self._next_sample += self.sample_interval
+            return [self._sample()]
+        return []
+
+    def _complete(self) -> list[JobEvent]:
+        events: list[JobEvent] = [self._sample()] if self.sample_interval else []
+        self._state = JobState.COMPLETED
+        self._completed_at = self._clock
+        self._eta = self._clock
+        self.cluster.release(self.job.uuid)
+        self._allocation = None
+        events.append(JobCompleted(**self._meta("job.completed")))
+        return events
+
+    def eta(self) -> float | None:
+        """Clock at which the job completes if nothing changes; None if it never will."""
+        if self._eta is not None:
+            return self._eta
+        if self._state is JobState.RUNNING:
+            t, progress = self._clock, self._progress
+        elif self._state is JobState.RESTARTING:
+            t, progress = self._resume_at, self._progress
+            local_bsz, _ = self._batch(self._replicas(self._running_pods()))
+            if local_bsz > self.app.max_local_bsz:
+                return None
+            need = self.memory.need(local_bsz)
+            if any(
+                p.memory and p.memory < need
+                for p in self._running_pods().values()
+                if p.role in TRAINING_ROLES
+            ):
+                return None
+        else:
+            return None
+        saved = self._progress
+        try:
+            self._rates()
+        except OutOfTraceError:
+            return None
+        try:
+            for epoch in range(self.app.epoch_at(progress), self.app.max_epochs):
+                self._progress = progress
+                _, _, _, goodput = self._rates()
+                boundary = self.app.epoch_end_progress(epoch)
+                t += (boundary - progress) / goodput
+                progress = boundary
+        finally:
+            self._progress = saved
+        self._eta = t
+        return t
+
+
+def _with_resource(pod: PodRequest, resource: NodeResource) -> PodRequest:
+    """Apply a plan's resources to a pod: a 0 field means unchanged."""
+    return replace(
+        pod,
+        gpu=resource.gpu_num or pod.gpu,
+        cpu=resource.cpu or pod.cpu,
+        memory=resource.memory or pod.memory,
+    )
+
+
+__all__ = [
+    "DEFAULT_ORIGIN",
+    "DEFAULT_RESTART_DELAY",
+    "MEMORY_MODELS",
+    "TRAINING_ROLES",
+    "JobSimulator",
+    "JobState",
+    "JobStatus",
+    "MemoryModel",
+    "PlanOutcome",
+    "memory_model",
+]
