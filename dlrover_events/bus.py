@@ -162,6 +162,8 @@ class Consumer:
             enable_auto_commit=False,
             auto_offset_reset="earliest" if from_beginning else "latest",
             request_timeout_ms=settings.request_timeout_ms,
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
             isolation_level="read_uncommitted",
         )
         self._producer = Producer(settings)

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     transactional_id: str | None = None  # tansu has no transactions
     consumer_batch: int = Field(default=2000, ge=1, description="max records per fetch")
     request_timeout_ms: int = Field(default=15000, ge=1000)
+    # tansu delays a group join by about half the session timeout; short timeouts make
+    # tests and small deployments start faster, at the price of more heartbeats.
+    session_timeout_ms: int = Field(default=10000, ge=1000)
+    heartbeat_interval_ms: int = Field(default=3000, ge=100)
 
     # Postgres
     pg_dsn: str | None = Field(

@@ -77,6 +77,8 @@ def settings(broker: Broker, pg_dsn: str) -> Settings:
         pg_dsn=pg_dsn,
         partitions=3,
         request_timeout_ms=10000,
+        session_timeout_ms=2000,
+        heartbeat_interval_ms=300,
     )
 
 
