@@ -1,0 +1,607 @@
+"""A job as the brain sees it, and the pure folds that keep it current.
+
+The state is everything an optimizer may look at, so that optimizers stay pure functions of
+it: the last runtime samples, per-node peaks, OOM history, the job's stage and resources,
+what the user pinned and what the brain last decided. Its JSON is also the input of the
+dry run (`dlrover-events optimize --state FILE.json`), so the fields are plain data.
+
+Folds return a new state and never mutate the one they are given: a processor can keep
+the old state when a later step fails, and a replay of the same events gives the same
+state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from schemas.envelope import EnvName, Event, Model
+from schemas.jobs import (
+    JobCompleted,
+    JobEvent,
+    JobFailed,
+    JobMeta,
+    JobStarted,
+    JobSubmitted,
+    NodeExited,
+    NodeFailed,
+    NodeOOM,
+    NodeStarted,
+    NodeUsage,
+    OOMKind,
+    RoleSpec,
+    RuntimeSample,
+)
+from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan, ScaleResult, ScaleStatus
+
+GiB = 1024**3
+
+#: DLRover keeps this many runtime samples per job (one about every 15 s).
+MAX_SAMPLES = 60
+
+#: Samples a job spends in an initial stage before the brain moves it on, when the master
+#: does not say so itself: enough for the initial optimizers to see a stable speed.
+INITIAL_STAGE_SAMPLES = 5
+
+WORKER = "worker"
+PS = "ps"
+
+Distribution = Literal["allreduce", "ps", "local", "custom"]
+
+
+class Stage(StrEnum):
+    CREATE = "create"
+    PS_INITIAL = "ps-initial"
+    WORKER_INITIAL = "worker-initial"
+    RUNNING = "running"
+
+
+def normalize_stage(raw: str, distribution: Distribution = "allreduce") -> Stage | None:
+    """Accept the spellings masters actually send (DLRover's `job_stage_ps_initial`,
+    `ps_initial`, ...) so that no stage the master sends goes unrouted; None when unknown.
+
+    A bare `initial` means the PS stage for PS jobs and the worker stage for the others.
+    """
+    name = raw.strip().lower().replace("_", "-")
+    name = name.removeprefix("job-stage-")
+    if name == "initial":
+        return Stage.PS_INITIAL if distribution == "ps" else Stage.WORKER_INITIAL
+    try:
+        return Stage(name)
+    except ValueError:
+        return None
+
+
+class JobStatus(StrEnum):
+    SUBMITTED = "submitted"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class NodeStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    OOM = "oom"
+    FAILED = "failed"
+    EXITED = "exited"
+    REMOVED = "removed"
+
+
+#: Nodes a plan may still act on (remove, migrate).
+ALIVE = frozenset({NodeStatus.PENDING, NodeStatus.RUNNING, NodeStatus.OOM})
+
+
+def node_key(role: str, node_id: int) -> str:
+    """The name a node goes by in state dicts and in ResourcePlan.node_resources."""
+    return f"{role}-{node_id}"
+
+
+def parse_node_key(key: str) -> tuple[str, int] | None:
+    role, sep, raw_id = key.rpartition("-")
+    if not sep or not role or not raw_id.isdigit():
+        return None
+    return role, int(raw_id)
+
+
+class NodeState(Model):
+    """One node (pod) of the job and the resources it was launched with."""
+
+    type: str = Field(min_length=1)
+    id: int = Field(ge=0)
+    status: NodeStatus = NodeStatus.PENDING
+    cpu: float = Field(default=0, ge=0)
+    memory: int = Field(default=0, ge=0, description="bytes requested")
+    gpu_num: int = Field(default=0, ge=0)
+    gpu_memory: int = Field(default=0, ge=0, description="bytes per GPU")
+    relaunches: int = Field(default=0, ge=0, description="relaunches with new resources")
+
+    @property
+    def key(self) -> str:
+        return node_key(self.type, self.id)
+
+    @property
+    def alive(self) -> bool:
+        return self.status in ALIVE
+
+
+class NodePeak(Model):
+    """The most a node has used since the brain first saw it (not only the last samples)."""
+
+    type: str
+    id: int
+    cpu: float = 0
+    memory: int = 0
+    gpu_memory: int = 0
+
+
+class OOMRecord(Model):
+    event_id: str
+    kind: OOMKind
+    at: datetime
+    memory: int | None = None
+    gpu_memory: int | None = None
+    #: set once a plan addressed this OOM, so it is never acted on twice.
+    handled: bool = False
+
+
+class Sample(Model):
+    """A runtime sample without its envelope: what optimizers read."""
+
+    event_id: str
+    at: datetime
+    global_step: int = 0
+    speed: float = 0
+    samples_per_s: float = 0
+    batch_size: int | None = None
+    local_batch_size: int | None = None
+    accumulation_steps: int = 1
+    nodes: list[NodeUsage] = Field(default_factory=list)
+
+    def usage(self, role: str) -> list[NodeUsage]:
+        return [n for n in self.nodes if n.type == role]
+
+    def count(self, role: str) -> int:
+        return sum(1 for n in self.nodes if n.type == role)
+
+
+class RoleResources(Model):
+    """What a role has now: replicas and the resources of each replica."""
+
+    replicas: int = Field(default=0, ge=0)
+    min_replicas: int | None = Field(default=None, ge=0)
+    max_replicas: int | None = Field(default=None, ge=0)
+    cpu: float = Field(default=0, ge=0)
+    memory: int = Field(default=0, ge=0)
+    gpu_num: int = Field(default=0, ge=0)
+    gpu_memory: int = Field(default=0, ge=0, description="bytes per GPU")
+
+
+class Pinned(Model):
+    """Values the user fixed for a role: they win over any plan."""
+
+    replicas: int | None = Field(default=None, ge=0)
+    cpu: float | None = Field(default=None, ge=0)
+    memory: int | None = Field(default=None, ge=0)
+    gpu_memory: int | None = Field(default=None, ge=0)
+
+
+_PINNED = TypeAdapter(dict[str, Pinned])
+
+
+class JobState(Model):
+    """Everything the brain knows about one job."""
+
+    env: EnvName
+    job: JobMeta
+    distribution: Distribution = "allreduce"
+    application: str = ""
+    batch_size: int | None = Field(default=None, ge=1, description="global batch size")
+    config: dict[str, Any] = Field(default_factory=dict)
+    config_errors: list[str] = Field(default_factory=list)
+    stage: str = Stage.CREATE.value
+    stage_samples: int = Field(default=0, ge=0, description="samples seen in this stage")
+    status: JobStatus = JobStatus.SUBMITTED
+    submitted_at: datetime | None = None
+    completed_at: datetime | None = None
+    total_steps: int | None = Field(default=None, ge=1)
+    recv_op_count: int | None = Field(default=None, ge=0)
+    restart_count: int = Field(default=3, ge=0, description="relaunches allowed per node")
+    roles: dict[str, RoleResources] = Field(default_factory=dict)
+    pinned: dict[str, Pinned] = Field(default_factory=dict)
+    nodes: dict[str, NodeState] = Field(default_factory=dict)
+    samples: list[Sample] = Field(default_factory=list)
+    peaks: dict[str, NodePeak] = Field(default_factory=dict)
+    ooms: dict[str, list[OOMRecord]] = Field(default_factory=dict, description="per node")
+    training: dict[str, Any] = Field(
+        default_factory=dict, description="local_batch_size, accumulation_steps as running"
+    )
+    last_plan: OptimizePlan | None = None
+    last_plan_at: datetime | None = None
+    last_running_plan_at: datetime | None = None
+    last_ps_change_at: datetime | None = None
+    pending_scale_plan: ScalePlan | None = None
+    last_event_id: str | None = None
+
+    # -- views optimizers share -------------------------------------------------------
+
+    def role(self, name: str) -> RoleResources:
+        return self.roles.get(name, RoleResources())
+
+    def alive_nodes(self, role: str) -> list[NodeState]:
+        return sorted(
+            (n for n in self.nodes.values() if n.type == role and n.alive), key=lambda n: n.id
+        )
+
+    def unhandled_ooms(self, kind: OOMKind) -> dict[str, list[OOMRecord]]:
+        found: dict[str, list[OOMRecord]] = {}
+        for key, records in self.ooms.items():
+            open_ = [r for r in records if r.kind == kind and not r.handled]
+            if open_:
+                found[key] = open_
+        return found
+
+    def oom_nodes(self) -> set[str]:
+        """Nodes that ever ran out of host memory (for history-based OOM optimizers)."""
+        return {
+            key
+            for key, records in self.ooms.items()
+            if any(r.kind == OOMKind.HOST_MEMORY for r in records)
+        }
+
+    def current_training(self, key: str) -> Any:
+        return self.training.get(key)
+
+
+# -- folds ----------------------------------------------------------------------------
+
+
+def _empty_state(event: JobEvent) -> JobState:
+    return JobState(env=event.env, job=event.job)
+
+
+def _config_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """Typed fields the brain reads from a job's config; bad values are reported in
+    `config_errors` rather than failing the whole job's state."""
+    update: dict[str, Any] = {}
+    errors: list[str] = []
+    for field, minimum in (("total_steps", 1), ("recv_op_count", 0), ("restart_count", 0)):
+        value = config.get(field)
+        if value is None:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+            update[field] = value
+        else:
+            errors.append(f"config {field} must be an integer >= {minimum}, got {value!r}")
+    if "pinned" in config:
+        try:
+            update["pinned"] = _PINNED.validate_python(config["pinned"])
+        except ValidationError as exc:
+            errors.append(f"config pinned is invalid: {exc.errors()[0]['msg']}")
+    update["config_errors"] = errors
+    return update
+
+
+def _role(spec: RoleSpec) -> RoleResources:
+    return RoleResources(
+        replicas=spec.replicas,
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
+        cpu=spec.cpu,
+        memory=spec.memory,
+        gpu_num=spec.gpu_num,
+    )
+
+
+def _fold_submitted(state: JobState, event: JobSubmitted) -> JobState:
+    roles = {name: _role(spec) for name, spec in event.roles.items()}
+    update: dict[str, Any] = {
+        "job": event.job,
+        "distribution": event.distribution,
+        "application": event.application,
+        "batch_size": event.batch_size,
+        "config": dict(event.config),
+        "roles": roles,
+        "submitted_at": event.occurred_at,
+    }
+    update.update(_config_fields(event.config))
+    return state.model_copy(update=update)
+
+
+def _start_stage(distribution: Distribution) -> Stage:
+    return Stage.PS_INITIAL if distribution == "ps" else Stage.WORKER_INITIAL
+
+
+def _fold_started(state: JobState, event: JobStarted) -> JobState:
+    update: dict[str, Any] = {"status": JobStatus.RUNNING}
+    if state.stage == Stage.CREATE:
+        update.update(stage=_start_stage(state.distribution).value, stage_samples=0)
+    return state.model_copy(update=update)
+
+
+def _next_stage(state: JobState) -> tuple[str, int]:
+    """Move through the initial stages by samples seen, as DLRover's master would."""
+    stage, seen = state.stage, state.stage_samples + 1
+    if stage == Stage.CREATE:
+        return _start_stage(state.distribution).value, 1
+    if seen >= INITIAL_STAGE_SAMPLES:
+        if stage == Stage.PS_INITIAL:
+            return Stage.WORKER_INITIAL.value, 0
+        if stage == Stage.WORKER_INITIAL:
+            return Stage.RUNNING.value, 0
+    return stage, seen
+
+
+def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
+    event_id = str(event.event_id)
+    if any(s.event_id == event_id for s in state.samples):
+        return state
+    sample = Sample(
+        event_id=event_id,
+        at=event.occurred_at,
+        global_step=event.global_step,
+        speed=event.speed,
+        samples_per_s=event.samples_per_s,
+        batch_size=event.batch_size,
+        local_batch_size=event.local_batch_size,
+        accumulation_steps=event.accumulation_steps,
+        nodes=list(event.nodes),
+    )
+    samples = [*state.samples, sample][-MAX_SAMPLES:]
+    peaks = dict(state.peaks)
+    nodes = dict(state.nodes)
+    for usage in event.nodes:
+        key = node_key(usage.type, usage.id)
+        old = peaks.get(key) or NodePeak(type=usage.type, id=usage.id)
+        peaks[key] = NodePeak(
+            type=usage.type,
+            id=usage.id,
+            cpu=max(old.cpu, usage.cpu),
+            memory=max(old.memory, usage.memory),
+            gpu_memory=max(old.gpu_memory, usage.gpu_memory or 0),
+        )
+        node = nodes.get(key)
+        if node is None:
+            nodes[key] = _node_from_role(state, usage.type, usage.id, NodeStatus.RUNNING)
+        elif node.status == NodeStatus.PENDING:
+            nodes[key] = node.model_copy(update={"status": NodeStatus.RUNNING})
+    training = dict(state.training)
+    if event.local_batch_size is not None:
+        training["local_batch_size"] = event.local_batch_size
+    training["accumulation_steps"] = event.accumulation_steps
+    stage, seen = _next_stage(state)
+    status = JobStatus.RUNNING if state.status == JobStatus.SUBMITTED else state.status
+    return state.model_copy(
+        update={
+            "samples": samples,
+            "peaks": peaks,
+            "nodes": nodes,
+            "training": training,
+            "stage": stage,
+            "stage_samples": seen,
+            "status": status,
+            "batch_size": event.batch_size or state.batch_size,
+        }
+    )
+
+
+def _node_from_role(state: JobState, role: str, node_id: int, status: NodeStatus) -> NodeState:
+    spec = state.role(role)
+    return NodeState(
+        type=role,
+        id=node_id,
+        status=status,
+        cpu=spec.cpu,
+        memory=spec.memory,
+        gpu_num=spec.gpu_num,
+        gpu_memory=spec.gpu_memory,
+    )
+
+
+def _with_node_status(state: JobState, role: str, node_id: int, status: NodeStatus) -> JobState:
+    key = node_key(role, node_id)
+    nodes = dict(state.nodes)
+    node = nodes.get(key)
+    nodes[key] = (
+        _node_from_role(state, role, node_id, status)
+        if node is None
+        else node.model_copy(update={"status": status})
+    )
+    return state.model_copy(update={"nodes": nodes})
+
+
+def _fold_oom(state: JobState, event: NodeOOM) -> JobState:
+    key = node_key(event.node.type, event.node.id)
+    event_id = str(event.event_id)
+    records = state.ooms.get(key, [])
+    if any(r.event_id == event_id for r in records):
+        return state  # a replayed OOM is the same OOM: it must not be acted on twice
+    record = OOMRecord(
+        event_id=event_id,
+        kind=event.kind,
+        at=event.occurred_at,
+        memory=event.memory,
+        gpu_memory=event.gpu_memory,
+    )
+    ooms = dict(state.ooms)
+    ooms[key] = [*records, record]
+    state = _with_node_status(state, event.node.type, event.node.id, NodeStatus.OOM)
+    return state.model_copy(update={"ooms": ooms})
+
+
+def _fold_request(state: JobState, event: OptimizeRequest) -> JobState:
+    config = {**state.config, **event.config}
+    update: dict[str, Any] = {"config": config}
+    if event.stage != state.stage:
+        update.update(stage=event.stage, stage_samples=0)
+    update.update(_config_fields(config))
+    return state.model_copy(update=update)
+
+
+def _fold_result(state: JobState, event: ScaleResult) -> JobState:
+    pending = state.pending_scale_plan
+    if pending is None or pending.plan_id != event.plan_id:
+        return state
+    if event.status != ScaleStatus.APPLIED:
+        return state.model_copy(update={"pending_scale_plan": None})
+    return apply_scale_plan(state, pending).model_copy(update={"pending_scale_plan": None})
+
+
+def apply_scale_plan(state: JobState, plan: ScalePlan) -> JobState:
+    """The job's resources once the operator applied `plan`: what the next plan diffs
+    against."""
+    roles = dict(state.roles)
+    for role, group in plan.node_group_resources.items():
+        current = roles.get(role, RoleResources())
+        res = group.node_resource
+        roles[role] = current.model_copy(
+            update={
+                "replicas": group.count or current.replicas,
+                "cpu": res.cpu or current.cpu,
+                "memory": res.memory or current.memory,
+                "gpu_num": res.gpu_num or current.gpu_num,
+                "gpu_memory": res.gpu_memory or current.gpu_memory,
+            }
+        )
+    nodes = dict(state.nodes)
+    for ref in plan.remove_nodes:
+        key = node_key(ref.type, ref.id)
+        if key in nodes:
+            nodes[key] = nodes[key].model_copy(update={"status": NodeStatus.REMOVED})
+    for launched in plan.launch_nodes:
+        res = launched.resource
+        nodes[node_key(launched.type, launched.id)] = NodeState(
+            type=launched.type,
+            id=launched.id,
+            cpu=res.cpu,
+            memory=res.memory,
+            gpu_num=res.gpu_num,
+            gpu_memory=res.gpu_memory,
+        )
+    for migrated in plan.migrate_nodes:
+        key = node_key(migrated.node.type, migrated.node.id)
+        old = nodes.get(key) or _node_from_role(
+            state, migrated.node.type, migrated.node.id, NodeStatus.PENDING
+        )
+        res = migrated.resource
+        nodes[key] = old.model_copy(
+            update={
+                "status": NodeStatus.PENDING,
+                "cpu": res.cpu or old.cpu,
+                "memory": res.memory or old.memory,
+                "gpu_num": res.gpu_num or old.gpu_num,
+                "gpu_memory": res.gpu_memory or old.gpu_memory,
+                "relaunches": old.relaunches + 1,
+            }
+        )
+    training = {**state.training, **plan.training}
+    return state.model_copy(update={"roles": roles, "nodes": nodes, "training": training})
+
+
+def fold(state: JobState | None, event: Event) -> JobState | None:
+    """Fold one event of a job into its state. Events that say nothing about a job leave
+    the state as it is; a job-keyed event for a job not seen yet starts its state (a replay
+    may begin after the job's submission)."""
+    if not isinstance(event, JobEvent):
+        return state
+    if state is None:
+        state = _empty_state(event)
+    elif state.job.uuid != event.job.uuid:
+        raise ValueError(
+            f"event for job {event.job.uuid!r} folded into the state of {state.job.uuid!r}"
+        )
+    match event:
+        case JobSubmitted():
+            state = _fold_submitted(state, event)
+        case JobStarted():
+            state = _fold_started(state, event)
+        case RuntimeSample():
+            state = _fold_sample(state, event)
+        case NodeStarted():
+            state = _with_node_status(state, event.node.type, event.node.id, NodeStatus.RUNNING)
+        case NodeExited():
+            state = _with_node_status(state, event.node.type, event.node.id, NodeStatus.EXITED)
+        case NodeFailed():
+            state = _with_node_status(state, event.node.type, event.node.id, NodeStatus.FAILED)
+        case NodeOOM():
+            state = _fold_oom(state, event)
+        case OptimizeRequest():
+            state = _fold_request(state, event)
+        case ScaleResult():
+            state = _fold_result(state, event)
+        case JobCompleted():
+            state = state.model_copy(
+                update={"status": JobStatus.COMPLETED, "completed_at": event.occurred_at}
+            )
+        case JobFailed():
+            state = state.model_copy(
+                update={"status": JobStatus.FAILED, "completed_at": event.occurred_at}
+            )
+        case _:
+            pass
+    return state.model_copy(update={"last_event_id": str(event.event_id)})
+
+
+def fold_all(state: JobState | None, events: Iterable[Event]) -> JobState | None:
+    for event in events:
+        state = fold(state, event)
+    return state
+
+
+def record_decision(
+    state: JobState,
+    plan: OptimizePlan,
+    scale_plan: ScalePlan | None,
+    handled_ooms: Iterable[str],
+    now: datetime,
+) -> JobState:
+    """Remember what the brain decided: the OOMs it addressed (never again), the plan and
+    when (for cooldowns), and the ScalePlan whose result will update the resources."""
+    handled = set(handled_ooms)
+    ooms = {
+        key: [r.model_copy(update={"handled": True}) if r.event_id in handled else r for r in rs]
+        for key, rs in state.ooms.items()
+    }
+    update: dict[str, Any] = {"ooms": ooms, "last_plan": plan, "last_plan_at": now}
+    if scale_plan is not None:
+        update["pending_scale_plan"] = scale_plan
+        if state.stage == Stage.RUNNING:
+            update["last_running_plan_at"] = now
+        if touches_role(scale_plan, PS):
+            update["last_ps_change_at"] = now
+    return state.model_copy(update=update)
+
+
+def touches_role(plan: ScalePlan, role: str) -> bool:
+    return (
+        role in plan.node_group_resources
+        or any(n.type == role for n in plan.launch_nodes)
+        or any(n.type == role for n in plan.remove_nodes)
+        or any(m.node.type == role for m in plan.migrate_nodes)
+    )
+
+
+# -- small numeric helpers shared by optimizers -----------------------------------------
+
+
+def mean(values: Iterable[float]) -> float:
+    items = list(values)
+    return sum(items) / len(items) if items else 0.0
+
+
+def median(values: Iterable[float]) -> float:
+    items = sorted(values)
+    if not items:
+        return 0.0
+    mid = len(items) // 2
+    return items[mid] if len(items) % 2 else (items[mid - 1] + items[mid]) / 2
+
+
+def ceil_int(value: float) -> int:
+    """Ceiling that forgives float noise (0.1 * 3 / 0.3 must not become 2)."""
+    return math.ceil(round(value, 9))
