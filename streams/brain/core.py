@@ -1,0 +1,140 @@
+"""One decision of the brain for one job: router -> optimizers -> planner, as a pure
+function, shared by the stream processor and the dry run so both decide alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
+from streams.brain.optimizers import REGISTRY, OptimizeContext, Proposal, Registry
+from streams.brain.planner import SOURCE, Limits, plan_id, plan_scale
+from streams.brain.router import Route, RouteError, route
+from streams.brain.state import JobState
+
+
+@dataclass(frozen=True)
+class Decision:
+    optimize_plan: OptimizePlan
+    scale_plan: ScalePlan | None
+    handled_ooms: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NoDecision:
+    """The optimizers ran and none of them wants a change."""
+
+    stage: str
+    optimizers: tuple[str, ...]
+    reason: str
+
+
+def _overlay(base: NodeResource, more: NodeResource) -> NodeResource:
+    return base.model_copy(update={k: v for k, v in more.model_dump().items() if v not in (0, "")})
+
+
+def merge(proposals: Sequence[Proposal]) -> Proposal:
+    """One plan from the proposals of several steps (create: workers and PS); a later
+    step's non-zero values win where two set the same thing."""
+    groups: dict[str, NodeGroupResource] = {}
+    nodes: dict[str, NodeResource] = {}
+    training: dict[str, object] = {}
+    for proposal in proposals:
+        for role, group in proposal.resource.node_group_resources.items():
+            old = groups.get(role, NodeGroupResource())
+            groups[role] = NodeGroupResource(
+                count=group.count or old.count,
+                node_resource=_overlay(old.node_resource, group.node_resource),
+            )
+        for key, res in proposal.resource.node_resources.items():
+            nodes[key] = _overlay(nodes.get(key, NodeResource()), res)
+        training.update(proposal.resource.training)
+    return Proposal(
+        reason="; ".join(f"{p.optimizer}: {p.reason}" for p in proposals),
+        resource=ResourcePlan(node_group_resources=groups, node_resources=nodes, training=training),
+        handled_ooms=tuple(dict.fromkeys(i for p in proposals for i in p.handled_ooms)),
+        optimizer="+".join(p.optimizer for p in proposals),
+    )
+
+
+def run_route(
+    ctx: OptimizeContext, chosen: Route, registry: Registry
+) -> list[Proposal] | RouteError:
+    proposals: list[Proposal] = []
+    for step in chosen.steps:
+        for name in step:
+            spec = registry.get(name)
+            if spec is None:
+                return RouteError("unknown_optimizer", f"unknown optimizer {name!r}")
+            try:
+                params = spec.parse_params(chosen.params.get(name))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"]) or "params"
+                return RouteError(
+                    "invalid_params", f"optimizer {name!r} parameter {where}: {first['msg']}"
+                )
+            try:
+                proposal = spec.run(ctx, params)
+            except Exception as exc:  # one faulty optimizer must not stop the brain
+                return RouteError(
+                    "optimizer_failed", f"optimizer {name!r} failed: {type(exc).__name__}: {exc}"
+                )
+            if proposal is not None:
+                proposals.append(proposal)
+                break
+    return proposals
+
+
+def decide(
+    state: JobState,
+    now: datetime,
+    *,
+    caused_by: str | None = None,
+    optimizer: str | None = None,
+    history: Sequence[JobState] = (),
+    free_gpus: int | None = None,
+    registry: Registry = REGISTRY,
+    limits: Limits | None = None,
+) -> Decision | NoDecision | RouteError:
+    """What the brain does about `state` now, caused by the input event `caused_by`
+    (default: the last event folded into the state)."""
+    chosen = route(state, optimizer, registry)
+    if isinstance(chosen, RouteError):
+        return chosen
+    ctx = OptimizeContext(state=state, now=now, history=history, free_gpus=free_gpus)
+    proposals = run_route(ctx, chosen, registry)
+    if isinstance(proposals, RouteError):
+        return proposals
+    if not proposals:
+        return NoDecision(
+            stage=chosen.stage.value,
+            optimizers=tuple(chosen.optimizers),
+            reason=f"{', '.join(chosen.optimizers)} proposed no change",
+        )
+    merged = merge(proposals)
+    cause = caused_by or state.last_event_id
+    plan = OptimizePlan(
+        env=state.env,
+        job=state.job,
+        occurred_at=now,
+        source=SOURCE,
+        plan_id=plan_id(state.job.uuid, cause or "initial", "optimize"),
+        stage=chosen.stage.value,
+        optimizer=merged.optimizer,
+        reason=merged.reason,
+        resource=merged.resource,
+        caused_by=cause,
+    )
+    planned = plan_scale(state, plan, now, limits)
+    return Decision(
+        optimize_plan=plan,
+        scale_plan=planned.scale_plan,
+        handled_ooms=merged.handled_ooms,
+        notes=planned.notes,
+    )

@@ -1,0 +1,259 @@
+"""OptimizePlan -> ScalePlan: what the brain wants, made into what the operator applies.
+
+The planner is where the limits live (DLRover's master applied them, not its Brain), so
+no optimizer, built-in or a user's, can ask the operator for more than the cluster rules
+allow: per-node cpu and memory bounds, replica caps, the job's min/max, cooldowns, and
+the values a user pinned. When nothing is left to change, there is no ScalePlan at all.
+
+A node named in `ResourcePlan.node_resources` is relaunched with the resources given
+(fields at 0 keep the node's own); a node named with all fields at 0 is relaunched as it
+is, which is how a straggler is replaced.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from schemas.jobs import NodeRef
+from schemas.plans import (
+    MigrateNode,
+    Node,
+    NodeGroupResource,
+    NodeResource,
+    OptimizePlan,
+    ScalePlan,
+)
+from streams.brain.state import (
+    PS,
+    WORKER,
+    GiB,
+    JobState,
+    NodeState,
+    NodeStatus,
+    Pinned,
+    RoleResources,
+    Stage,
+    normalize_stage,
+    parse_node_key,
+)
+
+#: Namespace of every plan id, so ids are stable across processes and releases.
+PLAN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "plans.brain.dlrover-events")
+
+SOURCE = "brain"
+
+#: Optimizers that recover a failing job; cooldowns must not delay them.
+URGENT_OPTIMIZERS = frozenset({"host-oom", "gpu-oom", "ps-oom", "worker-create-oom", "straggler"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    min_cpu: float = 4
+    max_cpu: float = 32
+    min_memory: int = 6 * GiB
+    max_memory: int = 64 * GiB
+    max_replicas: Mapping[str, int] = field(default_factory=lambda: {WORKER: 60, PS: 15})
+    ps_cooldown_s: float = 3600
+    running_cooldown_s: float = 300
+    urgent: frozenset[str] = URGENT_OPTIMIZERS
+
+
+@dataclass(frozen=True)
+class Planned:
+    scale_plan: ScalePlan | None
+    notes: tuple[str, ...] = ()
+
+
+def plan_id(job_uuid: str, caused_by: str, kind: str = "scale") -> str:
+    """Same job, same input event, same kind of plan: same id, on any replay or restart."""
+    return str(uuid.uuid5(PLAN_NAMESPACE, f"{kind}/{job_uuid}/{caused_by}"))
+
+
+def _is_zero(res: NodeResource) -> bool:
+    return res == NodeResource()
+
+
+def _resource_of(role: RoleResources | NodeState) -> NodeResource:
+    return NodeResource(
+        cpu=role.cpu, memory=role.memory, gpu_num=role.gpu_num, gpu_memory=role.gpu_memory
+    )
+
+
+def _same(a: NodeResource, b: NodeResource) -> bool:
+    return (a.cpu, a.memory, a.gpu_num, a.gpu_memory) == (b.cpu, b.memory, b.gpu_num, b.gpu_memory)
+
+
+def _target(
+    current: NodeResource, wanted: NodeResource, pinned: Pinned | None, limits: Limits
+) -> NodeResource:
+    """Current resources with the fields the plan sets, bounded, and pinned values winning
+    over any field the plan tries to change."""
+    cpu, memory, gpu_memory = current.cpu, current.memory, current.gpu_memory
+    if wanted.cpu > 0:
+        cpu = min(max(wanted.cpu, limits.min_cpu), limits.max_cpu)
+        if pinned is not None and pinned.cpu is not None:
+            cpu = pinned.cpu
+    if wanted.memory > 0:
+        memory = min(max(wanted.memory, limits.min_memory), limits.max_memory)
+        if pinned is not None and pinned.memory is not None:
+            memory = pinned.memory
+    if wanted.gpu_memory > 0:
+        gpu_memory = wanted.gpu_memory
+        if pinned is not None and pinned.gpu_memory is not None:
+            gpu_memory = pinned.gpu_memory
+    return current.model_copy(
+        update={
+            "cpu": cpu,
+            "memory": memory,
+            "gpu_num": wanted.gpu_num or current.gpu_num,
+            "gpu_type": wanted.gpu_type or current.gpu_type,
+            "gpu_memory": gpu_memory,
+            "priority": wanted.priority or current.priority,
+        }
+    )
+
+
+def _overlay(own: NodeResource, group: NodeResource) -> NodeResource:
+    """A node of a resized group: the group's (already bounded) resources where set."""
+    return own.model_copy(update={k: v for k, v in group.model_dump().items() if v not in (0, "")})
+
+
+def bound_count(state: JobState, role: str, wanted: int, limits: Limits) -> int:
+    spec = state.role(role)
+    count = max(wanted, spec.min_replicas or 0)
+    if spec.max_replicas is not None:
+        count = min(count, spec.max_replicas)
+    cap = limits.max_replicas.get(role)
+    if cap is not None:
+        count = min(count, cap)
+    pinned = state.pinned.get(role)
+    if pinned is not None and pinned.replicas is not None:
+        count = pinned.replicas
+    return count
+
+
+def _alive(state: JobState, role: str) -> tuple[list[NodeState], bool]:
+    """The role's live nodes, and whether the brain tracks them. Before any node is known
+    (create stage) the job's replicas stand in, and only group resources are planned."""
+    if any(n.type == role for n in state.nodes.values()):
+        return state.alive_nodes(role), True
+    spec = state.role(role)
+    nodes = [
+        NodeState(
+            type=role,
+            id=i,
+            status=NodeStatus.PENDING,
+            cpu=spec.cpu,
+            memory=spec.memory,
+            gpu_num=spec.gpu_num,
+            gpu_memory=spec.gpu_memory,
+        )
+        for i in range(spec.replicas)
+    ]
+    return nodes, False
+
+
+def _seconds(since: datetime | None, now: datetime) -> float | None:
+    return None if since is None else (now - since).total_seconds()
+
+
+def plan_scale(
+    state: JobState, plan: OptimizePlan, now: datetime, limits: Limits | None = None
+) -> Planned:
+    """The ScalePlan for `plan` against the job's current resources, or None with notes
+    saying what held it back."""
+    limits = limits or Limits()
+    notes: list[str] = []
+    urgent = bool(set(plan.optimizer.split("+")) & limits.urgent)
+    stage = normalize_stage(plan.stage, state.distribution)
+    if not urgent and stage == Stage.RUNNING:
+        since = _seconds(state.last_running_plan_at, now)
+        if since is not None and since < limits.running_cooldown_s:
+            notes.append(
+                f"running-stage plan {since:.0f} s after the last, "
+                f"< {limits.running_cooldown_s:g} s"
+            )
+            return Planned(None, tuple(notes))
+    since_ps = _seconds(state.last_ps_change_at, now)
+    ps_cooling = not urgent and since_ps is not None and since_ps < limits.ps_cooldown_s
+
+    groups: dict[str, NodeGroupResource] = {}
+    launch: list[Node] = []
+    remove: list[NodeRef] = []
+    migrate: dict[str, MigrateNode] = {}
+
+    for role, group in sorted(plan.resource.node_group_resources.items()):
+        if role == PS and ps_cooling:
+            notes.append(f"PS changed {since_ps:.0f} s ago, < {limits.ps_cooldown_s:g} s")
+            continue
+        alive, tracked = _alive(state, role)
+        current_count = len(alive)
+        current = _resource_of(state.role(role))
+        target = _target(current, group.node_resource, state.pinned.get(role), limits)
+        count = bound_count(state, role, group.count or current_count, limits)
+        resized = not _same(target, current)
+        if count == current_count and not resized:
+            continue
+        groups[role] = NodeGroupResource(count=count, node_resource=target)
+        if not tracked:
+            continue
+        if count > current_count:
+            known = [n.id for n in state.nodes.values() if n.type == role]
+            first = max(known, default=-1) + 1
+            launch.extend(
+                Node(type=role, id=first + i, resource=target) for i in range(count - current_count)
+            )
+        gone = sorted(alive, key=lambda n: n.id, reverse=True)[: max(current_count - count, 0)]
+        remove.extend(NodeRef(type=n.type, id=n.id) for n in gone)
+        if resized:
+            kept = [n for n in alive if n not in gone]
+            for kept_node in kept:
+                own = _resource_of(kept_node)
+                new = _overlay(own, target)
+                if not _same(new, own):
+                    migrate[kept_node.key] = MigrateNode(
+                        node=NodeRef(type=kept_node.type, id=kept_node.id), resource=new
+                    )
+
+    removed = {f"{r.type}-{r.id}" for r in remove}
+    for key, wanted in sorted(plan.resource.node_resources.items()):
+        parsed = parse_node_key(key)
+        node = state.nodes.get(key)
+        if parsed is None or node is None or not node.alive or key in removed:
+            notes.append(f"node {key} is not a live node of the job: left out")
+            continue
+        if node.type == PS and ps_cooling:
+            notes.append(f"PS node {key} changed within {limits.ps_cooldown_s:g} s: left out")
+            continue
+        base = migrate[key].resource if key in migrate else _resource_of(node)
+        if _is_zero(wanted):
+            migrate[key] = MigrateNode(node=NodeRef(type=node.type, id=node.id), resource=base)
+            continue
+        new = _target(base, wanted, state.pinned.get(node.type), limits)
+        if _same(new, _resource_of(node)):
+            notes.append(f"node {key} already has what the plan asks within limits")
+            continue
+        migrate[key] = MigrateNode(node=NodeRef(type=node.type, id=node.id), resource=new)
+
+    training = {k: v for k, v in plan.resource.training.items() if state.training.get(k) != v}
+    if not (groups or launch or remove or migrate or training):
+        notes.append("nothing changes")
+        return Planned(None, tuple(notes))
+    caused_by = plan.caused_by or state.last_event_id or plan.plan_id
+    scale = ScalePlan(
+        env=state.env,
+        job=state.job,
+        occurred_at=now,
+        source=SOURCE,
+        plan_id=plan_id(state.job.uuid, caused_by, "scale"),
+        source_plan=plan.plan_id,
+        node_group_resources=groups,
+        launch_nodes=launch,
+        remove_nodes=remove,
+        migrate_nodes=[migrate[k] for k in sorted(migrate)],
+        training=training,
+    )
+    return Planned(scale, tuple(notes))
