@@ -1,0 +1,440 @@
+"""The HTTP layer: thin aiohttp handlers over GatewayState (reads) and ConfigStore (admin).
+
+Every user mistake is a 4xx with a JSON body that says what to fix; a 5xx means a bug or
+an unavailable dependency (503), never bad input. Reads are answered from memory only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from pydantic import ValidationError
+
+from dlrover_events.errors import StoreUnavailable
+from handlers.gateway.auth import Scope, Tokens
+from handlers.gateway.matching import Job, make_job, problems
+from handlers.gateway.openapi import openapi_document
+from handlers.gateway.state import GatewayState
+from handlers.gateway.store import ConfigStore, StoreError
+from schemas.config import ConfigDocument
+
+log = logging.getLogger(__name__)
+
+API = "/v1"
+#: Longest long-poll a client may ask for; proxies commonly cut idle requests at 60 s.
+MAX_WAIT_S = 60.0
+MAX_ATTRS = 64
+MAX_KEY = 128
+MAX_VALUE = 1024
+#: Query parameters of /v1/config that are not job attributes.
+RESERVED = frozenset({"wait"})
+_DIGITS = re.compile(r"^[0-9]{1,18}$")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Gateway:
+    """What the handlers need; built and started by ``runtime``."""
+
+    env: str
+    state: GatewayState
+    store: ConfigStore
+    tokens: Tokens
+    registry: CollectorRegistry
+
+
+GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)
+
+#: Scope each route needs; routes not listed (and unknown paths) need ``read``.
+OPEN_ROUTES = frozenset({"/healthz", "/readyz"})
+ADMIN_PREFIX = f"{API}/documents"
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, code: str, message: str, details: Any = None, **headers: str
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+        self.headers = headers
+
+
+def error_response(
+    status: int, code: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+) -> web.Response:
+    body: dict[str, Any] = {"status": status, "code": code, "message": message}
+    if details is not None:
+        body["details"] = details
+    return web.Response(
+        status=status,
+        body=orjson.dumps({"error": body}),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def json_response(
+    obj: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        status=status,
+        body=orjson.dumps(obj),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry, state: GatewayState) -> None:
+        self.requests = Counter(
+            "gateway_requests",
+            "HTTP requests by route and status",
+            ["route", "method", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "gateway_request_seconds",
+            "HTTP request latency (long-polls included)",
+            ["route"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30, 60),
+            registry=registry,
+        )
+        self.waiting = Gauge(
+            "gateway_long_polls", "long-polls waiting for a change", registry=registry
+        )
+        docs = Gauge("gateway_documents", "documents in the index", registry=registry)
+        docs.set_function(lambda: len(state.index))
+        applied = Gauge(
+            "gateway_changes_applied", "changes applied from the feed", registry=registry
+        )
+        applied.set_function(lambda: state.applied)
+        ready = Gauge("gateway_ready", "1 once the index has caught up", registry=registry)
+        ready.set_function(lambda: 1 if state.ready.is_set() else 0)
+
+
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+
+
+def _route_name(request: web.Request) -> str:
+    route = request.match_info.route
+    resource = route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def _needed_scope(route: str) -> Scope | None:
+    if route in OPEN_ROUTES:
+        return None
+    if route.startswith(ADMIN_PREFIX):
+        return Scope.ADMIN
+    return Scope.READ
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Auth, errors as JSON, metrics: the only cross-cutting code, in one place."""
+    started = time.perf_counter()
+    route = _route_name(request)
+    try:
+        needed = _needed_scope(route)
+        if needed is not None:
+            gw = request.app[GATEWAY]
+            verdict = await gw.tokens.verify(request.headers.get("Authorization"), needed)
+            if verdict.status == 401:
+                raise ApiError(
+                    401,
+                    "unauthorized",
+                    verdict.message,
+                    **{"WWW-Authenticate": 'Bearer realm="dlrover-events"'},
+                )
+            if verdict.status != 200:
+                raise ApiError(verdict.status, "forbidden", verdict.message)
+        response = await handler(request)
+    except ApiError as err:
+        response = error_response(err.status, err.code, err.message, err.details, err.headers)
+    except StoreError as err:
+        response = error_response(err.status, err.code, err.message, err.details or None)
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        response = error_response(
+            err.status,
+            err.reason.lower().replace(" ", "_"),
+            _http_message(err),
+            headers={k: v for k, v in err.headers.items() if k.lower() == "allow"},
+        )
+    except StoreUnavailable as err:
+        response = error_response(503, "store_unavailable", str(err))
+    except (OSError, ConnectionError) as err:
+        log.warning("dependency unavailable on %s %s: %s", request.method, request.path, err)
+        response = error_response(503, "unavailable", f"a dependency is unavailable: {err}")
+    except Exception:
+        log.exception("bug on %s %s", request.method, request.path)
+        response = error_response(500, "internal", "internal error; see the gateway's log")
+    metrics = request.app[METRICS]
+    metrics.requests.labels(route, request.method, str(response.status)).inc()
+    metrics.latency.labels(route).observe(time.perf_counter() - started)
+    return response
+
+
+def _http_message(err: web.HTTPException) -> str:
+    if err.status == 404:
+        return "no such route; see /openapi.json"
+    if err.status == 405:
+        return f"method not allowed here; allowed: {err.headers.get('Allow', '')}"
+    if err.status == 413:
+        return "request body too large"
+    return err.reason
+
+
+# --- reads -------------------------------------------------------------------------------
+
+
+def parse_job(query: Any) -> tuple[Job, float]:
+    """Job attributes and the long-poll wait from the query string, or a 400."""
+    attrs: dict[str, list[str]] = {}
+    wait = 0.0
+    if len(query) > MAX_ATTRS:
+        raise ApiError(400, "bad_query", f"at most {MAX_ATTRS} query parameters")
+    for key, value in query.items():
+        k = key.strip().casefold()
+        if k in RESERVED:
+            wait = _parse_wait(value)
+            continue
+        if not k or len(k) > MAX_KEY:
+            raise ApiError(
+                400, "bad_query", f"attribute names must be 1 to {MAX_KEY} characters: {key!r}"
+            )
+        if len(value) > MAX_VALUE:
+            raise ApiError(
+                400, "bad_query", f"value of {key!r} is longer than {MAX_VALUE} characters"
+            )
+        attrs.setdefault(k, []).append(value)
+    return make_job(attrs), wait
+
+
+def _parse_wait(value: str) -> float:
+    try:
+        wait = float(value)
+    except ValueError:
+        wait = math.nan
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise ApiError(
+            400, "bad_query", f"wait must be a number of seconds from 0 to {MAX_WAIT_S:g}"
+        )
+    return wait
+
+
+def _etags(header: str | None) -> frozenset[str]:
+    if not header:
+        return frozenset()
+    out = set()
+    for part in header.split(","):
+        tag = part.strip()
+        if tag.startswith("W/"):
+            tag = tag[2:]
+        if tag:
+            out.add(tag)
+    return frozenset(out)
+
+
+async def get_config(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    job, wait = parse_job(request.query)
+    if not gw.state.ready.is_set():
+        raise ApiError(503, "not_ready", "the gateway is still reading the config feed")
+    seen = _etags(request.headers.get("If-None-Match"))
+    answer = gw.state.answer(job)
+    if wait > 0 and answer.etag in seen:
+        metrics = request.app[METRICS]
+        metrics.waiting.inc()
+        try:
+            answer = await gw.state.wait_for_change(job, seen, wait)
+        finally:
+            metrics.waiting.dec()
+    headers = {"ETag": answer.etag, "Cache-Control": "no-cache"}
+    if answer.etag in seen or "*" in seen:
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=answer.body, content_type="application/json", headers=headers)
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.StreamResponse:
+    state = request.app[GATEWAY].state
+    body = {"ready": state.ready.is_set(), "documents": len(state.index)}
+    return json_response(body, 200 if state.ready.is_set() else 503)
+
+
+async def metrics_route(request: web.Request) -> web.StreamResponse:
+    body = generate_latest(request.app[GATEWAY].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi(request: web.Request) -> web.StreamResponse:
+    return json_response(openapi_document())
+
+
+# --- admin -------------------------------------------------------------------------------
+
+
+def _doc_json(doc: ConfigDocument) -> dict[str, Any]:
+    return doc.model_dump(mode="json", by_alias=True)
+
+
+def _doc_response(doc: ConfigDocument, status: int = 200) -> web.Response:
+    headers = {"ETag": f'"{doc.version}"', "Location": f"{ADMIN_PREFIX}/{doc.name}"}
+    return json_response(_doc_json(doc), status, headers)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise ApiError(400, "bad_json", f"the body is not valid JSON: {err}") from None
+    if not isinstance(obj, dict):
+        raise ApiError(422, "invalid_document", "the body must be a JSON object (a document)")
+    return obj
+
+
+def _validate(obj: dict[str, Any]) -> ConfigDocument:
+    """Strict, from JSON: ``"3"`` is not a priority, as the OpenAPI schema says."""
+    try:
+        doc = ConfigDocument.model_validate_json(orjson.dumps(obj), strict=True)
+    except ValidationError as err:
+        details = [
+            {"loc": [str(p) for p in e["loc"]], "message": e["msg"]}
+            for e in err.errors(include_url=False)
+        ]
+        raise ApiError(422, "invalid_document", "the document does not validate", details) from None
+    found = problems(doc)
+    if found:
+        raise ApiError(422, "invalid_document", "; ".join(found), found)
+    return doc
+
+
+def _expected_version(request: web.Request, body: dict[str, Any] | None) -> int:
+    raw: Any = None
+    if_match = request.headers.get("If-Match")
+    if if_match is not None:
+        raw = if_match.strip().removeprefix("W/").strip('"')
+    elif "version" in request.query:
+        raw = request.query["version"]
+    elif body is not None and "version" in body:
+        raw = body["version"]
+    if raw is None:
+        raise ApiError(
+            428,
+            "version_required",
+            'say which version you are changing: If-Match: "<version>", ?version=<n>, '
+            "or (PUT) the document's version field",
+        )
+    if isinstance(raw, str) and _DIGITS.match(raw):
+        raw = int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ApiError(
+            400, "bad_version", f"the version must be a positive integer, not {str(raw)[:40]!r}"
+        )
+    version = raw
+    return version
+
+
+async def list_documents(request: web.Request) -> web.StreamResponse:
+    docs = await request.app[GATEWAY].store.documents()
+    return json_response({"documents": [_doc_json(d) for d in docs]})
+
+
+async def create_document(request: web.Request) -> web.StreamResponse:
+    doc = _validate(await _body(request))  # version and updated_at: the server's
+    stored = await request.app[GATEWAY].store.create(doc)
+    return _doc_response(stored, 201)
+
+
+async def get_document(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    doc = await request.app[GATEWAY].store.get(name)
+    if doc is None:
+        raise ApiError(404, "not_found", f"no document named {name!r}")
+    return _doc_response(doc)
+
+
+async def update_document(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    body = await _body(request)
+    expected = _expected_version(request, body)
+    if body.setdefault("name", name) != name:
+        raise ApiError(
+            400, "name_mismatch", f"the body names {body['name']!r} but the URL names {name!r}"
+        )
+    doc = _validate(body)
+    stored = await request.app[GATEWAY].store.update(doc, expected)
+    return _doc_response(stored)
+
+
+async def delete_document(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    expected = _expected_version(request, None)
+    version = await request.app[GATEWAY].store.delete(name, expected)
+    return json_response({"name": name, "version": version, "deleted": True})
+
+
+async def document_history(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    entries = await request.app[GATEWAY].store.history(name)
+    if not entries:
+        raise ApiError(404, "not_found", f"no document named {name!r} was ever stored")
+    return json_response(
+        {
+            "name": name,
+            "history": [
+                {
+                    "version": e.version,
+                    "op": e.op,
+                    "document": _doc_json(e.document) if e.document is not None else None,
+                    "changed_at": e.changed_at.isoformat(),
+                }
+                for e in entries
+            ],
+        }
+    )
+
+
+def build_app(gateway: Gateway, *, client_max_size: int = 1 << 20) -> web.Application:
+    app = web.Application(middlewares=[guard], client_max_size=client_max_size)
+    app[GATEWAY] = gateway
+    app[METRICS] = Metrics(gateway.registry, gateway.state)
+    r = app.router
+    r.add_get("/healthz", healthz, allow_head=False)
+    r.add_get("/readyz", readyz, allow_head=False)
+    r.add_get("/metrics", metrics_route, allow_head=False)
+    r.add_get("/openapi.json", openapi, allow_head=False)
+    r.add_get(f"{API}/config", get_config, allow_head=False)
+    r.add_get(ADMIN_PREFIX, list_documents, allow_head=False)
+    r.add_post(ADMIN_PREFIX, create_document)
+    r.add_get(f"{ADMIN_PREFIX}/{{name}}", get_document, allow_head=False)
+    r.add_put(f"{ADMIN_PREFIX}/{{name}}", update_document)
+    r.add_delete(f"{ADMIN_PREFIX}/{{name}}", delete_document)
+    r.add_get(f"{ADMIN_PREFIX}/{{name}}/history", document_history, allow_head=False)
+    return app

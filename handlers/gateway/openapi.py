@@ -1,0 +1,355 @@
+"""The OpenAPI 3.1 document of the gateway, served at /openapi.json.
+
+Written by hand next to the routes, with the document schema taken from the pydantic
+model, so what clients (and schemathesis) are told is what the handlers enforce.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from typing import Any
+
+from schemas.config import ConfigDocument
+
+_REF = "#/components/schemas/{model}"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    why = {
+        400: "bad input (query, JSON or version)",
+        401: "no token, or an unknown or revoked one",
+        403: "a token of another env, or without the needed scope",
+        404: "no such document",
+        409: "the version is not the current one, or the name exists",
+        413: "body too large",
+        422: "the document does not validate",
+        428: "the version being changed was not given",
+        503: "a dependency (bus, Postgres) is unavailable, or the index is not ready",
+    }
+    return {str(c): {**_json(_ref("Error"), why[c])} for c in codes}
+
+
+def _document_schemas() -> dict[str, Any]:
+    doc = ConfigDocument.model_json_schema(by_alias=True, ref_template=_REF)
+    props = doc["properties"]
+    for part in ("Include", "Exclude"):
+        any_of = props[part]["additionalProperties"]["anyOf"]
+        for alt in any_of:
+            if alt.get("type") == "array":
+                alt["minItems"] = 1
+    update = copy.deepcopy(doc)
+    update["required"] = [r for r in update.get("required", []) if r != "name"]
+    update["title"] = "DocumentUpdate"
+    update["description"] = (
+        "A document replacing the current one; `name` defaults to the URL's, and `version`"
+        " (when no If-Match header is sent) is the version being replaced."
+    )
+    doc["description"] = (
+        "A config document. Include: every condition must hold; Exclude: none may hold; a"
+        " list means any of; attribute names compare case-insensitively. `version` and"
+        " `updated_at` are assigned by the server."
+    )
+    return {"ConfigDocument": doc, "DocumentUpdate": update}
+
+
+ATTRIBUTES = ("user", "group", "cluster", "namespace", "app", "scenario", "job")
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    doc_schemas = _document_schemas()
+    name_param = {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+    }
+    if_match = {
+        "name": "If-Match",
+        "in": "header",
+        "required": False,
+        "description": 'the version being changed, as "<n>"',
+        "schema": {"type": "string"},
+    }
+    version_q = {
+        "name": "version",
+        "in": "query",
+        "required": False,
+        "description": "the version being changed (instead of If-Match)",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+    config_params: list[dict[str, Any]] = [
+        {
+            "name": attr,
+            "in": "query",
+            "required": False,
+            "description": f"the job's {attr}",
+            "schema": {"type": "string", "maxLength": 1024},
+        }
+        for attr in ATTRIBUTES
+    ]
+    config_params += [
+        {
+            "name": "wait",
+            "in": "query",
+            "required": False,
+            "description": "with If-None-Match: wait up to this many seconds for a change",
+            "schema": {"type": "number", "minimum": 0, "maximum": 60},
+        },
+        {
+            "name": "If-None-Match",
+            "in": "header",
+            "required": False,
+            "description": "the ETag of the answer the job has",
+            "schema": {"type": "string"},
+        },
+    ]
+    doc_response = {
+        "description": "the stored document",
+        "headers": {"ETag": {"schema": {"type": "string"}, "description": "its version"}},
+        "content": {"application/json": {"schema": _ref("ConfigDocument")}},
+    }
+    admin: dict[str, Any] = {"security": [{"bearer": []}]}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "dlrover-events config gateway",
+            "version": "1.0.0",
+            "description": (
+                "Training jobs fetch their merged configuration; operators manage the"
+                " Include/Exclude/Configure documents. Bearer tokens per env: `read` for"
+                " jobs, `admin` for documents (admin includes read). Any other query"
+                " parameter of /v1/config is a job attribute too (labels.<name>, ...)."
+            ),
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": {
+            "/healthz": {
+                "get": {
+                    "summary": "liveness",
+                    "security": [],
+                    "responses": {"200": _json(_ref("Status"), "alive")},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "readiness: the index has caught up with the feed",
+                    "security": [],
+                    "responses": {
+                        "200": _json(_ref("Ready"), "ready"),
+                        "503": _json(_ref("Ready"), "still catching up"),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {
+                            "description": "text exposition format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        },
+                        **_errors(401, 403),
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "this document",
+                    "responses": {
+                        "200": _json({"type": "object"}, "OpenAPI 3.1"),
+                        **_errors(401, 403),
+                    },
+                }
+            },
+            "/v1/config": {
+                "get": {
+                    "summary": "the merged config of a job, and which documents it came from",
+                    "parameters": config_params,
+                    "responses": {
+                        "200": {
+                            "description": "the merged config",
+                            "headers": {"ETag": {"schema": {"type": "string"}}},
+                            "content": {"application/json": {"schema": _ref("ConfigAnswer")}},
+                        },
+                        "304": {
+                            "description": "unchanged (If-None-Match), also after a wait",
+                            "headers": {"ETag": {"schema": {"type": "string"}}},
+                        },
+                        **_errors(400, 401, 403, 503),
+                    },
+                }
+            },
+            "/v1/documents": {
+                "get": {
+                    **admin,
+                    "summary": "all documents",
+                    "responses": {
+                        "200": _json(_ref("DocumentList"), "documents by name"),
+                        **_errors(401, 403, 503),
+                    },
+                },
+                "post": {
+                    **admin,
+                    "summary": "create a document (version 1, or the next after a delete)",
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("ConfigDocument")}},
+                    },
+                    "responses": {
+                        "201": {**doc_response, "description": "created"},
+                        **_errors(400, 401, 403, 409, 413, 422, 503),
+                    },
+                },
+            },
+            "/v1/documents/{name}": {
+                "parameters": [name_param],
+                "get": {
+                    **admin,
+                    "summary": "one document",
+                    "responses": {"200": doc_response, **_errors(401, 403, 404, 503)},
+                },
+                "put": {
+                    **admin,
+                    "summary": "replace a document at a known version",
+                    "parameters": [if_match],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("DocumentUpdate")}},
+                    },
+                    "responses": {
+                        "200": {**doc_response, "description": "updated"},
+                        **_errors(400, 401, 403, 404, 409, 413, 422, 428, 503),
+                    },
+                },
+                "delete": {
+                    **admin,
+                    "summary": "delete a document at a known version",
+                    "parameters": [if_match, version_q],
+                    "responses": {
+                        "200": _json(_ref("Deleted"), "deleted"),
+                        **_errors(400, 401, 403, 404, 409, 428, 503),
+                    },
+                },
+            },
+            "/v1/documents/{name}/history": {
+                "parameters": [name_param],
+                "get": {
+                    **admin,
+                    "summary": "every version of a document, deletions included",
+                    "responses": {
+                        "200": _json(_ref("History"), "oldest first"),
+                        **_errors(401, 403, 404, 503),
+                    },
+                },
+            },
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                **doc_schemas,
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["status", "code", "message"],
+                            "properties": {
+                                "status": {"type": "integer"},
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                                "details": {},
+                            },
+                        }
+                    },
+                },
+                "Status": {
+                    "type": "object",
+                    "required": ["status"],
+                    "properties": {"status": {"type": "string"}},
+                },
+                "Ready": {
+                    "type": "object",
+                    "required": ["ready", "documents"],
+                    "properties": {
+                        "ready": {"type": "boolean"},
+                        "documents": {"type": "integer"},
+                    },
+                },
+                "ConfigAnswer": {
+                    "type": "object",
+                    "required": ["env", "config", "sources", "origin"],
+                    "properties": {
+                        "env": {"type": "string"},
+                        "config": {"type": "object"},
+                        "sources": {
+                            "type": "array",
+                            "description": "contributing documents, the winner first",
+                            "items": {
+                                "type": "object",
+                                "required": ["name", "version", "specificity", "priority"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "version": {"type": "integer"},
+                                    "specificity": {"type": "integer"},
+                                    "priority": {"type": "integer"},
+                                },
+                            },
+                        },
+                        "origin": {
+                            "type": "object",
+                            "description": "top-level key -> the document whose value won",
+                            "additionalProperties": {"type": "string"},
+                        },
+                    },
+                },
+                "DocumentList": {
+                    "type": "object",
+                    "required": ["documents"],
+                    "properties": {"documents": {"type": "array", "items": _ref("ConfigDocument")}},
+                },
+                "Deleted": {
+                    "type": "object",
+                    "required": ["name", "version", "deleted"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "version": {"type": "integer"},
+                        "deleted": {"type": "boolean"},
+                    },
+                },
+                "History": {
+                    "type": "object",
+                    "required": ["name", "history"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "history": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["version", "op", "document", "changed_at"],
+                                "properties": {
+                                    "version": {"type": "integer"},
+                                    "op": {"enum": ["upsert", "delete"]},
+                                    "document": {
+                                        "anyOf": [_ref("ConfigDocument"), {"type": "null"}]
+                                    },
+                                    "changed_at": {"type": "string", "format": "date-time"},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    }

@@ -1,0 +1,161 @@
+"""Starting and stopping one gateway instance: pool, producer, feed follower, HTTP site.
+
+Shared by the `up` service, the `gateway` command, the benchmark and the tests, so they
+all run the same thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from types import TracebackType
+from typing import Self
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from dlrover_events.bus import Producer
+from dlrover_events.errors import UserError
+from dlrover_events.settings import Settings
+from dlrover_events.store import apply_migrations, connect, create_pool, env_schema
+from handlers.gateway.app import Gateway, build_app
+from handlers.gateway.auth import Scope, Tokens, hash_token
+from handlers.gateway.follower import Follower
+from handlers.gateway.state import GatewayState
+from handlers.gateway.store import ConfigStore
+
+log = logging.getLogger(__name__)
+
+
+class GatewaySettings(BaseSettings):
+    """The gateway's own knobs (DLROVER_EVENTS_GATEWAY_*), beside the shared Settings."""
+
+    model_config = SettingsConfigDict(env_prefix="DLROVER_EVENTS_GATEWAY_", extra="ignore")
+
+    host: str = Field(default="127.0.0.1", description="listen address; loopback by default")
+    port: int = Field(default=8470, ge=0, le=65535, description="0: any free port")
+    pool_max: int = Field(default=5, ge=1)
+    token_cache_s: float = Field(default=5.0, gt=0, description="how long a verdict is kept")
+
+
+async def prepare_env(dsn: str, env: str) -> None:
+    """The env must exist; its schema gets the gateway's migration if it predates it."""
+    schema = env_schema(env)
+    conn = await connect(dsn)
+    try:
+        exists = await conn.fetchval(
+            "SELECT 1 FROM information_schema.schemata WHERE schema_name = $1", schema
+        )
+        if not exists:
+            raise UserError(
+                f"env {env!r} does not exist; create it with `dlrover-events env create`"
+            )
+        await apply_migrations(conn, schema, "env")
+    finally:
+        await conn.close()
+
+
+class GatewayServer:
+    def __init__(
+        self,
+        settings: Settings,
+        env: str,
+        dsn: str,
+        gateway_settings: GatewaySettings | None = None,
+    ) -> None:
+        self.settings = settings
+        self.env = env
+        self.dsn = dsn
+        self.conf = gateway_settings or GatewaySettings()
+        self.state = GatewayState(env)
+        self.port = 0
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self._producer: Producer | None = None
+        self._follower: Follower | None = None
+        self._pool = None
+        self.gateway: Gateway | None = None
+
+    @property
+    def url(self) -> str:
+        host = self.conf.host if self.conf.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        await prepare_env(self.dsn, self.env)
+        try:
+            self._pool = await create_pool(
+                self.dsn, env_schema(self.env), max_size=self.conf.pool_max
+            )
+            self._producer = Producer(self.settings, linger_ms=0)
+            await self._producer.start()
+            self._follower = Follower(self.settings, self.state)
+            await self._follower.start()
+            tokens = Tokens(self._pool, self.env, ttl_s=self.conf.token_cache_s)
+            if self.settings.admin_token is not None:
+                await self._bootstrap_admin(tokens, self.settings.admin_token.get_secret_value())
+            store = ConfigStore(self._pool, self.env, self._producer)
+            self.gateway = Gateway(self.env, self.state, store, tokens, CollectorRegistry())
+            self._tasks.append(asyncio.create_task(self._follow(), name="gateway-follow"))
+            self._tasks.append(asyncio.create_task(self._reconcile(store), name="gateway-sync"))
+            self._runner = web.AppRunner(build_app(self.gateway), access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.conf.host, self.conf.port, backlog=1024)
+            await site.start()
+            sockets = site._server.sockets if site._server is not None else []  # type: ignore[attr-defined]
+            self.port = sockets[0].getsockname()[1] if sockets else self.conf.port
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> None:
+        await asyncio.wait_for(self.state.ready.wait(), timeout_s)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        if self._follower is not None:
+            await self._follower.stop()
+            self._follower = None
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def _follow(self) -> None:
+        assert self._follower is not None
+        await self._follower.run(self._stop)
+
+    async def _reconcile(self, store: ConfigStore) -> None:
+        """Once caught up, put back on the topic what Postgres has and the topic lacks."""
+        await self.state.ready.wait()
+        try:
+            await store.reconcile(self.state.known_versions())
+        except Exception:
+            log.exception("could not reconcile the config topic with Postgres")
+
+    async def _bootstrap_admin(self, tokens: Tokens, token: str) -> None:
+        await tokens.add(f"boot-{hash_token(token)[:8]}", token, "bootstrap admin", [Scope.ADMIN])

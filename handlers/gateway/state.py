@@ -1,0 +1,112 @@
+"""One gateway instance's view of the env's documents, kept from the change feed.
+
+Requests read only this (never Postgres): an inverted index, a cache of serialised
+answers per job, and a tick that wakes long-polls when anything changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+import orjson
+
+from handlers.gateway.matching import Index, Job
+from schemas.config import ConfigChange
+
+#: The cache is dropped whole past this many distinct jobs; rebuilding is cheap and a
+#: bound keeps a stream of one-off job ids from growing memory without end.
+CACHE_LIMIT = 50_000
+
+JobKey = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def job_key(job: Job) -> JobKey:
+    return tuple(sorted((k, tuple(sorted(v))) for k, v in job.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    etag: str
+    body: bytes
+    generation: int
+
+
+class GatewayState:
+    def __init__(self, env: str) -> None:
+        self.env = env
+        self.index = Index()
+        #: last version seen per name, deletions included, so replays are recognised and
+        #: reconcile can compare with Postgres.
+        self.versions: dict[str, int] = {}
+        self.ready = asyncio.Event()
+        self.applied = 0
+        self.ignored = 0
+        self._tick = asyncio.Event()
+        self._cache: dict[JobKey, Answer] = {}
+
+    def apply(self, changes: Iterable[ConfigChange | tuple[str, None]]) -> int:
+        """Apply a batch of changes (or ``(name, None)`` for a Kafka tombstone); wakes
+        waiters once per batch. Returns how many changed the index."""
+        changed = 0
+        for change in changes:
+            if isinstance(change, tuple):
+                name = change[0]
+                changed += self.index.remove(name)
+                self.versions.pop(name, None)
+                continue
+            # Per-name order is the topic's (one key, one partition), and the last change
+            # is the truth even when its version is lower: that is how `reconcile` puts
+            # back Postgres' state over a change whose commit failed. Exact replays are
+            # skipped only to keep the answer cache.
+            if change.version == self.versions.get(change.name) and (
+                self.index.get(change.name) == change.document
+            ):
+                self.ignored += 1
+                continue
+            self.versions[change.name] = change.version
+            if change.op == "upsert" and change.document is not None:
+                self.index.upsert(change.document)
+                changed += 1
+            else:
+                changed += self.index.remove(change.name)
+        self.applied += changed
+        if changed:
+            self._cache.clear()
+            tick, self._tick = self._tick, asyncio.Event()
+            tick.set()
+        return changed
+
+    def answer(self, job: Job) -> Answer:
+        key = job_key(job)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        res = self.index.resolve(job)
+        body = orjson.dumps({"env": self.env, **res.as_json()})
+        found = Answer(res.etag(), body, self.index.generation)
+        if len(self._cache) >= CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[key] = found
+        return found
+
+    async def wait_for_change(self, job: Job, seen: Collection[str], wait_s: float) -> Answer:
+        """The answer once its ETag is not in ``seen``, or the same answer after ``wait_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            tick = self._tick
+            current = self.answer(job)
+            if current.etag not in seen:
+                return current
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return current
+            try:
+                await asyncio.wait_for(tick.wait(), remaining)
+            except TimeoutError:
+                return self.answer(job)
+
+    def known_versions(self) -> Mapping[str, int]:
+        return dict(self.versions)
