@@ -76,21 +76,20 @@ class WorkerCreateParams(Model):
     WorkerCreateParams,
 )
 def worker_create(ctx: OptimizeContext, p: WorkerCreateParams) -> Proposal | None:
-    peaks = [
-        peak
-        for job in ctx.scenario_history(p.history_days)
-        for peak in job.peaks.values()
-        if peak.type == WORKER
-    ]
+    # Peaks cover a job's whole life; samples also count for hand-written history files.
+    peaks: list[tuple[float, int]] = []
+    for job in ctx.scenario_history(p.history_days):
+        peaks.extend((pk.cpu, pk.memory) for pk in job.peaks.values() if pk.type == WORKER)
+        peaks.extend((u.cpu, u.memory) for s in job.samples for u in s.usage(WORKER))
     if not peaks:
         return None
-    peak_memory = max(peak.memory for peak in peaks)
-    peak_cpu = max(peak.cpu for peak in peaks)
+    peak_cpu = max(cpu for cpu, _ in peaks)
+    peak_memory = max(memory for _, memory in peaks)
     memory = max(ceil_int(peak_memory * (1 + p.margin)), p.min_memory)
     cpu = max(ceil_int(peak_cpu), ceil_int(p.min_cpu))
     return Proposal(
         reason=(
-            f"history of {len(peaks)} worker(s): peak memory {peak_memory} B x "
+            f"scenario history: peak worker memory {peak_memory} B x "
             f"{1 + p.margin:g}, peak cpu {peak_cpu:g}"
         ),
         resource=_group(WORKER, count=1, cpu=cpu, memory=memory),

@@ -1,0 +1,86 @@
+"""The examples of spec/dlrover-optimizers.md, as the spec states them."""
+
+from __future__ import annotations
+
+from schemas.plans import NodeGroupResource, NodeResource
+from streams.brain.state import PS, WORKER, NodeStatus, RoleResources
+
+from .builders import completed, node, nodes, oom, run, samples, state, use
+
+
+def test_ps_create_from_two_history_jobs() -> None:
+    # job 1 PS cpu [{0:12,1:10},{0:10,1:14}], mem [{1000,1200},{1200,1400}]
+    job1 = completed(
+        "h1",
+        [
+            [use(PS, 0, cpu=12, memory=1000), use(PS, 1, cpu=10, memory=1200)],
+            [use(PS, 0, cpu=10, memory=1200), use(PS, 1, cpu=14, memory=1400)],
+        ],
+    )
+    # job 2 cpu [{6,16},{5,16}], mem [{500,600},{600,700}]
+    job2 = completed(
+        "h2",
+        [
+            [use(PS, 0, cpu=6, memory=500), use(PS, 1, cpu=16, memory=600)],
+            [use(PS, 0, cpu=5, memory=600), use(PS, 1, cpu=16, memory=700)],
+        ],
+    )
+    proposal = run("ps-create", state(distribution="ps"), history=[job1, job2])
+    assert proposal is not None
+    assert proposal.resource.node_group_resources == {
+        PS: NodeGroupResource(count=2, node_resource=NodeResource(cpu=20, memory=1680))
+    }
+
+
+def test_ps_oom_without_samples_doubles_memory_of_the_largest_ps() -> None:
+    # nodes Running at 110 and OOM at 100 -> memory 220, count unchanged (0)
+    job = state(
+        distribution="ps",
+        nodes=nodes(
+            node(PS, 0, memory=110, status=NodeStatus.RUNNING),
+            node(PS, 1, memory=100, status=NodeStatus.OOM),
+        ),
+        ooms={"ps-1": [oom("oom-1")]},
+    )
+    proposal = run("ps-oom", job)
+    assert proposal is not None
+    assert proposal.resource.node_group_resources == {
+        PS: NodeGroupResource(count=0, node_resource=NodeResource(memory=220))
+    }
+    assert proposal.handled_ooms == ("oom-1",)
+
+
+def test_ps_oom_with_balanced_ps_memory_doubles_the_ps_count() -> None:
+    # PS memory {100,100} -> count 4
+    job = state(
+        distribution="ps",
+        samples=samples([[use(PS, 0, memory=100), use(PS, 1, memory=100), use(WORKER, 0)]]),
+        ooms={"ps-0": [oom("oom-1")]},
+    )
+    proposal = run("ps-oom", job)
+    assert proposal is not None
+    assert proposal.resource.node_group_resources == {PS: NodeGroupResource(count=4)}
+
+
+def test_ps_oom_with_imbalanced_ps_memory_doubles_the_largest_memory() -> None:
+    # PS memory {100,200} -> memory 400
+    job = state(
+        distribution="ps",
+        roles={PS: RoleResources(replicas=2)},
+        samples=samples([[use(PS, 0, memory=100), use(PS, 1, memory=200)]]),
+        ooms={"ps-1": [oom("oom-1")]},
+    )
+    proposal = run("ps-oom", job)
+    assert proposal is not None
+    assert proposal.resource.node_group_resources == {
+        PS: NodeGroupResource(count=0, node_resource=NodeResource(memory=400))
+    }
+
+
+def test_ps_cold_create_defaults() -> None:
+    # replicas 4, cpu 12, memory 16 GiB
+    proposal = run("ps-cold-create", state(distribution="ps"))
+    assert proposal is not None
+    group = proposal.resource.node_group_resources[PS]
+    assert group.count == 4
+    assert group.node_resource == NodeResource(cpu=12, memory=16 * 1024**3)
