@@ -72,9 +72,7 @@ async def test_events_round_trip_in_per_job_order(settings: Settings, make_env: 
     assert all(len(p) == 1 for p in partitions.values()), "one job, one partition"
 
 
-async def test_two_envs_are_isolated(
-    settings: Settings, pg_dsn: str, make_env: EnvFactory
-) -> None:
+async def test_two_envs_are_isolated(settings: Settings, pg_dsn: str, make_env: EnvFactory) -> None:
     a, b = (await make_env()).name, (await make_env()).name
     async with Producer(settings) as producer:
         await producer.publish_many([sample(a, "job-a", s) for s in range(20)])

@@ -3,6 +3,7 @@ and the effect is not duplicated (idempotent by event_id)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -26,10 +27,21 @@ async def test_killed_before_commit_reprocesses_without_duplicating(
     async with Producer(settings) as producer:
         await producer.publish_many(events)
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.integration.crash_consumer",
-         settings.bootstrap_servers, pg_dsn, env, str(len(events))],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.crash_consumer",
+            settings.bootstrap_servers,
+            pg_dsn,
+            env,
+            str(len(events)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 17, proc.stdout + proc.stderr
     assert "dying before commit" in proc.stdout

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dlrover_events.tail import Filter, format_json, format_text, parse_since, read_line
+from schemas import JobMeta, NodeOOM, OOMKind, RuntimeSample, encode
+from schemas.jobs import NodeRef
+
+NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "ago"),
+    [("30s", 30), ("10m", 600), ("2h", 7200), ("1d", 86400), ("1.5h", 5400), ("500ms", 0.5)],
+)
+def test_since_durations(text: str, ago: float) -> None:
+    assert parse_since(text, NOW) == NOW - timedelta(seconds=ago)
+
+
+def test_since_iso_times_default_to_utc() -> None:
+    assert parse_since("2026-11-21T09:00:00", NOW) == datetime(2026, 11, 21, 9, tzinfo=UTC)
+    assert parse_since("2026-11-21T09:00:00+01:00", NOW) == datetime(2026, 11, 21, 8, tzinfo=UTC)
+
+
+@given(st.text(max_size=40))
+def test_since_parses_or_says_what_it_wants(text: str) -> None:
+    try:
+        when = parse_since(text, NOW)
+    except ValueError as err:
+        assert "expected a duration" in str(err)
+    else:
+        assert when.tzinfo is not None
+
+
+def test_lines_are_readable_and_filterable() -> None:
+    job = JobMeta(uuid="job-7")
+    oom = NodeOOM(env="prod", job=job, node=NodeRef(type="worker", id=3), kind=OOMKind.HOST_MEMORY)
+    line = read_line("prod.job.events", 1, 42, encode(oom))
+    text = format_text(line)
+    assert "prod.job.events[1]@42" in text
+    assert "node.oom" in text and "job-7" in text and "worker-3 OOM (host_memory)" in text
+    assert Filter(job="job-7").accepts(oom)
+    assert not Filter(job="job-8").accepts(oom)
+    assert Filter(type_pattern="node.*").accepts(oom)
+    assert not Filter(type_pattern="job.*").accepts(oom)
+    sample = RuntimeSample(env="prod", job=job, global_step=5, speed=2.0)
+    assert orjson.loads(format_json(read_line("t", 0, 0, encode(sample))))["global_step"] == 5
+
+
+def test_unreadable_messages_are_shown_not_raised() -> None:
+    line = read_line("prod.job.events", 0, 9, b"\xff\xfe")
+    assert line.event is None
+    assert "UNREADABLE malformed" in format_text(line)
+    assert orjson.loads(format_json(line))["error"].startswith("malformed")
