@@ -98,6 +98,7 @@ class Cluster:
     ) -> None:
         if num_nodes < 1 or gpus_per_node < 0:
             raise ValueError("a cluster needs at least one node and a non-negative GPU count")
+        self._shape = (num_nodes, gpus_per_node, cpu_per_node, memory_per_node)
         self.nodes = [
             SimNode(i, gpus_per_node, cpu_per_node, memory_per_node) for i in range(num_nodes)
         ]
@@ -119,9 +120,8 @@ class Cluster:
 
     def can_ever_fit(self, pods: Sequence[PodRequest]) -> bool:
         """Whether the pods would fit on the empty cluster: else waiting is pointless."""
-        empty = Cluster.__new__(Cluster)
-        empty.nodes = [SimNode(n.index, n.gpus, n.cpu, n.memory) for n in self.nodes]
-        empty._allocations = {}
+        num_nodes, gpus, cpu, memory = self._shape
+        empty = Cluster(num_nodes, gpus, cpu_per_node=cpu, memory_per_node=memory)
         return empty._pack(pods) is not None
 
     def admit(self, job: str, pods: Sequence[PodRequest]) -> Allocation | None:

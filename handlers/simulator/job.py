@@ -161,6 +161,8 @@ class JobSimulator:
         self._clock = clock
         self._seq = 0
         self._desired: dict[tuple[str, int], PodRequest] = {}
+        # Every traced application trains on GPUs: a worker that names no GPU still has one,
+        # and a submission that names no worker is one worker, as the Pollux jobs are.
         for role, spec in (submitted.roles or {}).items():
             gpu = spec.gpu_num or (1 if role in TRAINING_ROLES else 0)
             for index in range(spec.replicas):
@@ -519,11 +521,12 @@ class JobSimulator:
             if epoch + 1 >= self.app.max_epochs:
                 return self._complete()
             return []
-        elapsed = horizon - self._clock
-        self._clock = horizon
+        # An epoch end reached within _EPS past the horizon may leave the clock just beyond it.
+        elapsed = max(0.0, horizon - self._clock)
+        self._clock += elapsed
         self._steps += elapsed / iteration
         self._progress += goodput * elapsed
-        if horizon >= self._next_sample:
+        if self._clock >= self._next_sample:
             assert self.sample_interval is not None
             self._next_sample += self.sample_interval
             return [self._sample()]

@@ -200,13 +200,6 @@ class Application:
 
     # -- throughput ---------------------------------------------------------------------
 
-    @property
-    def measured_placements(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(self._measured)
-
-    def measured_local_bsz(self, placement: Sequence[int]) -> tuple[int, ...]:
-        return tuple(self._measured.get(normalize_placement(placement), ((), [], []))[0])
-
     def step_time(self, placement: Sequence[int], local_bsz: float) -> StepTime:
         """Step and sync time of one micro-step at a placement and per-GPU batch size.
 

@@ -142,7 +142,7 @@ def test_a_plan_that_gives_less_memory_than_needed_ends_in_host_oom() -> None:
     assert outcome.status is ScaleStatus.APPLIED
     events = job.advance(300.0)
     assert not of(events, NodeOOM)
-    assert job.state is JobState.RUNNING
+    assert job.status().state is JobState.RUNNING
     assert job.status().progress > before
 
 
@@ -214,7 +214,7 @@ def test_a_job_waits_for_its_whole_gang() -> None:
     assert cluster.free_gpus == 1
     run_to_end(first)
     assert second.try_admit()
-    assert second.state is JobState.RESTARTING
+    assert second.status().state is JobState.RESTARTING
 
 
 def drive() -> list[dict[str, Any]]:
