@@ -17,6 +17,7 @@ import secrets
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 import asyncpg
@@ -62,6 +63,15 @@ class Verdict:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenInfo:
+    token_id: str
+    name: str
+    scopes: list[str]
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class _Known:
     token_id: str
     scopes: frozenset[str]
@@ -103,12 +113,12 @@ class Tokens:
         )
         return bool(status.endswith(" 1"))
 
-    async def list(self) -> list[dict[str, object]]:
+    async def list(self) -> list[TokenInfo]:
         rows = await self.pool.fetch(
             "SELECT token_id, name, scopes, created_at, revoked_at FROM gateway_tokens"
             " ORDER BY created_at"
         )
-        return [dict(r) for r in rows]
+        return [TokenInfo(**dict(r)) for r in rows]
 
     async def verify(self, authorization: str | None, needed: Scope) -> Verdict:
         if not authorization:

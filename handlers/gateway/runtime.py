@@ -12,6 +12,7 @@ import logging
 from types import TracebackType
 from typing import Self
 
+import asyncpg
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic import Field
@@ -77,7 +78,7 @@ class GatewayServer:
         self._runner: web.AppRunner | None = None
         self._producer: Producer | None = None
         self._follower: Follower | None = None
-        self._pool = None
+        self._pool: asyncpg.Pool | None = None
         self.gateway: Gateway | None = None
 
     @property
@@ -88,17 +89,17 @@ class GatewayServer:
     async def start(self) -> None:
         await prepare_env(self.dsn, self.env)
         try:
-            self._pool = await create_pool(
+            pool = self._pool = await create_pool(
                 self.dsn, env_schema(self.env), max_size=self.conf.pool_max
             )
             self._producer = Producer(self.settings, linger_ms=0)
             await self._producer.start()
             self._follower = Follower(self.settings, self.state)
             await self._follower.start()
-            tokens = Tokens(self._pool, self.env, ttl_s=self.conf.token_cache_s)
+            tokens = Tokens(pool, self.env, ttl_s=self.conf.token_cache_s)
             if self.settings.admin_token is not None:
                 await self._bootstrap_admin(tokens, self.settings.admin_token.get_secret_value())
-            store = ConfigStore(self._pool, self.env, self._producer)
+            store = ConfigStore(pool, self.env, self._producer)
             self.gateway = Gateway(self.env, self.state, store, tokens, CollectorRegistry())
             self._tasks.append(asyncio.create_task(self._follow(), name="gateway-follow"))
             self._tasks.append(asyncio.create_task(self._reconcile(store), name="gateway-sync"))

@@ -1,0 +1,29 @@
+"""The gateway as a service of `dlrover-events up` (entry point ``gateway``).
+
+Listens where DLROVER_EVENTS_GATEWAY_HOST/PORT say (127.0.0.1:8470 by default); it is
+ready once its index has caught up with the env's config feed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dlrover_events.services import Service, ServiceContext
+from handlers.gateway.runtime import GatewayServer, GatewaySettings
+
+log = logging.getLogger(__name__)
+
+
+async def run(ctx: ServiceContext) -> None:
+    async with GatewayServer(ctx.settings, ctx.env, ctx.pg_dsn, GatewaySettings()) as server:
+        await server.wait_ready()
+        log.warning("config gateway of env %s on %s", ctx.env, server.url)
+        ctx.ready.set()
+        await ctx.stop.wait()
+
+
+service = Service(
+    name="gateway",
+    description="config gateway: jobs fetch merged Include/Exclude/Configure documents (HTTP)",
+    run=run,
+)
