@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -149,9 +150,10 @@ class Postgres:
             self._server = None
 
 
-def _with_database(dsn: str, database: str) -> str:
-    base = dsn.rsplit("/", 1)[0] if dsn.count("/") >= 3 else dsn.rstrip("/")
-    return f"{base}/{database}"
+def with_database(dsn: str, database: str) -> str:
+    """The same server and options, another database (keeps ``?host=/socket/dir``)."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
 
 
 async def ensure_database(admin_dsn: str, database: str) -> str:
@@ -164,7 +166,7 @@ async def ensure_database(admin_dsn: str, database: str) -> str:
                 await conn.execute(f"CREATE DATABASE {quote_ident(database)}")
     finally:
         await conn.close()
-    return _with_database(admin_dsn, database)
+    return with_database(admin_dsn, database)
 
 
 def start_embedded_postgres(data_dir: Path) -> Postgres:

@@ -24,6 +24,7 @@ from dlrover_events.embedded import (
     Postgres,
     port_open,
     start_embedded_postgres,
+    with_database,
 )
 from dlrover_events.envs import EnvRecord, EnvRegistry
 from dlrover_events.settings import Settings
@@ -64,7 +65,7 @@ def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     admin, embedded = _admin_dsn(tmp_path_factory.mktemp("pg"))
     name = f"dle_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     asyncio.run(_admin(admin, f"CREATE DATABASE {quote_ident(name)}"))
-    yield admin.rsplit("/", 1)[0] + "/" + name
+    yield with_database(admin, name)
     asyncio.run(_admin(admin, f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)"))
     if embedded is not None:
         embedded.stop()

@@ -32,7 +32,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
-from scipy.interpolate import LinearNDInterpolator  # type: ignore[import-untyped]
+from scipy.interpolate import LinearNDInterpolator
 
 POLLUX_DIR_ENV = "DLROVER_EVENTS_POLLUX_DIR"
 
