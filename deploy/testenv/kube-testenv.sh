@@ -3,8 +3,9 @@
 #
 # No registry ships a kube-apiserver binary and Docker does not run here, so we build one
 # from Debian bookworm's `kubernetes` source package (Kubernetes v1.20.2 with its Go
-# dependencies vendored; offline apart from Debian's mirrors). See ../../README or
-# shared/k8s-testenv.md for the background.
+# dependencies vendored; needs nothing but Debian's mirrors): about 6.5 min on 2 cores,
+# 1.3 GB of memory and 2.7 GB of disk while building, then a 110 MB binary in the cache.
+# `build` needs root (or sudo) for apt on Debian 12; `start`/`stop` need neither.
 #
 # Usage:
 #   kube-testenv.sh build        build kube-apiserver once (cached) and make sure etcd exists
@@ -137,7 +138,7 @@ ensure_etcd() {
   dpkg-deb -x "${tmp}"/etcd-server_*.deb "${ETCD_CACHE_DIR}.tmp"
   rm -rf "${tmp}" "${ETCD_CACHE_DIR}"
   mv "${ETCD_CACHE_DIR}.tmp" "${ETCD_CACHE_DIR}"
-  log "etcd: ${ETCD_CACHE_DIR}/usr/bin/etcd ($("${ETCD_CACHE_DIR}/usr/bin/etcd" --version | head -1))"
+  log "etcd: ${ETCD_CACHE_DIR}/usr/bin/etcd ($("${ETCD_CACHE_DIR}/usr/bin/etcd" --version | sed -n 1p))"
 }
 
 build_apiserver() {
@@ -150,7 +151,7 @@ build_apiserver() {
   mkdir -p "${BUILD_DIR}"
   (cd "${BUILD_DIR}" && apt-get source -qq "kubernetes=${DEB_K8S_VERSION}")
   local src
-  src="$(find "${BUILD_DIR}" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*' | head -1)"
+  src="$(find "${BUILD_DIR}" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*' | sed -n 1p)"
   [[ -n "${src}" && -f "${src}/Makefile" ]] || die "no kubernetes source tree under ${BUILD_DIR}"
 
   # The vendored reflect2 v1.0.1 segfaults under Go >= 1.18 ("fatal error: fault" in
@@ -172,7 +173,7 @@ build_apiserver() {
   log "build finished in $((SECONDS - started)) s"
 
   local built
-  built="$(find "${src}/_output" -type f -name kube-apiserver -perm -u+x | head -1)"
+  built="$(find "${src}/_output" -type f -name kube-apiserver -perm -u+x | sed -n 1p)"
   [[ -n "${built}" ]] || die "kube-apiserver not found under ${src}/_output"
   mkdir -p "${APISERVER_DIR}"
   cp "${built}" "${APISERVER_DIR}/kube-apiserver.tmp"
@@ -241,14 +242,14 @@ cmd_start() {
   # Credentials: an admin token (static token file) and the service-account signing key.
   local token
   token="$(openssl rand -hex 24)"
-  umask 077
-  printf '%s,admin,admin,system:masters\n' "${token}" >"${dir}/tokens.csv"
-  printf '%s\n' "${token}" >"${dir}/admin-token"
-  openssl genrsa -out "${dir}/sa.key" 2048 2>/dev/null
-  umask 022
+  (
+    umask 077
+    printf '%s,admin,admin,system:masters\n' "${token}" >"${dir}/tokens.csv"
+    openssl genrsa -out "${dir}/sa.key" 2048 2>/dev/null
+  )
   mkdir -p "${dir}/certs" "${dir}/etcd-data"
 
-  log "starting etcd ($("${etcd}" --version | head -1)), log ${dir}/etcd.log"
+  log "starting etcd ($("${etcd}" --version | sed -n 1p)), log ${dir}/etcd.log"
   setsid "${etcd}" \
     --name testenv \
     --data-dir "${dir}/etcd-data" \
@@ -317,8 +318,14 @@ cmd_start() {
   done
   log "kube-apiserver ready at ${server} after $((SECONDS - started)) s"
 
-  umask 077
-  cat >"${dir}/kubeconfig" <<EOF
+  (umask 077 && write_kubeconfig "${dir}/kubeconfig" "${server}" "${token}")
+  log "wrote ${dir}/kubeconfig"
+  echo "${dir}/kubeconfig"
+}
+
+write_kubeconfig() {
+  local path="$1" server="$2" token="$3"
+  cat >"${path}" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -337,9 +344,6 @@ contexts:
     user: admin
 current-context: testenv
 EOF
-  umask 022
-  log "wrote ${dir}/kubeconfig"
-  echo "${dir}/kubeconfig"
 }
 
 stop_process() {
