@@ -136,9 +136,10 @@ def bound_count(state: JobState, role: str, wanted: int, limits: Limits) -> int:
 
 
 def _alive(state: JobState, role: str) -> tuple[list[NodeState], bool]:
-    """The role's live nodes, and whether the brain tracks them. Before any node is known
-    (create stage) the job's replicas stand in, and only group resources are planned."""
-    if any(n.type == role for n in state.nodes.values()):
+    """The role's live nodes, and whether the brain tracks them. Before any node of the job
+    is known (create stage) the job's replicas stand in, and only group resources are
+    planned."""
+    if state.nodes:
         return state.alive_nodes(role), True
     spec = state.role(role)
     nodes = [
@@ -195,8 +196,8 @@ def plan_scale(
         target = _target(current, group.node_resource, state.pinned.get(role), limits)
         count = bound_count(state, role, group.count or current_count, limits)
         resized = not _same(target, current)
-        if count == current_count and not resized:
-            continue
+        if count == current_count and (not resized or count == 0):
+            continue  # a role without replicas before and after has nothing to resize
         groups[role] = NodeGroupResource(count=count, node_resource=target)
         if not tracked:
             continue
