@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
 from streams.brain.optimizers import REGISTRY, OptimizeContext, Proposal, Registry
-from streams.brain.planner import SOURCE, Limits, plan_id, plan_scale
+from streams.brain.planner import SOURCE, Limits, plan_event_id, plan_id, plan_scale
 from streams.brain.router import Route, RouteError, route
 from streams.brain.state import JobState
 
@@ -119,12 +119,14 @@ def decide(
         )
     merged = merge(proposals)
     cause = caused_by or state.last_event_id
+    optimize_id = plan_id(state.job.uuid, cause or "initial", "optimize")
     plan = OptimizePlan(
+        event_id=plan_event_id(optimize_id),
         env=state.env,
         job=state.job,
         occurred_at=now,
         source=SOURCE,
-        plan_id=plan_id(state.job.uuid, cause or "initial", "optimize"),
+        plan_id=optimize_id,
         stage=chosen.stage.value,
         optimizer=merged.optimizer,
         reason=merged.reason,

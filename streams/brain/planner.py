@@ -72,6 +72,12 @@ def plan_id(job_uuid: str, caused_by: str, kind: str = "scale") -> str:
     return str(uuid.uuid5(PLAN_NAMESPACE, f"{kind}/{job_uuid}/{caused_by}"))
 
 
+def plan_event_id(plan: str) -> uuid.UUID:
+    """The envelope id of a plan event, derived from its plan id, so the archive (which
+    dedupes by event_id) keeps one copy of a plan however often it is replayed."""
+    return uuid.uuid5(PLAN_NAMESPACE, f"event/{plan}")
+
+
 def _is_zero(res: NodeResource) -> bool:
     return res == NodeResource()
 
@@ -244,12 +250,14 @@ def plan_scale(
         notes.append("nothing changes")
         return Planned(None, tuple(notes))
     caused_by = plan.caused_by or state.last_event_id or plan.plan_id
+    scale_id = plan_id(state.job.uuid, caused_by, "scale")
     scale = ScalePlan(
+        event_id=plan_event_id(scale_id),
         env=state.env,
         job=state.job,
         occurred_at=now,
         source=SOURCE,
-        plan_id=plan_id(state.job.uuid, caused_by, "scale"),
+        plan_id=scale_id,
         source_plan=plan.plan_id,
         node_group_resources=groups,
         launch_nodes=launch,

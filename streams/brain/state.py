@@ -570,7 +570,7 @@ def record_decision(
     update: dict[str, Any] = {"ooms": ooms, "last_plan": plan, "last_plan_at": now}
     if scale_plan is not None:
         update["pending_scale_plan"] = scale_plan
-        if state.stage == Stage.RUNNING:
+        if normalize_stage(state.stage, state.distribution) == Stage.RUNNING:
             update["last_running_plan_at"] = now
         if touches_role(scale_plan, PS):
             update["last_ps_change_at"] = now

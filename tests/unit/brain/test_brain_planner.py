@@ -225,6 +225,8 @@ def test_decide_is_deterministic_for_a_replayed_event() -> None:
     assert first.scale_plan.plan_id == second.scale_plan.plan_id
     assert first.scale_plan.source_plan == first.optimize_plan.plan_id
     assert first.optimize_plan.plan_id != first.scale_plan.plan_id
+    assert first.optimize_plan.event_id == second.optimize_plan.event_id
+    assert first.scale_plan.event_id == second.scale_plan.event_id
     assert first.handled_ooms == ("oom-1",)
 
 
