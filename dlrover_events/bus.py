@@ -298,7 +298,7 @@ async def read_topic(
         await consumer.stop()
         raise _unavailable(settings, err) from None
     try:
-        parts = await _partitions(consumer, topic_name)
+        parts = await topic_partitions(consumer, topic_name)
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
         end = await consumer.end_offsets(parts)
@@ -318,7 +318,11 @@ async def read_topic(
         await consumer.stop()
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic_name: str) -> list[TopicPartition]:
+async def topic_partitions(consumer: AIOKafkaConsumer, topic_name: str) -> list[TopicPartition]:
+    """The partitions of a topic as the broker knows them now (empty: no such topic).
+
+    A group-less consumer only learns metadata for what it is assigned, so refresh first.
+    """
     await consumer._client.force_metadata_update()
     ids = consumer.partitions_for_topic(topic_name) or set()
     return [TopicPartition(topic_name, p) for p in sorted(ids)]
@@ -331,4 +335,13 @@ async def _reached(consumer: AIOKafkaConsumer, end: dict[TopicPartition, int]) -
     return True
 
 
-__all__ = ["DLQ", "Consumer", "Handler", "Producer", "Received", "dead_letter", "read_topic"]
+__all__ = [
+    "DLQ",
+    "Consumer",
+    "Handler",
+    "Producer",
+    "Received",
+    "dead_letter",
+    "read_topic",
+    "topic_partitions",
+]

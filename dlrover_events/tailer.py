@@ -13,6 +13,7 @@ from typing import Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from dlrover_events.bus import topic_partitions
 from dlrover_events.errors import BusUnavailable, UserError
 from dlrover_events.settings import Settings
 from dlrover_events.tail import Filter, Line, read_line
@@ -50,16 +51,15 @@ async def follow(
         ) from None
     emitted = 0
     try:
-        await consumer._client.force_metadata_update()
         parts: list[TopicPartition] = []
         for name in names:
-            ids = consumer.partitions_for_topic(name)
-            if not ids:
+            found = await topic_partitions(consumer, name)
+            if not found:
                 raise UserError(
                     f"topic {name} does not exist; is env {env!r} created? "
                     "(`dlrover-events env list`)"
                 )
-            parts.extend(TopicPartition(name, p) for p in sorted(ids))
+            parts.extend(found)
         consumer.assign(parts)
         await _seek(consumer, parts, start)
         if ready is not None:
