@@ -86,14 +86,12 @@ class Compiled:
     doc: ConfigDocument
     include: Conditions
     exclude: Conditions
+    #: distinct Include attributes: how specific the document is.
+    specificity: int
 
     @property
     def name(self) -> str:
         return self.doc.name
-
-    @property
-    def specificity(self) -> int:
-        return len({k for k, _ in self.include})
 
     def precedence(self) -> tuple[int, int, str]:
         """Sort key, highest precedence first: specific, then priority, then name."""
@@ -101,7 +99,8 @@ class Compiled:
 
 
 def compile_doc(doc: ConfigDocument) -> Compiled:
-    return Compiled(doc, conditions(doc.include), conditions(doc.exclude))
+    include = conditions(doc.include)
+    return Compiled(doc, include, conditions(doc.exclude), len({k for k, _ in include}))
 
 
 def _holds(job: Job, key: str, values: frozenset[str]) -> bool:
@@ -110,10 +109,19 @@ def _holds(job: Job, key: str, values: frozenset[str]) -> bool:
 
 
 def matches(doc: Compiled | ConfigDocument, job: Job) -> bool:
+    # Plain loops, not any()/all() over generators: this runs for every candidate of
+    # every request.
     c = doc if isinstance(doc, Compiled) else compile_doc(doc)
-    if any(_holds(job, k, v) for k, v in c.exclude):
-        return False
-    return all(_holds(job, k, v) for k, v in c.include)
+    get = job.get
+    for key, values in c.exclude:
+        have = get(key)
+        if have is not None and not have.isdisjoint(values):
+            return False
+    for key, values in c.include:
+        have = get(key)
+        if have is None or have.isdisjoint(values):
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,15 +203,18 @@ class Index:
     """Documents by name, with an inverted index so a request checks a few candidates
     instead of every document (10,000 documents, 10,000 requests a second).
 
-    A document is filed under one of its Include conditions (the one with the fewest
-    values); a job can only match it if the job has one of those values, so the job's
-    own attributes find every candidate. Documents with an empty Include match everyone
+    A document is filed under one of its Include conditions; a job can only match it if
+    the job has one of that condition's values, so the job's own attributes find every
+    candidate, whichever condition was chosen. The choice is the condition whose values
+    currently have the fewest documents filed: per-user documents end up under the user,
+    not under a group shared by hundreds. Documents with an empty Include match everyone
     and are always candidates. Not thread-safe; the gateway owns it on one event loop.
     """
 
     def __init__(self, docs: Iterable[ConfigDocument] = ()) -> None:
         self._docs: dict[str, Compiled] = {}
         self._postings: dict[tuple[str, str], set[str]] = {}
+        self._filed: dict[str, list[tuple[str, str]]] = {}
         self._everyone: set[str] = set()
         #: bumped on every change, so caches of answers know when they are stale.
         self.generation = 0
@@ -223,22 +234,26 @@ class Index:
     def documents(self) -> list[ConfigDocument]:
         return [self._docs[n].doc for n in sorted(self._docs)]
 
-    @staticmethod
-    def _slots(c: Compiled) -> list[tuple[str, str]]:
-        if not c.include:
-            return []
-        key, values = min(c.include, key=lambda kv: (len(kv[1]), kv[0]))
-        return [(key, v) for v in values]
+    def _slots(self, c: Compiled) -> list[tuple[str, str]]:
+        postings = self._postings
+
+        def load(cond: tuple[str, frozenset[str]]) -> tuple[int, str]:
+            key, values = cond
+            return (sum(len(postings.get((key, v), ())) for v in values), key)
+
+        key, values = min(c.include, key=load)
+        return [(key, v) for v in sorted(values)]
 
     def upsert(self, doc: ConfigDocument) -> None:
         self.remove(doc.name)
         c = compile_doc(doc)
         self._docs[doc.name] = c
-        slots = self._slots(c)
         if not c.include:
             self._everyone.add(doc.name)
-        for slot in slots:
-            self._postings.setdefault(slot, set()).add(doc.name)
+        else:
+            slots = self._filed[doc.name] = self._slots(c)
+            for slot in slots:
+                self._postings.setdefault(slot, set()).add(doc.name)
         self.generation += 1
 
     def remove(self, name: str) -> bool:
@@ -246,7 +261,7 @@ class Index:
         if c is None:
             return False
         self._everyone.discard(name)
-        for slot in self._slots(c):
+        for slot in self._filed.pop(name, ()):
             names = self._postings.get(slot)
             if names is not None:
                 names.discard(name)
@@ -257,9 +272,10 @@ class Index:
 
     def candidates(self, job: Job) -> set[str]:
         found = set(self._everyone)
+        postings = self._postings
         for key, values in job.items():
             for v in values:
-                names = self._postings.get((key, v))
+                names = postings.get((key, v))
                 if names:
                     found |= names
         return found
