@@ -79,6 +79,13 @@ class Producer:
             await asyncio.gather(*futures)
         return len(futures)
 
+    async def enqueue(
+        self, topic_name: str, value: bytes | None, key: bytes | None
+    ) -> asyncio.Future[Any]:
+        """Queue without waiting for the ack (the returned future has it); pair with flush()."""
+        future: asyncio.Future[Any] = await self._producer.send(topic_name, value, key=key)
+        return future
+
     async def send_raw(self, topic_name: str, value: bytes | None, key: bytes | None) -> None:
         """Bytes as they are: for dead letters, replays and tests of bad input."""
         await self._producer.send_and_wait(topic_name, value, key=key)
@@ -277,14 +284,15 @@ async def read_topic(
     settings: Settings,
     topic_name: str,
     *,
-    timeout_s: float = 5.0,
+    timeout_s: float = 10.0,
     expect: int | None = None,
     **consumer_args: Any,
 ) -> list[ConsumerRecord]:
     """Read a whole topic from the beginning without a group (tools and tests).
 
-    Stops when ``expect`` records were read, or when the end offsets captured at the
-    start are reached, or after ``timeout_s``.
+    Stops when ``expect`` records were read, or at the end: past the end offsets the
+    broker reports AND after a fetch that brought nothing. Both, because tansu reports
+    the last batch's base offset + 1 as the end, so its end offsets are a lower bound.
     """
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap_servers,
@@ -301,18 +309,19 @@ async def read_topic(
         parts = await topic_partitions(consumer, topic_name)
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
-        end = await consumer.end_offsets(parts)
+        end_hint = await consumer.end_offsets(parts)
         out: list[ConsumerRecord] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
             if expect is not None and len(out) >= expect:
                 break
-            if expect is None and await _reached(consumer, end):
-                break
-            batch = await consumer.getmany(timeout_ms=200)
+            batch = await consumer.getmany(timeout_ms=300)
             for rs in batch.values():
                 out.extend(rs)
+            if not batch and expect is None and await _reached(consumer, end_hint):
+                break
+        out.sort(key=lambda r: (r.partition, r.offset))
         return out
     finally:
         await consumer.stop()
