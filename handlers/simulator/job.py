@@ -542,6 +542,17 @@ class JobSimulator:
         events.append(JobCompleted(**self._meta("job.completed")))
         return events
 
+    def next_event_at(self) -> float | None:
+        """Clock of the next thing the job says if no plan comes: the end of its restart,
+        its next sample, or its completion. None while only a plan or free capacity can move
+        it, so a clock that jumps from event to event knows there is nothing to jump to."""
+        if self._state is JobState.RESTARTING:
+            return self._resume_at
+        if self._state is not JobState.RUNNING:
+            return None
+        times = [t for t in (self._next_sample, self.eta()) if t is not None and t < math.inf]
+        return min(times, default=None)
+
     def eta(self) -> float | None:
         """Clock at which the job completes if nothing changes; None if it never will."""
         if self._eta is not None:

@@ -1,0 +1,184 @@
+"""Every job of a virtual env on one simulated cluster and one clock.
+
+The virtual operator only moves messages; what happens between its inputs (submissions,
+plans) and its outputs (events) is decided here, without I/O, so it is tested without a
+broker and gives the same events for the same inputs at the same clock readings. Time moves
+from event to event: a job that finishes frees its GPUs at the moment it finishes, and a
+waiting gang starts at that moment, not at the next wake-up of whatever drives the clock.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from handlers.simulator.cluster import Cluster
+from handlers.simulator.job import (
+    DEFAULT_ORIGIN,
+    DEFAULT_RESTART_DELAY,
+    JobSimulator,
+    PlanOutcome,
+)
+from handlers.simulator.throughput import Application, TraceDataError, load_application
+from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
+from schemas.plans import ScalePlan, ScaleStatus
+
+#: The smallest step of the clock. A completion estimate that float error leaves a hair
+#: behind the clock would otherwise pin the clock in place forever.
+MIN_STEP = 1e-3
+
+_FLEET_NAMESPACE = uuid.UUID("3a0f9d5e-8c1b-4e27-9d64-0b5f2c7e1a48")
+
+Loader = Callable[[str], Application]
+
+
+class VirtualCluster:
+    """The jobs of one virtual env, admitted greedily in submission order: whenever
+    capacity may have changed, each waiting gang that fits starts, even if an earlier and
+    bigger one still waits (no job blocks the queue behind it)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        origin: datetime = DEFAULT_ORIGIN,
+        restart_delay: float = DEFAULT_RESTART_DELAY,
+        sample_interval: float | None = 30.0,
+        source: str = "virtual-operator",
+        loader: Loader = load_application,
+    ) -> None:
+        self.cluster = cluster
+        self.origin = origin
+        self.restart_delay = restart_delay
+        self.sample_interval = sample_interval
+        self.source = source
+        self._loader = loader
+        self._clock = 0.0
+        self._jobs: dict[str, JobSimulator] = {}
+        self._unsimulable: dict[str, str] = {}
+        # Outcomes of applied plans: a plan re-delivered before its effect was recorded
+        # elsewhere gets the answer it got the first time, not "already applied".
+        self._outcomes: dict[str, PlanOutcome] = {}
+
+    @property
+    def clock(self) -> float:
+        return self._clock
+
+    def at(self, clock: float | None = None) -> datetime:
+        """The wall-clock reading events carry for a simulated second."""
+        return self.origin + timedelta(seconds=self._clock if clock is None else clock)
+
+    def job(self, job_uuid: str) -> JobSimulator | None:
+        return self._jobs.get(job_uuid)
+
+    def jobs(self) -> tuple[JobSimulator, ...]:
+        return tuple(self._jobs.values())
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def submit(self, event: JobSubmitted) -> list[JobEvent]:
+        """A new job joins the queue and starts if its gang fits. A job seen before is left
+        as it is: submissions are re-delivered after a restart of the consumer."""
+        key = event.job.uuid
+        if key in self._jobs or key in self._unsimulable:
+            return []
+        name = event.application or event.job.app
+        try:
+            if not name:
+                raise TraceDataError("the submission names no application")
+            application = self._loader(name)
+        except TraceDataError as e:
+            # Without measurements the simulator could only guess; the job fails loudly.
+            reason = f"not simulable: {e}"
+            self._unsimulable[key] = reason
+            return [
+                JobFailed(
+                    env=event.env,
+                    job=event.job,
+                    source=self.source,
+                    event_id=uuid.uuid5(_FLEET_NAMESPACE, f"{key}/unsimulable"),
+                    occurred_at=self.at(),
+                    reason=reason,
+                )
+            ]
+        self._jobs[key] = JobSimulator(
+            event,
+            application,
+            self.cluster,
+            clock=self._clock,
+            origin=self.origin,
+            restart_delay=self.restart_delay,
+            sample_interval=self.sample_interval,
+            source=self.source,
+        )
+        return self._admit()
+
+    def apply(self, plan: ScalePlan) -> PlanOutcome:
+        """The plan becomes its job's desired state now; its events are in the outcome."""
+        key = plan.job.uuid
+        job = self._jobs.get(key)
+        if job is None:
+            if key in self._unsimulable:
+                return PlanOutcome(ScaleStatus.REJECTED, f"job {key!r} {self._unsimulable[key]}")
+            return PlanOutcome(
+                ScaleStatus.REJECTED,
+                f"unknown job {key!r}: no job.submitted for it has reached this env's operator",
+            )
+        earlier = self._outcomes.get(plan.plan_id)
+        if earlier is not None:
+            return replace(earlier, events=[])
+        outcome = job.update(plan)
+        if outcome.status is not ScaleStatus.APPLIED:
+            return outcome
+        self._outcomes[plan.plan_id] = outcome
+        # A smaller gang may have left room for jobs that wait.
+        return replace(outcome, events=[*outcome.events, *self._admit()])
+
+    def observed(self, job_uuid: str) -> dict[str, dict[str, int]]:
+        job = self._jobs.get(job_uuid)
+        return job.observed() if job is not None else {}
+
+    # -- time -----------------------------------------------------------------------------
+
+    def next_event_at(self) -> float | None:
+        """When the next job says something if no input comes; None: nothing will happen."""
+        times = [t for t in (job.next_event_at() for job in self._jobs.values()) if t is not None]
+        return min(times, default=None)
+
+    def advance_to(self, clock: float) -> list[JobEvent]:
+        """Move to ``clock`` (never back), stopping at every event on the way so that what
+        one job frees is taken by another at the moment it is freed."""
+        events: list[JobEvent] = []
+        while (upcoming := self.next_event_at()) is not None and upcoming <= clock:
+            events.extend(self._step_to(max(upcoming, self._clock + MIN_STEP)))
+        if clock > self._clock:
+            events.extend(self._step_to(clock))
+        return events
+
+    def step(self) -> list[JobEvent] | None:
+        """Jump to the next event (as fast as possible); None when only an input can make
+        anything happen."""
+        upcoming = self.next_event_at()
+        if upcoming is None:
+            return None
+        return self._step_to(max(upcoming, self._clock + MIN_STEP))
+
+    def _step_to(self, clock: float) -> list[JobEvent]:
+        events: list[JobEvent] = []
+        for job in self._jobs.values():
+            events.extend(job.advance(max(0.0, clock - job.clock)))
+        self._clock = clock
+        if any(isinstance(e, JobCompleted | JobFailed) for e in events):
+            events.extend(self._admit())  # only an ending job frees capacity
+        return events
+
+    def _admit(self) -> list[JobEvent]:
+        events: list[JobEvent] = []
+        for job in self._jobs.values():
+            events.extend(job.try_admit())
+        return events
+
+
+__all__ = ["MIN_STEP", "Loader", "VirtualCluster"]
