@@ -1,0 +1,41 @@
+"""The training-side SDK: a job reports its progress and resource use to the bus.
+
+    from dlrover_events.sdk import Reporter
+
+    with Reporter.from_env(batch_size=256) as reporter:
+        for batch in loader:
+            train_step(batch)
+            reporter.step()
+
+It never blocks a step and never raises into training when the bus is down: it buffers
+(bounded), counts what it drops and says so. The torch hook (``dlrover_events.sdk.torch``)
+adds GPU memory and OOM events; importing this package does not import torch.
+"""
+
+from dlrover_events.sdk.identity import (
+    ENV_ENV,
+    JOB_ID_ENV,
+    RANK_ENV,
+    ROLE_ENV,
+    WORLD_SIZE_ENV,
+    IdentityError,
+    JobIdentity,
+)
+from dlrover_events.sdk.probes import HostProbe, Probe, rss_bytes
+from dlrover_events.sdk.reporter import INTERVAL_ENV, Reporter, ReporterStats
+
+__all__ = [
+    "ENV_ENV",
+    "INTERVAL_ENV",
+    "JOB_ID_ENV",
+    "RANK_ENV",
+    "ROLE_ENV",
+    "WORLD_SIZE_ENV",
+    "HostProbe",
+    "IdentityError",
+    "JobIdentity",
+    "Probe",
+    "Reporter",
+    "ReporterStats",
+    "rss_bytes",
+]

@@ -1,0 +1,150 @@
+"""Who a training process is, as the operator tells it through environment variables.
+
+The operator sets these on every pod of a job, so a training script needs no arguments to
+report: the same image runs under any job, role and rank. Names are spelled out here once;
+the operator and the docs use these constants.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from schemas.envelope import _check_env
+from schemas.jobs import JobMeta, NodeRef
+
+JOB_ID_ENV = "DLROVER_EVENTS_JOB_ID"
+JOB_NAME_ENV = "DLROVER_EVENTS_JOB_NAME"
+ROLE_ENV = "DLROVER_EVENTS_ROLE"
+RANK_ENV = "DLROVER_EVENTS_RANK"
+WORLD_SIZE_ENV = "DLROVER_EVENTS_WORLD_SIZE"
+ENV_ENV = "DLROVER_EVENTS_ENV"
+NAMESPACE_ENV = "DLROVER_EVENTS_NAMESPACE"
+CLUSTER_ENV = "DLROVER_EVENTS_CLUSTER"
+USER_ENV = "DLROVER_EVENTS_USER"
+GROUP_ENV = "DLROVER_EVENTS_GROUP"
+SCENARIO_ENV = "DLROVER_EVENTS_SCENARIO"
+APP_ENV = "DLROVER_EVENTS_APP"
+#: ``k1=v1,k2=v2``: the job's labels, which config documents may target (``labels.k1``).
+LABELS_ENV = "DLROVER_EVENTS_LABELS"
+
+#: torchrun and most launchers set these; they are the fallback for rank and world size.
+LAUNCHER_RANK_ENV = "RANK"
+LAUNCHER_WORLD_SIZE_ENV = "WORLD_SIZE"
+
+DEFAULT_ENV = "prod"
+DEFAULT_ROLE = "worker"
+
+
+class IdentityError(ValueError):
+    """The environment does not say who this process is; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """One process of one job: the job, its role (node type) and its rank (node id)."""
+
+    job: JobMeta
+    env: str = DEFAULT_ENV
+    role: str = DEFAULT_ROLE
+    rank: int = 0
+    world_size: int = 1
+    extra_attributes: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            _check_env(self.env)
+        except ValueError as err:
+            raise IdentityError(f"{ENV_ENV}: {err}") from None
+        if not self.role:
+            raise IdentityError(f"{ROLE_ENV} must not be empty")
+        if self.rank < 0:
+            raise IdentityError(f"{RANK_ENV} must be >= 0, got {self.rank}")
+        if self.world_size < 1:
+            raise IdentityError(f"{WORLD_SIZE_ENV} must be >= 1, got {self.world_size}")
+
+    @property
+    def node(self) -> NodeRef:
+        return NodeRef(type=self.role, id=self.rank)
+
+    @property
+    def source(self) -> str:
+        """The envelope's ``source``: enough to find the pod that said it."""
+        return f"sdk/{self.job.uuid}/{self.role}-{self.rank}"
+
+    def attributes(self) -> dict[str, str]:
+        """The job as the config gateway matches it (its query parameters)."""
+        meta = self.job
+        attrs = {
+            "job": meta.uuid,
+            "name": meta.name,
+            "namespace": meta.namespace,
+            "cluster": meta.cluster,
+            "user": meta.user,
+            "group": meta.group,
+            "scenario": meta.scenario,
+            "app": meta.app,
+            "role": self.role,
+            "rank": str(self.rank),
+        }
+        attrs.update({f"labels.{k}": v for k, v in meta.labels.items()})
+        attrs.update(self.extra_attributes)
+        return {k: v for k, v in attrs.items() if v}
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, job_id: str | None = None
+    ) -> JobIdentity:
+        """Read the identity the operator gave this pod; ``job_id`` overrides the variable.
+
+        Only the job id is required: a job without one could not be told apart on the bus.
+        """
+        env = os.environ if environ is None else environ
+        uuid = job_id or env.get(JOB_ID_ENV, "").strip()
+        if not uuid:
+            raise IdentityError(
+                f"{JOB_ID_ENV} is not set: the operator sets it on a job's pods; set it by "
+                "hand (any unique id) to report from a job started another way"
+            )
+        meta = JobMeta(
+            uuid=uuid,
+            name=env.get(JOB_NAME_ENV, ""),
+            namespace=env.get(NAMESPACE_ENV, "") or "default",
+            cluster=env.get(CLUSTER_ENV, ""),
+            user=env.get(USER_ENV, ""),
+            group=env.get(GROUP_ENV, ""),
+            scenario=env.get(SCENARIO_ENV, ""),
+            app=env.get(APP_ENV, ""),
+            labels=parse_labels(env.get(LABELS_ENV, "")),
+        )
+        return cls(
+            job=meta,
+            env=env.get(ENV_ENV, "").strip() or DEFAULT_ENV,
+            role=env.get(ROLE_ENV, "").strip() or DEFAULT_ROLE,
+            rank=_int(env, (RANK_ENV, LAUNCHER_RANK_ENV), 0),
+            world_size=_int(env, (WORLD_SIZE_ENV, LAUNCHER_WORLD_SIZE_ENV), 1),
+        )
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise IdentityError(f"{LABELS_ENV}: expected key=value, got {part.strip()!r}")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def _int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        raw = env.get(name, "").strip()
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                raise IdentityError(f"{name} must be an integer, got {raw!r}") from None
+    return default

@@ -1,0 +1,647 @@
+"""The training-side reporter: runtime samples to ``<env>.job.metrics``, never at training's cost.
+
+A training step must not wait for Kafka, and a broker outage must not kill a job that has
+run for days. So the step only appends a tuple to a deque; a daemon thread with its own
+asyncio loop turns those tuples into one ``RuntimeSample`` per interval, encodes it and
+publishes it with aiokafka. What cannot be published waits in a bounded buffer; when the
+buffer is full the oldest runtime sample is dropped first (the brain wants the newest
+state, and an OOM event is worth more than a sample), and every drop is counted, logged and
+summed up at close: nothing is lost silently.
+
+Delivery is at least once: a batch whose acknowledgement times out is sent again, so a
+consumer may see an event twice with the same ``event_id`` (the brain's folds dedupe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import random
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from time import perf_counter
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from aiokafka import AIOKafkaProducer
+from pydantic import ValidationError
+
+from dlrover_events.config_client import TOKEN_ENV, URL_ENV, ConfigSnapshot, SyncConfigClient
+from dlrover_events.sdk.identity import JobIdentity
+from dlrover_events.sdk.probes import HostProbe, Probe
+from dlrover_events.settings import Settings
+from dlrover_events.topics import topic_of
+from schemas.codec import encode
+from schemas.envelope import Event
+from schemas.jobs import NodeUsage, RuntimeSample
+
+log = logging.getLogger(__name__)
+
+#: Seconds between runtime samples (one per process); the operator may tune it per job.
+INTERVAL_ENV = "DLROVER_EVENTS_REPORT_INTERVAL_S"
+DEFAULT_INTERVAL_S = 5.0
+DEFAULT_BUFFER = 10_000
+#: How often a drop is logged again while the bus stays away.
+DROP_LOG_EVERY_S = 30.0
+
+T = TypeVar("T")
+#: (sequence number, perf_counter at the end of the step, caller's global step, samples)
+StepRecord = tuple[int, float, int | None, int | None]
+
+
+@dataclass(frozen=True)
+class ReporterStats:
+    """What the reporter did; ``queued == published + dropped + pending`` once it is idle."""
+
+    steps: int
+    #: runtime samples made from the steps.
+    samples: int
+    #: events handed to the bus: the samples plus those given to ``publish``.
+    queued: int
+    #: acknowledged by the broker.
+    published: int
+    #: never reached the broker: pushed out of the full buffer, or still unsent at close.
+    dropped: int
+    pending: int
+    #: step records overwritten before the thread read them: costs precision, not samples.
+    step_records_lost: int
+    connected: bool
+    last_error: str | None
+
+
+class Reporter:
+    """Reports one training process (one rank of one role of one job) to the bus.
+
+    Call ``step()`` once per optimizer step, or iterate ``track(loader)``; ``start()``
+    before, ``close()`` after (or use ``with``). ``step`` may only be called from one
+    thread; ``publish`` and ``flush`` from any.
+    """
+
+    def __init__(
+        self,
+        identity: JobIdentity,
+        *,
+        settings: Settings | None = None,
+        interval_s: float | None = None,
+        buffer_size: int = DEFAULT_BUFFER,
+        max_batch: int = 500,
+        batch_size: int | None = None,
+        local_batch_size: int | None = None,
+        accumulation_steps: int = 1,
+        probes: Sequence[Probe] | None = None,
+        step_buffer: int = 16_384,
+        send_timeout_s: float = 5.0,
+        retry_backoff_max_s: float = 30.0,
+        gateway_url: str | None = None,
+        gateway_token: str | None = None,
+        config_timeout_s: float = 5.0,
+    ) -> None:
+        if buffer_size < 1 or max_batch < 1 or step_buffer < 2:
+            raise ValueError("buffer_size and max_batch must be >= 1, step_buffer >= 2")
+        self.identity = identity
+        self._settings = settings or Settings()
+        self.interval_s = interval_s if interval_s is not None else _interval_from_env()
+        if self.interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+        self._buffer_size = buffer_size
+        self._max_batch = max_batch
+        self.batch_size = batch_size
+        self.local_batch_size = local_batch_size
+        self.accumulation_steps = accumulation_steps
+        self._probes: list[Probe] = list(probes) if probes is not None else [HostProbe()]
+        self._send_timeout_s = send_timeout_s
+        self._backoff_max_s = retry_backoff_max_s
+        self._gateway_url = gateway_url or os.environ.get(URL_ENV)
+        self._gateway_token = gateway_token or os.environ.get(TOKEN_ENV)
+        self._config_timeout_s = config_timeout_s
+        #: the job's config from the gateway (None when no gateway is configured).
+        self.config: ConfigSnapshot | None = None
+
+        # Training thread -> reporter thread. Appends and poplefts are atomic in CPython.
+        self._steps: deque[StepRecord] = deque(maxlen=step_buffer)
+        self._append = self._steps.append
+        self._seq = 0
+        self._outbox: deque[Event] = deque()
+        self._flush_waiters: deque[threading.Event] = deque()
+        #: flushes whose events are in the buffer: answered once it is empty.
+        self._flushes: deque[threading.Event] = deque()
+        self._closing = threading.Event()
+        self._publish_lock = threading.Lock()
+        #: events ``publish`` turned away (outbox full, or closed): dropped, counted apart
+        #: because only the reporter thread may write ``_dropped``.
+        self._refused = 0
+        self._close_timeout_s = 0.0
+
+        # Owned by the reporter thread.
+        self._pending: deque[Event] = deque()
+        self._in_flight = 0
+        self._producer: AIOKafkaProducer | None = None
+        self._failures = 0
+        self._retry_at = 0.0
+        self._down_since: float | None = None
+        self._dropped_in_outage = 0
+        self._drop_logged_at: float | None = None
+        # The window being measured: first and last step records seen.
+        self._w_seq0: int | None = None
+        self._w_t0 = 0.0
+        self._last_seq = 0
+        self._last_t = 0.0
+        self._last_global_step = 0
+        self._step_offset = 0
+        self._w_samples = 0
+        self._w_sampled = 0
+
+        # Counters (written by the reporter thread, read by anyone).
+        self._made = 0
+        self._queued = 0
+        self._published = 0
+        self._dropped = 0
+        self._lost_records = 0
+        self._last_error: str | None = None
+
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._send_wake: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._closed = False
+        self._final: ReporterStats | None = None
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Reporter:
+        """The reporter for this pod, as the operator described it in the environment."""
+        return cls(JobIdentity.from_env(), **kwargs)
+
+    # -- the training thread's side ------------------------------------------------------
+
+    def step(self, global_step: int | None = None, samples: int | None = None) -> None:
+        """Mark the end of one step: a counter and an append, nothing that can block."""
+        self._seq = seq = self._seq + 1
+        self._append((seq, perf_counter(), global_step, samples))
+
+    def track(self, iterable: Iterable[T], samples: int | None = None) -> Iterator[T]:
+        """Wrap a loop: each item is a step, marked when the loop body has run."""
+        for item in iterable:
+            yield item
+            self.step(samples=samples)
+
+    def publish(self, event: Event) -> None:
+        """Queue any event (an OOM, a lifecycle mark) for the reporter thread to send."""
+        with self._publish_lock:
+            if len(self._outbox) >= self._buffer_size or self._closed:
+                self._refused += 1
+                return
+            self._outbox.append(event)
+        self._kick()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Cut a sample of the steps so far and wait until all is published or ``timeout_s``.
+
+        True when everything queued got to the broker. Never raises: a training process
+        flushing before it dies must die of its own error, not of ours.
+        """
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        dropped = self.dropped
+        done = threading.Event()
+        self._flush_waiters.append(done)
+        self._kick()
+        return done.wait(timeout_s) and self.dropped == dropped
+
+    def add_probe(self, probe: Probe) -> None:
+        """Measure more per sample (the torch hook adds GPU memory); read in our thread."""
+        self._probes.append(probe)
+
+    @property
+    def dropped(self) -> int:
+        """Events that never reached the broker, so far."""
+        return self._dropped + self._refused
+
+    def stats(self) -> ReporterStats:
+        if self._final is not None:
+            return self._final
+        return self._snapshot()
+
+    def _snapshot(self) -> ReporterStats:
+        return ReporterStats(
+            steps=self._seq,
+            samples=self._made,
+            queued=self._queued + len(self._outbox) + self._refused,
+            published=self._published,
+            dropped=self.dropped,
+            pending=len(self._pending) + len(self._outbox) + self._in_flight,
+            step_records_lost=self._lost_records,
+            connected=self._producer is not None and self._down_since is None,
+            last_error=self._last_error,
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Fetch the job's config (if a gateway is configured) and start the thread."""
+        if self._thread is not None or self._closed:
+            return self
+        if self._gateway_url:
+            self.config = self._fetch_config(self._gateway_url)
+        self._thread = threading.Thread(
+            target=self._run, name=f"dlrover-events-reporter-{self.identity.rank}", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait(5.0)
+        atexit.register(self._at_exit)
+        return self
+
+    def close(self, timeout_s: float = 5.0) -> ReporterStats:
+        """Send what is left for up to ``timeout_s``, drop (and count) the rest, stop."""
+        if self._closed:
+            return self.stats()
+        self._closed = True
+        atexit.unregister(self._at_exit)
+        thread = self._thread
+        if thread is not None:
+            self._close_timeout_s = timeout_s
+            self._closing.set()
+            self._kick()
+            thread.join(timeout_s + 2.0)
+            if thread.is_alive():
+                log.warning("dlrover-events reporter thread did not stop within %.1fs", timeout_s)
+        else:
+            # Never started: the queued events can never be sent.
+            with self._publish_lock:
+                self._refused += len(self._outbox)
+                self._outbox.clear()
+        self._final = stats = self._snapshot()
+        level = logging.WARNING if stats.dropped else logging.INFO
+        log.log(
+            level,
+            "dlrover-events reporter closed (job %s, %s %d): %d steps, %d samples, "
+            "%d events published, %d dropped",
+            self.identity.job.uuid,
+            self.identity.role,
+            self.identity.rank,
+            stats.steps,
+            stats.samples,
+            stats.published,
+            stats.dropped,
+        )
+        return stats
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _at_exit(self) -> None:
+        # A script that forgot close() still gets its last samples out, and its summary.
+        self.close(timeout_s=2.0)
+
+    def _kick(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already closed
+                loop.call_soon_threadsafe(wake.set)
+
+    def _fetch_config(self, url: str) -> ConfigSnapshot:
+        client = SyncConfigClient(
+            url, self._gateway_token, self.identity.attributes(), timeout_s=self._config_timeout_s
+        )
+        snap = client.fetch()
+        if snap.stale:
+            log.warning("training with the default config: %s", snap.error)
+        return snap
+
+    # -- the reporter thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception:
+            log.exception("dlrover-events reporter stopped; training goes on without it")
+        finally:
+            self._ready.set()
+            for waiters in (self._flush_waiters, self._flushes):
+                while waiters:
+                    waiters.popleft().set()
+
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._send_wake = asyncio.Event()
+        self._loop = loop
+        self._ready.set()
+        # Two tasks, so a send that waits out a dead broker never delays the samples.
+        sender = asyncio.create_task(self._sender(loop))
+        try:
+            await self._sampler(loop)
+            close_by = loop.time() + self._close_timeout_s
+            self._retry_at = 0.0  # one last try, even in the middle of a back-off
+            self._send_wake.set()
+            while (self._pending or self._in_flight) and not sender.done():
+                if loop.time() >= close_by:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+            left = len(self._pending)
+            if left:
+                self._pending.clear()
+                self._drop(left, "still unsent at close")
+            await self._disconnect()
+            self._loop = None
+
+    async def _sampler(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Turn step records into one sample per interval; returns when closing."""
+        assert self._send_wake is not None
+        next_cut = loop.time() + self.interval_s
+        while True:
+            closing = self._closing.is_set()
+            waiters = [self._flush_waiters.popleft() for _ in range(len(self._flush_waiters))]
+            self._drain_steps()
+            if loop.time() >= next_cut or waiters or closing:
+                if sample := self._cut_sample():
+                    self._enqueue(sample)
+                next_cut = loop.time() + self.interval_s
+            while self._outbox:
+                self._enqueue(self._outbox.popleft())
+            if waiters:
+                self._flushes.extend(waiters)
+                self._retry_at = 0.0  # a flush is worth an attempt now
+            if self._pending or self._flushes:
+                self._send_wake.set()
+            if closing:
+                return
+            # At least every second, to empty the step deque before it overwrites records.
+            await self._sleep(min(next_cut - loop.time(), 1.0))
+
+    async def _sender(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Publish the buffer; after a failure, back off (a flush or close cuts it short)."""
+        wake = self._send_wake
+        assert wake is not None
+        while True:
+            if not self._pending:
+                while self._flushes:
+                    self._flushes.popleft().set()
+                await wake.wait()
+                wake.clear()
+                continue
+            delay = self._retry_at - loop.time()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await wake.wait()
+                wake.clear()
+                continue
+            await self._send_pending()
+
+    async def _sleep(self, seconds: float) -> None:
+        assert self._wake is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(seconds, 0.0)):
+                await self._wake.wait()
+        self._wake.clear()
+
+    def _drain_steps(self) -> None:
+        steps = self._steps
+        while steps:
+            seq, t, global_step, samples = steps.popleft()
+            if global_step is not None:
+                self._step_offset = global_step - seq
+            self._last_global_step = seq + self._step_offset
+            if self._w_seq0 is None:
+                # The first step's end starts the clock: the time before it is set-up.
+                self._w_seq0, self._w_t0 = seq, t
+                self._lost_records += seq - 1
+            else:
+                self._lost_records += seq - self._last_seq - 1
+                if samples is not None:
+                    self._w_samples += samples
+                    self._w_sampled += 1
+            self._last_seq, self._last_t = seq, t
+
+    def _cut_sample(self) -> RuntimeSample | None:
+        """The window's sample: speed from sequence numbers, so lost records cost nothing."""
+        if self._w_seq0 is None:
+            return None
+        steps = self._last_seq - self._w_seq0
+        elapsed = self._last_t - self._w_t0
+        if steps <= 0 or elapsed <= 0:
+            return None
+        speed = steps / elapsed
+        ident = self.identity
+        if self.batch_size is not None:
+            samples_per_s = speed * self.batch_size
+        elif self._w_sampled:
+            per_step = self._w_samples / self._w_sampled
+            samples_per_s = per_step * speed * ident.world_size
+        elif self.local_batch_size is not None:
+            samples_per_s = (
+                self.local_batch_size * self.accumulation_steps * speed * ident.world_size
+            )
+        else:
+            samples_per_s = 0.0
+        self._w_seq0, self._w_t0 = self._last_seq, self._last_t
+        self._w_samples = self._w_sampled = 0
+        try:
+            sample = RuntimeSample(
+                env=ident.env,
+                job=ident.job,
+                source=ident.source,
+                global_step=max(self._last_global_step, 0),
+                speed=speed,
+                samples_per_s=samples_per_s,
+                batch_size=self.batch_size,
+                local_batch_size=self.local_batch_size,
+                accumulation_steps=self.accumulation_steps,
+                nodes=[self._usage(elapsed / steps)],
+            )
+        except ValidationError as err:
+            log.warning("dlrover-events: cannot build a runtime sample: %s", err)
+            return None
+        self._made += 1
+        return sample
+
+    def _usage(self, step_time: float) -> NodeUsage:
+        fields: dict[str, Any] = {}
+        for probe in list(self._probes):
+            try:
+                fields.update(probe())
+            except Exception as err:
+                self._probes.remove(probe)
+                log.warning("dlrover-events: resource probe %r failed, disabled: %s", probe, err)
+        base = {"type": self.identity.role, "id": self.identity.rank, "step_time": step_time}
+        try:
+            return NodeUsage(**base, **fields)
+        except ValidationError as err:
+            log.warning("dlrover-events: resource probes gave invalid values: %s", err)
+            return NodeUsage(**base)
+
+    def _enqueue(self, event: Event) -> None:
+        self._pending.append(event)
+        self._queued += 1
+        self._trim()
+
+    def _trim(self) -> None:
+        over = len(self._pending) - self._buffer_size
+        for _ in range(over):
+            # The oldest runtime sample goes first; other events only when none is left.
+            victim = next(
+                (i for i, e in enumerate(self._pending) if isinstance(e, RuntimeSample)), 0
+            )
+            del self._pending[victim]
+        if over > 0:
+            self._drop(over, f"buffer of {self._buffer_size} events full")
+
+    def _drop(self, count: int, why: str) -> None:
+        self._dropped += count
+        self._dropped_in_outage += count
+        now = perf_counter()
+        if self._drop_logged_at is None or now - self._drop_logged_at >= DROP_LOG_EVERY_S:
+            self._drop_logged_at = now
+            log.warning(
+                "dlrover-events: dropped %d events so far for job %s (%s; last error: %s)",
+                self._dropped,
+                self.identity.job.uuid,
+                why,
+                self._last_error,
+            )
+
+    async def _send_pending(self) -> None:
+        producer = await self._connect()
+        while producer is not None and self._pending:
+            n = min(self._max_batch, len(self._pending))
+            batch = [self._pending.popleft() for _ in range(n)]
+            if not await self._send_batch(producer, batch):
+                return
+
+    async def _connect(self) -> AIOKafkaProducer | None:
+        if self._producer is not None:
+            return self._producer
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self._settings.bootstrap_servers,
+            client_id=f"{self._settings.client_id}-sdk",
+            enable_idempotence=False,
+            linger_ms=5,
+            request_timeout_ms=max(int(self._send_timeout_s * 1000), 1000),
+            acks=1,
+        )
+        try:
+            async with asyncio.timeout(self._send_timeout_s):
+                await producer.start()
+        except asyncio.CancelledError:
+            await _stop_quietly(producer)
+            raise
+        except Exception as err:
+            await _stop_quietly(producer)
+            self._failed(err)
+            return None
+        self._producer = producer
+        return producer
+
+    async def _send_batch(self, producer: AIOKafkaProducer, batch: list[Event]) -> bool:
+        sent: list[tuple[Event, asyncio.Future[Any]]] = []
+        error: BaseException | None = None
+        self._in_flight = len(batch)
+        try:
+            async with asyncio.timeout(self._send_timeout_s):
+                for event in batch:
+                    key = event.key.encode() if event.key is not None else None
+                    fut = await producer.send(topic_of(event), encode(event), key=key)
+                    sent.append((event, fut))
+                await asyncio.wait([f for _, f in sent])
+        except Exception as err:
+            error = err
+        finally:
+            # Also when cancelled at close: what was not acknowledged goes back to the
+            # buffer, to be counted as dropped there.
+            retry = self._settle(batch, sent)
+            self._in_flight = 0
+        if not retry:
+            self._recovered()
+            return True
+        failed = [f.exception() for _, f in sent if f.done() and not f.cancelled()]
+        self._failed(error or next((e for e in failed if e), TimeoutError("no acknowledgement")))
+        # Start over with a fresh client: the old one may still hold batches it will retry.
+        await self._disconnect()
+        return False
+
+    def _settle(
+        self, batch: list[Event], sent: list[tuple[Event, asyncio.Future[Any]]]
+    ) -> list[Event]:
+        retry: list[Event] = []
+        for event, fut in sent:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._published += 1
+                continue
+            retry.append(event)
+            if not fut.done():
+                fut.add_done_callback(_retrieve)
+        retry.extend(batch[len(sent) :])
+        if retry:
+            self._pending.extendleft(reversed(retry))
+            self._trim()
+        return retry
+
+    async def _disconnect(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await _stop_quietly(producer)
+
+    def _failed(self, err: BaseException) -> None:
+        assert self._loop is not None
+        self._last_error = f"{type(err).__name__}: {err}"
+        self._failures += 1
+        backoff = min(self._backoff_max_s, 0.25 * 2 ** min(self._failures, 8))
+        self._retry_at = self._loop.time() + backoff * random.uniform(0.5, 1.0)
+        if self._down_since is None:
+            self._down_since = self._loop.time()
+            self._dropped_in_outage = 0
+            log.warning(
+                "dlrover-events: cannot publish to %s (%s); training goes on, buffering up "
+                "to %d events",
+                self._settings.bootstrap_servers,
+                self._last_error,
+                self._buffer_size,
+            )
+
+    def _recovered(self) -> None:
+        self._failures = 0
+        if self._down_since is not None:
+            assert self._loop is not None
+            log.warning(
+                "dlrover-events: publishing again after %.1fs; %d events dropped meanwhile",
+                self._loop.time() - self._down_since,
+                self._dropped_in_outage,
+            )
+            self._down_since = None
+
+
+async def _stop_quietly(producer: AIOKafkaProducer) -> None:
+    # With the broker gone, stop() would wait for its batches to expire: give it a second.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            await producer.stop()
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    # An abandoned delivery may still fail later; its error was already counted.
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _interval_from_env() -> float:
+    raw = os.environ.get(INTERVAL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_INTERVAL_S
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{INTERVAL_ENV} must be a number of seconds, got {raw!r}") from None

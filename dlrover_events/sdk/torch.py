@@ -1,0 +1,202 @@
+"""torch integration (extra ``torch``): GPU memory in the samples, OOMs as events.
+
+An OOM is the one failure the brain can fix by itself (more memory, a smaller batch), but
+only if it hears about it with the numbers: so the hook catches it, publishes a
+``NodeOOM`` with what the process held and wanted, flushes, and re-raises the same
+exception. A kernel OOM kill (SIGKILL, exit 137) cannot be caught in-process; the
+operator reports that one from the pod's exit.
+
+    hook = TorchHook(Reporter.from_env(batch_size=256)).start()
+    with hook.guard():
+        for x, y in hook.track(loader):
+            train_step(x, y)
+    hook.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, ParamSpec, Self, TypeVar
+
+import torch
+
+from dlrover_events.sdk.probes import rss_bytes
+from dlrover_events.sdk.reporter import Reporter, ReporterStats
+from schemas.jobs import NodeOOM, OOMKind
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_GPU_REQUEST = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
+_CPU_REQUEST = re.compile(r"tried to allocate ([0-9]+) bytes")
+#: torch's CPU allocator fails with a RuntimeError, not MemoryError.
+_CPU_OOM = "DefaultCPUAllocator: can't allocate memory"
+
+
+class CudaProbe:
+    """GPU memory the caching allocator holds, and utilisation when NVML can tell.
+
+    Reads nothing until the training code has initialised CUDA: a probe must never be
+    the thing that creates a CUDA context (in the reporter's thread, on the wrong device).
+    """
+
+    def __init__(self, device: torch.device | int | None = None) -> None:
+        self._device = device
+        self._nvml = True
+
+    def __call__(self) -> dict[str, Any]:
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return {}
+        stats = torch.cuda.memory_stats(self._device)
+        out: dict[str, Any] = {"gpu_memory": int(stats.get("reserved_bytes.all.current", 0))}
+        if self._nvml:
+            try:
+                out["gpu_util"] = min(max(torch.cuda.utilization(self._device) / 100.0, 0.0), 1.0)
+            except Exception as err:  # no pynvml, or no NVML on this host
+                self._nvml = False
+                log.info("GPU utilisation not reported: %s", err)
+        return out
+
+
+def requested_bytes(err: BaseException) -> int:
+    """The allocation that failed, as torch's message says it; 0 when it does not."""
+    text = str(err)
+    if m := _GPU_REQUEST.search(text):
+        return int(float(m.group(1)) * _UNITS[m.group(2)])
+    if m := _CPU_REQUEST.search(text):
+        return int(m.group(1))
+    return 0
+
+
+def oom_kind(err: BaseException) -> OOMKind | None:
+    """Which memory ran out, or None when ``err`` is not an OOM."""
+    if isinstance(err, torch.cuda.OutOfMemoryError):
+        return OOMKind.GPU_MEMORY
+    if isinstance(err, MemoryError) or (isinstance(err, RuntimeError) and _CPU_OOM in str(err)):
+        return OOMKind.HOST_MEMORY
+    return None
+
+
+class TorchHook:
+    """A torch training loop's reporter: samples per step, GPU memory, OOM events."""
+
+    def __init__(
+        self,
+        reporter: Reporter,
+        *,
+        device: torch.device | int | None = None,
+        flush_timeout_s: float = 5.0,
+    ) -> None:
+        self.reporter = reporter
+        self._device = device
+        self._flush_timeout_s = flush_timeout_s
+        if torch.cuda.is_available():
+            reporter.add_probe(CudaProbe(device))
+
+    @classmethod
+    def from_env(cls, *, device: torch.device | int | None = None, **kwargs: Any) -> TorchHook:
+        return cls(Reporter.from_env(**kwargs), device=device)
+
+    def start(self) -> Self:
+        self.reporter.start()
+        return self
+
+    def close(self, timeout_s: float = 5.0) -> ReporterStats:
+        return self.reporter.close(timeout_s)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def step(self, samples: int | None = None, global_step: int | None = None) -> None:
+        self.reporter.step(global_step, samples)
+
+    def track(self, loader: Iterable[T]) -> Iterator[T]:
+        """Each batch is a step; its size (first dimension of its first tensor) its samples."""
+        step = self.reporter.step
+        for batch in loader:
+            yield batch
+            step(None, batch_samples(batch))
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Report an OOM raised inside, flush, and let it propagate unchanged."""
+        try:
+            yield
+        except (RuntimeError, MemoryError) as err:
+            kind = oom_kind(err)
+            if kind is not None:
+                self.report_oom(kind, err)
+            raise
+
+    def watch(self, step_fn: Callable[P, R]) -> Callable[P, R]:
+        """Decorate a step function: guarded, and a step marked when it returns."""
+
+        def stepped(*args: P.args, **kwargs: P.kwargs) -> R:
+            with self.guard():
+                result = step_fn(*args, **kwargs)
+            self.reporter.step()
+            return result
+
+        return stepped
+
+    def report_oom(self, kind: OOMKind, err: BaseException | None = None) -> bool:
+        """Publish the OOM with what was held and wanted; True if it reached the broker.
+
+        Never raises: the caller is already handling a worse error.
+        """
+        try:
+            wanted = requested_bytes(err) if err is not None else 0
+            gpu = self._gpu_needed(wanted) if kind == OOMKind.GPU_MEMORY else None
+            host = rss_bytes() + (wanted if kind == OOMKind.HOST_MEMORY else 0)
+            ident = self.reporter.identity
+            self.reporter.publish(
+                NodeOOM(
+                    env=ident.env,
+                    job=ident.job,
+                    source=ident.source,
+                    node=ident.node,
+                    kind=kind,
+                    memory=host,
+                    gpu_memory=gpu,
+                )
+            )
+            sent = self.reporter.flush(self._flush_timeout_s)
+            if not sent:
+                log.warning("the %s OOM event may not have reached the bus", kind.value)
+            return sent
+        except Exception:
+            log.exception("could not report the %s OOM", kind.value)
+            return False
+
+    def _gpu_needed(self, wanted: int) -> int | None:
+        """What the device had to hold: the allocator's reservation, or in use plus the
+        failed request if more. The brain sizes the next attempt from this number."""
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return wanted or None
+        allocated = torch.cuda.memory_allocated(self._device)
+        reserved = torch.cuda.memory_reserved(self._device)
+        return max(reserved, allocated + wanted)
+
+
+def batch_samples(batch: object) -> int | None:
+    """Samples in a batch: a tensor's first dimension, or that of a tuple's/dict's first."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    if isinstance(batch, (tuple, list)) and batch:
+        return batch_samples(batch[0])
+    if isinstance(batch, dict) and batch:
+        return batch_samples(next(iter(batch.values())))
+    return None
+
+
+__all__ = ["CudaProbe", "TorchHook", "batch_samples", "oom_kind", "requested_bytes"]
