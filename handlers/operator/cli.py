@@ -1,0 +1,63 @@
+"""`dlrover-events operator --env E`: run the operator of one env until Ctrl-C.
+
+Kafka and Postgres are found as `up` finds them, so against a stack started by `up` only
+the env is needed. The simulator options apply to virtual envs; given to a real env's
+operator they are refused there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+import typer
+
+from dlrover_events.embedded import resolve_postgres
+from dlrover_events.services import ServiceContext
+from dlrover_events.settings import Settings, load_settings
+from handlers.operator.modes import run_operator
+
+
+def operator(
+    env: str = typer.Option(..., "--env", "-e", help="the env whose ScalePlans to apply"),
+    nodes: int = typer.Option(None, "--nodes", min=1, help="simulated nodes (default 16)"),
+    gpus: int = typer.Option(None, "--gpus", min=0, help="GPUs per simulated node (default 4)"),
+    speed: float = typer.Option(
+        None, "--speed", min=0.0, help="simulated seconds per wall second (default 1)"
+    ),
+    fast: bool = typer.Option(
+        None, "--fast/--no-fast", help="simulate as fast as possible, event to event"
+    ),
+    sample_interval: float = typer.Option(
+        None, "--sample-interval", help="simulated seconds between runtime samples (default 30)"
+    ),
+    restart_delay: float = typer.Option(
+        None, "--restart-delay", help="simulated seconds a rescaled job restarts (default 30)"
+    ),
+) -> None:
+    """Apply an env's ScalePlans: on the simulated cluster when the env is virtual."""
+    given: dict[str, Any] = {
+        "nodes": nodes,
+        "gpus_per_node": gpus,
+        "speed": speed,
+        "fast": fast,
+        "sample_interval": sample_interval,
+        "restart_delay": restart_delay,
+    }
+    asyncio.run(_run(load_settings(), env, {k: v for k, v in given.items() if v is not None}))
+
+
+async def _run(settings: Settings, env: str, options: dict[str, Any]) -> None:
+    ctx = ServiceContext(settings, env, (await resolve_postgres(settings)).dsn)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, ctx.stop.set)
+    serving = asyncio.create_task(run_operator(ctx, options))
+    ready = asyncio.create_task(ctx.ready.wait())
+    await asyncio.wait([serving, ready], return_when=asyncio.FIRST_COMPLETED)
+    if ready.done():
+        typer.echo(f"operator of env {env} is running; Ctrl-C stops it", err=True)
+    else:
+        ready.cancel()
+    await serving

@@ -1,0 +1,49 @@
+"""Which operator an env gets: the one place that looks at the env's mode.
+
+Both the `operator` command and the `operator` service come here, so the real-cluster
+reconciler is added by one line in RUNNERS, not by a second dispatch elsewhere. Runners are
+imported only once chosen: a virtual env's process never imports a Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from dlrover_events.envs import EnvRegistry
+from dlrover_events.errors import UserError
+from dlrover_events.services import ServiceContext
+from dlrover_events.topics import check_env_name
+from schemas.control import EnvMode
+
+#: (context, options given on the command line) -> runs until ctx.stop is set.
+Runner = Callable[[ServiceContext, Mapping[str, Any]], Awaitable[None]]
+
+#: "module:function" of each mode's runner.
+RUNNERS: Mapping[EnvMode, str] = {
+    EnvMode.VIRTUAL: "handlers.operator.virtual:run",
+}
+
+
+def runner_for(mode: EnvMode) -> Runner:
+    target = RUNNERS.get(mode)
+    if target is None:
+        raise UserError(
+            f"no operator for {mode.value} envs is installed; the virtual operator runs only "
+            "in virtual envs (see `dlrover-events env list`)"
+        )
+    module, _, name = target.partition(":")
+    runner: Runner = getattr(importlib.import_module(module), name)
+    return runner
+
+
+async def run_operator(ctx: ServiceContext, options: Mapping[str, Any] | None = None) -> None:
+    """Run the operator that the env's mode calls for, until ``ctx.stop`` is set."""
+    check_env_name(ctx.env)
+    record = await EnvRegistry(ctx.settings, ctx.pg_dsn).get(ctx.env)
+    if record is None:
+        raise UserError(
+            f"no env named {ctx.env!r}; create it with `dlrover-events env create {ctx.env}`"
+        )
+    await runner_for(record.mode)(ctx, options or {})

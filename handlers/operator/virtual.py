@@ -1,0 +1,265 @@
+"""The virtual operator: a simulated cluster answers a virtual env's ScalePlans, so the
+brain's loop closes without a cluster (the seed's Virtual Trainer: plan -> simulate ->
+persist -> new metrics).
+
+A thin adapter around handlers.simulator.fleet: it reads submissions and plans, applies
+each plan_id at most once (the ledger in Postgres), moves the simulated clock and publishes
+what the simulated jobs say. It refuses the real env, whose plans must reach real pods, and
+imports no Kubernetes client, so it cannot pick up cluster credentials by accident.
+
+The simulated cluster lives in memory and is one per env (a Postgres advisory lock keeps a
+second operator of the same env out). Its clock starts at the time of the first input it
+reads, so a replay fed at the operator's speed-up lines up with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from dlrover_events.bus import Consumer, Producer, Received
+from dlrover_events.envs import EnvRecord, EnvRegistry
+from dlrover_events.errors import UserError
+from dlrover_events.services import ServiceContext
+from dlrover_events.settings import Settings
+from dlrover_events.store import EnvStore
+from dlrover_events.store.database import connect
+from dlrover_events.topics import JOB_EVENTS, SCALE_PLANS, check_env_name
+from handlers.operator.clock import SimClock
+from handlers.operator.ledger import PlanLedger
+from handlers.operator.settings import VirtualSettings, virtual_settings
+from handlers.simulator.fleet import VirtualCluster
+from handlers.simulator.job import PlanOutcome
+from handlers.simulator.throughput import TraceDataError, pollux_dir
+from schemas.control import EnvMode
+from schemas.envelope import Event
+from schemas.jobs import JobSubmitted
+from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
+
+log = logging.getLogger(__name__)
+
+GROUP = "operator"
+SOURCE = "virtual-operator"
+ALREADY_APPLIED = "already applied"
+
+_RESULT_NAMESPACE = uuid.UUID("9b3e51a2-6d0c-4f8e-b7a1-2c4d6e8f0a13")
+
+
+async def check_virtual(settings: Settings, dsn: str, env: str) -> EnvRecord:
+    """The env must exist and be virtual: simulated answers to the real env's plans would
+    tell the brain that real jobs had been rescaled when nothing happened."""
+    check_env_name(env)
+    record = await EnvRegistry(settings, dsn).get(env)
+    if record is None:
+        raise UserError(f"no env named {env!r}; create it with `dlrover-events env create {env}`")
+    if record.mode is not EnvMode.VIRTUAL:
+        raise UserError(
+            f"env {env!r} is the {record.mode.value} env: the virtual operator runs only in "
+            "virtual envs (its simulated cluster would answer for real jobs)"
+        )
+    return record
+
+
+class VirtualOperator:
+    def __init__(self, settings: Settings, env: str, dsn: str, options: VirtualSettings) -> None:
+        self.settings = settings
+        self.env = env
+        self.dsn = dsn
+        self.options = options
+        self.clock = SimClock(None if options.fast else options.speed)
+        self.fleet: VirtualCluster | None = None
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        # Events made but not yet acknowledged by the broker: a handler attempt that fails
+        # half-way leaves them here for the next attempt, since the fleet makes them once.
+        self._outbox: list[Event] = []
+        self._producer: Producer | None = None
+        self._ledger: PlanLedger | None = None
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Serve until ``stop`` is set; a precondition that fails is a UserError."""
+        await check_virtual(self.settings, self.dsn, self.env)
+        try:
+            pollux_dir()
+        except TraceDataError as e:
+            raise UserError(str(e)) from None
+        holder = await connect(self.dsn)
+        try:
+            await self._lock_env(holder)
+            store = await EnvStore.open(self.dsn, self.env, max_size=2)
+            try:
+                self._ledger = PlanLedger(store.pool)
+                consumer = Consumer(
+                    self.settings, self.env, [JOB_EVENTS, SCALE_PLANS], GROUP, self._handle
+                )
+                async with Producer(self.settings) as producer, consumer:
+                    self._producer = producer
+                    if ready is not None:
+                        ready.set()
+                    await self._serve(consumer, stop)
+            finally:
+                await store.close()
+        finally:
+            await holder.close()  # and with it the advisory lock
+
+    async def _lock_env(self, holder: Any) -> None:
+        taken = await holder.fetchval(
+            "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
+            f"dlrover-events/operator/{self.env}",
+        )
+        if not taken:
+            raise UserError(
+                f"another operator already runs env {self.env!r}; an env has one simulated "
+                "cluster, so stop that one first"
+            )
+
+    async def _serve(self, consumer: Consumer, stop: asyncio.Event) -> None:
+        tasks = [
+            asyncio.create_task(self._consume(consumer, stop), name=f"{self.env}.operator.consume"),
+            asyncio.create_task(self._tick(stop), name=f"{self.env}.operator.clock"),
+        ]
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (*tasks, stopping):
+                task.cancel()
+            await asyncio.gather(*tasks, stopping, return_exceptions=True)
+        for task in tasks:
+            if not task.cancelled() and (err := task.exception()) is not None:
+                raise err
+
+    async def _consume(self, consumer: Consumer, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await consumer.poll(timeout_ms=500)
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    async def _handle(self, batch: list[Received]) -> None:
+        async with self._lock:
+            await self._flush()
+            # A backlog read after a restart may hold a job's plan in the same batch as its
+            # submission: the job comes first. Other job events (ours included) are not inputs.
+            for item in sorted(batch, key=lambda r: not isinstance(r.event, JobSubmitted)):
+                event = item.event
+                if isinstance(event, JobSubmitted):
+                    self._outbox.extend(self._catch_up(event).submit(event))
+                elif isinstance(event, ScalePlan):
+                    await self._apply(self._catch_up(event), event)
+            await self._flush()
+        self._wake.set()
+
+    def _catch_up(self, event: Event) -> VirtualCluster:
+        """The fleet at the current simulated time, made at the first input."""
+        if self.fleet is None:
+            self.fleet = VirtualCluster(
+                self.options.cluster(),
+                origin=event.occurred_at,
+                restart_delay=self.options.restart_delay,
+                sample_interval=self.options.sample_interval,
+                source=SOURCE,
+            )
+            self.clock.start(0.0)
+        elif (now := self.clock.now()) is not None:
+            self._outbox.extend(self.fleet.advance_to(now))
+        return self.fleet
+
+    async def _apply(self, fleet: VirtualCluster, plan: ScalePlan) -> None:
+        assert self._ledger is not None
+        if await self._ledger.applied(plan.plan_id):
+            status, reason = ScaleStatus.APPLIED, ALREADY_APPLIED
+        else:
+            try:
+                outcome = fleet.apply(plan)
+            except Exception as e:
+                # A simulator bug must give a failed result, not a consumer that crash-loops.
+                log.exception("plan %s of job %s", plan.plan_id, plan.job.uuid)
+                outcome = PlanOutcome(ScaleStatus.FAILED, f"simulator error: {e!r}")
+            self._outbox.extend(outcome.events)
+            status, reason = outcome.status, outcome.reason
+            if not await self._ledger.record(plan, status, reason):
+                status, reason = ScaleStatus.APPLIED, ALREADY_APPLIED
+        self._outbox.append(
+            ScaleResult(
+                env=self.env,
+                job=plan.job,
+                source=SOURCE,
+                # The same delivery answered the same way keeps its id (re-processing after
+                # a crash duplicates nothing downstream); a different answer is a new fact.
+                event_id=uuid.uuid5(
+                    _RESULT_NAMESPACE, f"{self.env}/{plan.event_id}/{status.value}/{reason}"
+                ),
+                occurred_at=fleet.at(),
+                plan_id=plan.plan_id,
+                status=status,
+                reason=reason,
+                observed=fleet.observed(plan.job.uuid),
+            )
+        )
+
+    async def _flush(self) -> None:
+        if self._outbox:
+            assert self._producer is not None
+            await self._producer.publish_many(self._outbox)
+            self._outbox.clear()
+
+    # -- time -----------------------------------------------------------------------------
+
+    async def _tick(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            async with self._lock:
+                moved = self._advance()
+                await self._flush()
+            await self._sleep(self._pause(moved))
+
+    def _advance(self) -> bool:
+        if self.fleet is None:
+            return False
+        now = self.clock.now()
+        events = self.fleet.step() if now is None else self.fleet.advance_to(now)
+        if events is None:
+            return False
+        self._outbox.extend(events)
+        return True
+
+    def _pause(self, moved: bool) -> float:
+        """Wall seconds until the clock has something to do; inputs cut the wait short."""
+        longest = self.options.max_sleep
+        if self.fleet is None:
+            return longest
+        if self.clock.fast:
+            return 0.0 if moved else longest
+        upcoming, now = self.fleet.next_event_at(), self.clock.now()
+        if upcoming is None or now is None:
+            return longest
+        return min(longest, max(0.001, self.clock.wall_seconds(upcoming - now)))
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)  # let the consumer take the lock between jumps
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        self._wake.clear()
+
+
+async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
+    """Entry of the mode dispatch (modes.run_operator) for virtual envs."""
+    operator = VirtualOperator(ctx.settings, ctx.env, ctx.pg_dsn, virtual_settings(options))
+    o = operator.options
+    pace = "as fast as possible" if o.fast else f"at {o.speed:g}x wall time"
+    log.warning(
+        "virtual operator of env %s: %d nodes x %d GPUs, simulated %s",
+        ctx.env,
+        o.nodes,
+        o.gpus_per_node,
+        pace,
+    )
+    await operator.run(ctx.stop, ctx.ready)
+
+
+__all__ = ["ALREADY_APPLIED", "GROUP", "SOURCE", "VirtualOperator", "check_virtual", "run"]

@@ -1,0 +1,157 @@
+"""A virtual operator per test on the real broker and Postgres, and a tap on what it says.
+
+Waiting is bounded by generous deadlines only; no assertion depends on how long anything
+took, because the simulated clock runs on a wall clock that a loaded machine slows down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from dlrover_events.bus import Producer
+from dlrover_events.services import ServiceContext
+from dlrover_events.settings import Settings
+from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_RESULTS, topic
+from handlers.operator.modes import run_operator
+from schemas.codec import decode
+from schemas.envelope import Event
+from schemas.jobs import JobMeta, JobSubmitted, RoleSpec
+from schemas.plans import ScalePlan
+from tests.conftest import EnvFactory
+
+T = TypeVar("T")
+E = TypeVar("E", bound=Event)
+
+DEADLINE_S = 120.0
+
+#: Fast enough that a test sees many samples, slow enough that a job (imagenet needs days
+#: of simulated time) is still running when the test's plan arrives.
+OPTIONS: dict[str, Any] = {"speed": 300.0, "sample_interval": 30.0, "nodes": 4}
+
+
+class Tap:
+    """Everything on an env's output topics, decoded, from the beginning."""
+
+    def __init__(self, settings: Settings, env: str) -> None:
+        self._consumer = AIOKafkaConsumer(
+            *(topic(env, t) for t in (JOB_METRICS, JOB_EVENTS, SCALE_RESULTS)),
+            bootstrap_servers=settings.bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        self.events: list[Event] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._read())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._consumer.stop()
+
+    async def _read(self) -> None:
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                self.events.extend(decode(r.value) for r in records)
+
+    def of(self, kind: type[E], job: str | None = None) -> list[E]:
+        return [
+            e
+            for e in self.events
+            if isinstance(e, kind) and (job is None or getattr(e, "key", None) == job)
+        ]
+
+    async def until(self, found: Callable[[], T | None], what: str) -> T:
+        """Wait for ``found()`` to give something truthy; fail with ``what`` after the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DEADLINE_S
+        while loop.time() < deadline:
+            if result := found():
+                return result
+            await asyncio.sleep(0.05)
+        kinds = sorted({e.type for e in self.events})
+        pytest.fail(f"no {what} within {DEADLINE_S:.0f}s; seen {len(self.events)} events {kinds}")
+
+
+@dataclass
+class Running:
+    ctx: ServiceContext
+    task: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        self.ctx.stop.set()
+        await asyncio.wait_for(self.task, DEADLINE_S)
+
+
+@dataclass
+class Sim:
+    settings: Settings
+    pg_dsn: str
+    env: str
+    tap: Tap
+    producer: Producer
+    running: list[Running] = field(default_factory=list)
+
+    async def start(self, **options: Any) -> Running:
+        ctx = ServiceContext(self.settings, self.env, self.pg_dsn)
+        task = asyncio.create_task(run_operator(ctx, {**OPTIONS, **options}))
+        ready = asyncio.create_task(ctx.ready.wait())
+        await asyncio.wait([task, ready], timeout=DEADLINE_S, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.done():
+            ready.cancel()
+            if task.done():
+                task.result()  # raises what stopped it
+            pytest.fail(f"the operator of {self.env} was not ready within {DEADLINE_S:.0f}s")
+        running = Running(ctx, task)
+        self.running.append(running)
+        return running
+
+    def job(self, name: str) -> JobMeta:
+        return JobMeta(uuid=name, name=name, app="imagenet")
+
+    async def submit(
+        self, name: str, application: str = "imagenet", replicas: int = 1, memory: int = 0
+    ) -> JobSubmitted:
+        event = JobSubmitted(
+            env=self.env,
+            job=JobMeta(uuid=name, name=name, app=application),
+            source="test",
+            application=application,
+            roles={"worker": RoleSpec(replicas=replicas, gpu_num=1, memory=memory)},
+        )
+        await self.producer.publish(event)
+        return event
+
+    def plan(self, job: str, plan_id: str, **fields: Any) -> ScalePlan:
+        return ScalePlan(env=self.env, job=self.job(job), source="test", plan_id=plan_id, **fields)
+
+
+@pytest.fixture
+async def sim(settings: Settings, pg_dsn: str, make_env: EnvFactory) -> AsyncIterator[Sim]:
+    env = (await make_env()).name
+    tap = Tap(settings, env)
+    await tap.start()
+    try:
+        async with Producer(settings) as producer:
+            s = Sim(settings, pg_dsn, env, tap, producer)
+            try:
+                yield s
+            finally:
+                for running in s.running:
+                    if not running.task.done():
+                        await running.stop()
+    finally:
+        await tap.stop()
