@@ -1,0 +1,319 @@
+"""`dlrover-events brain --env E`: the brain as a faust-streaming app.
+
+The agent is a thin adapter: it takes batches of records (`noack_take`), hands them to the
+BrainProcessor (state, router, optimizers, planner), publishes the plans and dead letters
+and waits for the broker's acks. A checkpoint task writes the changed job states and the
+offsets they cover to Postgres every few seconds, and only then acks the batches to faust,
+which commits acked offsets. So the committed offset never gets ahead of a durable
+checkpoint, and a restart reads again, at worst, what the last checkpoint covers, which
+the processor skips by offset. The events after the checkpoint are decided again and give
+the same plan ids (derived from their cause), so a crash loses no plan and makes no new
+ones; a plan that was published before the crash may be published again with the same id,
+which the operator applies at most once.
+
+Faust's worker normally owns the event loop; `Brain` starts the App as the mode.Service
+it is (`await app.start()`), so `up` runs it beside the other services in one loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import faust
+import typer
+
+from dlrover_events.cli.app import run_async
+from dlrover_events.embedded import resolve_postgres
+from dlrover_events.envs import EnvRegistry
+from dlrover_events.errors import UserError
+from dlrover_events.services import Service, ServiceContext
+from dlrover_events.settings import Settings, load_settings
+from dlrover_events.store import EnvStore
+from dlrover_events.topics import DLQ, JOB_EVENTS, JOB_METRICS, SCALE_RESULTS, topic, topic_of
+from schemas.codec import encode
+from streams.brain.checkpoint import BrainStore
+from streams.brain.processor import BrainProcessor, Output
+from streams.brain.triggers import Policy
+
+log = logging.getLogger(__name__)
+
+GROUP = "brain"
+#: The brain reads what jobs and the operator say; scale results update a job's resources.
+INPUTS = (JOB_METRICS, JOB_EVENTS, SCALE_RESULTS)
+
+
+class Brain:
+    """One env's brain: a faust App, the processor and its checkpoints, in the caller's loop.
+
+    `take_within_s` bounds how long a record waits for its batch to fill: it is most of
+    the plan latency at low rates, and at high rates batches fill before it.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        env: str,
+        pg_dsn: str,
+        *,
+        policy: Policy | None = None,
+        checkpoint_every_s: float = 2.0,
+        take_max: int | None = None,
+        take_within_s: float = 0.005,
+        datadir: Path | None = None,
+    ) -> None:
+        self.settings = settings
+        self.env = env
+        self.group = f"{env}.{GROUP}"
+        self.pg_dsn = pg_dsn
+        self.processor = BrainProcessor(env, self.group, policy)
+        self.checkpoint_every_s = checkpoint_every_s
+        self._take_max = take_max or settings.consumer_batch
+        self._take_within = take_within_s
+        self._dlq = topic(env, DLQ)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if datadir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="dlrover-brain-")
+            datadir = Path(self._tmp.name)
+        self.app = faust.App(
+            self.group,
+            broker=[f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")],
+            key_serializer="raw",
+            value_serializer="raw",
+            datadir=str(datadir),
+            web_enabled=False,
+            # env topics are created by `env create`; the brain never invents topics
+            topic_allow_declare=False,
+            topic_disable_leader=True,
+            consumer_auto_offset_reset="earliest",
+            broker_session_timeout=settings.session_timeout_ms / 1000,
+            broker_heartbeat_interval=settings.heartbeat_interval_ms / 1000,
+            broker_request_timeout=max(
+                settings.request_timeout_ms / 1000, settings.session_timeout_ms / 1000 + 1
+            ),
+            broker_client_id=f"{settings.client_id}-brain",
+            producer_acks=-1,
+            # faust would wait at each rebalance and stop for acks that only our
+            # checkpoint gives; the checkpoint on revocation takes care of them instead
+            stream_wait_empty=False,
+            processing_guarantee="at_least_once",
+        )
+        self.inputs = self.app.topic(
+            *(topic(env, name) for name in INPUTS), key_serializer="raw", value_serializer="raw"
+        )
+        self.app.agent(self.inputs, name=f"{self.group}.agent")(self._agent)
+        # mode types receivers narrowly; these take (sender, partitions, signal=...)
+        self.app.on_partitions_revoked.connect(cast(Any, self._on_revoked))
+        self.app.on_partitions_assigned.connect(cast(Any, self._on_assigned))
+        self.ready = asyncio.Event()
+        self._batch_lock = asyncio.Lock()
+        self._checkpoint_lock = asyncio.Lock()
+        self._unacked: list[tuple[Any, Sequence[Any]]] = []
+        self._store: BrainStore | None = None
+        self._checkpointer: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.checkpoints = 0
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        env_store = await EnvStore.open(self.pg_dsn, self.env, max_size=4)
+        self._store = BrainStore(env_store)
+        await self.app.start()
+        self._checkpointer = asyncio.create_task(self._checkpoint_loop(), name="brain-checkpoint")
+
+    async def stop(self) -> None:
+        """Final checkpoint, then commit, then stop: a clean stop re-reads nothing."""
+        if self._checkpointer is not None:
+            self._checkpointer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpointer
+        try:
+            async with self._batch_lock:  # no batch is half-way from now on
+                self._stopping = True
+                if self._store is not None:
+                    try:
+                        await self._checkpoint_locked()
+                        await self.app.consumer.commit()
+                    except Exception:  # the next start re-reads from the last checkpoint
+                        log.exception("final checkpoint of the brain of %s failed", self.env)
+            await self.app.stop()
+        finally:
+            if self._store is not None:
+                await self._store.store.close()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set or faust stops by itself (a crash), then stop cleanly."""
+        waiter = asyncio.create_task(stop.wait())
+        stopped = asyncio.create_task(self.app.wait_until_stopped())
+        try:
+            await asyncio.wait({waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stopped.cancel()
+        if self.app.crash_reason is not None:
+            raise RuntimeError(f"brain of {self.env} crashed: {self.app.crash_reason!r}")
+
+    # -- the agent ----------------------------------------------------------------------
+
+    async def _agent(self, stream: Any) -> None:
+        async for events in stream.noack_take(self._take_max, within=self._take_within):
+            await self._handle(stream, events)
+
+    async def _handle(self, stream: Any, events: Sequence[Any]) -> None:
+        async with self._batch_lock:
+            if self._stopping:
+                return  # left unacked: the next start reads them again
+            assigned = self.app.consumer.assignment()
+            messages = [e.message for e in events if e.message.tp in assigned]
+            new = {m.partition for m in messages} - self.processor.loaded
+            if new:
+                await self._load(new)
+            out = self.processor.process(messages)
+            await self._publish(out)
+            self._unacked.append((stream, events))
+
+    async def _load(self, partitions: set[int]) -> None:
+        assert self._store is not None
+        for attempt in range(1, 1_000_000):
+            try:
+                loaded = await self._store.load(partitions)
+                break
+            except Exception:  # Postgres away: wait for it rather than lose state
+                log.exception("loading brain state of %s (attempt %d)", sorted(partitions), attempt)
+                await asyncio.sleep(min(0.2 * attempt, 5.0))
+        self.processor.install(partitions, loaded)
+
+    async def _publish(self, out: Output) -> None:
+        """Plans and dead letters, acked by the broker before the batch counts as done."""
+        if not (out.plans or out.letters):
+            return
+        producer = self.app.producer
+        futures = []
+        for event in out.plans:
+            key = event.key.encode() if event.key is not None else None
+            futures.append(
+                await producer.send(topic_of(event), key, encode(event), None, None, None)
+            )
+        for letter in out.letters:
+            key = letter.key.encode() if letter.key is not None else None
+            futures.append(await producer.send(self._dlq, key, encode(letter), None, None, None))
+        await asyncio.gather(*futures)
+        for letter in out.letters:
+            log.warning(
+                "dead-lettered %s[%d]@%d: %s",
+                letter.original_topic,
+                letter.partition,
+                letter.offset,
+                letter.error,
+            )
+
+    # -- checkpoints --------------------------------------------------------------------
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.checkpoint_every_s)
+            try:
+                await self.checkpoint()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("brain checkpoint of %s failed; retrying", self.env)
+
+    async def checkpoint(self) -> None:
+        """Write what changed, then ack the batches it covers (faust commits them)."""
+        async with self._checkpoint_lock:
+            async with self._batch_lock:
+                snap = self.processor.snapshot()
+                acks, self._unacked = self._unacked, []
+            await self._save(snap, acks)
+
+    async def _checkpoint_locked(self) -> None:
+        """Checkpoint while the caller holds the batch lock (stop, rebalance)."""
+        async with self._checkpoint_lock:
+            snap = self.processor.snapshot()
+            acks, self._unacked = self._unacked, []
+            await self._save(snap, acks)
+
+    async def _save(self, snap: Any, acks: list[tuple[Any, Sequence[Any]]]) -> None:
+        assert self._store is not None
+        try:
+            if snap:
+                await self._store.save(snap)
+        except BaseException:
+            self.processor.restore(snap)
+            self._unacked = [*acks, *self._unacked]
+            raise
+        self.checkpoints += 1
+        for stream, events in acks:
+            for event in events:
+                await stream.ack(event)
+
+    async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        """Hand partitions over checkpointed, so their next owner resumes where we stop."""
+        revoked: set[Any] = args[0] if args else kwargs.get("revoked", set())
+        async with self._batch_lock:
+            if self._store is None or self._stopping:
+                return
+            await self._checkpoint_locked()
+            self.processor.drop({tp.partition for tp in revoked})
+
+    async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        self.ready.set()
+
+
+# -- `up` and the command ----------------------------------------------------------------
+
+
+async def run(ctx: ServiceContext) -> None:
+    brain = Brain(ctx.settings, ctx.env, ctx.pg_dsn)
+    await brain.start()
+    try:
+        ready = asyncio.create_task(brain.ready.wait())
+        stop = asyncio.create_task(ctx.stop.wait())
+        await asyncio.wait({ready, stop}, return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        stop.cancel()
+        ctx.ready.set()
+        await brain.run_until(ctx.stop)
+    finally:
+        await brain.stop()
+
+
+service = Service(
+    name="brain",
+    description="job state, optimizer router, optimizers and planner: job topics in, plans out",
+    run=run,
+)
+
+
+async def _standalone(settings: Settings, env: str) -> None:
+    pg = await resolve_postgres(settings)
+    try:
+        if await EnvRegistry(settings, pg.dsn).get(env) is None:
+            raise UserError(
+                f"env {env!r} does not exist; create it with `dlrover-events env create`"
+            )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        ctx = ServiceContext(settings, env, pg.dsn, stop=stop)
+        await run(ctx)
+    finally:
+        pg.stop()
+
+
+def brain(
+    env: str = typer.Option(..., "--env", "-e", help="the env whose job topics to decide on"),
+) -> None:
+    """Run the brain of one env: job topics in, OptimizePlans and ScalePlans out."""
+    run_async(_standalone(load_settings(), env))

@@ -1,0 +1,156 @@
+"""When the brain decides, and what one input event turns into: fold, maybe decide, record.
+
+This is the whole per-event behaviour of the stream processor as a pure function, so a
+replay of the same events from the same state yields the same states and the same plan
+ids, whatever the batch boundaries were. That is what makes a restart from a checkpoint
+safe: the events after the checkpoint are decided again, identically.
+
+Deciding is the expensive part (an optimizer may fit a model), so it runs only when
+something happened: a job was submitted, changed stage, ran out of memory, was asked for a
+plan, or every `sample_every` runtime samples of a stage (DLRover's master asked its
+Brain every 30 s, about every other sample). Which events trigger is a function of the
+event and the state, never of the clock or of how events were batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from schemas.envelope import Event
+from schemas.jobs import JobEvent, JobSubmitted, NodeOOM, RuntimeSample
+from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
+from streams.brain.core import Decision, NoDecision, decide
+from streams.brain.optimizers import REGISTRY, Registry
+from streams.brain.planner import Limits
+from streams.brain.router import RouteError
+from streams.brain.state import JobState, JobStatus, fold, record_decision
+
+#: Jobs that finished are not decided for any more: no plan can help them.
+FINISHED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED})
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How often the brain decides, and the limits its planner applies."""
+
+    #: A decision every this many samples within a stage (stage changes always decide).
+    sample_every: int = 2
+    limits: Limits | None = None
+    registry: Registry = field(default_factory=lambda: REGISTRY)
+
+
+@dataclass(frozen=True)
+class Trigger:
+    reason: str
+    optimizer: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The job's new state and what to publish; `error` is the user's to fix (bad config,
+    unknown optimizer), never a reason to stop."""
+
+    state: JobState
+    trigger: Trigger | None = None
+    optimize_plan: OptimizePlan | None = None
+    scale_plan: ScalePlan | None = None
+    error: RouteError | None = None
+
+    @property
+    def plans(self) -> list[Event]:
+        out: list[Event] = []
+        if self.optimize_plan is not None:
+            out.append(self.optimize_plan)
+        if self.scale_plan is not None:
+            out.append(self.scale_plan)
+        return out
+
+
+def _oom_count(state: JobState | None) -> int:
+    return 0 if state is None else sum(len(records) for records in state.ooms.values())
+
+
+def trigger(
+    before: JobState | None, after: JobState, event: Event, policy: Policy
+) -> Trigger | None:
+    """Whether `event`, folded from `before` into `after`, calls for a decision."""
+    if after.status in FINISHED:
+        return None
+    if isinstance(event, OptimizeRequest):
+        return Trigger("optimize request", event.optimizer)
+    if isinstance(event, JobSubmitted):
+        return Trigger("job submitted")
+    if isinstance(event, NodeOOM):
+        # a replayed OOM folds to the same records: it must not be decided twice
+        return Trigger("node out of memory") if _oom_count(after) > _oom_count(before) else None
+    if before is None or before.stage != after.stage:
+        return Trigger(f"stage {after.stage}")
+    if (
+        isinstance(event, RuntimeSample)
+        and after.stage_samples > 0
+        and after.stage_samples % max(policy.sample_every, 1) == 0
+    ):
+        return Trigger(f"{after.stage_samples} samples in stage {after.stage}")
+    return None
+
+
+def _worth_publishing(before: JobState, decision: Decision) -> bool:
+    """An OptimizePlan is news when it leads to a ScalePlan, answers an OOM, or wants
+    something else than the last one; the same wish every few samples (held back by a
+    cooldown) would only flood the topic."""
+    if decision.scale_plan is not None or decision.handled_ooms:
+        return True
+    last = before.last_plan
+    return last is None or last.resource != decision.optimize_plan.resource
+
+
+def step(
+    state: JobState | None,
+    event: Event,
+    policy: Policy,
+    history: Sequence[JobState] = (),
+    free_gpus: int | None = None,
+) -> Outcome | None:
+    """Fold one event of a job and decide if it calls for it; None for events that say
+    nothing about a job. Decisions are made as of the event's own time, so a replay
+    (restart, virtual env at any speed-up) sees the same cooldowns."""
+    if not isinstance(event, JobEvent):
+        return None
+    after = fold(state, event)
+    assert after is not None  # a job event always yields a state
+    why = trigger(state, after, event, policy)
+    if why is None:
+        return Outcome(after)
+    now = event.occurred_at
+    result = decide(
+        after,
+        now,
+        caused_by=str(event.event_id),
+        optimizer=why.optimizer,
+        history=history,
+        free_gpus=free_gpus,
+        registry=policy.registry,
+        limits=policy.limits,
+    )
+    if isinstance(result, RouteError):
+        return Outcome(after, why, error=result)
+    if isinstance(result, NoDecision):
+        return Outcome(after, why)
+    scale = result.scale_plan
+    if scale is not None and _same_diff(scale, after.pending_scale_plan):
+        # the operator has not answered the same change yet: asking again adds nothing
+        scale = None
+        result = replace(result, scale_plan=None)
+    recorded = record_decision(after, result.optimize_plan, scale, result.handled_ooms, now)
+    plan = result.optimize_plan if _worth_publishing(after, result) else None
+    return Outcome(recorded, why, plan, scale)
+
+
+def _same_diff(plan: ScalePlan, pending: ScalePlan | None) -> bool:
+    return pending is not None and plan.model_dump(include=_DIFF) == pending.model_dump(
+        include=_DIFF
+    )
+
+
+_DIFF = {"node_group_resources", "launch_nodes", "remove_nodes", "migrate_nodes", "training"}
