@@ -24,7 +24,7 @@ def operator(
     nodes: int = typer.Option(None, "--nodes", min=1, help="simulated nodes (default 16)"),
     gpus: int = typer.Option(None, "--gpus", min=0, help="GPUs per simulated node (default 4)"),
     speed: float = typer.Option(
-        None, "--speed", min=0.0, help="simulated seconds per wall second (default 1)"
+        None, "--speed", help="simulated seconds per wall second, > 0 (default 1)"
     ),
     fast: bool = typer.Option(
         None, "--fast/--no-fast", help="simulate as fast as possible, event to event"

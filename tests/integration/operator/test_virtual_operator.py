@@ -8,6 +8,8 @@ import sys
 import uuid
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
@@ -15,6 +17,7 @@ from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from handlers.operator import virtual
+from handlers.operator.cli import operator
 from handlers.operator.settings import VirtualSettings
 from handlers.operator.virtual import ALREADY_APPLIED, SOURCE, VirtualOperator
 from handlers.simulator.cluster import GiB
@@ -210,3 +213,17 @@ async def test_bad_options_are_user_errors(sim: Sim) -> None:
         await sim.start(speed=-1.0)
     with pytest.raises(UserError, match="unknown virtual operator option"):
         await sim.start(colour="blue")
+
+
+def test_the_command_says_what_is_wrong_with_its_env(
+    settings: Settings, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLROVER_EVENTS_BOOTSTRAP_SERVERS", settings.bootstrap_servers)
+    monkeypatch.setenv("DLROVER_EVENTS_PG_DSN", pg_dsn)
+    app = typer.Typer()
+    app.command()(operator)
+    result = CliRunner().invoke(app, ["--env", "no-such-env", "--speed", "10"])
+    assert isinstance(result.exception, UserError)
+    assert "no env named 'no-such-env'" in str(result.exception)
+    result = CliRunner().invoke(app, ["--env", "Bad_Name"])
+    assert isinstance(result.exception, UserError)
