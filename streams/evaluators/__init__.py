@@ -1,0 +1,1 @@
+"""Evaluators: KPIs of an env over a window, from what happened on its topics."""
