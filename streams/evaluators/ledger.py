@@ -1,13 +1,16 @@
 """What happened to each job of an env, folded from its events: the evaluators' input.
 
-Pure: ``observe`` folds one event; nothing here reads a clock or does I/O, so the same
-events give the same KPIs, in a test, in a virtual env, and in production.
+Pure and order-independent: ``observe`` records facts (when, what allocation, which plan)
+and every KPI is derived from them afterwards, so events that arrive out of order across
+topics (a ScaleResult before its ScalePlan, a start before the submission) give the same
+numbers. No clock, no I/O: the same events give the same KPIs anywhere.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from schemas.envelope import Event
 from schemas.jobs import (
@@ -20,12 +23,20 @@ from schemas.jobs import (
 )
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
 
-#: Roles whose GPUs count; every role with gpu_num > 0 does.
 Allocation = dict[str, tuple[int, int]]  # role -> (replicas, gpus per replica)
+_EPOCH = datetime.min.replace(tzinfo=UTC)
 
 
 def gpus_of(allocation: Allocation) -> int:
     return sum(replicas * gpus for replicas, gpus in allocation.values())
+
+
+def _apply(allocation: Allocation, plan: ScalePlan) -> Allocation:
+    out = dict(allocation)
+    for role, group in plan.node_group_resources.items():
+        replicas, gpus = out.get(role, (0, 0))
+        out[role] = (group.count or replicas, group.node_resource.gpu_num or gpus)
+    return out
 
 
 @dataclass
@@ -35,14 +46,12 @@ class JobRecord:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     failed: bool = False
-    allocation: Allocation = field(default_factory=dict)
-    #: (since, gpus): the job's GPU count over time, from start to finish
-    gpu_timeline: list[tuple[datetime, int]] = field(default_factory=list)
-    #: (at, samples/s, gpus then)
-    throughput: list[tuple[datetime, float, int]] = field(default_factory=list)
+    requested: Allocation = field(default_factory=dict)
+    #: (applied at, plan) for every applied ScalePlan, in any order
+    applied: list[tuple[datetime, ScalePlan]] = field(default_factory=list)
+    samples: list[tuple[datetime, float]] = field(default_factory=list)  # (at, samples/s)
     ooms: list[str] = field(default_factory=list)  # node keys, one per OOM event
-    plans: int = 0
-    scale_plans_applied: int = 0
+    optimize_plans: int = 0
 
     @property
     def done(self) -> bool:
@@ -64,30 +73,40 @@ class JobRecord:
             return 0.0
         return max(0.0, (end - self.started_at).total_seconds())
 
+    def timeline(self) -> list[tuple[datetime, int]]:
+        """(since, GPUs): the requested allocation, then each applied plan in time order."""
+        out = [(_EPOCH, gpus_of(self.requested))]
+        allocation = self.requested
+        for at, plan in sorted(self.applied, key=lambda ap: (ap[0], ap[1].plan_id)):
+            allocation = _apply(allocation, plan)
+            out.append((at, gpus_of(allocation)))
+        return out
+
+    def gpus_at(self, at: datetime) -> int:
+        line = self.timeline()
+        i = bisect.bisect_right([since for since, _ in line], at) - 1
+        return line[max(i, 0)][1]
+
     def gpu_seconds(self, until: datetime | None = None) -> float:
         end = self.finished_at or until
-        if end is None:
+        if self.started_at is None or end is None:
             return 0.0
+        line = self.timeline()
         total = 0.0
-        for (since, gpus), nxt in zip(
-            self.gpu_timeline, [*self.gpu_timeline[1:], (end, 0)], strict=True
-        ):
-            total += gpus * max(0.0, (min(nxt[0], end) - since).total_seconds())
+        for (since, gpus), (nxt, _) in zip(line, [*line[1:], (end, 0)], strict=True):
+            lo, hi = max(since, self.started_at), min(nxt, end)
+            total += gpus * max(0.0, (hi - lo).total_seconds())
         return total
 
-    def _set_allocation(self, at: datetime, allocation: Allocation) -> None:
-        self.allocation = allocation
-        if self.started_at is not None and not self.done:
-            self.gpu_timeline.append((at, gpus_of(allocation)))
+    def throughput_per_gpu(self) -> list[float]:
+        return [sps / g for at, sps in self.samples if (g := self.gpus_at(at)) > 0]
 
 
 @dataclass
 class Ledger:
-    """Jobs of one env, and the ScalePlans seen (to know what an applied result meant)."""
-
     jobs: dict[str, JobRecord] = field(default_factory=dict)
-    pending_plans: dict[str, ScalePlan] = field(default_factory=dict)
-    first_event_at: datetime | None = None
+    plans: dict[str, ScalePlan] = field(default_factory=dict)
+    applied_at: dict[str, datetime] = field(default_factory=dict)  # plan_id -> when
     last_event_at: datetime | None = None
 
     def job(self, uuid: str) -> JobRecord:
@@ -98,45 +117,42 @@ class Ledger:
 
     def observe(self, event: Event) -> None:
         at = event.occurred_at
-        if self.first_event_at is None or at < self.first_event_at:
-            self.first_event_at = at
         if self.last_event_at is None or at > self.last_event_at:
             self.last_event_at = at
         if isinstance(event, JobSubmitted):
             rec = self.job(event.job.uuid)
-            rec.submitted_at = rec.submitted_at or at
-            rec.allocation = {r: (s.replicas, s.gpu_num) for r, s in event.roles.items()}
+            rec.submitted_at = min(rec.submitted_at or at, at)
+            rec.requested = {r: (s.replicas, s.gpu_num) for r, s in event.roles.items()}
         elif isinstance(event, JobStarted):
             rec = self.job(event.job.uuid)
-            if rec.started_at is None:
-                rec.started_at = at
-                rec.gpu_timeline.append((at, gpus_of(rec.allocation)))
+            rec.started_at = min(rec.started_at or at, at)
         elif isinstance(event, JobCompleted | JobFailed):
             rec = self.job(event.job.uuid)
-            if rec.finished_at is None:
+            if rec.finished_at is None or at < rec.finished_at:
                 rec.finished_at = at
                 rec.failed = isinstance(event, JobFailed)
         elif isinstance(event, NodeOOM):
             self.job(event.job.uuid).ooms.append(f"{event.node.type}-{event.node.id}")
         elif isinstance(event, RuntimeSample):
-            rec = self.job(event.job.uuid)
-            rec.throughput.append((at, event.samples_per_s, gpus_of(rec.allocation)))
+            self.job(event.job.uuid).samples.append((at, event.samples_per_s))
         elif isinstance(event, OptimizePlan):
-            self.job(event.job.uuid).plans += 1
-        elif isinstance(event, ScalePlan):
-            self.pending_plans[event.plan_id] = event
-        elif isinstance(event, ScaleResult) and event.status == ScaleStatus.APPLIED:
-            rec = self.job(event.job.uuid)
-            rec.scale_plans_applied += 1
-            plan = self.pending_plans.pop(event.plan_id, None)
-            if plan is not None:
-                allocation = dict(rec.allocation)
-                for role, group in plan.node_group_resources.items():
-                    replicas, gpus = allocation.get(role, (0, 0))
-                    replicas = group.count or replicas
-                    gpus = group.node_resource.gpu_num or gpus
-                    allocation[role] = (replicas, gpus)
-                rec._set_allocation(at, allocation)
+            self.job(event.job.uuid).optimize_plans += 1
+        elif isinstance(event, ScalePlan) and event.plan_id not in self.plans:
+            self.plans[event.plan_id] = event
+            self._settle(event.plan_id)
+        elif (
+            isinstance(event, ScaleResult)
+            and event.status == ScaleStatus.APPLIED
+            and event.plan_id not in self.applied_at
+        ):
+            self.applied_at[event.plan_id] = at
+            self._settle(event.plan_id)
+
+    def _settle(self, plan_id: str) -> None:
+        """Once both the plan and its applied result are known, the job's allocation moves."""
+        plan, at = self.plans.get(plan_id), self.applied_at.get(plan_id)
+        if plan is not None and at is not None:
+            self.job(plan.job.uuid).applied.append((at, plan))
 
     def in_window(self, start: datetime | None, end: datetime | None) -> list[JobRecord]:
         """Jobs submitted in [start, end); jobs never seen submitted are left out."""

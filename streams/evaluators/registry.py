@@ -74,7 +74,7 @@ def gpu_hours(jobs: Sequence[JobRecord], until: datetime | None) -> Metrics:
 
 @evaluator("throughput", "samples/s per allocated GPU, averaged over runtime samples")
 def throughput(jobs: Sequence[JobRecord], _: datetime | None) -> Metrics:
-    values = [sps / gpus for j in jobs for _, sps, gpus in j.throughput if gpus > 0]
+    values = [v for j in jobs for v in j.throughput_per_gpu()]
     return {"throughput_per_gpu": _mean(values)}
 
 
@@ -88,7 +88,7 @@ def oom(jobs: Sequence[JobRecord], _: datetime | None) -> Metrics:
 @evaluator("churn", "plans per job-hour of running time")
 def churn(jobs: Sequence[JobRecord], until: datetime | None) -> Metrics:
     hours = sum(j.run_s(until) for j in jobs) / 3600.0
-    plans = sum(j.scale_plans_applied for j in jobs)
+    plans = sum(len(j.applied) for j in jobs)
     return {"plans_per_job_hour": plans / hours if hours > 0 else 0.0}
 
 

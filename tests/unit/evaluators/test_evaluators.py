@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import (
+    Event,
     JobCompleted,
     JobFailed,
     JobMeta,
@@ -144,6 +145,38 @@ def test_window_selects_by_submission_time() -> None:
     job_life(ledger, "late", 100, 100, 110, gpus=1)
     assert [j.job for j in ledger.in_window(at(50), None)] == ["late"]
     assert [j.job for j in ledger.in_window(None, at(50))] == ["early"]
+
+
+def life_events() -> list[Event]:
+    job = JobMeta(uuid="a")
+    workers = {"worker": NodeGroupResource(count=6, node_resource=NodeResource(gpu_num=1))}
+    return [
+        JobSubmitted(
+            env="e", job=job, occurred_at=at(0), roles={"worker": RoleSpec(replicas=2, gpu_num=1)}
+        ),
+        JobStarted(env="e", job=job, occurred_at=at(10)),
+        RuntimeSample(env="e", job=job, global_step=1, samples_per_s=100, occurred_at=at(20)),
+        ScalePlan(env="e", job=job, plan_id="p", occurred_at=at(900), node_group_resources=workers),
+        ScaleResult(
+            env="e", job=job, plan_id="p", status=ScaleStatus.APPLIED, occurred_at=at(1000)
+        ),
+        RuntimeSample(env="e", job=job, global_step=2, samples_per_s=480, occurred_at=at(1100)),
+        NodeOOM(env="e", job=job, node=NodeRef(type="worker", id=1), kind=OOMKind.HOST_MEMORY),
+        JobCompleted(env="e", job=job, occurred_at=at(2000)),
+    ]
+
+
+@given(st.permutations(life_events()))
+def test_kpis_do_not_depend_on_arrival_order(events: list[Event]) -> None:
+    ordered, shuffled = Ledger(), Ledger()
+    for e in life_events():
+        ordered.observe(e)
+    for e in events:
+        shuffled.observe(e)
+    expected = evaluate(ordered.in_window(None, None), None)
+    assert evaluate(shuffled.in_window(None, None), None) == expected
+    assert expected["gpu_hours"] == pytest.approx((2 * 990 + 6 * 1000) / 3600)
+    assert expected["throughput_per_gpu"] == pytest.approx((50 + 80) / 2)
 
 
 def test_unknown_evaluator_is_named() -> None:
