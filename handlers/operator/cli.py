@@ -49,15 +49,19 @@ def operator(
 
 
 async def _run(settings: Settings, env: str, options: dict[str, Any]) -> None:
-    ctx = ServiceContext(settings, env, (await resolve_postgres(settings)).dsn)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, ctx.stop.set)
-    serving = asyncio.create_task(run_operator(ctx, options))
-    ready = asyncio.create_task(ctx.ready.wait())
-    await asyncio.wait([serving, ready], return_when=asyncio.FIRST_COMPLETED)
-    if ready.done():
-        typer.echo(f"operator of env {env} is running; Ctrl-C stops it", err=True)
-    else:
-        ready.cancel()
-    await serving
+    postgres = await resolve_postgres(settings)
+    try:
+        ctx = ServiceContext(settings, env, postgres.dsn)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, ctx.stop.set)
+        serving = asyncio.create_task(run_operator(ctx, options))
+        ready = asyncio.create_task(ctx.ready.wait())
+        await asyncio.wait([serving, ready], return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            typer.echo(f"operator of env {env} is running; Ctrl-C stops it", err=True)
+        else:
+            ready.cancel()
+        await serving
+    finally:
+        postgres.stop()  # only an embedded server this command started
