@@ -28,8 +28,8 @@ from pydantic import ValidationError
 
 from dlrover_events.errors import StoreUnavailable
 from handlers.gateway.auth import Scope, Tokens
-from handlers.gateway.matching import Job, make_job, problems
-from handlers.gateway.openapi import openapi_document
+from handlers.gateway.matching import MAX_KEY, Job, make_job, problems
+from handlers.gateway.openapi import IF_MATCH, INT32, MAX_ETAGS, MAX_VALUE, openapi_document
 from handlers.gateway.state import GatewayState
 from handlers.gateway.store import ConfigStore, StoreError
 from schemas.config import ConfigDocument
@@ -40,11 +40,11 @@ API = "/v1"
 #: Longest long-poll a client may ask for; proxies commonly cut idle requests at 60 s.
 MAX_WAIT_S = 60.0
 MAX_ATTRS = 64
-MAX_KEY = 128
-MAX_VALUE = 1024
+#: The whole query line and each header may be this long (aiohttp's default is 8 KiB).
+MAX_LINE = 64 * 1024
 #: Query parameters of /v1/config that are not job attributes.
 RESERVED = frozenset({"wait"})
-_DIGITS = re.compile(r"^[0-9]{1,18}$")
+_IF_MATCH = re.compile(IF_MATCH)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -65,6 +65,7 @@ GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)
 #: Scope each route needs; routes not listed (and unknown paths) need ``read``.
 OPEN_ROUTES = frozenset({"/healthz", "/readyz"})
 ADMIN_PREFIX = f"{API}/documents"
+HISTORY_PREFIX = f"{API}/history"
 
 
 class ApiError(Exception):
@@ -144,7 +145,7 @@ def _route_name(request: web.Request) -> str:
 def _needed_scope(route: str) -> Scope | None:
     if route in OPEN_ROUTES:
         return None
-    if route.startswith(ADMIN_PREFIX):
+    if route.startswith((ADMIN_PREFIX, HISTORY_PREFIX)):
         return Scope.ADMIN
     return Scope.READ
 
@@ -262,7 +263,10 @@ async def get_config(request: web.Request) -> web.StreamResponse:
     job, wait = parse_job(request.query)
     if not gw.state.ready.is_set():
         raise ApiError(503, "not_ready", "the gateway is still reading the config feed")
-    seen = _etags(request.headers.get("If-None-Match"))
+    if_none_match = request.headers.get("If-None-Match")
+    if if_none_match is not None and len(if_none_match) > MAX_ETAGS:
+        raise ApiError(400, "bad_header", f"If-None-Match is longer than {MAX_ETAGS} characters")
+    seen = _etags(if_none_match)
     answer = gw.state.answer(job)
     if wait > 0 and answer.etag in seen:
         metrics = request.app[METRICS]
@@ -321,6 +325,10 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 def _validate(obj: dict[str, Any]) -> ConfigDocument:
     """Strict, from JSON: ``"3"`` is not a priority, as the OpenAPI schema says."""
+    for field in ("version", "priority"):  # 3.0 is an integer in JSON Schema, and so here
+        value = obj.get(field)
+        if isinstance(value, float) and value.is_integer() and abs(value) <= INT32:
+            obj[field] = int(value)
     try:
         doc = ConfigDocument.model_validate_json(orjson.dumps(obj), strict=True)
     except ValidationError as err:
@@ -330,35 +338,30 @@ def _validate(obj: dict[str, Any]) -> ConfigDocument:
         ]
         raise ApiError(422, "invalid_document", "the document does not validate", details) from None
     found = problems(doc)
+    if not -INT32 <= doc.priority <= INT32 or doc.version > INT32:
+        found.append(f"priority and version must be within ±{INT32}")
     if found:
         raise ApiError(422, "invalid_document", "; ".join(found), found)
     return doc
 
 
-def _expected_version(request: web.Request, body: dict[str, Any] | None) -> int:
-    raw: Any = None
+def _expected_version(request: web.Request) -> int:
+    """The version being changed, from If-Match (the HTTP way to say "only if still")."""
     if_match = request.headers.get("If-Match")
-    if if_match is not None:
-        raw = if_match.strip().removeprefix("W/").strip('"')
-    elif "version" in request.query:
-        raw = request.query["version"]
-    elif body is not None and "version" in body:
-        raw = body["version"]
-    if raw is None:
+    if if_match is None:
         raise ApiError(
             428,
             "version_required",
-            'say which version you are changing: If-Match: "<version>", ?version=<n>, '
-            "or (PUT) the document's version field",
+            'say which version you are changing: If-Match: "<version>" '
+            "(the version field of the document you read)",
         )
-    if isinstance(raw, str) and _DIGITS.match(raw):
-        raw = int(raw)
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+    if not _IF_MATCH.match(if_match):
         raise ApiError(
-            400, "bad_version", f"the version must be a positive integer, not {str(raw)[:40]!r}"
+            400,
+            "bad_version",
+            f'If-Match must be "<version>", a positive integer; not {if_match[:40]!r}',
         )
-    version = raw
-    return version
+    return int(if_match.removeprefix("W/").strip('"'))
 
 
 async def list_documents(request: web.Request) -> web.StreamResponse:
@@ -383,7 +386,7 @@ async def get_document(request: web.Request) -> web.StreamResponse:
 async def update_document(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     body = await _body(request)
-    expected = _expected_version(request, body)
+    expected = _expected_version(request)
     if body.setdefault("name", name) != name:
         raise ApiError(
             400, "name_mismatch", f"the body names {body['name']!r} but the URL names {name!r}"
@@ -395,7 +398,7 @@ async def update_document(request: web.Request) -> web.StreamResponse:
 
 async def delete_document(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
-    expected = _expected_version(request, None)
+    expected = _expected_version(request)
     version = await request.app[GATEWAY].store.delete(name, expected)
     return json_response({"name": name, "version": version, "deleted": True})
 
@@ -422,7 +425,11 @@ async def document_history(request: web.Request) -> web.StreamResponse:
 
 
 def build_app(gateway: Gateway, *, client_max_size: int = 1 << 20) -> web.Application:
-    app = web.Application(middlewares=[guard], client_max_size=client_max_size)
+    app = web.Application(
+        middlewares=[guard],
+        client_max_size=client_max_size,
+        handler_args={"max_line_size": MAX_LINE, "max_field_size": MAX_LINE},
+    )
     app[GATEWAY] = gateway
     app[METRICS] = Metrics(gateway.registry, gateway.state)
     r = app.router
@@ -436,5 +443,5 @@ def build_app(gateway: Gateway, *, client_max_size: int = 1 << 20) -> web.Applic
     r.add_get(f"{ADMIN_PREFIX}/{{name}}", get_document, allow_head=False)
     r.add_put(f"{ADMIN_PREFIX}/{{name}}", update_document)
     r.add_delete(f"{ADMIN_PREFIX}/{{name}}", delete_document)
-    r.add_get(f"{ADMIN_PREFIX}/{{name}}/history", document_history, allow_head=False)
+    r.add_get(f"{HISTORY_PREFIX}/{{name}}", document_history, allow_head=False)
     return app

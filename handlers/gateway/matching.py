@@ -28,13 +28,16 @@ import orjson
 
 from schemas.config import ConditionValue, ConfigDocument, Scalar
 
+#: Longest attribute name a document may target (and a query may name).
+MAX_KEY = 128
+
 #: A job as the matcher sees it: normalised attribute name -> the values it has.
 Job = Mapping[str, frozenset[str]]
 
 
 def norm_key(key: str) -> str:
     """Case-insensitive names: ``User``, ``user`` and ``USER`` are one attribute."""
-    return key.strip().casefold()
+    return key.casefold()
 
 
 def norm_value(value: Scalar) -> str:
@@ -296,8 +299,8 @@ def problems(doc: ConfigDocument) -> list[str]:
         seen: dict[str, str] = {}
         for key, value in raw.items():
             k = norm_key(key)
-            if not k:
-                out.append(f"{part}: an attribute name must not be blank")
+            if not k or len(key) > MAX_KEY:
+                out.append(f"{part}: attribute names must be 1 to {MAX_KEY} characters")
             elif k in seen:
                 out.append(
                     f"{part}: {seen[k]!r} and {key!r} name the same attribute "

@@ -10,7 +10,14 @@ import copy
 from functools import cache
 from typing import Any
 
+from handlers.gateway.matching import MAX_KEY
 from schemas.config import ConfigDocument
+
+#: Limits the handlers enforce, stated here so the document says them too.
+INT32 = 2**31 - 1
+MAX_VALUE = 256
+MAX_ETAGS = 1024
+IF_MATCH = r'^(W/)?"?[1-9][0-9]{0,8}"?$'
 
 _REF = "#/components/schemas/{model}"
 
@@ -41,7 +48,10 @@ def _errors(*codes: int) -> dict[str, Any]:
 def _document_schemas() -> dict[str, Any]:
     doc = ConfigDocument.model_json_schema(by_alias=True, ref_template=_REF)
     props = doc["properties"]
+    props["priority"].update(minimum=-INT32, maximum=INT32)
+    props["version"]["maximum"] = INT32
     for part in ("Include", "Exclude"):
+        props[part]["propertyNames"] = {"minLength": 1, "maxLength": MAX_KEY}
         any_of = props[part]["additionalProperties"]["anyOf"]
         for alt in any_of:
             if alt.get("type") == "array":
@@ -76,16 +86,9 @@ def openapi_document() -> dict[str, Any]:
     if_match = {
         "name": "If-Match",
         "in": "header",
-        "required": False,
-        "description": 'the version being changed, as "<n>"',
-        "schema": {"type": "string"},
-    }
-    version_q = {
-        "name": "version",
-        "in": "query",
-        "required": False,
-        "description": "the version being changed (instead of If-Match)",
-        "schema": {"type": "integer", "minimum": 1},
+        "required": True,
+        "description": 'the version being changed, as "<n>" (the ETag of the document)',
+        "schema": {"type": "string", "pattern": IF_MATCH},
     }
     config_params: list[dict[str, Any]] = [
         {
@@ -93,7 +96,7 @@ def openapi_document() -> dict[str, Any]:
             "in": "query",
             "required": False,
             "description": f"the job's {attr}",
-            "schema": {"type": "string", "maxLength": 1024},
+            "schema": {"type": "string", "maxLength": MAX_VALUE},
         }
         for attr in ATTRIBUTES
     ]
@@ -110,7 +113,7 @@ def openapi_document() -> dict[str, Any]:
             "in": "header",
             "required": False,
             "description": "the ETag of the answer the job has",
-            "schema": {"type": "string"},
+            "schema": {"type": "string", "maxLength": MAX_ETAGS},
         },
     ]
     doc_response = {
@@ -235,14 +238,14 @@ def openapi_document() -> dict[str, Any]:
                 "delete": {
                     **admin,
                     "summary": "delete a document at a known version",
-                    "parameters": [if_match, version_q],
+                    "parameters": [if_match],
                     "responses": {
                         "200": _json(_ref("Deleted"), "deleted"),
                         **_errors(400, 401, 403, 404, 409, 428, 503),
                     },
                 },
             },
-            "/v1/documents/{name}/history": {
+            "/v1/history/{name}": {
                 "parameters": [name_param],
                 "get": {
                     **admin,

@@ -59,6 +59,10 @@ async def test_create_read_update_delete_with_versions(gw: Running) -> None:
     status, body, _ = await call(
         gw, "PUT", path, json={**changed, "version": 1}, headers=gw.as_admin
     )
+    assert status == 428  # the body's version is the server's to set, not a precondition
+    status, body, _ = await call(
+        gw, "PUT", path, json=changed, headers={**gw.as_admin, "If-Match": '"1"'}
+    )
     assert status == 200, body
     assert (body["version"], body["Configure"]) == (2, {"A": 2})
 
@@ -67,14 +71,14 @@ async def test_create_read_update_delete_with_versions(gw: Running) -> None:
 
     status, body, _ = await call(gw, "DELETE", path, headers=gw.as_admin)
     assert status == 428
-    status, body, _ = await call(gw, "DELETE", path + "?version=1", headers=gw.as_admin)
+    status, body, _ = await call(gw, "DELETE", path, headers={**gw.as_admin, "If-Match": "1"})
     assert status == 409
     status, body, _ = await call(gw, "DELETE", path, headers={**gw.as_admin, "If-Match": '"2"'})
     assert (status, body) == (200, {"name": "user1-group2", "version": 3, "deleted": True})
     status, body, _ = await call(gw, "GET", path, headers=gw.as_admin)
     assert status == 404
 
-    status, body, _ = await call(gw, "GET", path + "/history", headers=gw.as_admin)
+    status, body, _ = await call(gw, "GET", "/v1/history/user1-group2", headers=gw.as_admin)
     assert [(h["version"], h["op"]) for h in body["history"]] == [
         (1, "upsert"),
         (2, "upsert"),
@@ -197,10 +201,13 @@ async def test_bad_input_is_a_clear_4xx(gw: Running) -> None:
         ("POST", "/v1/documents", {"json": {"name": "x", "priority": "3"}}, 422),
         ("POST", "/v1/documents", {"json": {"name": "x", "Configure": {"k": "a\u0000"}}}, 422),
         ("POST", "/v1/documents", {"json": {"name": "x", "extra": 1}}, 422),
-        ("PUT", "/v1/documents/x", {"json": {"name": "y", "version": 1}}, 400),
-        ("PUT", "/v1/documents/x", {"json": {"version": 1}}, 404),
-        ("PUT", "/v1/documents/x", {"json": {"version": "one"}}, 400),
-        ("DELETE", "/v1/documents/x?version=%EF%BC%91", {}, 400),
+        ("POST", "/v1/documents", {"json": {"name": "x", "priority": 2**40}}, 422),
+        ("PUT", "/v1/documents/x", {"json": {"name": "y"}, "headers": {"If-Match": "1"}}, 400),
+        ("PUT", "/v1/documents/x", {"json": {}, "headers": {"If-Match": '"1"'}}, 404),
+        ("PUT", "/v1/documents/x", {"json": {}}, 428),
+        ("PUT", "/v1/documents/x", {"json": {}, "headers": {"If-Match": "one"}}, 400),
+        ("DELETE", "/v1/documents/x", {"headers": {"If-Match": "\uff11"}}, 400),
+        ("DELETE", "/v1/documents/x", {"headers": {"If-Match": "0"}}, 400),
         ("GET", "/v1/config?wait=99", {}, 400),
         ("GET", "/v1/config?wait=nan", {}, 400),
         ("GET", "/v1/nothing", {}, 404),
@@ -208,7 +215,8 @@ async def test_bad_input_is_a_clear_4xx(gw: Running) -> None:
         ("POST", "/v1/documents", {"data": b"x" * (2 << 20)}, 413),
     ]
     for method, path, kw, want in cases:
-        status, body, _ = await call(gw, method, path, headers=gw.as_admin, **kw)
+        headers = {**gw.as_admin, **kw.pop("headers", {})}
+        status, body, _ = await call(gw, method, path, headers=headers, **kw)
         assert status == want, (method, path, kw, body)
         assert body["error"]["status"] == want
         assert body["error"]["message"]
@@ -243,7 +251,7 @@ async def test_tokens_on_every_route_but_health(
         status, body, _ = await call(gw, method, url, headers=gw.auth(foreign))
         assert status == 403, (method, path)
         assert other_env in body["error"]["message"]
-        if path.startswith("/v1/documents"):
+        if path.startswith(("/v1/documents", "/v1/history")):
             status, _, _ = await call(gw, method, url, headers=gw.as_reader)
             assert status == 403, (method, path)
     # Scopes: a read token reads; an admin token does both.
