@@ -39,7 +39,19 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _register() -> None:
+_registered = False
+
+
+def register_commands() -> typer.Typer:
+    """Add the built-in and the contributed commands, once.
+
+    At call time, not import time: contributed commands import this module for
+    ``run_async``, and loading them while it is half-imported would be circular.
+    """
+    global _registered
+    if _registered:
+        return app
+    _registered = True
     from dlrover_events.cli import env, schemas_cmd, tail, up
 
     app.add_typer(env.app, name="env")
@@ -53,9 +65,7 @@ def _register() -> None:
             app.add_typer(contributed, name=ep.name)
         else:
             app.command(ep.name)(contributed)
-
-
-_register()
+    return app
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     # aiokafka logs every refused connection at ERROR; our own error line says it once.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
-        app(args=argv, standalone_mode=False)
+        register_commands()(args=argv, standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

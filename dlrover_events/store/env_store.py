@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Self
 import asyncpg
 
 from dlrover_events.store.database import create_pool, env_schema
+from schemas.evaluation import EvaluationReport
 from schemas.plans import OptimizePlan, ScalePlan
 
 if TYPE_CHECKING:
@@ -107,6 +108,21 @@ class EnvStore:
             plan.job.uuid,
             plan.source_plan,
             plan.model_dump(mode="json"),
+        )
+        return bool(status.endswith(" 1"))
+
+    async def save_evaluation(self, report: EvaluationReport) -> bool:
+        """Record an evaluation report once per event_id."""
+        status = await self.pool.execute(
+            "INSERT INTO evaluation_results"
+            " (event_id, evaluator, window_start, window_end, jobs, metrics)"
+            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING",
+            report.event_id,
+            report.evaluator,
+            report.window_start,
+            report.window_end,
+            report.jobs,
+            report.metrics,
         )
         return bool(status.endswith(" 1"))
 

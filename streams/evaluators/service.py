@@ -1,0 +1,137 @@
+"""The evaluator of an env: folds its topics into a Ledger and reports KPIs.
+
+The ledger is a derived view, rebuilt from the topics at start (a group-less read from
+the beginning), so the evaluator needs no offsets and no state of its own to be right
+after a restart. Reports go to ``<env>.eval.reports`` and the env's Postgres.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dlrover_events.bus import Producer, read_topic
+from dlrover_events.cli.app import run_async
+from dlrover_events.embedded import resolve_postgres
+from dlrover_events.services import Service, ServiceContext
+from dlrover_events.settings import Settings, load_settings
+from dlrover_events.store import EnvStore
+from dlrover_events.tail import Line
+from dlrover_events.tailer import follow
+from dlrover_events.topics import (
+    BRAIN_PLANS,
+    JOB_EVENTS,
+    JOB_METRICS,
+    SCALE_PLANS,
+    SCALE_RESULTS,
+    check_env_name,
+    topic,
+)
+from schemas.codec import CodecError, decode
+from schemas.evaluation import EvaluationReport
+from streams.evaluators.ledger import Ledger
+from streams.evaluators.registry import EVALUATORS, evaluate
+
+INPUTS = (JOB_EVENTS, JOB_METRICS, BRAIN_PLANS, SCALE_PLANS, SCALE_RESULTS)
+
+
+def reports(env: str, ledger: Ledger, now: datetime) -> list[EvaluationReport]:
+    """One report per evaluator over everything seen so far."""
+    jobs = ledger.in_window(None, None)
+    start = min((j.submitted_at for j in jobs if j.submitted_at), default=now)
+    end = max(ledger.last_event_at or now, start)
+    return [
+        EvaluationReport(
+            env=env,
+            source="evaluator",
+            evaluator=name,
+            window_start=start,
+            window_end=end,
+            jobs=len(jobs),
+            metrics=evaluate(jobs, end, [name]),
+        )
+        for name in EVALUATORS
+    ]
+
+
+async def publish(settings: Settings, store: EnvStore, batch: list[EvaluationReport]) -> None:
+    async with Producer(settings) as producer:
+        await producer.publish_many(batch)
+    for report in batch:
+        await store.save_evaluation(report)
+
+
+async def ledger_of(settings: Settings, env: str) -> Ledger:
+    """Everything the env's topics hold now, folded."""
+    ledger = Ledger()
+    for name in INPUTS:
+        for record in await read_topic(settings, topic(env, name)):
+            with contextlib.suppress(CodecError):
+                ledger.observe(decode(record.value))
+    return ledger
+
+
+async def run(ctx: ServiceContext, interval_s: float = 10.0) -> None:
+    ledger = Ledger()
+
+    def fold(line: Line) -> None:
+        if line.event is not None:
+            ledger.observe(line.event)
+
+    store = await EnvStore.open(ctx.pg_dsn, ctx.env, max_size=2)
+    tail = asyncio.create_task(
+        follow(ctx.settings, ctx.env, INPUTS, fold, start="earliest", stop=ctx.stop)
+    )
+    try:
+        ctx.ready.set()
+        while not ctx.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.stop.wait(), interval_s)
+            if tail.done():
+                tail.result()  # surfaces why following stopped
+            if ledger.jobs:
+                await publish(ctx.settings, store, reports(ctx.env, ledger, datetime.now(UTC)))
+    finally:
+        ctx.stop.set()
+        await asyncio.gather(tail, return_exceptions=True)
+        await store.close()
+
+
+service = Service(
+    name="evaluator",
+    description="folds the env's topics into KPIs and reports them every 10 s",
+    run=run,
+)
+
+
+def evaluate_command(
+    env: str = typer.Option(..., "--env", "-e", help="env to evaluate"),
+    publish_reports: bool = typer.Option(
+        False, "--publish", help="also publish the reports to <env>.eval.reports and Postgres"
+    ),
+) -> None:
+    """Print the KPIs of an env from everything its topics hold now."""
+    check_env_name(env)
+    settings = load_settings()
+
+    async def go() -> None:
+        ledger = await ledger_of(settings, env)
+        batch = reports(env, ledger, datetime.now(UTC))
+        table = Table("metric", "value", title=f"{env}: {len(ledger.jobs)} jobs")
+        for report in batch:
+            for key, value in report.metrics.items():
+                if key != "jobs":
+                    table.add_row(key, f"{value:.6g}")
+        Console().print(table)
+        if publish_reports:
+            pg = await resolve_postgres(settings)
+            store = await EnvStore.open(pg.dsn, env, max_size=1)
+            async with store:
+                await publish(settings, store, batch)
+
+    run_async(go())
