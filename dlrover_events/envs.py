@@ -27,6 +27,9 @@ from dlrover_events.store.migrations import apply_migrations
 from dlrover_events.topics import CONTROL_TOPIC, check_env_name
 from schemas.control import EnvAnnouncement, EnvMode
 
+#: Rows of the registry's history (a module-level alias: EnvRegistry has a `list` method).
+EnvChanges = list[dict[str, Any]]
+
 
 class EnvRecord(BaseModel):
     name: str
@@ -172,7 +175,77 @@ class EnvRegistry:
             # A tombstone: compaction then forgets the env entirely.
             await producer.send_raw(CONTROL_TOPIC, None, name.encode())
 
-    async def _announce(self, record: EnvRecord) -> None:
+    async def promote(self, name: str, *, reason: str = "") -> tuple[EnvRecord, EnvRecord | None]:
+        """Make ``name`` the real env and the old real env virtual, in one transaction.
+
+        Returns (new real, old real). The old env is announced virtual before the new one
+        is announced real, so a process following dlrover.control never sees two real
+        envs; at worst, for a moment, none.
+        """
+        check_env_name(name)
+        conn = await self._conn()
+        try:
+            async with conn.transaction():
+                rows = await conn.fetch(
+                    "SELECT * FROM envs WHERE name = $1 OR mode = 'real' ORDER BY name FOR UPDATE",
+                    name,
+                )
+                target = next((r for r in rows if r["name"] == name), None)
+                if target is None:
+                    raise EnvError(f"no env named {name!r} (see `dlrover-events env list`)")
+                if target["mode"] == EnvMode.REAL.value:
+                    raise EnvError(f"env {name!r} is already the real env")
+                old = next((r for r in rows if r["mode"] == EnvMode.REAL.value), None)
+                why = reason or "promoted"
+                if old is not None:
+                    await conn.execute(
+                        "UPDATE envs SET mode = 'virtual', updated_at = now() WHERE name = $1",
+                        old["name"],
+                    )
+                    await conn.execute(
+                        "INSERT INTO env_changes (name, change, mode, reason)"
+                        " VALUES ($1, 'demote', 'virtual', $2)",
+                        old["name"],
+                        why,
+                    )
+                new_row = await conn.fetchrow(
+                    "UPDATE envs SET mode = 'real', updated_at = now() WHERE name = $1 RETURNING *",
+                    name,
+                )
+                await conn.execute(
+                    "INSERT INTO env_changes (name, change, mode, reason)"
+                    " VALUES ($1, 'promote', 'real', $2)",
+                    name,
+                    why,
+                )
+                old_row = (
+                    await conn.fetchrow("SELECT * FROM envs WHERE name = $1", old["name"])
+                    if old is not None
+                    else None
+                )
+        finally:
+            await conn.close()
+        assert new_row is not None
+        new_rec, old_rec = _record(new_row), _record(old_row) if old_row else None
+        if old_rec is not None:
+            await self._announce(old_rec, reason=why)
+        await self._announce(new_rec, reason=why)
+        return new_rec, old_rec
+
+    async def changes(self, name: str | None = None) -> EnvChanges:
+        """The registry's history: create, delete, promote, demote, with reasons."""
+        conn = await self._conn()
+        try:
+            rows = await conn.fetch(
+                "SELECT name, change, mode, reason, changed_at FROM env_changes"
+                " WHERE $1::text IS NULL OR name = $1 ORDER BY id",
+                name,
+            )
+        finally:
+            await conn.close()
+        return [dict(r) for r in rows]
+
+    async def _announce(self, record: EnvRecord, reason: str = "") -> None:
         async with Producer(self._settings) as producer:
             await producer.publish(
                 EnvAnnouncement(
@@ -182,5 +255,6 @@ class EnvRegistry:
                     mode=record.mode,
                     partitions=record.partitions,
                     settings=record.settings,
+                    reason=reason,
                 )
             )

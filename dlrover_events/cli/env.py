@@ -69,3 +69,35 @@ def delete(
         typer.echo(f"deleted env {name}")
 
     run_async(go())
+
+
+@app.command()
+def promote(
+    name: str = typer.Argument(..., help="virtual env to make the real one"),
+    reason: str = typer.Option("", help="why: recorded with the change and announced"),
+) -> None:
+    """Make a virtual env the real one and the old real env virtual, atomically."""
+
+    async def go() -> None:
+        registry = await _registry()
+        new, old = await registry.promote(name, reason=reason)
+        was = f"; {old.name} is now virtual" if old else ""
+        typer.echo(f"{new.name} is now the real env{was}")
+
+    run_async(go())
+
+
+@app.command()
+def history(name: str | None = typer.Argument(None, help="only this env")) -> None:
+    """The registry's changes (create, delete, promote, demote) with their reasons."""
+
+    async def go() -> None:
+        registry = await _registry()
+        table = Table("when", "env", "change", "mode", "reason")
+        for c in await registry.changes(name):
+            table.add_row(
+                c["changed_at"].isoformat(), c["name"], c["change"], c["mode"] or "", c["reason"]
+            )
+        Console().print(table)
+
+    run_async(go())

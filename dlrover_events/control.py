@@ -1,0 +1,119 @@
+"""Following ``dlrover.control``: which envs exist, and which one is real, live.
+
+Every process that must act on the real env (the Kubernetes operator above all) follows
+this instead of reading Postgres once at start, so a promotion reaches it without a
+restart. The topic is compacted and keyed by env name: reading it from the beginning
+gives the registry as of now, and a tombstone removes an env.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from dlrover_events.bus import topic_partitions
+from dlrover_events.errors import BusUnavailable
+from dlrover_events.settings import Settings
+from dlrover_events.topics import CONTROL_TOPIC
+from schemas.codec import CodecError, decode
+from schemas.control import EnvAnnouncement, EnvMode
+
+
+def fold_control(
+    envs: dict[str, EnvAnnouncement], key: bytes | None, value: bytes | None
+) -> dict[str, EnvAnnouncement]:
+    """One control record folded into the view (pure). Unreadable records change nothing."""
+    if key is None:
+        return envs
+    name = key.decode("utf-8", "replace")
+    if value is None:
+        return {k: v for k, v in envs.items() if k != name}
+    try:
+        event = decode(value)
+    except CodecError:
+        return envs
+    if not isinstance(event, EnvAnnouncement) or event.name != name:
+        return envs
+    if event.deleted:
+        return {k: v for k, v in envs.items() if k != name}
+    return {**envs, name: event}
+
+
+def real_env(envs: dict[str, EnvAnnouncement]) -> str | None:
+    reals = sorted(n for n, a in envs.items() if a.mode == EnvMode.REAL)
+    return reals[0] if len(reals) == 1 else None
+
+
+class EnvWatcher:
+    """The announced registry, kept current; ``on_change`` hears every change."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        on_change: Callable[[dict[str, EnvAnnouncement]], None] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._on_change = on_change
+        self.envs: dict[str, EnvAnnouncement] = {}
+        self.caught_up = asyncio.Event()
+        self._changed = asyncio.Condition()
+
+    @property
+    def real(self) -> str | None:
+        return real_env(self.envs)
+
+    async def wait_until(self, predicate: Callable[[dict[str, EnvAnnouncement]], bool]) -> None:
+        """Return once ``predicate(envs)`` holds; bound it with asyncio.timeout()."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: predicate(self.envs))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._settings.bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            client_id=f"{self._settings.client_id}-control",
+        )
+        try:
+            await consumer.start()
+        except KafkaError as err:
+            await consumer.stop()
+            raise BusUnavailable(
+                f"cannot reach Kafka at {self._settings.bootstrap_servers} ({err})"
+            ) from None
+        try:
+            parts: list[TopicPartition] = await topic_partitions(consumer, CONTROL_TOPIC)
+            if not parts:
+                self.caught_up.set()  # no env announced yet; the topic comes with the first
+                while not parts and not stop.is_set():
+                    await asyncio.sleep(0.5)
+                    parts = await topic_partitions(consumer, CONTROL_TOPIC)
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            end_hint = await consumer.end_offsets(parts)
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=300)
+                if batch:
+                    envs = self.envs
+                    for records in batch.values():
+                        for r in records:
+                            envs = fold_control(envs, r.key, r.value)
+                    await self._publish(envs)
+                elif not self.caught_up.is_set() and all(
+                    [await consumer.position(tp) >= end_hint[tp] for tp in parts]
+                ):
+                    self.caught_up.set()
+        finally:
+            await consumer.stop()
+
+    async def _publish(self, envs: dict[str, EnvAnnouncement]) -> None:
+        if envs == self.envs:
+            return
+        self.envs = envs
+        if self._on_change is not None:
+            self._on_change(envs)
+        async with self._changed:
+            self._changed.notify_all()
