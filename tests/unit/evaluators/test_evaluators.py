@@ -211,3 +211,21 @@ def test_paired_difference_and_verdict() -> None:
     assert verdict(diff, "jct_s") == "jct_s: B is better by 20"
     same = paired_difference(a, a)
     assert "no significant difference" in verdict(same, "jct_s")
+
+
+def test_watchdog_trips_on_the_failed_rate_in_the_window_only() -> None:
+    from streams.evaluators.watchdog import WatchdogPolicy, failover_reason
+
+    policy = WatchdogPolicy("standby", failed_rate=0.5, window=timedelta(hours=1), min_finished=4)
+    ledger = Ledger()
+    for i in range(4):  # old failures, outside the window at the end
+        job_life(ledger, f"old-{i}", 0, 0, 60, gpus=1, failed=True)
+    for i in range(4):
+        job_life(ledger, f"new-{i}", 7200, 7200, 7300 + i, gpus=1, failed=i == 0)
+    assert failover_reason(ledger, policy) is None  # 1 of 4 recent failed
+    job_life(ledger, "bad-1", 7300, 7300, 7400, gpus=1, failed=True)
+    job_life(ledger, "bad-2", 7300, 7300, 7401, gpus=1, failed=True)
+    reason = failover_reason(ledger, policy)
+    assert reason is not None
+    assert "3 of 6 jobs failed" in reason
+    assert failover_reason(Ledger(), policy) is None

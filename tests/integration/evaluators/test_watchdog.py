@@ -1,0 +1,46 @@
+"""The watchdog promotes the standby when the real env fails too many jobs."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from dlrover_events.bus import Producer
+from dlrover_events.envs import EnvRegistry
+from dlrover_events.services import ServiceContext
+from dlrover_events.settings import Settings
+from schemas import EnvMode, JobFailed, JobMeta, JobSubmitted
+from streams.evaluators.watchdog import WatchdogPolicy, watch
+from tests.conftest import EnvFactory
+
+pytestmark = pytest.mark.integration
+
+
+async def test_failures_in_the_real_env_hand_over_to_the_standby(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    registry = EnvRegistry(settings, pg_dsn)
+    real = await registry.real() or await make_env(mode=EnvMode.REAL)
+    standby = await make_env()
+    async with Producer(settings) as producer:
+        for i in range(5):
+            job = JobMeta(uuid=f"wd-{standby.name}-{i}")
+            await producer.publish(JobSubmitted(env=real.name, job=job))
+            await producer.publish(JobFailed(env=real.name, job=job, reason="crash loop"))
+    policy = WatchdogPolicy(
+        standby.name, failed_rate=0.8, window=timedelta(hours=1), min_finished=5
+    )
+    ctx = ServiceContext(settings, real.name, pg_dsn)
+    try:
+        reason = await asyncio.wait_for(watch(ctx, policy, check_every_s=0.2), 30)
+        assert "5 of 5 jobs failed" in reason
+        assert (await registry.real()).name == standby.name  # type: ignore[union-attr]
+        changes = await registry.changes(standby.name)
+        assert changes[-1]["change"] == "promote"
+        assert changes[-1]["reason"] == reason
+    finally:
+        current = await registry.real()
+        if current is not None and current.name != real.name:
+            await registry.promote(real.name, reason="test cleanup")
