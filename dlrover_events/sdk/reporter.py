@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from dlrover_events.config_client import TOKEN_ENV, URL_ENV, ConfigSnapshot, SyncConfigClient
 from dlrover_events.sdk.identity import JobIdentity
 from dlrover_events.sdk.probes import HostProbe, Probe
+from dlrover_events.sdk.window import StepRecord, StepWindow
 from dlrover_events.settings import Settings
 from dlrover_events.topics import topic_of
 from schemas.codec import encode
@@ -50,8 +51,6 @@ DEFAULT_BUFFER = 10_000
 DROP_LOG_EVERY_S = 30.0
 
 T = TypeVar("T")
-#: (sequence number, perf_counter at the end of the step, caller's global step, samples)
-StepRecord = tuple[int, float, int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -147,21 +146,13 @@ class Reporter:
         self._dropped_in_outage = 0
         self._drop_logged_at: float | None = None
         # The window being measured: first and last step records seen.
-        self._w_seq0: int | None = None
-        self._w_t0 = 0.0
-        self._last_seq = 0
-        self._last_t = 0.0
-        self._last_global_step = 0
-        self._step_offset = 0
-        self._w_samples = 0
-        self._w_sampled = 0
+        self._window = StepWindow()
 
         # Counters (written by the reporter thread, read by anyone).
         self._made = 0
         self._queued = 0
         self._published = 0
         self._dropped = 0
-        self._lost_records = 0
         self._last_error: str | None = None
 
         self._thread: threading.Thread | None = None
@@ -235,7 +226,7 @@ class Reporter:
             published=self._published,
             dropped=self.dropped,
             pending=len(self._pending) + len(self._outbox) + self._in_flight,
-            step_records_lost=self._lost_records,
+            step_records_lost=self._window.lost,
             connected=self._producer is not None and self._down_since is None,
             last_error=self._last_error,
         )
@@ -354,6 +345,7 @@ class Reporter:
             left = len(self._pending)
             if left:
                 self._pending.clear()
+                self._last_error = self._last_error or "no acknowledgement before close"
                 self._drop(left, "still unsent at close")
             await self._disconnect()
             self._loop = None
@@ -410,58 +402,38 @@ class Reporter:
         self._wake.clear()
 
     def _drain_steps(self) -> None:
-        steps = self._steps
+        steps, add = self._steps, self._window.add
         while steps:
-            seq, t, global_step, samples = steps.popleft()
-            if global_step is not None:
-                self._step_offset = global_step - seq
-            self._last_global_step = seq + self._step_offset
-            if self._w_seq0 is None:
-                # The first step's end starts the clock: the time before it is set-up.
-                self._w_seq0, self._w_t0 = seq, t
-                self._lost_records += seq - 1
-            else:
-                self._lost_records += seq - self._last_seq - 1
-                if samples is not None:
-                    self._w_samples += samples
-                    self._w_sampled += 1
-            self._last_seq, self._last_t = seq, t
+            add(steps.popleft())
 
     def _cut_sample(self) -> RuntimeSample | None:
-        """The window's sample: speed from sequence numbers, so lost records cost nothing."""
-        if self._w_seq0 is None:
+        window = self._window.cut()
+        if window is None:
             return None
-        steps = self._last_seq - self._w_seq0
-        elapsed = self._last_t - self._w_t0
-        if steps <= 0 or elapsed <= 0:
-            return None
-        speed = steps / elapsed
         ident = self.identity
+        speed = window.speed
         if self.batch_size is not None:
             samples_per_s = speed * self.batch_size
-        elif self._w_sampled:
-            per_step = self._w_samples / self._w_sampled
-            samples_per_s = per_step * speed * ident.world_size
+        elif window.samples_per_step is not None:
+            samples_per_s = window.samples_per_step * speed * ident.world_size
         elif self.local_batch_size is not None:
             samples_per_s = (
                 self.local_batch_size * self.accumulation_steps * speed * ident.world_size
             )
         else:
             samples_per_s = 0.0
-        self._w_seq0, self._w_t0 = self._last_seq, self._last_t
-        self._w_samples = self._w_sampled = 0
         try:
             sample = RuntimeSample(
                 env=ident.env,
                 job=ident.job,
                 source=ident.source,
-                global_step=max(self._last_global_step, 0),
+                global_step=window.global_step,
                 speed=speed,
                 samples_per_s=samples_per_s,
                 batch_size=self.batch_size,
                 local_batch_size=self.local_batch_size,
                 accumulation_steps=self.accumulation_steps,
-                nodes=[self._usage(elapsed / steps)],
+                nodes=[self._usage(window.step_time)],
             )
         except ValidationError as err:
             log.warning("dlrover-events: cannot build a runtime sample: %s", err)
@@ -597,7 +569,9 @@ class Reporter:
 
     def _failed(self, err: BaseException) -> None:
         assert self._loop is not None
-        self._last_error = f"{type(err).__name__}: {err}"
+        text = str(err)
+        name = type(err).__name__
+        self._last_error = text if text.startswith(name) else f"{name}: {text}"
         self._failures += 1
         backoff = min(self._backoff_max_s, 0.25 * 2 ** min(self._failures, 8))
         self._retry_at = self._loop.time() + backoff * random.uniform(0.5, 1.0)
