@@ -278,8 +278,11 @@ def bench_gateway(
             "index_ready_s": round(ready_s, 2),
         }
         if hold:
+            script = write_wrk_script(queries)
             typer.echo(f"gateway of env {env_name} on {url}; read token: {read}")
-            typer.echo(f"wrk -t2 -c64 -d10s -H 'Authorization: Bearer {read}' '{url}{queries[0]}'")
+            typer.echo(
+                f"wrk -t2 -c64 -d10s --latency -s {script} -H 'Authorization: Bearer {read}' {url}"
+            )
             typer.echo(orjson.dumps(result).decode())
             with contextlib.suppress(KeyboardInterrupt):
                 child.join()
