@@ -28,6 +28,7 @@ from typing import Any, cast
 
 import faust
 import typer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
@@ -36,9 +37,19 @@ from dlrover_events.errors import UserError
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import DLQ, JOB_EVENTS, JOB_METRICS, SCALE_RESULTS, topic, topic_of
-from schemas.codec import encode
-from streams.brain.checkpoint import BrainStore
+from dlrover_events.topics import (
+    BRAIN_PLANS,
+    DLQ,
+    JOB_EVENTS,
+    JOB_METRICS,
+    SCALE_PLANS,
+    SCALE_RESULTS,
+    topic,
+    topic_of,
+)
+from schemas.codec import CodecError, decode, encode
+from schemas.plans import OptimizePlan, ScalePlan
+from streams.brain.checkpoint import BrainStore, Offsets, Snapshot
 from streams.brain.processor import BrainProcessor, Output
 from streams.brain.triggers import Policy
 
@@ -77,6 +88,13 @@ class Brain:
         self._take_max = take_max or settings.consumer_batch
         self._take_within = take_within_s
         self._dlq = topic(env, DLQ)
+        self._inputs = [topic(env, name) for name in INPUTS]
+        self._outputs = [topic(env, BRAIN_PLANS), topic(env, SCALE_PLANS)]
+        #: next offset per output partition after the plans this process published
+        self._produced: Offsets = {}
+        #: plan ids found on the outputs after the checkpoint we resumed from
+        self._published: set[str] = set()
+        self.republish_skipped = 0
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if datadir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="dlrover-brain-")
@@ -104,9 +122,7 @@ class Brain:
             stream_wait_empty=False,
             processing_guarantee="at_least_once",
         )
-        self.inputs = self.app.topic(
-            *(topic(env, name) for name in INPUTS), key_serializer="raw", value_serializer="raw"
-        )
+        self.inputs = self.app.topic(*self._inputs, key_serializer="raw", value_serializer="raw")
         self.app.agent(self.inputs, name=f"{self.group}.agent")(self._agent)
         # mode types receivers narrowly; these take (sender, partitions, signal=...)
         self.app.on_partitions_revoked.connect(cast(Any, self._on_revoked))
@@ -182,12 +198,17 @@ class Brain:
             self._unacked.append((stream, events))
 
     async def _load(self, partitions: set[int]) -> None:
+        """Resume partitions from their checkpoint, and learn which plans were published
+        after it (before a crash), so replaying the events after the checkpoint does not
+        publish them again."""
         assert self._store is not None
         for attempt in range(1, 1_000_000):
             try:
-                loaded = await self._store.load(partitions)
+                loaded = await self._store.load(partitions, self._inputs)
+                since = await self._store.offsets(self._outputs)
+                self._published |= await published_since(self.settings, self._outputs, since)
                 break
-            except Exception:  # Postgres away: wait for it rather than lose state
+            except Exception:  # Postgres or the broker away: wait rather than lose state
                 log.exception("loading brain state of %s (attempt %d)", sorted(partitions), attempt)
                 await asyncio.sleep(min(0.2 * attempt, 5.0))
         self.processor.install(partitions, loaded)
@@ -198,15 +219,20 @@ class Brain:
             return
         producer = self.app.producer
         futures = []
-        for event in out.plans:
-            key = event.key.encode() if event.key is not None else None
-            futures.append(
-                await producer.send(topic_of(event), key, encode(event), None, None, None)
-            )
+        for plan in out.plans:
+            if plan.plan_id in self._published:
+                self.republish_skipped += 1
+                continue
+            key = plan.key.encode() if plan.key is not None else None
+            futures.append(await producer.send(topic_of(plan), key, encode(plan), None, None, None))
+        plans = len(futures)
         for letter in out.letters:
             key = letter.key.encode() if letter.key is not None else None
             futures.append(await producer.send(self._dlq, key, encode(letter), None, None, None))
-        await asyncio.gather(*futures)
+        acked = await asyncio.gather(*futures)
+        for meta in acked[:plans]:
+            tp = (meta.topic, meta.partition)
+            self._produced[tp] = max(self._produced.get(tp, 0), meta.offset + 1)
         for letter in out.letters:
             log.warning(
                 "dead-lettered %s[%d]@%d: %s",
@@ -232,18 +258,23 @@ class Brain:
         """Write what changed, then ack the batches it covers (faust commits them)."""
         async with self._checkpoint_lock:
             async with self._batch_lock:
-                snap = self.processor.snapshot()
-                acks, self._unacked = self._unacked, []
+                snap, acks = self._snapshot()
             await self._save(snap, acks)
 
     async def _checkpoint_locked(self) -> None:
         """Checkpoint while the caller holds the batch lock (stop, rebalance)."""
         async with self._checkpoint_lock:
-            snap = self.processor.snapshot()
-            acks, self._unacked = self._unacked, []
+            snap, acks = self._snapshot()
             await self._save(snap, acks)
 
-    async def _save(self, snap: Any, acks: list[tuple[Any, Sequence[Any]]]) -> None:
+    def _snapshot(self) -> tuple[Snapshot, list[tuple[Any, Sequence[Any]]]]:
+        snap = self.processor.snapshot()
+        if snap.offsets:
+            snap.offsets.update(self._produced)  # outputs: where a restart looks for plans
+        acks, self._unacked = self._unacked, []
+        return snap, acks
+
+    async def _save(self, snap: Snapshot, acks: list[tuple[Any, Sequence[Any]]]) -> None:
         assert self._store is not None
         try:
             if snap:
@@ -268,6 +299,56 @@ class Brain:
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         self.ready.set()
+
+
+async def published_since(
+    settings: Settings, topics: Sequence[str], since: Offsets, timeout_s: float = 30.0
+) -> set[str]:
+    """Plan ids on `topics` from the checkpointed offsets to the end (from the start where
+    none was checkpointed): what a crashed brain published after its last checkpoint."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        client_id=f"{settings.client_id}-brain-recovery",
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        request_timeout_ms=settings.request_timeout_ms,
+    )
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        parts = [
+            TopicPartition(name, p)
+            for name in topics
+            for p in sorted(consumer.partitions_for_topic(name) or ())
+        ]
+        end = await consumer.end_offsets(parts) if parts else {}
+        todo = {tp: end[tp] for tp in parts if since.get((tp.topic, tp.partition), 0) < end[tp]}
+        if not todo:
+            return set()
+        consumer.assign(list(todo))
+        for tp in todo:
+            consumer.seek(tp, since.get((tp.topic, tp.partition), 0))
+        found: set[str] = set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while todo and loop.time() < deadline:
+            batch = await consumer.getmany(timeout_ms=200)
+            for tp, records in batch.items():
+                for record in records:
+                    try:
+                        event = decode(record.value)
+                    except CodecError:
+                        continue
+                    if isinstance(event, OptimizePlan | ScalePlan):
+                        found.add(event.plan_id)
+                if records and records[-1].offset + 1 >= todo.get(tp, 0):
+                    todo.pop(tp, None)
+        if todo:
+            log.warning("brain recovery did not reach the end of %s", sorted(map(str, todo)))
+        return found
+    finally:
+        await consumer.stop()
 
 
 # -- `up` and the command ----------------------------------------------------------------

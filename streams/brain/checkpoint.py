@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dlrover_events.store import EnvStore
-from schemas.envelope import Event
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.state import JobState
 
@@ -25,14 +24,15 @@ Offsets = dict[tuple[str, int], int]
 
 @dataclass
 class Snapshot:
-    """What one checkpoint writes: changed states with their partition, offsets, new plans.
+    """What one checkpoint writes: changed states with their partition, the next offsets
+    of the inputs they include and of the outputs published so far, and new plans.
 
     States are immutable (folds return new ones), so holding them here is a consistent
     copy even while the processor goes on."""
 
     states: dict[str, tuple[int, JobState]] = field(default_factory=dict)
     offsets: Offsets = field(default_factory=dict)
-    plans: list[Event] = field(default_factory=list)
+    plans: list[OptimizePlan | ScalePlan] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.states or self.offsets or self.plans)
@@ -52,7 +52,8 @@ class BrainStore:
         self.store = store
         self._plan_writers = asyncio.Semaphore(plan_writers)
 
-    async def load(self, partitions: Iterable[int]) -> Loaded:
+    async def load(self, partitions: Iterable[int], topics: Iterable[str]) -> Loaded:
+        """The states of the jobs in `partitions` and the offsets of `topics` there."""
         parts = sorted(set(partitions))
         async with self.store.pool.acquire() as conn:
             rows = await conn.fetch(
@@ -62,13 +63,22 @@ class BrainStore:
             )
             offsets = await conn.fetch(
                 "SELECT topic, partition, next_offset FROM brain_offsets"
-                " WHERE partition = ANY($1::int[])",
+                " WHERE partition = ANY($1::int[]) AND topic = ANY($2::text[])",
                 parts,
+                list(topics),
             )
         states = {
             r["job_uuid"]: (r["partition"], JobState.model_validate_json(r["state"])) for r in rows
         }
         return Loaded(states, {(r["topic"], r["partition"]): r["next_offset"] for r in offsets})
+
+    async def offsets(self, topics: Iterable[str]) -> Offsets:
+        """Checkpointed offsets of whole topics (the brain's outputs, whatever partition)."""
+        rows = await self.store.pool.fetch(
+            "SELECT topic, partition, next_offset FROM brain_offsets WHERE topic = ANY($1::text[])",
+            list(topics),
+        )
+        return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
 
     async def save(self, snapshot: Snapshot) -> None:
         """Plans first (idempotent by plan_id), then states and offsets atomically: a crash
@@ -115,12 +125,12 @@ class BrainStore:
                     list(nexts),
                 )
 
-    async def save_plans(self, plans: Sequence[Event]) -> None:
-        async def one(plan: Event) -> None:
+    async def save_plans(self, plans: Sequence[OptimizePlan | ScalePlan]) -> None:
+        async def one(plan: OptimizePlan | ScalePlan) -> None:
             async with self._plan_writers:
                 if isinstance(plan, OptimizePlan):
                     await self.store.save_plan(plan)
-                elif isinstance(plan, ScalePlan):
+                else:
                     await self.store.save_scale_plan(plan)
 
         await asyncio.gather(*(one(p) for p in plans))

@@ -27,6 +27,7 @@ from schemas.dlq import DeadLetter, FailureKind
 from schemas.envelope import Event
 from schemas.events import AnyEvent
 from schemas.jobs import JobEvent
+from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
 from streams.brain.state import JobState, JobStatus
 from streams.brain.triggers import Policy, step
@@ -71,7 +72,7 @@ def decode_event(value: bytes | None) -> Event:
 class Output:
     """What one batch produced: plans to publish (in order) and dead letters."""
 
-    plans: list[Event] = field(default_factory=list)
+    plans: list[OptimizePlan | ScalePlan] = field(default_factory=list)
     letters: list[DeadLetter] = field(default_factory=list)
 
 
@@ -102,7 +103,7 @@ class BrainProcessor:
         self.counters = Counters()
         self._dirty: set[str] = set()
         self._changed_offsets: set[tuple[str, int]] = set()
-        self._unsaved_plans: list[Event] = []
+        self._unsaved_plans: list[OptimizePlan | ScalePlan] = []
         self._history: dict[str, deque[JobState]] = {}
         self._last_error: dict[str, str] = {}
 

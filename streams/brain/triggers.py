@@ -24,7 +24,14 @@ from streams.brain.core import Decision, NoDecision, decide
 from streams.brain.optimizers import REGISTRY, Registry
 from streams.brain.planner import Limits
 from streams.brain.router import RouteError
-from streams.brain.state import JobState, JobStatus, fold, record_decision
+from streams.brain.state import (
+    JobState,
+    JobStatus,
+    Stage,
+    fold,
+    normalize_stage,
+    record_decision,
+)
 
 #: Jobs that finished are not decided for any more: no plan can help them.
 FINISHED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED})
@@ -34,8 +41,12 @@ FINISHED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED})
 class Policy:
     """How often the brain decides, and the limits its planner applies."""
 
-    #: A decision every this many samples within a stage (stage changes always decide).
+    #: A decision every this many samples of an initial stage (stage changes always
+    #: decide): the initial optimizers should see the job's first speeds soon.
     sample_every: int = 2
+    #: ... and of the running stage, whose ScalePlans wait out a cooldown of minutes
+    #: anyway (OOMs and requests decide at once, whatever the stage).
+    running_every: int = 8
     limits: Limits | None = None
     registry: Registry = field(default_factory=lambda: REGISTRY)
 
@@ -58,8 +69,8 @@ class Outcome:
     error: RouteError | None = None
 
     @property
-    def plans(self) -> list[Event]:
-        out: list[Event] = []
+    def plans(self) -> list[OptimizePlan | ScalePlan]:
+        out: list[OptimizePlan | ScalePlan] = []
         if self.optimize_plan is not None:
             out.append(self.optimize_plan)
         if self.scale_plan is not None:
@@ -86,12 +97,11 @@ def trigger(
         return Trigger("node out of memory") if _oom_count(after) > _oom_count(before) else None
     if before is None or before.stage != after.stage:
         return Trigger(f"stage {after.stage}")
-    if (
-        isinstance(event, RuntimeSample)
-        and after.stage_samples > 0
-        and after.stage_samples % max(policy.sample_every, 1) == 0
-    ):
-        return Trigger(f"{after.stage_samples} samples in stage {after.stage}")
+    if isinstance(event, RuntimeSample) and after.stage_samples > 0:
+        running = normalize_stage(after.stage, after.distribution) == Stage.RUNNING
+        every = policy.running_every if running else policy.sample_every
+        if after.stage_samples % max(every, 1) == 0:
+            return Trigger(f"{after.stage_samples} samples in stage {after.stage}")
     return None
 
 

@@ -1,0 +1,146 @@
+"""The brain on the real broker and Postgres: samples and an OOM in, the host-OOM plan and
+its ScalePlan out (on the topics and in the env's tables), bad input dead-lettered, and a
+restarted brain that resumes from its checkpoint instead of starting over."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrover_events.bus import Producer, read_topic
+from dlrover_events.settings import Settings
+from dlrover_events.store import EnvStore
+from dlrover_events.topics import BRAIN_PLANS, DLQ, JOB_EVENTS, SCALE_PLANS, topic
+from schemas import decode
+from schemas.dlq import DeadLetter, FailureKind
+from schemas.jobs import JobMeta, JobStarted
+from schemas.plans import OptimizePlan, ScalePlan
+from streams.brain.app import Brain
+from streams.brain.planner import plan_id
+from streams.brain.state import GiB, JobState, JobStatus
+from tests.conftest import EnvFactory
+from tests.integration.brain.workload import oom, plans_on, sample, submitted, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def handled(brain: Brain) -> int:
+    c = brain.processor.counters
+    return c.processed + c.dead_lettered + c.ignored + c.skipped
+
+
+async def test_oom_gives_host_oom_plan_and_scale_plan(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    env = (await make_env()).name
+    job = JobMeta(uuid="job-oom")
+    the_oom = oom(env, job, 3, node=1)
+    events = [
+        submitted(env, job, workers=2),
+        JobStarted(env=env, job=job),
+        *(sample(env, job, i, workers=2) for i in range(3)),
+        the_oom,
+    ]
+    async with Producer(settings) as producer:
+        await producer.publish_many(events)
+        await producer.send_raw(topic(env, JOB_EVENTS), b"{not json", job.uuid.encode())
+
+    brain = Brain(settings, env, pg_dsn, checkpoint_every_s=0.2)
+    await brain.start()
+    try:
+        await wait_for(lambda: handled(brain) >= len(events) + 1, what="the brain")
+    finally:
+        await brain.stop()
+
+    optimize = await plans_on(settings, topic(env, BRAIN_PLANS))
+    host_oom = [p for p in optimize if isinstance(p, OptimizePlan) and p.optimizer == "host-oom"]
+    assert len(host_oom) == 1, optimize
+    plan = host_oom[0]
+    assert plan.caused_by == str(the_oom.event_id)
+    assert plan.plan_id == plan_id(job.uuid, str(the_oom.event_id), "optimize")
+    assert plan.reason == f"host-oom: host OOM: worker-1 -> {24 * GiB} B"
+    # 16 GiB x 1.5 = 24 GiB: the bump is within the 2..8 GiB step and the 64 GiB cap
+    assert plan.resource.node_resources["worker-1"].memory == 24 * GiB
+    assert set(plan.resource.node_resources) == {"worker-1"}  # never for nodes that did not OOM
+
+    scales = [
+        p
+        for p in await plans_on(settings, topic(env, SCALE_PLANS))
+        if isinstance(p, ScalePlan) and p.source_plan == plan.plan_id
+    ]
+    assert len(scales) == 1
+    scale = scales[0]
+    assert scale.plan_id == plan_id(job.uuid, str(the_oom.event_id), "scale")
+    assert scale.key == job.uuid
+    assert [(m.node.type, m.node.id, m.resource.memory) for m in scale.migrate_nodes] == [
+        ("worker", 1, 24 * GiB)
+    ]
+
+    letters = [decode(r.value) for r in await read_topic(settings, topic(env, DLQ))]
+    assert len(letters) == 1
+    letter = letters[0]
+    assert isinstance(letter, DeadLetter)
+    assert letter.error_kind == FailureKind.MALFORMED
+    assert letter.value_bytes() == b"{not json"
+    assert letter.consumer_group == f"{env}.brain"
+
+    async with await EnvStore.open(pg_dsn, env) as store:
+        rows = await store.fetch("SELECT * FROM plans WHERE plan_id = $1", plan.plan_id)
+        assert [(r["optimizer"], r["reason"], r["caused_by"]) for r in rows] == [
+            ("host-oom", plan.reason, str(the_oom.event_id))
+        ]
+        rows = await store.fetch("SELECT * FROM scale_plans WHERE plan_id = $1", scale.plan_id)
+        assert [r["source_plan"] for r in rows] == [plan.plan_id]
+        rows = await store.fetch("SELECT state::text AS s FROM job_states")
+        assert len(rows) == 1
+        state = JobState.model_validate_json(rows[0]["s"])
+        assert [r.handled for r in state.ooms["worker-1"]] == [True]
+        offsets = await store.fetch(
+            "SELECT topic, sum(next_offset) AS n FROM brain_offsets GROUP BY topic"
+        )
+        by_topic = {r["topic"]: r["n"] for r in offsets}
+        assert by_topic[topic(env, JOB_EVENTS)] == 4  # submitted, started, OOM, the bad one
+
+
+async def test_restarted_brain_resumes_from_its_checkpoint(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    env = (await make_env()).name
+    job = JobMeta(uuid="job-resume")
+    first = oom(env, job, 1, node=0)
+    async with Producer(settings) as producer:
+        await producer.publish_many(
+            [submitted(env, job, workers=2), JobStarted(env=env, job=job), first]
+        )
+    brain = Brain(settings, env, pg_dsn)
+    await brain.start()
+    try:
+        await wait_for(lambda: handled(brain) >= 3, what="the first brain")
+    finally:
+        await brain.stop()  # the final checkpoint
+
+    # The same OOM again (a replaying producer) and a new OOM on the other node.
+    second = oom(env, job, 2, node=1)
+    async with Producer(settings) as producer:
+        await producer.publish_many([first, second])
+    brain = Brain(settings, env, pg_dsn)
+    await brain.start()
+    try:
+        await wait_for(lambda: handled(brain) >= 2, what="the restarted brain")
+        # it read only what came after the checkpoint, and knew the job without a replay:
+        # the job's start and its first OOM came from the checkpoint, not from the topic
+        assert brain.processor.counters.processed == 2
+        state = brain.processor.states[job.uuid]
+        assert state.status == JobStatus.RUNNING
+        assert {k: [r.handled for r in rs] for k, rs in state.ooms.items()} == {
+            "worker-0": [True],
+            "worker-1": [True],
+        }
+    finally:
+        await brain.stop()
+
+    plans = [
+        p
+        for p in await plans_on(settings, topic(env, BRAIN_PLANS))
+        if isinstance(p, OptimizePlan) and p.optimizer == "host-oom"
+    ]
+    assert [p.caused_by for p in plans] == [str(first.event_id), str(second.event_id)]
