@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from schemas.envelope import Event
 from schemas.jobs import (
@@ -163,3 +163,25 @@ class Ledger:
             and (start is None or j.submitted_at >= start)
             and (end is None or j.submitted_at < end)
         ]
+
+
+def gpu_use(jobs: list[JobRecord], step_s: float = 60.0) -> list[tuple[float, int]]:
+    """Cluster-wide GPUs allocated over time: (seconds since the first start, GPUs)."""
+    started = [j for j in jobs if j.started_at is not None]
+    if not started:
+        return []
+    t0 = min(j.started_at for j in started if j.started_at is not None)
+    t1 = max((j.finished_at or j.started_at) for j in started if j.started_at is not None)
+    series: list[tuple[float, int]] = []
+    n = int((t1 - t0).total_seconds() // step_s) + 1
+    for i in range(n + 1):
+        at = t0 + timedelta(seconds=i * step_s)
+        gpus = sum(
+            j.gpus_at(at)
+            for j in started
+            if j.started_at is not None
+            and j.started_at <= at
+            and (j.finished_at is None or at < j.finished_at)
+        )
+        series.append((i * step_s, gpus))
+    return series

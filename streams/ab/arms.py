@@ -1,0 +1,60 @@
+"""Arms of an A/B test: a name and the brain settings its virtual env gets."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dlrover_events.errors import UserError
+
+_NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    source: str = ""  # where the settings came from, for the report
+
+    def env(self, run: str) -> str:
+        """The arm's env: ``ab-<run>-<arm>``, short enough for an env name."""
+        return f"ab-{run}-{self.name}"
+
+
+def parse_arm(spec: str) -> Arm:
+    """``name=settings.yaml`` (or ``name=`` / ``name`` for default brain settings)."""
+    name, _, path = spec.partition("=")
+    name = name.strip()
+    if not _NAME.match(name):
+        raise UserError(
+            f"arm {spec!r}: the name must be 1-12 lowercase letters or digits, starting "
+            "with a letter (it becomes part of the arm's env name)"
+        )
+    if not path.strip():
+        return Arm(name, {}, "defaults")
+    file = Path(path.strip())
+    try:
+        loaded = yaml.safe_load(file.read_text())
+    except OSError as err:
+        raise UserError(f"arm {name}: cannot read {file}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"arm {name}: {file} is not valid YAML: {err}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise UserError(f"arm {name}: {file} must hold a mapping of brain settings")
+    return Arm(name, loaded, str(file))
+
+
+def parse_arms(specs: list[str]) -> list[Arm]:
+    arms = [parse_arm(s) for s in specs]
+    if len(arms) < 2:
+        raise UserError("an A/B test needs at least two arms (--arm a=x.yaml --arm b=y.yaml)")
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise UserError(f"arm names must differ: {', '.join(names)}")
+    return arms

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dlrover_events.errors import UserError
+from streams.ab.arms import parse_arm, parse_arms
+from streams.ab.report import ArmResult, compare, plot_png, render_html, table
+
+
+def test_arm_with_settings_file(tmp_path: Path) -> None:
+    f = tmp_path / "goodput.yaml"
+    f.write_text("optimizer: goodput\noptimizer_params:\n  goodput: {min_gain: 0.1}\n")
+    arm = parse_arm(f"gp={f}")
+    assert arm.name == "gp"
+    assert arm.settings == {
+        "optimizer": "goodput",
+        "optimizer_params": {"goodput": {"min_gain": 0.1}},
+    }
+    assert arm.env("r1") == "ab-r1-gp"
+    assert parse_arm("static").settings == {}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("Bad=x.yaml", "lowercase"),
+        ("a=/nonexistent.yaml", "cannot read"),
+        ("toolongarmname1=", "1-12"),
+    ],
+)
+def test_bad_arms_are_user_errors(spec: str, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        parse_arm(spec)
+
+
+def test_arms_need_two_distinct_names(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="at least two"):
+        parse_arms(["a"])
+    with pytest.raises(UserError, match="must differ"):
+        parse_arms(["a", "a"])
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(UserError, match="mapping"):
+        parse_arm(f"a={bad}")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("a: [1,\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        parse_arm(f"a={broken}")
+
+
+@given(st.text(max_size=40))
+def test_any_arm_spec_parses_or_is_a_user_error(spec: str) -> None:
+    try:
+        arm = parse_arm(spec)
+    except UserError as err:
+        assert str(err)
+    else:
+        assert arm.name
+
+
+def arms() -> list[ArmResult]:
+    jobs = [f"j{i}" for i in range(40)]
+    static = ArmResult(
+        "static",
+        "ab-x-static",
+        "defaults",
+        {j: 3000.0 + 10 * i for i, j in enumerate(jobs)},
+        {"gpu_hours": 100.0},
+        [(0, 8), (3600, 16)],
+    )
+    goodput = ArmResult(
+        "goodput",
+        "ab-x-goodput",
+        "gp.yaml",
+        {j: 2000.0 + 10 * i for i, j in enumerate(jobs)},
+        {"gpu_hours": 90.0},
+        [(0, 12), (3600, 10)],
+    )
+    return [static, goodput]
+
+
+def test_comparison_says_which_arm_is_better_and_by_how_much() -> None:
+    c = compare(arms())
+    assert c.jct_ci["static"].estimate == pytest.approx(3195)
+    assert c.jct_diff["goodput"].estimate == pytest.approx(-1000)
+    assert c.jct_diff["goodput"].high < 0
+    assert c.verdicts == ["JCT static -> goodput: goodput is better by 1000"]
+    assert table(c).row_count >= 3
+
+
+def test_html_report_has_numbers_and_plot() -> None:
+    c = compare(arms())
+    png = plot_png(c)
+    assert png.startswith(b"\x89PNG")
+    page = render_html(c, png, "workload-6")
+    assert "3,195 s" in page and "goodput is better by 1000" in page
+    assert "data:image/png;base64," in page
