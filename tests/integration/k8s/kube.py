@@ -8,6 +8,7 @@ each (namespaces stay Terminating without the namespace controller).
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -24,6 +25,16 @@ REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
 SCRIPT = DEPLOY / "testenv" / "kube-testenv.sh"
 CRD_FILE = DEPLOY / "crds" / "trainingjobs.yaml"
+# Where kube-testenv.sh keeps what it builds and extracts (same defaults as the script).
+CACHE = Path(
+    os.environ.get("KUBE_TESTENV_CACHE", Path.home() / ".cache" / "dlrover-events")
+).expanduser()
+APISERVER = Path(
+    os.environ.get("KUBE_APISERVER", CACHE / "kube-apiserver-v1.20.2" / "kube-apiserver")
+)
+# kubectl v1.20.2 from Debian's kubernetes-client package: its `kubectl kustomize`
+# (kustomize v2.0.3) is the oldest renderer deploy/overlays must work with.
+DEBIAN_KUBECTL = CACHE / "kubernetes-client" / "usr" / "bin" / "kubectl"
 
 GROUP = "dlrover-events.io"
 VERSION = "v1alpha1"

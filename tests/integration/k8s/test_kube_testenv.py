@@ -26,6 +26,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from .kube import (
     CRD_NAME,
+    DEBIAN_KUBECTL,
     DEPLOY,
     GROUP,
     PLURAL,
@@ -568,15 +569,50 @@ async def test_base_deployments_are_accepted(api: client.ApiClient, namespace: s
         assert "ENV" in {e.name for e in container.env}
 
 
-def _kustomize(overlay: str) -> list[dict[str, Any]]:
+def _renderers() -> list[list[str]]:
+    """Every kustomize at hand: Debian's kubectl v1.20 (kustomize v2.0.3, extracted by
+    `kube-testenv.sh build`), and kustomize or a newer kubectl where the machine has one."""
+    found = []
+    if DEBIAN_KUBECTL.exists():
+        found.append([str(DEBIAN_KUBECTL), "kustomize"])
     if kustomize := shutil.which("kustomize"):
-        cmd = [kustomize, "build", str(DEPLOY / "overlays" / overlay)]
-    elif kubectl := shutil.which("kubectl"):
-        cmd = [kubectl, "kustomize", str(DEPLOY / "overlays" / overlay)]
-    else:
-        pytest.skip("neither kustomize nor kubectl on PATH: cannot render deploy/overlays")
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, timeout=60).stdout
-    return parse_yaml_documents(out)
+        found.append([kustomize, "build"])
+    if (kubectl := shutil.which("kubectl")) and Path(kubectl).resolve() != DEBIAN_KUBECTL:
+        found.append([kubectl, "kustomize"])
+    return found
+
+
+def _kustomize(overlay: str) -> list[dict[str, Any]]:
+    """The overlay rendered by every kustomize at hand; they must agree on what it holds."""
+    renderers = _renderers()
+    assert renderers, f"no kustomize: {DEBIAN_KUBECTL} should come with kube-testenv.sh build"
+    rendered = []
+    for cmd in renderers:
+        out = subprocess.run(
+            [*cmd, str(DEPLOY / "overlays" / overlay)],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        rendered.append(parse_yaml_documents(out))
+    first = rendered[0]
+    for other, cmd in zip(rendered[1:], renderers[1:], strict=True):
+        assert _shape(other) == _shape(first), f"{cmd} renders {overlay} differently"
+    return first
+
+
+def _shape(docs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """Kind, name (without the generator's hash) and credentials of each document."""
+    shape = []
+    for d in docs:
+        name = d["metadata"]["name"]
+        if d["kind"] == "ConfigMap":
+            name = name.rsplit("-", 1)[0]
+        pod = d.get("spec", {}).get("template", {}).get("spec", {})
+        credentials = (pod.get("serviceAccountName"), pod.get("automountServiceAccountToken"))
+        shape.append((d["kind"], name, repr(credentials)))
+    return sorted(shape)
 
 
 async def test_prod_overlay_gives_tokens_to_operator_and_gateway_only(
