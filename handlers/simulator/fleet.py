@@ -9,6 +9,7 @@ waiting gang starts at that moment, not at the next wake-up of whatever drives t
 
 from __future__ import annotations
 
+import heapq
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -57,6 +58,10 @@ class VirtualCluster:
         self._loader = loader
         self._clock = 0.0
         self._jobs: dict[str, JobSimulator] = {}
+        # Submissions stamped later than the clock: they arrive at their own time, so a
+        # trace fed all at once still arrives as the trace says.
+        self._arrivals: list[tuple[float, int, JobSubmitted]] = []
+        self._arriving: set[str] = set()
         self._unsimulable: dict[str, str] = {}
         # Outcomes of applied plans: a plan re-delivered before its effect was recorded
         # elsewhere gets the answer it got the first time, not "already applied".
@@ -79,11 +84,21 @@ class VirtualCluster:
     # -- inputs ---------------------------------------------------------------------------
 
     def submit(self, event: JobSubmitted) -> list[JobEvent]:
-        """A new job joins the queue and starts if its gang fits. A job seen before is left
-        as it is: submissions are re-delivered after a restart of the consumer."""
+        """A new job joins the queue at its submission time (now, if that has passed) and
+        starts if its gang fits. A job seen before is left as it is: submissions are
+        re-delivered after a restart of the consumer."""
         key = event.job.uuid
-        if key in self._jobs or key in self._unsimulable:
+        if key in self._jobs or key in self._unsimulable or key in self._arriving:
             return []
+        arrives = (event.occurred_at - self.origin).total_seconds()
+        if arrives > self._clock + MIN_STEP:
+            heapq.heappush(self._arrivals, (arrives, len(self._arriving), event))
+            self._arriving.add(key)
+            return []
+        return self._arrive(event)
+
+    def _arrive(self, event: JobSubmitted) -> list[JobEvent]:
+        key = event.job.uuid
         name = event.application or event.job.app
         try:
             if not name:
@@ -143,9 +158,16 @@ class VirtualCluster:
     # -- time -----------------------------------------------------------------------------
 
     def next_event_at(self) -> float | None:
-        """When the next job says something if no input comes; None: nothing will happen."""
+        """When the next job says or the next submission arrives, if no input comes;
+        None: nothing will happen."""
         times = [t for t in (job.next_event_at() for job in self._jobs.values()) if t is not None]
+        if self._arrivals:
+            times.append(self._arrivals[0][0])
         return min(times, default=None)
+
+    @property
+    def waiting_arrivals(self) -> int:
+        return len(self._arrivals)
 
     def advance_to(self, clock: float) -> list[JobEvent]:
         """Move to ``clock`` (never back), stopping at every event on the way so that what
@@ -172,6 +194,10 @@ class VirtualCluster:
         self._clock = clock
         if any(isinstance(e, JobCompleted | JobFailed) for e in events):
             events.extend(self._admit())  # only an ending job frees capacity
+        while self._arrivals and self._arrivals[0][0] <= clock + MIN_STEP:
+            _, _, submission = heapq.heappop(self._arrivals)
+            self._arriving.discard(submission.job.uuid)
+            events.extend(self._arrive(submission))
         return events
 
     def _admit(self) -> list[JobEvent]:

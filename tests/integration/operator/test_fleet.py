@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from handlers.simulator.cluster import Cluster
 from handlers.simulator.fleet import VirtualCluster
+from handlers.simulator.job import DEFAULT_ORIGIN
 from schemas.jobs import (
     JobCompleted,
     JobEvent,
@@ -20,9 +21,13 @@ from schemas.jobs import (
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleStatus
 
 
-def submitted(name: str, replicas: int, application: str = "cifar10") -> JobSubmitted:
+def submitted(
+    name: str, replicas: int, application: str = "cifar10", at: float = 0.0
+) -> JobSubmitted:
+    """Submitted ``at`` simulated seconds (the fleet's default origin is time 0)."""
     return JobSubmitted(
         env="sim",
+        occurred_at=DEFAULT_ORIGIN + timedelta(seconds=at),
         job=JobMeta(uuid=name, name=name, app=application),
         application=application,
         roles={"worker": RoleSpec(replicas=replicas, gpu_num=1)},
@@ -134,3 +139,17 @@ def test_a_smaller_gang_makes_room_for_a_waiting_job_at_once() -> None:
     assert outcome.status is ScaleStatus.APPLIED
     started = {(e.key, e.node.id) for e in outcome.events if isinstance(e, NodeStarted)}
     assert started >= {("b", 0), ("b", 1)}
+
+
+def test_a_submission_stamped_later_arrives_at_its_own_time() -> None:
+    fleet = VirtualCluster(Cluster(2, 4))
+    assert fleet.submit(submitted("late", 2, at=500.0)) == []  # not yet
+    assert fleet.waiting_arrivals == 1
+    assert fleet.next_event_at() == 500.0
+    events = fleet.advance_to(499.0)
+    assert not [e for e in events if e.key == "late"]
+    events = fleet.advance_to(500.0)
+    started = [e for e in events if isinstance(e, NodeStarted) and e.key == "late"]
+    assert len(started) == 2
+    assert {e.occurred_at for e in started} == {DEFAULT_ORIGIN + timedelta(seconds=500)}
+    assert fleet.submit(submitted("late", 2, at=500.0)) == []  # seen before: nothing new
