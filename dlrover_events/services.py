@@ -17,6 +17,7 @@ from dlrover_events.settings import Settings
 
 SERVICE_GROUP = "dlrover_events.services"
 COMMAND_GROUP = "dlrover_events.commands"
+BENCH_GROUP = "dlrover_events.benches"
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import typer
 
 from dlrover_events.errors import UserError
-from dlrover_events.services import COMMAND_GROUP
+from dlrover_events.services import BENCH_GROUP, COMMAND_GROUP
 
 T = TypeVar("T")
 
@@ -65,6 +65,13 @@ def register_commands() -> typer.Typer:
             app.add_typer(contributed, name=ep.name)
         else:
             app.command(ep.name)(contributed)
+    benches = typer.Typer(
+        help="Benchmarks: each prints, last, one JSON line of measurements.",
+        no_args_is_help=True,
+    )
+    for ep in entry_points(group=BENCH_GROUP):
+        benches.command(ep.name)(ep.load())
+    app.add_typer(benches, name="bench")
     return app
 
 
