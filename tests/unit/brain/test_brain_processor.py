@@ -1,0 +1,146 @@
+"""The processor without a broker: bad input dead-lettered, offsets skipped after a
+restart, snapshots of what changed, errors said once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from schemas import encode
+from schemas.codec import CodecError, decode
+from schemas.dlq import FailureKind
+from schemas.envelope import Event
+from schemas.jobs import JobMeta, JobStarted, JobSubmitted, NodeOOM, NodeRef, OOMKind, RoleSpec
+from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
+from streams.brain.checkpoint import Loaded
+from streams.brain.processor import BrainProcessor, decode_event
+from streams.brain.state import GiB
+
+from .builders import ENV, T0
+
+TOPIC = f"{ENV}.job.events"
+JOB = JobMeta(uuid="job-p")
+
+
+@dataclass(frozen=True)
+class Rec:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+def records(values: list[bytes | None], start: int = 0, partition: int = 1) -> list[Rec]:
+    return [Rec(TOPIC, partition, start + i, JOB.uuid.encode(), v) for i, v in enumerate(values)]
+
+
+def lifecycle() -> list[Event]:
+    role = RoleSpec(replicas=2, cpu=8, memory=16 * GiB)
+    return [
+        JobSubmitted(env=ENV, job=JOB, occurred_at=T0, roles={"worker": role}),
+        JobStarted(env=ENV, job=JOB, occurred_at=T0),
+        NodeOOM(
+            env=ENV,
+            job=JOB,
+            occurred_at=T0,
+            node=NodeRef(type="worker", id=0),
+            kind=OOMKind.HOST_MEMORY,
+            memory=16 * GiB,
+        ),
+    ]
+
+
+def processor() -> BrainProcessor:
+    return BrainProcessor(ENV, f"{ENV}.brain")
+
+
+def test_plans_come_out_in_order_and_offsets_advance() -> None:
+    p = processor()
+    out = p.process(records([encode(e) for e in lifecycle()]))
+    assert [type(x) for x in out.plans] == [OptimizePlan, ScalePlan]
+    assert out.plans[0].optimizer == "host-oom"  # type: ignore[union-attr]
+    assert p.offsets == {(TOPIC, 1): 3}
+    assert p.counters.processed == 3 and p.counters.scale_plans == 1
+
+
+def test_bad_input_is_dead_lettered_and_passed() -> None:
+    other_env = JobStarted(env="elsewhere", job=JOB, occurred_at=T0)
+    newer = {**orjson.loads(encode(JobStarted(env=ENV, job=JOB))), "schema_version": 99}
+    p = processor()
+    out = p.process(
+        records([b"\xff", None, encode(other_env), orjson.dumps(newer), b'{"type":"nope"}'])
+    )
+    assert [letter.error_kind for letter in out.letters] == [
+        FailureKind.MALFORMED,
+        FailureKind.MALFORMED,
+        FailureKind.WRONG_ENV,
+        FailureKind.UNSUPPORTED_VERSION,
+        FailureKind.UNKNOWN_TYPE,
+    ]
+    assert out.letters[0].value_bytes() == b"\xff"
+    assert [letter.offset for letter in out.letters] == [0, 1, 2, 3, 4]
+    assert p.offsets == {(TOPIC, 1): 5}
+    assert p.counters.dead_lettered == 5 and p.states == {}
+
+
+def test_decode_event_fails_exactly_as_decode() -> None:
+    for raw in (b"[1]", b'{"type": "job.started"}', b"", b'{"type": "job.started", "env": 1}'):
+        try:
+            decode(raw)
+        except CodecError as expected:
+            try:
+                decode_event(raw)
+            except CodecError as got:
+                assert (got.kind, got.message) == (expected.kind, expected.message)
+            else:
+                raise AssertionError(f"decode_event accepted {raw!r}")
+
+
+def test_a_restart_skips_what_its_checkpoint_includes() -> None:
+    first = processor()
+    values = [encode(e) for e in lifecycle()]
+    first.process(records(values[:2]))
+    snap = first.snapshot()
+    assert set(snap.states) == {JOB.uuid} and snap.offsets == {(TOPIC, 1): 2}
+    assert first.snapshot().states == {}  # only what changed since
+
+    restarted = processor()
+    states = {u: (part, state) for u, (part, state) in snap.states.items()}
+    restarted.install({1}, Loaded(states, snap.offsets))
+    out = restarted.process(records(values))  # the broker gives everything again
+    assert restarted.counters.skipped == 2 and restarted.counters.processed == 1
+    assert [type(x) for x in out.plans] == [OptimizePlan, ScalePlan]
+
+    restarted.drop({1})
+    assert restarted.states == {} and restarted.offsets == {} and restarted.loaded == set()
+
+
+def test_an_unwritten_snapshot_is_written_next_time() -> None:
+    p = processor()
+    p.process(records([encode(e) for e in lifecycle()]))
+    snap = p.snapshot()
+    p.restore(snap)
+    again = p.snapshot()
+    assert set(again.states) == set(snap.states)
+    assert again.offsets == snap.offsets
+    assert [x.plan_id for x in again.plans] == [x.plan_id for x in snap.plans]
+
+
+def test_a_route_error_is_said_once_per_change() -> None:
+    def request(optimizer: str) -> OptimizeRequest:
+        return OptimizeRequest(
+            env=ENV, job=JOB, occurred_at=T0, stage="worker-initial", optimizer=optimizer
+        )
+
+    p = processor()
+    events = [lifecycle()[0], request("nope"), request("nope"), request("nada")]
+    out = p.process(records([encode(e) for e in events]))
+    assert p.counters.errors == 3
+    prefix = "brain: unknown_optimizer: unknown optimizer"
+    assert [letter.error.split(";")[0] for letter in out.letters] == [
+        f"{prefix} 'nope'",
+        f"{prefix} 'nada'",
+    ]
+    assert all(letter.error_kind == FailureKind.HANDLER for letter in out.letters)

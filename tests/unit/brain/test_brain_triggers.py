@@ -1,0 +1,130 @@
+"""When the brain decides, and what one event turns into (pure, no broker)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from schemas.control import EnvAnnouncement, EnvMode
+from schemas.envelope import Event
+from schemas.jobs import (
+    JobCompleted,
+    JobMeta,
+    JobStarted,
+    JobSubmitted,
+    NodeOOM,
+    NodeRef,
+    NodeUsage,
+    OOMKind,
+    RoleSpec,
+    RuntimeSample,
+)
+from schemas.plans import OptimizeRequest
+from streams.brain.planner import plan_id
+from streams.brain.state import GiB, JobState
+from streams.brain.triggers import Outcome, Policy, step
+
+from .builders import ENV, T0
+
+JOB = JobMeta(uuid="job-t")
+
+
+def submitted() -> JobSubmitted:
+    role = RoleSpec(replicas=2, min_replicas=1, max_replicas=4, cpu=8, memory=16 * GiB)
+    return JobSubmitted(env=ENV, job=JOB, occurred_at=T0, roles={"worker": role})
+
+
+def sample(i: int) -> RuntimeSample:
+    nodes = [
+        NodeUsage(type="worker", id=k, cpu=4, memory=12 * GiB, step_time=1.0) for k in range(2)
+    ]
+    return RuntimeSample(env=ENV, job=JOB, occurred_at=T0, global_step=i, speed=1, nodes=nodes)
+
+
+def oom(node: int) -> NodeOOM:
+    return NodeOOM(
+        env=ENV,
+        job=JOB,
+        occurred_at=T0,
+        node=NodeRef(type="worker", id=node),
+        kind=OOMKind.HOST_MEMORY,
+        memory=16 * GiB,
+    )
+
+
+def run(events: Sequence[Event], policy: Policy | None = None) -> list[Outcome]:
+    state: JobState | None = None
+    out: list[Outcome] = []
+    for event in events:
+        outcome = step(state, event, policy or Policy())
+        assert outcome is not None
+        state = outcome.state
+        out.append(outcome)
+    return out
+
+
+def test_submission_and_stage_changes_decide() -> None:
+    outcomes = run([submitted(), JobStarted(env=ENV, job=JOB, occurred_at=T0)])
+    assert [o.trigger.reason if o.trigger else None for o in outcomes] == [
+        "job submitted",
+        "stage worker-initial",
+    ]
+
+
+def test_samples_decide_every_few_of_a_stage() -> None:
+    policy = Policy(sample_every=2, running_every=3)
+    events: list[Event] = [submitted(), JobStarted(env=ENV, job=JOB, occurred_at=T0)]
+    events += [sample(i) for i in range(12)]
+    decided = [o.state.stage_samples for o in run(events, policy)[2:] if o.trigger is not None]
+    # worker-initial: samples 2 and 4, then the 5th moves the job to running (a stage
+    # change decides), then every 3rd sample of the running stage
+    stages = [o.state.stage for o in run(events, policy)[2:] if o.trigger is not None]
+    assert list(zip(stages, decided, strict=True)) == [
+        ("worker-initial", 2),
+        ("worker-initial", 4),
+        ("running", 0),
+        ("running", 3),
+        ("running", 6),
+    ]
+
+
+def test_an_oom_decides_once_even_when_replayed() -> None:
+    the_oom = oom(1)
+    outcomes = run([submitted(), JobStarted(env=ENV, job=JOB, occurred_at=T0), the_oom, the_oom])
+    first, replayed = outcomes[2], outcomes[3]
+    assert first.optimize_plan is not None and first.scale_plan is not None
+    assert first.optimize_plan.optimizer == "host-oom"
+    assert first.scale_plan.plan_id == plan_id(JOB.uuid, str(the_oom.event_id), "scale")
+    assert replayed.trigger is None and replayed.plans == []
+
+
+def test_the_same_change_is_not_asked_again_while_pending() -> None:
+    events: list[Event] = [submitted(), JobStarted(env=ENV, job=JOB, occurred_at=T0), oom(1)]
+    outcomes = run(events)
+    pending = outcomes[-1].state.pending_scale_plan
+    assert pending is not None
+    # an OOM of the same node before the operator answered: the same diff again
+    again = step(outcomes[-1].state, oom(1), Policy())
+    assert again is not None and again.trigger is not None
+    assert again.scale_plan is None
+    assert again.state.pending_scale_plan == pending
+    assert all(r.handled for r in again.state.ooms["worker-1"])
+
+
+def test_finished_jobs_are_not_decided_for() -> None:
+    events: list[Event] = [submitted(), JobCompleted(env=ENV, job=JOB, occurred_at=T0), oom(0)]
+    assert [o.trigger for o in run(events)[1:]] == [None, None]
+
+
+def test_a_request_names_its_optimizer_and_errors_are_values() -> None:
+    request = OptimizeRequest(
+        env=ENV, job=JOB, occurred_at=T0, stage="worker-initial", optimizer="no-such"
+    )
+    outcome = run([submitted(), request])[1]
+    assert outcome.trigger is not None and outcome.trigger.optimizer == "no-such"
+    assert outcome.error is not None and outcome.error.code == "unknown_optimizer"
+    assert outcome.plans == []
+
+
+def test_events_without_a_job_are_not_steps() -> None:
+    announcement = EnvAnnouncement(env=ENV, name=ENV, mode=EnvMode.VIRTUAL, partitions=3)
+    assert step(None, announcement, Policy()) is None
