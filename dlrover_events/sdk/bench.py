@@ -1,0 +1,183 @@
+"""`dlrover-events bench sdk`: what the reporter costs a training step, in microseconds.
+
+Each run times the same loop of pure-Python work twice, without and with
+``reporter.step()``, in alternating order, and the difference per step is the overhead. The
+work is computation, not a sleep or a spin on the clock, so the reporter thread taking the
+GIL to build, encode and publish samples shows up as overhead too, as it would in training.
+The reporter samples every ``--interval-s`` (short by default, so it really works during
+the runs) and publishes to a real broker: Kafka as the settings find it, else an embedded
+tansu. The median over runs is reported; the last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import uuid
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+import typer
+
+from dlrover_events.admin import TopicAdmin
+from dlrover_events.embedded import Broker, free_port, port_open
+from dlrover_events.sdk.identity import JobIdentity
+from dlrover_events.sdk.reporter import Reporter
+from dlrover_events.settings import Settings, load_settings
+from schemas.jobs import JobMeta
+
+TARGET_US = 50.0
+
+
+def make_work(work_us: float) -> Callable[[], int]:
+    """A step's worth of computation, calibrated to take about ``work_us`` here."""
+    probe = 20_000
+    best = float("inf")
+    for _ in range(5):
+        t = perf_counter()
+        sum(range(probe))
+        best = min(best, perf_counter() - t)
+    size = max(int(work_us / (best * 1e6 / probe)), 1)
+
+    def work() -> int:
+        return sum(range(size))
+
+    return work
+
+
+def time_loop(steps: int, work: Callable[[], int], step: Callable[[], None] | None) -> float:
+    """Seconds for ``steps`` steps of ``work``, each followed by ``step`` when given."""
+    if step is None:
+        t = perf_counter()
+        for _ in range(steps):
+            work()
+        return perf_counter() - t
+    t = perf_counter()
+    for _ in range(steps):
+        work()
+        step()
+    return perf_counter() - t
+
+
+def time_calls(calls: int, step: Callable[[], None]) -> float:
+    t = perf_counter()
+    for _ in range(calls):
+        step()
+    return perf_counter() - t
+
+
+def measure(reporter: Reporter, steps: int, runs: int, work: Callable[[], int]) -> dict[str, Any]:
+    step = reporter.step
+    time_loop(min(steps, 1000), work, None)  # warm up both loops
+    time_loop(min(steps, 1000), work, step)
+    overheads, bases, withs = [], [], []
+    for i in range(runs):
+        if i % 2 == 0:
+            base = time_loop(steps, work, None)
+            with_reporter = time_loop(steps, work, step)
+        else:
+            with_reporter = time_loop(steps, work, step)
+            base = time_loop(steps, work, None)
+        bases.append(base / steps * 1e6)
+        withs.append(with_reporter / steps * 1e6)
+        overheads.append((with_reporter - base) / steps * 1e6)
+    calls = [time_calls(steps, step) / steps * 1e6 for _ in range(runs)]
+    return {
+        "per_step_overhead_us": round(statistics.median(overheads), 3),
+        "overhead_runs_us": [round(o, 3) for o in overheads],
+        "step_call_us": round(statistics.median(calls), 3),
+        "baseline_step_us": round(statistics.median(bases), 3),
+        "with_reporter_step_us": round(statistics.median(withs), 3),
+    }
+
+
+async def _create_topics(settings: Settings, env: str) -> None:
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_env_topics(env, 1)
+
+
+async def _delete_topics(settings: Settings, env: str) -> None:
+    async with TopicAdmin(settings) as admin:
+        await admin.delete_env_topics(env)
+
+
+def _reachable(bootstrap_servers: str) -> bool:
+    host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")
+    return port.isdigit() and port_open(host or "127.0.0.1", int(port))
+
+
+def bench_sdk(
+    steps: int = typer.Option(20_000, min=100, help="Steps per timed loop."),
+    runs: int = typer.Option(7, min=1, help="Runs; the median is reported."),
+    work_us: float = typer.Option(
+        20.0, min=0.5, help="Computation per step in microseconds (real steps take longer)."
+    ),
+    interval_s: float = typer.Option(
+        0.05, min=0.001, help="Sample interval of the reporter during the bench."
+    ),
+    broker_down: bool = typer.Option(
+        False, "--broker-down", help="Report to a port nobody listens on: the outage path."
+    ),
+) -> None:
+    """Per-step overhead of the SDK reporter in microseconds (median of runs vs a baseline)."""
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    settings = load_settings()
+    broker: Broker | None = None
+    env = f"bench-sdk-{uuid.uuid4().hex[:8]}"
+    created = False
+    if broker_down:
+        settings = settings.with_overrides(bootstrap_servers=f"127.0.0.1:{free_port()}")
+        where = f"nobody at {settings.bootstrap_servers}"
+    elif _reachable(settings.bootstrap_servers):
+        where = f"Kafka at {settings.bootstrap_servers}"
+    else:
+        broker = Broker(settings.host)
+        broker.start()
+        settings = settings.with_overrides(bootstrap_servers=broker.bootstrap_servers)
+        where = f"embedded tansu at {broker.bootstrap_servers}"
+    try:
+        if not broker_down:
+            asyncio.run(_create_topics(settings, env))
+            created = True
+        reporter = Reporter(
+            JobIdentity(job=JobMeta(uuid=f"{env}-job"), env=env),
+            settings=settings,
+            interval_s=interval_s,
+            local_batch_size=32,
+            send_timeout_s=1.0,
+        ).start()
+        try:
+            work = make_work(work_us)
+            typer.echo(f"reporter publishing to {where}, a sample every {interval_s:g}s")
+            result = measure(reporter, steps, runs, work)
+            reporter.flush(5.0)
+        finally:
+            stats = reporter.close(timeout_s=2.0)
+    finally:
+        if created and broker is None:
+            asyncio.run(_delete_topics(settings, env))
+        if broker is not None:
+            broker.stop()
+    typer.echo(
+        f"baseline {result['baseline_step_us']:.2f} us/step, with reporter "
+        f"{result['with_reporter_step_us']:.2f} us/step: overhead "
+        f"{result['per_step_overhead_us']:.3f} us/step (median of {runs}; target < "
+        f"{TARGET_US:g}); step() alone {result['step_call_us']:.3f} us"
+    )
+    summary = {
+        "bench": "sdk",
+        **result,
+        "target_us": TARGET_US,
+        "within_target": result["per_step_overhead_us"] < TARGET_US,
+        "steps": steps,
+        "runs": runs,
+        "work_us": work_us,
+        "interval_s": interval_s,
+        "broker": where,
+        "samples_published": stats.published,
+        "dropped": stats.dropped,
+    }
+    typer.echo(json.dumps(summary))

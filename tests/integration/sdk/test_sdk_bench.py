@@ -1,0 +1,50 @@
+"""`bench sdk` runs end to end and ends with one JSON line (numbers are not asserted:
+speed is the benchmark's business, not the tests')."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from dlrover_events.sdk.bench import bench_sdk
+from dlrover_events.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command("sdk")(bench_sdk)
+    app.command("other")(lambda: None)  # a group, so `sdk` is a subcommand as in the CLI
+    return app
+
+
+def last_json(output: str) -> dict[str, object]:
+    value = json.loads(output.strip().splitlines()[-1])
+    assert isinstance(value, dict)
+    return value
+
+
+def test_bench_against_the_broker(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLROVER_EVENTS_BOOTSTRAP_SERVERS", settings.bootstrap_servers)
+    result = CliRunner().invoke(cli(), ["sdk", "--steps", "500", "--runs", "3"])
+    assert result.exit_code == 0, result.output
+    summary = last_json(result.output)
+    assert summary["bench"] == "sdk"
+    assert summary["broker"] == f"Kafka at {settings.bootstrap_servers}"
+    assert isinstance(summary["per_step_overhead_us"], float)
+    assert isinstance(summary["samples_published"], int) and summary["samples_published"] >= 1
+    assert summary["dropped"] == 0
+    runs = summary["overhead_runs_us"]
+    assert isinstance(runs, list) and len(runs) == 3
+
+
+def test_bench_with_the_broker_down() -> None:
+    result = CliRunner().invoke(cli(), ["sdk", "--steps", "500", "--runs", "1", "--broker-down"])
+    assert result.exit_code == 0, result.output
+    summary = last_json(result.output)
+    assert str(summary["broker"]).startswith("nobody at")
+    assert summary["samples_published"] == 0
