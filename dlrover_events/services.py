@@ -28,6 +28,8 @@ class ServiceContext:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     #: set by a service once it is consuming/serving, so `up` can say "ready".
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    #: what a service serves (name -> address, with a hint), for `up` to print.
+    endpoints: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ async def _up(settings: Settings, only: list[str]) -> None:
             contexts[svc.name] = ctx
             stack.tasks[svc.name] = asyncio.create_task(svc.run(ctx), name=svc.name)
         await _wait_ready(contexts, stack.tasks)
-        _print_where(settings, stack, env)
+        _print_where(settings, stack, env, contexts)
         waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait(
             [waiter, *stack.tasks.values()], return_when=asyncio.FIRST_COMPLETED
@@ -120,7 +120,9 @@ async def _finish(tasks: dict[str, asyncio.Task[None]]) -> None:
             await t
 
 
-def _print_where(settings: Settings, stack: Stack, env: str) -> None:
+def _print_where(
+    settings: Settings, stack: Stack, env: str, contexts: dict[str, ServiceContext]
+) -> None:
     console = Console()
     table = Table("part", "where", title="dlrover-events is up")
     broker = "tansu (embedded)" if stack.broker else "external"
@@ -128,8 +130,10 @@ def _print_where(settings: Settings, stack: Stack, env: str) -> None:
     assert stack.postgres is not None
     table.add_row(f"Postgres: {stack.postgres.kind}", _redact(stack.postgres.dsn))
     table.add_row("real env", f"{env} (topics {env}.*, schema env_{env.replace('-', '_')})")
-    for name in stack.tasks:
+    for name, ctx in contexts.items():
         table.add_row("service", name)
+        for what, where in ctx.endpoints.items():
+            table.add_row(f"  {what}", where)
     console.print(table)
     console.print(
         f"tail it: dlrover-events tail --env {env} --from-beginning"

@@ -17,7 +17,10 @@ log = logging.getLogger(__name__)
 async def run(ctx: ServiceContext) -> None:
     async with GatewayServer(ctx.settings, ctx.env, ctx.pg_dsn, GatewaySettings()) as server:
         await server.wait_ready()
-        log.warning("config gateway of env %s on %s", ctx.env, server.url)
+        log.info("config gateway of env %s on %s", ctx.env, server.url)
+        ctx.endpoints["config gateway"] = (
+            f"{server.url}  (token: dlrover-events gateway-token create --env {ctx.env})"
+        )
         ctx.ready.set()
         await ctx.stop.wait()
 
