@@ -1,0 +1,174 @@
+"""What the console shows about each job, folded from the env's topics.
+
+Pure and synchronous, like every fold in the project: the hub feeds it events in topic
+order and the page asks for a snapshot. "Current resources" are what the job asked for
+at submission, updated by every scale plan the operator reported as applied; the usage
+is the last runtime sample's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from schemas.envelope import Event
+from schemas.evaluation import EvaluationReport
+from schemas.jobs import (
+    JobCompleted,
+    JobEvent,
+    JobFailed,
+    JobStarted,
+    JobSubmitted,
+    NodeOOM,
+    RuntimeSample,
+)
+from schemas.plans import NodeGroupResource, OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
+
+#: Scale plans waiting for their result, per job; older ones are forgotten.
+MAX_OPEN_PLANS = 16
+
+
+@dataclass
+class JobView:
+    job: str
+    name: str = ""
+    status: str = "seen"
+    application: str = ""
+    #: per role: replicas, cpu (cores), memory (bytes), gpu_num, gpu_memory (bytes).
+    resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: per node (``worker-0``): the last sample's usage.
+    usage: dict[str, dict[str, Any]] = field(default_factory=dict)
+    global_step: int | None = None
+    speed: float | None = None
+    samples_per_s: float | None = None
+    ooms: int = 0
+    last_oom: str | None = None
+    last_plan: dict[str, Any] | None = None
+    last_scale: dict[str, Any] | None = None
+    updated_at: datetime | None = None
+    open_plans: dict[str, dict[str, NodeGroupResource]] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "name": self.name,
+            "status": self.status,
+            "application": self.application,
+            "resources": self.resources,
+            "usage": self.usage,
+            "global_step": self.global_step,
+            "speed": self.speed,
+            "samples_per_s": self.samples_per_s,
+            "ooms": self.ooms,
+            "last_oom": self.last_oom,
+            "last_plan": self.last_plan,
+            "last_scale": self.last_scale,
+            "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+        }
+
+
+class Board:
+    def __init__(self, max_reports: int = 50) -> None:
+        self.jobs: dict[str, JobView] = {}
+        self.reports: deque[dict[str, Any]] = deque(maxlen=max_reports)
+
+    def apply(self, event: Event) -> None:
+        if isinstance(event, EvaluationReport):
+            self.reports.append(event.model_dump(mode="json"))
+            return
+        if not isinstance(event, JobEvent):
+            return
+        view = self.jobs.get(event.job.uuid)
+        if view is None:
+            view = self.jobs[event.job.uuid] = JobView(job=event.job.uuid)
+        view.name = event.job.name or view.name
+        view.updated_at = event.occurred_at
+        _fold(view, event)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Jobs, the most recently active first."""
+        views = sorted(
+            self.jobs.values(), key=lambda v: (v.updated_at is not None, v.updated_at), reverse=True
+        )
+        return [v.as_json() for v in views]
+
+
+def _fold(view: JobView, event: JobEvent) -> None:
+    match event:
+        case JobSubmitted():
+            view.status = "submitted"
+            view.application = event.application
+            view.resources = {
+                role: {
+                    "replicas": spec.replicas,
+                    "cpu": spec.cpu,
+                    "memory": spec.memory,
+                    "gpu_num": spec.gpu_num,
+                }
+                for role, spec in event.roles.items()
+            }
+        case JobStarted():
+            view.status = "running"
+        case JobCompleted():
+            view.status = "completed"
+        case JobFailed():
+            view.status = "failed"
+        case RuntimeSample():
+            if view.status in ("seen", "submitted"):
+                view.status = "running"
+            view.global_step = event.global_step
+            view.speed = event.speed
+            view.samples_per_s = event.samples_per_s
+            for node in event.nodes:
+                view.usage[f"{node.type}-{node.id}"] = node.model_dump(
+                    mode="json", exclude={"type", "id"}
+                )
+        case NodeOOM():
+            view.ooms += 1
+            view.last_oom = f"{event.node.type}-{event.node.id} {event.kind.value}"
+        case OptimizePlan():
+            view.last_plan = {
+                "plan_id": event.plan_id,
+                "optimizer": event.optimizer,
+                "stage": event.stage,
+                "reason": event.reason,
+                "groups": {
+                    role: _group(g) for role, g in event.resource.node_group_resources.items()
+                },
+                "at": event.occurred_at.isoformat(),
+            }
+        case ScalePlan():
+            view.open_plans[event.plan_id] = dict(event.node_group_resources)
+            while len(view.open_plans) > MAX_OPEN_PLANS:
+                view.open_plans.pop(next(iter(view.open_plans)))
+        case ScaleResult():
+            view.last_scale = {
+                "plan_id": event.plan_id,
+                "status": event.status.value,
+                "reason": event.reason,
+                "at": event.occurred_at.isoformat(),
+            }
+            groups = view.open_plans.pop(event.plan_id, None)
+            if groups is not None and event.status == ScaleStatus.APPLIED:
+                for role, g in groups.items():
+                    _apply(view.resources.setdefault(role, {}), g)
+
+
+def _group(g: NodeGroupResource) -> dict[str, Any]:
+    r = g.node_resource
+    out: dict[str, Any] = {"count": g.count}
+    out.update({k: v for k, v in r.model_dump().items() if v})
+    return out
+
+
+def _apply(current: dict[str, float], g: NodeGroupResource) -> None:
+    """A plan's zero means "unchanged", as in DLRover's ResourcePlan."""
+    if g.count:
+        current["replicas"] = g.count
+    r = g.node_resource
+    for name in ("cpu", "memory", "gpu_num", "gpu_memory"):
+        value = getattr(r, name)
+        if value:
+            current[name] = value

@@ -1,0 +1,59 @@
+"""The console as a service of `dlrover-events up` (entry point ``console``) and as the
+`dlrover-events console` command."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import typer
+
+from dlrover_events.embedded import resolve_postgres
+from dlrover_events.services import Service, ServiceContext
+from dlrover_events.settings import load_settings
+from handlers.console.runtime import ConsoleServer, ConsoleSettings
+
+log = logging.getLogger(__name__)
+
+
+async def run(ctx: ServiceContext) -> None:
+    async with ConsoleServer(ctx.settings, ctx.env, ctx.pg_dsn) as server:
+        await server.wait_ready()
+        log.info("web console of env %s on %s", ctx.env, server.url)
+        ctx.endpoints["web console"] = (
+            f"{server.url}#token=<read token>  (dlrover-events gateway-token create "
+            f"--env {ctx.env})"
+        )
+        ctx.ready.set()
+        await ctx.stop.wait()
+
+
+service = Service(
+    name="console",
+    description="web console: live tail per env (server-sent events), jobs and their last plan",
+    run=run,
+)
+
+
+def console(
+    env: str = typer.Option(..., "--env", "-e", help="The env to show."),
+    host: str | None = typer.Option(None, help="Listen address (default 127.0.0.1)."),
+    port: int | None = typer.Option(None, help="Port (default 8480; 0: any free one)."),
+) -> None:
+    """Serve the web console of one env until Ctrl-C (tokens: `gateway-token create`)."""
+    settings = load_settings()
+    conf = ConsoleSettings()
+    conf = conf.model_copy(
+        update={"host": host or conf.host, "port": conf.port if port is None else port}
+    )
+
+    async def serve() -> None:
+        pg = await resolve_postgres(settings)
+        async with ConsoleServer(settings, env, pg.dsn, conf) as server:
+            await server.wait_ready()
+            typer.echo(f"web console of env {env} on {server.url}  (open it with #token=...)")
+            await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
