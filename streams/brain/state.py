@@ -13,6 +13,7 @@ state.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 from datetime import datetime
 from enum import StrEnum
@@ -192,6 +193,7 @@ class Pinned(Model):
 
 
 _PINNED = TypeAdapter(dict[str, Pinned])
+_EVENT_ID = operator.attrgetter("event_id")
 
 
 class JobState(Model):
@@ -338,10 +340,13 @@ def _next_stage(state: JobState) -> tuple[str, int]:
 
 
 def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
+    """The hottest fold (every sample of every job): it sets `last_event_id` itself so the
+    state is copied once, and builds its parts from the already validated event without
+    validating them again."""
     event_id = str(event.event_id)
-    if any(s.event_id == event_id for s in state.samples):
-        return state
-    sample = Sample(
+    if event_id in map(_EVENT_ID, state.samples):
+        return state.model_copy(update={"last_event_id": event_id})
+    sample = Sample.model_construct(
         event_id=event_id,
         at=event.occurred_at,
         global_step=event.global_step,
@@ -357,14 +362,18 @@ def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
     nodes = dict(state.nodes)
     for usage in event.nodes:
         key = node_key(usage.type, usage.id)
-        old = peaks.get(key) or NodePeak(type=usage.type, id=usage.id)
-        peaks[key] = NodePeak(
-            type=usage.type,
-            id=usage.id,
-            cpu=max(old.cpu, usage.cpu),
-            memory=max(old.memory, usage.memory),
-            gpu_memory=max(old.gpu_memory, usage.gpu_memory or 0),
-        )
+        old = peaks.get(key)
+        gpu_memory = usage.gpu_memory or 0
+        if old is None or (
+            usage.cpu > old.cpu or usage.memory > old.memory or gpu_memory > old.gpu_memory
+        ):
+            peaks[key] = NodePeak.model_construct(
+                type=usage.type,
+                id=usage.id,
+                cpu=usage.cpu if old is None else max(old.cpu, usage.cpu),
+                memory=usage.memory if old is None else max(old.memory, usage.memory),
+                gpu_memory=gpu_memory if old is None else max(old.gpu_memory, gpu_memory),
+            )
         node = nodes.get(key)
         if node is None:
             nodes[key] = _node_from_role(state, usage.type, usage.id, NodeStatus.RUNNING)
@@ -386,6 +395,7 @@ def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
             "stage_samples": seen,
             "status": status,
             "batch_size": event.batch_size or state.batch_size,
+            "last_event_id": event_id,
         }
     )
 
@@ -521,7 +531,7 @@ def fold(state: JobState | None, event: Event) -> JobState | None:
         case JobStarted():
             state = _fold_started(state, event)
         case RuntimeSample():
-            state = _fold_sample(state, event)
+            return _fold_sample(state, event)  # sets last_event_id itself
         case NodeStarted():
             state = _with_node_status(state, event.node.type, event.node.id, NodeStatus.RUNNING)
         case NodeExited():
