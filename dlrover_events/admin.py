@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Self
-
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaError
 
-from dlrover_events.errors import BusUnavailable
+from dlrover_events.bus import start_kafka_client
+from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.topics import CONTROL_TOPIC, ENV_TOPICS, topic
 
@@ -16,7 +14,7 @@ _TOPIC_ALREADY_EXISTS = 36
 _UNKNOWN_TOPIC = 3
 
 
-class TopicAdmin:
+class TopicAdmin(AsyncResource):
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._client = AIOKafkaAdminClient(
@@ -26,26 +24,10 @@ class TopicAdmin:
         )
 
     async def start(self) -> None:
-        try:
-            await self._client.start()
-        except (KafkaConnectionError, KafkaError) as err:
-            await self._client.close()
-            raise BusUnavailable(
-                f"cannot reach Kafka at {self._settings.bootstrap_servers} ({err}); start the "
-                "embedded stack with `dlrover-events up` or set DLROVER_EVENTS_BOOTSTRAP_SERVERS"
-            ) from None
+        await start_kafka_client(self._client, self._settings)
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
         await self._client.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def list_topics(self) -> list[str]:
         topics: list[str] = await self._client.list_topics()

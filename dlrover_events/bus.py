@@ -11,13 +11,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaError
 
 from dlrover_events.errors import BusUnavailable
+from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.topics import DLQ, topic, topic_of
 from schemas.codec import CodecError, decode, encode
@@ -34,7 +34,18 @@ def _unavailable(settings: Settings, err: Exception) -> BusUnavailable:
     )
 
 
-class Producer:
+async def start_kafka_client(client: Any, settings: Settings) -> None:
+    """Start an aiokafka client; if the broker cannot be reached, release the client and
+    raise the one error a user sees for it."""
+    try:
+        await client.start()
+    except KafkaError as err:
+        stop = getattr(client, "stop", None) or client.close
+        await stop()
+        raise _unavailable(settings, err) from None
+
+
+class Producer(AsyncResource):
     """Publishes events to their env topic, keyed so one job's events stay in order."""
 
     def __init__(self, settings: Settings, *, linger_ms: int = 5) -> None:
@@ -50,23 +61,10 @@ class Producer:
         )
 
     async def start(self) -> None:
-        try:
-            await self._producer.start()
-        except KafkaConnectionError as err:
-            await self._producer.stop()
-            raise _unavailable(self._settings, err) from None
+        await start_kafka_client(self._producer, self._settings)
 
     async def stop(self) -> None:
         await self._producer.stop()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     async def publish(self, event: Event) -> None:
         """Publish and wait until the broker has it."""
@@ -130,7 +128,7 @@ def dead_letter(
     )
 
 
-class Consumer:
+class Consumer(AsyncResource):
     """Consumes some of one env's topics in a consumer group of that env.
 
     Each fetched batch is decoded; what fails becomes a dead letter in ``<env>.dlq``; the
@@ -181,25 +179,15 @@ class Consumer:
     async def start(self) -> None:
         await self._producer.start()
         try:
-            await self._consumer.start()
-        except KafkaConnectionError as err:
+            await start_kafka_client(self._consumer, self._settings)
+        except BusUnavailable:
             await self._producer.stop()
-            await self._consumer.stop()
-            raise _unavailable(self._settings, err) from None
+            raise
 
     async def stop(self) -> None:
         self._stopping.set()
         await self._consumer.stop()
         await self._producer.stop()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     async def run(self) -> None:
         """Consume until ``stop()`` is called or the task is cancelled."""
@@ -300,11 +288,7 @@ async def read_topic(
         group_id=None,
         **consumer_args,
     )
-    try:
-        await consumer.start()
-    except KafkaError as err:
-        await consumer.stop()
-        raise _unavailable(settings, err) from None
+    await start_kafka_client(consumer, settings)
     try:
         parts = await topic_partitions(consumer, topic_name)
         consumer.assign(parts)
@@ -352,5 +336,6 @@ __all__ = [
     "Received",
     "dead_letter",
     "read_topic",
+    "start_kafka_client",
     "topic_partitions",
 ]

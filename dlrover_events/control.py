@@ -12,10 +12,8 @@ import asyncio
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 
-from dlrover_events.bus import topic_partitions
-from dlrover_events.errors import BusUnavailable
+from dlrover_events.bus import start_kafka_client, topic_partitions
 from dlrover_events.settings import Settings
 from dlrover_events.topics import CONTROL_TOPIC
 from schemas.codec import CodecError, decode
@@ -77,13 +75,7 @@ class EnvWatcher:
             enable_auto_commit=False,
             client_id=f"{self._settings.client_id}-control",
         )
-        try:
-            await consumer.start()
-        except KafkaError as err:
-            await consumer.stop()
-            raise BusUnavailable(
-                f"cannot reach Kafka at {self._settings.bootstrap_servers} ({err})"
-            ) from None
+        await start_kafka_client(consumer, self._settings)
         try:
             parts: list[TopicPartition] = await topic_partitions(consumer, CONTROL_TOPIC)
             if not parts:

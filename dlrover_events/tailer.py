@@ -11,10 +11,9 @@ from datetime import datetime
 from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 
-from dlrover_events.bus import topic_partitions
-from dlrover_events.errors import BusUnavailable, UserError
+from dlrover_events.bus import start_kafka_client, topic_partitions
+from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
 from dlrover_events.tail import Filter, Line, read_line
 from dlrover_events.topics import ENV_TOPIC_NAMES, topic
@@ -42,13 +41,7 @@ async def follow(
         enable_auto_commit=False,
         client_id=f"{settings.client_id}-tail",
     )
-    try:
-        await consumer.start()
-    except KafkaError as err:
-        await consumer.stop()
-        raise BusUnavailable(
-            f"cannot reach Kafka at {settings.bootstrap_servers} ({err}); is the stack up?"
-        ) from None
+    await start_kafka_client(consumer, settings)
     emitted = 0
     try:
         parts: list[TopicPartition] = []

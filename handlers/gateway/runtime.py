@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from types import TracebackType
-from typing import Self
 
 import asyncpg
 from aiohttp import web
@@ -20,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.bus import Producer
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.store import apply_migrations, connect, create_pool, env_schema
 from handlers.gateway.app import Gateway, build_app
@@ -59,7 +58,7 @@ async def prepare_env(dsn: str, env: str) -> None:
         await conn.close()
 
 
-class GatewayServer:
+class GatewayServer(AsyncResource):
     def __init__(
         self,
         settings: Settings,
@@ -136,15 +135,6 @@ class GatewayServer:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     async def _follow(self) -> None:
         assert self._follower is not None

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
 
-from dlrover_events.bus import Producer, topic_partitions
-from dlrover_events.errors import BusUnavailable, UserError
+from dlrover_events.bus import Producer, start_kafka_client, topic_partitions
+from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
 from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, split_topic, topic
 from schemas.codec import CodecError, decode, encode
@@ -73,13 +72,7 @@ class Replay:
             enable_auto_commit=False,
             client_id=f"{self.settings.client_id}-replay",
         )
-        try:
-            await consumer.start()
-        except KafkaError as err:
-            await consumer.stop()
-            raise BusUnavailable(
-                f"cannot reach Kafka at {self.settings.bootstrap_servers} ({err})"
-            ) from None
+        await start_kafka_client(consumer, self.settings)
         report = ReplayReport()
         try:
             async with Producer(self.settings) as producer:
