@@ -256,8 +256,17 @@ class VirtualOperator:
 
 
 async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
-    """Entry of the mode dispatch (modes.run_operator) for virtual envs."""
-    operator = VirtualOperator(ctx.settings, ctx.env, ctx.pg_dsn, virtual_settings(options))
+    """Entry of the mode dispatch (modes.run_operator) for virtual envs.
+
+    The env's own settings (``operator:`` in the registry, e.g. an A/B arm's cluster and
+    speed) come first; options given on the command line override them.
+    """
+    record = await check_virtual(ctx.settings, ctx.pg_dsn, ctx.env)
+    from_env = record.settings.get("operator", {})
+    if not isinstance(from_env, Mapping):
+        raise UserError(f"env {ctx.env!r}: settings.operator must be a mapping of options")
+    merged = {**from_env, **options}
+    operator = VirtualOperator(ctx.settings, ctx.env, ctx.pg_dsn, virtual_settings(merged))
     o = operator.options
     pace = "as fast as possible" if o.fast else f"at {o.speed:g}x wall time"
     log.warning(

@@ -3,6 +3,7 @@ samples, node events and scale results out; each plan applied once, even across 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import uuid
@@ -227,3 +228,28 @@ def test_the_command_says_what_is_wrong_with_its_env(
     assert "no env named 'no-such-env'" in str(result.exception)
     result = CliRunner().invoke(app, ["--env", "Bad_Name"])
     assert isinstance(result.exception, UserError)
+
+
+async def test_the_envs_own_settings_configure_its_operator(
+    settings: Settings, pg_dsn: str
+) -> None:
+    registry = EnvRegistry(settings, pg_dsn)
+    name = f"t{uuid.uuid4().hex[:10]}"
+    await registry.create(name, settings={"operator": {"speed": -1.0}})
+    try:
+        ctx = ServiceContext(settings, name, pg_dsn)
+        with pytest.raises(UserError, match="speed"):
+            await virtual.run(ctx, {})  # the env's own (bad) setting is used...
+        task = asyncio.create_task(virtual.run(ctx, {"speed": 100.0}))  # ...options win
+        await asyncio.wait_for(ctx.ready.wait(), 60)
+        ctx.stop.set()
+        await asyncio.wait_for(task, 30)
+    finally:
+        await registry.delete(name)
+    bad = f"t{uuid.uuid4().hex[:10]}"
+    await registry.create(bad, settings={"operator": "fast please"})
+    try:
+        with pytest.raises(UserError, match="must be a mapping"):
+            await virtual.run(ServiceContext(settings, bad, pg_dsn), {})
+    finally:
+        await registry.delete(bad)
