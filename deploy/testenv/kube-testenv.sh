@@ -22,12 +22,17 @@
 #                         one extracted from Debian's etcd-server package)
 #   KUBE_TESTENV_KEEP_SOURCE=1   keep the 2.7 GB build tree after a successful build
 #   KUBE_TESTENV_READY_TIMEOUT   seconds to wait for /readyz (default 90)
+#   KUBE_TESTENV_OWNER_PID       `start` also leaves a watchdog that runs `stop DIR` once
+#                                this process is gone (the test session: no leftover
+#                                servers when it is killed)
 #
 # Everything listens on 127.0.0.1 only. Authentication is a static token file (one admin
 # user in system:masters) plus service-account tokens; authorization is RBAC.
 set -euo pipefail
 
 readonly K8S_VERSION="v1.20.2"
+SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
+readonly SELF
 readonly DEB_K8S_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 readonly CACHE_ROOT="${KUBE_TESTENV_CACHE:-${HOME}/.cache/dlrover-events}"
 readonly APISERVER_DIR="${CACHE_ROOT}/kube-apiserver-${K8S_VERSION}"
@@ -339,7 +344,24 @@ cmd_start() {
 
   (umask 077 && write_kubeconfig "${dir}/kubeconfig" "${server}" "${token}")
   log "wrote ${dir}/kubeconfig"
+  if [[ -n "${KUBE_TESTENV_OWNER_PID:-}" ]]; then
+    start_watchdog "${dir}" "${KUBE_TESTENV_OWNER_PID}"
+  fi
   echo "${dir}/kubeconfig"
+}
+
+# A process that waits for OWNER to exit, then stops the control plane of DIR.
+start_watchdog() {
+  local dir="$1" owner="$2"
+  if ! kill -0 "${owner}" 2>/dev/null; then
+    cmd_stop "${dir}"
+    die "KUBE_TESTENV_OWNER_PID=${owner} is not a running process"
+  fi
+  # shellcheck disable=SC2016 # expanded by the watchdog's bash, from its arguments
+  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 2; done; exec "$2" stop "$3"' \
+    watchdog "${owner}" "${SELF}" "${dir}" >"${dir}/watchdog.log" 2>&1 </dev/null &
+  echo $! >"${dir}/watchdog.pid"
+  log "watchdog (pid $!) stops ${dir} when process ${owner} exits"
 }
 
 write_kubeconfig() {
@@ -394,6 +416,11 @@ cmd_stop() {
   # API server first, so it does not log etcd connection errors while shutting down.
   stop_process kube-apiserver "${dir}/kube-apiserver.pid"
   stop_process etcd "${dir}/etcd.pid"
+  if [[ -f "${dir}/watchdog.pid" && "$(cat "${dir}/watchdog.pid")" == "$$" ]]; then
+    rm -f "${dir}/watchdog.pid" # we are the watchdog, exec'ed into `stop`
+  else
+    stop_process watchdog "${dir}/watchdog.pid"
+  fi
   log "stopped the test control plane in ${dir}"
 }
 

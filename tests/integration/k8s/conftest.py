@@ -10,6 +10,7 @@ Per test: `api` (an admin ApiClient), `namespace` (a fresh one), `node` + `kubel
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -40,7 +41,10 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     run_script("build", timeout=BUILD_TIMEOUT_S)
     workdir = tmp_path_factory.mktemp("kube-testenv")
     try:
-        kubeconfig = Path(run_script("start", str(workdir), timeout=START_TIMEOUT_S).strip())
+        # The script's watchdog stops the servers should this session die without teardown.
+        owner = {"KUBE_TESTENV_OWNER_PID": str(os.getpid())}
+        out = run_script("start", str(workdir), timeout=START_TIMEOUT_S, env=owner)
+        kubeconfig = Path(out.strip())
         assert kubeconfig == workdir / "kubeconfig", kubeconfig
         yield kubeconfig
     finally:

@@ -8,7 +8,9 @@ each (namespaces stay Terminating without the namespace controller).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
 import subprocess
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -56,7 +58,7 @@ async def merge_patch(method: Callable[..., Awaitable[T]], *args: Any, body: Any
     return await method(*args, body, _content_type=MERGE_PATCH)
 
 
-def run_script(*args: str, timeout: float) -> str:
+def run_script(*args: str, timeout: float, env: Mapping[str, str] | None = None) -> str:
     """Run kube-testenv.sh; its progress goes to our stderr, its stdout is returned."""
     proc = subprocess.run(
         ["bash", str(SCRIPT), *args],
@@ -64,8 +66,36 @@ def run_script(*args: str, timeout: float) -> str:
         text=True,
         timeout=timeout,
         check=True,
+        env={**os.environ, **(env or {})},
     )
     return proc.stdout
+
+
+def _decode_address(hex_address: str) -> tuple[str, int]:
+    """An address of /proc/net/tcp{,6}: host bytes in 32-bit little-endian words, port."""
+    host_hex, port_hex = hex_address.split(":")
+    raw = bytes.fromhex(host_hex)
+    host = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    family = socket.AF_INET if len(host) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, host), int(port_hex, 16)
+
+
+def listening_addresses(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of each listening TCP socket of process `pid` (Linux /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # 0A: TCP_LISTEN
+                found.add(_decode_address(local))
+    return found
 
 
 def parse_yaml_documents(text: str) -> list[dict[str, Any]]:

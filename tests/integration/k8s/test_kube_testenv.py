@@ -34,6 +34,7 @@ from .kube import (
     FakeKubelet,
     apply_crd,
     create_namespace,
+    listening_addresses,
     load_yaml_documents,
     merge_patch,
     parse_yaml_documents,
@@ -82,6 +83,22 @@ async def expect_forbidden(call: Awaitable[Any], namespace: str, service_account
     error = await expect_status(call, 403)
     user = f"system:serviceaccount:{namespace}:{service_account}"
     assert f'User \\"{user}\\"' in str(error.body), error.body
+
+
+# -------------------------------------------------------------------------- control plane
+
+
+def test_control_plane_listens_on_loopback_only(kube: Path) -> None:
+    config = parse_yaml_documents(kube.read_text())[0]
+    api_port = int(config["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
+    listening = {}
+    for name in ("etcd", "kube-apiserver"):
+        pid = int((kube.parent / f"{name}.pid").read_text())
+        listening[name] = listening_addresses(pid)
+        assert listening[name], f"{name} listens nowhere?"
+        assert {host for host, _ in listening[name]} == {"127.0.0.1"}, listening
+    assert listening["kube-apiserver"] == {("127.0.0.1", api_port)}  # --insecure-port=0
+    assert len(listening["etcd"]) == 2  # client and peer
 
 
 # ------------------------------------------------------------------------------------ CRD
