@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import faust
 import typer
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -48,7 +47,7 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from schemas.plans import ScalePlan
-from streams.brain.app import Brain
+from streams.brain.app import Brain, BrainApp
 from streams.brain.planner import plan_id
 from streams.brain.state import GiB
 
@@ -222,7 +221,7 @@ async def _baseline(settings: Settings, env: str, total: int) -> float:
 
 async def _faust_raw(settings: Settings, env: str, total: int, take_max: int) -> float:
     """A faust agent that only takes and acks: what faust costs before any brain work."""
-    app = faust.App(
+    app = BrainApp(
         f"{env}.bench-faust-{uuid.uuid4().hex[:6]}",
         broker=[f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")],
         key_serializer="raw",
