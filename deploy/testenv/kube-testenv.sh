@@ -188,9 +188,11 @@ build_apiserver() {
   fi
   rm -f "${vendored}"/*_test.go
 
-  log "building cmd/kube-apiserver with $(go version) (several minutes)"
+  # Debian's Go (1.19) first, whatever other Go the PATH may hold.
+  local path="/usr/lib/go/bin:${PATH}"
+  log "building cmd/kube-apiserver with $(PATH="${path}" go version) (several minutes)"
   local started=${SECONDS}
-  (cd "${src}" && CGO_ENABLED=0 HOME="${src}" make WHAT=cmd/kube-apiserver)
+  (cd "${src}" && PATH="${path}" CGO_ENABLED=0 HOME="${src}" make WHAT=cmd/kube-apiserver)
   log "build finished in $((SECONDS - started)) s"
 
   local built
