@@ -8,6 +8,7 @@ imported only once chosen: a virtual env's process never imports a Kubernetes cl
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -23,7 +24,19 @@ Runner = Callable[[ServiceContext, Mapping[str, Any]], Awaitable[None]]
 #: "module:function" of each mode's runner.
 RUNNERS: Mapping[EnvMode, str] = {
     EnvMode.VIRTUAL: "handlers.operator.virtual:run",
+    EnvMode.REAL: "handlers.operator.kube.runner:run",
 }
+
+#: Option (or DLROVER_EVENTS_OPERATOR_FOLLOW_REAL) that runs the real operator whatever the
+#: env's mode now: it acts for whichever env is real and moves with promotions.
+FOLLOW_REAL = "follow_real"
+
+
+def follows_real(options: Mapping[str, Any]) -> bool:
+    given = options.get(FOLLOW_REAL)
+    if given is None:
+        given = os.environ.get("DLROVER_EVENTS_OPERATOR_FOLLOW_REAL", "")
+    return str(given).strip().lower() in ("1", "true", "yes", "on")
 
 
 def runner_for(mode: EnvMode) -> Runner:
@@ -46,4 +59,5 @@ async def run_operator(ctx: ServiceContext, options: Mapping[str, Any] | None = 
         raise UserError(
             f"no env named {ctx.env!r}; create it with `dlrover-events env create {ctx.env}`"
         )
-    await runner_for(record.mode)(ctx, options or {})
+    options = options or {}
+    await runner_for(EnvMode.REAL if follows_real(options) else record.mode)(ctx, options)

@@ -1,10 +1,11 @@
 """The operator as a service of `dlrover-events up` (entry point ``operator``).
 
-`up` runs its services for the real env only, and this build has no real-cluster
-reconciler: started by `up` the operator could only fail (the virtual one refuses the real
-env) or sit idle while looking like it ran. So it is not started by default (in_up=False);
-`dlrover-events operator --env E` runs it for a virtual env, and `up -s operator` says
-plainly why it cannot run. Once the reconciler is in modes.RUNNERS, in_up becomes True.
+`up` runs its services for the real env, whose operator is the Kubernetes reconciler
+(handlers.operator.kube): it needs cluster credentials (DLROVER_EVENTS_OPERATOR_KUBECONFIG,
+$KUBECONFIG, ~/.kube/config, or a pod's service account). The embedded stack of `make run`
+has no cluster, so `up` does not start it by default (in_up=False): `up -s operator` runs
+it where a cluster is at hand, and says plainly why it cannot run where none is.
+DLROVER_EVENTS_OPERATOR_FOLLOW_REAL=1 makes it follow promotions of the real env.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ async def run(ctx: ServiceContext) -> None:
 
 service = Service(
     name="operator",
-    description="applies the env's ScalePlans (virtual env: simulated cluster and jobs)",
+    description="applies the env's ScalePlans (real env: pods on the cluster; virtual: simulated)",
     run=run,
     in_up=False,
 )

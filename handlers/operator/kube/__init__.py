@@ -1,0 +1,6 @@
+"""The real env's operator: TrainingJobs and their pods on a Kubernetes cluster.
+
+Pure decisions (model, planning, podevents, quantity) under thin kubernetes-asyncio
+adapters (client, reconciler, runner). Only runner.py loads cluster credentials, and only
+the real env's operator imports this package (modes.RUNNERS).
+"""

@@ -1,0 +1,106 @@
+"""Workload adapters: what the reconciler needs to know about one kind of training job.
+
+The reconciler (watches, plans, results, events) is the same for every workload; what
+differs is where the job keeps its replicas and resources, who creates the pods, and how
+its pods are labelled. An adapter says exactly that, and the registry below lists the
+kinds the operator can run: an explicit dict, not discovery, so that what a deployment
+can touch (and so what its RBAC must allow) is visible in one place.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dlrover_events.errors import UserError
+from handlers.operator.kube.model import JobView, PodView
+from handlers.operator.kube.planning import NewPod, PlanChange
+from schemas.plans import ScalePlan
+
+
+class WorkloadAdapter(ABC):
+    """One custom resource kind of training job."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    #: Whether this operator creates and deletes the job's pods (TrainingJob), or another
+    #: controller does from the replicas it patches (PyTorchJob: the training-operator).
+    creates_pods: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    @abstractmethod
+    def parse(self, obj: Mapping[str, Any]) -> JobView:
+        """The job as the pure decisions see it; InvalidJob for what they cannot use."""
+
+    @abstractmethod
+    def parse_pod(self, obj: Mapping[str, Any]) -> PodView | None:
+        """One of the job's pods (None: not a pod of a job of this kind)."""
+
+    @abstractmethod
+    def pod_selector(self) -> str:
+        """Label selector of the pods of every job of this kind."""
+
+    @abstractmethod
+    def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
+        """The plan as one merge patch of the job object (PlanRejected: why it cannot)."""
+
+    @abstractmethod
+    def pod_manifest(
+        self, obj: Mapping[str, Any], job: JobView, pod: NewPod, env: str
+    ) -> dict[str, Any]:
+        """A new pod of the job (only called when ``creates_pods``)."""
+
+    @abstractmethod
+    def status_patch(
+        self,
+        job: JobView,
+        pods: Sequence[PodView],
+        *,
+        last_plan: str | None = None,
+        last_plan_time: str | None = None,
+    ) -> dict[str, Any] | None:
+        """A merge patch of the status subresource, None when status already says it."""
+
+
+#: kind -> adapter. Add a workload here (and its verbs to deploy/rbac/operator.yaml).
+_ADAPTERS: dict[str, WorkloadAdapter] = {}
+
+
+def register_adapter(adapter: WorkloadAdapter) -> WorkloadAdapter:
+    _ADAPTERS[adapter.kind] = adapter
+    return adapter
+
+
+def adapter_for(kind: str) -> WorkloadAdapter:
+    """The adapter of ``kind``; a kind without one is the user's to fix."""
+    _load_builtin()
+    try:
+        return _ADAPTERS[kind]
+    except KeyError:
+        raise UserError(
+            f"no workload adapter for kind {kind!r}; the operator supports: "
+            f"{', '.join(sorted(_ADAPTERS))}"
+        ) from None
+
+
+def adapters() -> dict[str, WorkloadAdapter]:
+    _load_builtin()
+    return dict(_ADAPTERS)
+
+
+def _load_builtin() -> None:
+    """The built-in adapters register on import; imported here, late, to avoid a cycle.
+
+    PyTorchJob (handlers.operator.kube.pytorchjob) is a documented skeleton and is not
+    registered: the operator must not claim a workload it cannot drive.
+    """
+    from handlers.operator.kube import trainingjob  # noqa: F401
+
+
+__all__ = ["WorkloadAdapter", "adapter_for", "adapters", "register_adapter"]

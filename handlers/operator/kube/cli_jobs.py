@@ -1,0 +1,209 @@
+"""`dlrover-events job submit|list|describe|scale|delete`: TrainingJobs from a terminal.
+
+submit/list/describe/delete talk to the cluster with the user's own kubeconfig, as kubectl
+does. `scale` does not patch the job: it publishes a ScalePlan to the env's
+scale.plans, so a scale by hand goes the way the brain's do (once, recorded, answered
+with a ScaleResult). Its plan_id is derived from the request and the job's generation:
+the same command repeated before it applied is the same plan, applied once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+import yaml  # type: ignore[import-untyped,unused-ignore]
+from kubernetes_asyncio.client.rest import ApiException
+
+from dlrover_events.bus import Producer
+from dlrover_events.embedded import resolve_postgres
+from dlrover_events.envs import EnvRegistry
+from dlrover_events.errors import UserError
+from dlrover_events.settings import load_settings
+from handlers.operator.kube.client import KubeApi, api_error
+from handlers.operator.kube.model import InvalidJob, check_bounds
+from handlers.operator.kube.podevents import job_meta
+from handlers.operator.kube.runner import KubeSettings, connect
+from handlers.operator.kube.trainingjob import TRAINING_JOB
+from schemas.plans import NodeGroupResource, ScalePlan
+
+T = TypeVar("T")
+
+job_app = typer.Typer(help="TrainingJobs on the cluster: submit, list, describe, scale, delete.")
+
+_PLAN_NAMESPACE = uuid.UUID("7a2d9e4b-1c3f-4b6a-8d0e-5f7a9c1b3d2e")
+
+KUBECONFIG = typer.Option(None, "--kubeconfig", help="default: $KUBECONFIG, ~/.kube/config")
+NAMESPACE = typer.Option(None, "--namespace", "-n", help="default: the context's")
+
+
+def _run(
+    kubeconfig: Path | None, namespace: str | None, work: Callable[[KubeApi], Awaitable[T]]
+) -> T:
+    async def go() -> T:
+        conf = KubeSettings(kubeconfig=kubeconfig, namespace=namespace)
+        api, ns = await connect(conf)
+        async with api:
+            try:
+                return await work(KubeApi(api, TRAINING_JOB, ns))
+            except ApiException as e:
+                raise UserError(api_error(e)) from None
+
+    return asyncio.run(go())
+
+
+def scale_plan_id(uid: str, generation: int, role: str, replicas: int) -> str:
+    """The same request on the same version of the job: the same plan."""
+    return "cli-" + str(uuid.uuid5(_PLAN_NAMESPACE, f"{uid}/{generation}/{role}/{replicas}"))
+
+
+@job_app.command("submit")
+def submit(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="a TrainingJob YAML"),
+    kubeconfig: Path | None = KUBECONFIG,
+    namespace: str | None = NAMESPACE,
+) -> None:
+    """Create the TrainingJob of FILE (checked first for what the schema cannot check)."""
+    docs = [d for d in yaml.safe_load_all(file.read_text()) if d]
+    if len(docs) != 1 or docs[0].get("kind") != TRAINING_JOB.kind:
+        raise UserError(f"{file} must hold one {TRAINING_JOB.kind}")
+    body: dict[str, Any] = docs[0]
+    body.setdefault("apiVersion", TRAINING_JOB.api_version)
+    body.setdefault("metadata", {}).setdefault("uid", "")
+    try:
+        check_bounds(TRAINING_JOB.parse(body))
+    except InvalidJob as e:
+        raise UserError(f"{file}: {e}") from None
+    del body["metadata"]["uid"]
+
+    async def work(kube: KubeApi) -> dict[str, Any]:
+        return await kube.create_job(body)
+
+    got = _run(kubeconfig, namespace, work)
+    typer.echo(f"trainingjob {got['metadata']['namespace']}/{got['metadata']['name']} created")
+
+
+@job_app.command("list")
+def list_jobs(kubeconfig: Path | None = KUBECONFIG, namespace: str | None = NAMESPACE) -> None:
+    """The TrainingJobs of the namespace: phase, replicas per role, last plan."""
+
+    async def work(kube: KubeApi) -> list[dict[str, Any]]:
+        return (await kube.list_jobs())[0]
+
+    for obj in sorted(_run(kubeconfig, namespace, work), key=lambda o: o["metadata"]["name"]):
+        status = obj.get("status") or {}
+        roles = " ".join(
+            f"{name}={(status.get('roles') or {}).get(name, {}).get('running', 0)}/"
+            f"{role.get('replicas', 0)}"
+            for name, role in sorted((obj.get("spec", {}).get("roles") or {}).items())
+        )
+        typer.echo(
+            f"{obj['metadata']['name']:30} {status.get('phase', '-'):10} {roles}  "
+            f"last-plan={status.get('lastPlanId', '-')}"
+        )
+
+
+@job_app.command("describe")
+def describe(
+    name: str,
+    kubeconfig: Path | None = KUBECONFIG,
+    namespace: str | None = NAMESPACE,
+) -> None:
+    """One job: roles (desired, resources, pod counts), status and its pods."""
+
+    async def work(kube: KubeApi) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        obj = await kube.get_job(name)
+        if obj is None:
+            raise UserError(f"no trainingjob {name!r} in namespace {kube.namespace}")
+        pods, _ = await kube.list_pods(f"{TRAINING_JOB.pod_selector()}={name}")
+        return obj, pods
+
+    obj, pods = _run(kubeconfig, namespace, work)
+    meta, status = obj["metadata"], obj.get("status") or {}
+    typer.echo(f"name:      {meta['namespace']}/{meta['name']} (uid {meta['uid']})")
+    typer.echo(f"phase:     {status.get('phase', '-')}")
+    typer.echo(f"last plan: {status.get('lastPlanId', '-')} at {status.get('lastPlanTime', '-')}")
+    for role, spec in sorted(obj["spec"]["roles"].items()):
+        seen = (status.get("roles") or {}).get(role, {})
+        bounds = f"[{spec.get('minReplicas', '-')}, {spec.get('maxReplicas', '-')}]"
+        typer.echo(
+            f"role {role}: {spec['replicas']} replicas {bounds} resources "
+            f"{spec.get('resources', {})} restart {spec.get('restartPolicy', '-')}; "
+            + ", ".join(f"{k} {v}" for k, v in sorted(seen.items()))
+        )
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        deleting = " (deleting)" if pod["metadata"].get("deletionTimestamp") else ""
+        phase = (pod.get("status") or {}).get("phase", "Pending")
+        typer.echo(f"  pod {pod['metadata']['name']}: {phase}{deleting}")
+
+
+@job_app.command("scale")
+def scale(
+    name: str,
+    role: str = typer.Option("worker", "--role", "-r"),
+    replicas: int = typer.Option(..., "--replicas", min=1, help="a plan cannot say 0"),
+    env: str | None = typer.Option(None, "--env", "-e", help="default: the real env"),
+    kubeconfig: Path | None = KUBECONFIG,
+    namespace: str | None = NAMESPACE,
+) -> None:
+    """Publish a ScalePlan for one role of the job; the env's operator applies it once."""
+
+    async def work(kube: KubeApi) -> dict[str, Any]:
+        obj = await kube.get_job(name)
+        if obj is None:
+            raise UserError(f"no trainingjob {name!r} in namespace {kube.namespace}")
+        return obj
+
+    obj = _run(kubeconfig, namespace, work)
+    try:
+        job = TRAINING_JOB.parse(obj)
+    except InvalidJob as e:
+        raise UserError(f"trainingjob {name}: {e}") from None
+    if role not in job.roles:
+        raise UserError(f"trainingjob {name} has no role {role!r} (roles: {', '.join(job.roles)})")
+    plan_id = scale_plan_id(job.uid, job.generation, role, replicas)
+    settings = load_settings()
+
+    async def publish() -> str:
+        target = env
+        if target is None:
+            real = await EnvRegistry(settings, (await resolve_postgres(settings)).dsn).real()
+            if real is None:
+                raise UserError("no env is real; name one with --env")
+            target = real.name
+        plan = ScalePlan(
+            env=target,
+            source="cli",
+            job=job_meta(job),
+            plan_id=plan_id,
+            node_group_resources={role: NodeGroupResource(count=replicas)},
+        )
+        async with Producer(settings) as producer:
+            await producer.publish(plan)
+        return target
+
+    target = asyncio.run(publish())
+    typer.echo(f"plan {plan_id} published to {target}.scale.plans: {name} {role}={replicas}")
+
+
+@job_app.command("delete")
+def delete(
+    name: str,
+    kubeconfig: Path | None = KUBECONFIG,
+    namespace: str | None = NAMESPACE,
+) -> None:
+    """Delete the job; the operator deletes its pods."""
+
+    async def work(kube: KubeApi) -> bool:
+        return await kube.delete_job(name)
+
+    if not _run(kubeconfig, namespace, work):
+        raise UserError(f"no trainingjob {name!r}")
+    typer.echo(f"trainingjob {name} deleted")
+
+
+__all__ = ["job_app", "scale_plan_id"]

@@ -1,0 +1,285 @@
+"""The cluster as the reconciler's pure decisions see it: jobs and pods as plain values.
+
+Parsed once from the API's JSON (dicts, as watches deliver them) so that every decision
+(which pods to create or delete, which events a pod's state means) is a function of values
+that unit tests can build by hand.
+
+Pods are named ``<job>-<role>-<index>`` and labelled with their job, role and rank. The
+rank is the node's id towards the brain (NodeRef.id) and stays with the node when it is
+migrated; the index only makes names unique, so a migrated node's new pod (created before
+the old one goes) gets a new index and keeps the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.operator.kube.quantity import QuantityError, Resources
+
+DOMAIN = "dlrover-events.io"
+LABEL_JOB = f"{DOMAIN}/job"
+LABEL_JOB_UID = f"{DOMAIN}/job-uid"
+LABEL_ROLE = f"{DOMAIN}/role"
+LABEL_RANK = f"{DOMAIN}/rank"
+LABEL_INDEX = f"{DOMAIN}/index"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "dlrover-events-operator"
+
+#: JSON list of the last plan ids applied to the job's spec, written in the same patch as
+#: the spec change: a plan delivered again after a crash finds its change already made.
+ANN_PLANS = f"{DOMAIN}/applied-plans"
+#: JSON {role: {rank: resources}}: nodes that a plan migrated to other resources than the
+#: role's (the schema has no per-node field, and pruning would drop one).
+ANN_NODE_RESOURCES = f"{DOMAIN}/node-resources"
+#: JSON {role: [rank, ...]}: ranks a plan removed by name; scaling down takes them first.
+ANN_REMOVE_FIRST = f"{DOMAIN}/remove-first"
+#: How many applied plan ids a job remembers (older ones are in the env's ledger).
+PLAN_MEMORY = 32
+
+ROLE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+FINAL_PHASES = (SUCCEEDED, FAILED)
+
+
+class InvalidJob(ValueError):
+    """The job's spec breaks a rule the v1.20 schema cannot express."""
+
+
+@dataclass(frozen=True)
+class RoleView:
+    name: str
+    replicas: int
+    min_replicas: int | None
+    max_replicas: int | None
+    resources: Resources
+    restart_policy: str
+    template: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    namespace: str
+    uid: str
+    resource_version: str
+    generation: int
+    roles: Mapping[str, RoleView]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: role -> rank -> resources a plan gave that node
+    node_resources: Mapping[str, Mapping[int, Resources]] = field(default_factory=dict)
+    remove_first: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    applied_plans: tuple[str, ...] = ()
+    phase: str | None = None
+    last_plan_id: str | None = None
+    status: Mapping[str, Any] = field(default_factory=dict)
+
+    def wanted(self, role: str, rank: int) -> Resources:
+        """The resources a new pod of that node gets."""
+        return self.node_resources.get(role, {}).get(rank) or self.roles[role].resources
+
+
+@dataclass(frozen=True)
+class Termination:
+    container: str
+    exit_code: int
+    reason: str
+
+    @property
+    def oom(self) -> bool:
+        """The kernel's OOM killer: the reason says so, or SIGKILL's 137 says it for it."""
+        return self.reason == "OOMKilled" or self.exit_code == 137
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    uid: str
+    job: str
+    job_uid: str
+    role: str
+    rank: int
+    index: int
+    phase: str
+    deleting: bool
+    resources: Resources
+    termination: Termination | None = None
+    node_name: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.phase == RUNNING
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINAL_PHASES
+
+
+def pod_name(job: str, role: str, index: int) -> str:
+    return f"{job}-{role}-{index}"
+
+
+def _int_keys(raw: Mapping[str, Any]) -> dict[int, Any]:
+    return {int(k): v for k, v in raw.items()}
+
+
+def _annotation(meta: Mapping[str, Any], key: str, default: Any) -> Any:
+    text = (meta.get("annotations") or {}).get(key)
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise InvalidJob(f"annotation {key} is not JSON: {e}") from None
+
+
+def parse_job(obj: Mapping[str, Any]) -> JobView:
+    """A TrainingJob from the API (a dict); InvalidJob names what the schema let through."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    roles: dict[str, RoleView] = {}
+    for name, role in (spec.get("roles") or {}).items():
+        if not ROLE_NAME.match(name):
+            raise InvalidJob(f"role name {name!r} must be a DNS label of at most 40 characters")
+        replicas = int(role.get("replicas", 0))
+        low, high = role.get("minReplicas"), role.get("maxReplicas")
+        if low is not None and high is not None and low > high:
+            raise InvalidJob(f"role {name}: minReplicas {low} > maxReplicas {high}")
+        try:
+            resources = Resources.from_spec(role.get("resources"))
+        except QuantityError as e:
+            raise InvalidJob(f"role {name}: {e}") from None
+        roles[name] = RoleView(
+            name=name,
+            replicas=replicas,
+            min_replicas=low,
+            max_replicas=high,
+            resources=resources,
+            restart_policy=role.get("restartPolicy", "OnFailure"),
+            template=role.get("template") or {},
+        )
+    if not roles:
+        raise InvalidJob("the job has no roles")
+    overrides = _annotation(meta, ANN_NODE_RESOURCES, {})
+    try:
+        node_resources = {
+            role: {rank: Resources.from_spec(res) for rank, res in _int_keys(ranks).items()}
+            for role, ranks in overrides.items()
+        }
+        remove_first = {
+            role: tuple(int(r) for r in ranks)
+            for role, ranks in _annotation(meta, ANN_REMOVE_FIRST, {}).items()
+        }
+    except (AttributeError, TypeError, ValueError) as e:
+        raise InvalidJob(f"per-node annotations: {e}") from None
+    return JobView(
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", ""),
+        uid=meta.get("uid", ""),
+        resource_version=meta.get("resourceVersion", ""),
+        generation=int(meta.get("generation") or 0),
+        roles=roles,
+        labels=dict(meta.get("labels") or {}),
+        node_resources=node_resources,
+        remove_first=remove_first,
+        applied_plans=tuple(_annotation(meta, ANN_PLANS, [])),
+        phase=status.get("phase"),
+        last_plan_id=status.get("lastPlanId"),
+        status=status,
+    )
+
+
+def check_bounds(job: JobView) -> None:
+    """min <= replicas <= max per role: the schema of v1.20 cannot say it."""
+    for role in job.roles.values():
+        if role.min_replicas is not None and role.replicas < role.min_replicas:
+            raise InvalidJob(
+                f"role {role.name}: {role.replicas} replicas, below minReplicas {role.min_replicas}"
+            )
+        if role.max_replicas is not None and role.replicas > role.max_replicas:
+            raise InvalidJob(
+                f"role {role.name}: {role.replicas} replicas, above maxReplicas {role.max_replicas}"
+            )
+
+
+def _termination(status: Mapping[str, Any]) -> Termination | None:
+    """The first container that ended, an OOM kill before any other ending."""
+    found: list[Termination] = []
+    for c in status.get("containerStatuses") or []:
+        for state in (c.get("state") or {}, c.get("lastState") or {}):
+            ended = state.get("terminated")
+            if ended:
+                found.append(
+                    Termination(
+                        c.get("name", ""), int(ended.get("exitCode", 0)), ended.get("reason") or ""
+                    )
+                )
+    if not found:
+        return None
+    return next((t for t in found if t.oom), found[0])
+
+
+def parse_pod(obj: Mapping[str, Any]) -> PodView | None:
+    """One of our pods from the API (a dict); None for a pod that is not one of a job's."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        role, rank, index = labels[LABEL_ROLE], int(labels[LABEL_RANK]), int(labels[LABEL_INDEX])
+        job = labels[LABEL_JOB]
+    except (KeyError, ValueError):
+        return None
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    containers = spec.get("containers") or [{}]
+    try:
+        resources = Resources.from_container(containers[0])
+    except QuantityError:
+        resources = Resources()
+    return PodView(
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        job=job,
+        job_uid=labels.get(LABEL_JOB_UID, ""),
+        role=role,
+        rank=rank,
+        index=index,
+        phase=status.get("phase") or PENDING,
+        deleting=meta.get("deletionTimestamp") is not None,
+        resources=resources,
+        termination=_termination(status),
+        node_name=spec.get("nodeName"),
+    )
+
+
+__all__ = [
+    "ANN_NODE_RESOURCES",
+    "ANN_PLANS",
+    "ANN_REMOVE_FIRST",
+    "FAILED",
+    "FINAL_PHASES",
+    "LABEL_INDEX",
+    "LABEL_JOB",
+    "LABEL_JOB_UID",
+    "LABEL_MANAGED_BY",
+    "LABEL_RANK",
+    "LABEL_ROLE",
+    "MANAGED_BY",
+    "PENDING",
+    "PLAN_MEMORY",
+    "RUNNING",
+    "SUCCEEDED",
+    "InvalidJob",
+    "JobView",
+    "PodView",
+    "RoleView",
+    "Termination",
+    "check_bounds",
+    "parse_job",
+    "parse_pod",
+    "pod_name",
+]

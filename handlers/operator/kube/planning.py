@@ -1,0 +1,401 @@
+"""The reconciler's decisions, pure: what a ScalePlan changes in a job's desired state, and
+which pods to create or delete so the cluster matches it.
+
+Split in two on purpose. A plan becomes a change of the job object (spec + annotations,
+with the plan id, in one patch); pods then follow the object, level-triggered. So an
+operator that dies half-way through a plan loses nothing: the object already says what
+the plan wanted, and the next look at the pods finishes the work without doing any twice.
+
+Rules (issue 4): scaling down removes the ranks a plan named first, then pending pods
+before running ones, highest rank first; scaling up fills the lowest free ranks; a
+migrated node gets a new pod with the new resources, and the old pod goes once the new one
+runs (at once when the old one was not running anyway). Ranks are node ids towards the
+brain; launch_nodes add replicas at the lowest free ranks (their ids are not honoured:
+ranks stay dense), each launched node's resources going to the rank it gets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.operator.kube.model import (
+    ANN_NODE_RESOURCES,
+    ANN_PLANS,
+    ANN_REMOVE_FIRST,
+    FAILED,
+    FINAL_PHASES,
+    PENDING,
+    PLAN_MEMORY,
+    RUNNING,
+    SUCCEEDED,
+    InvalidJob,
+    JobView,
+    PodView,
+    RoleView,
+    check_bounds,
+)
+from handlers.operator.kube.quantity import Resources
+from schemas.plans import ScalePlan
+
+#: Roles whose pods finishing means the job finished, first match wins.
+COMPLETION_ROLES = ("worker", "chief", "master")
+
+
+class PlanRejected(ValueError):
+    """The plan cannot apply to this job; the message is the result's reason."""
+
+
+@dataclass(frozen=True)
+class NewPod:
+    role: str
+    rank: int
+    index: int
+    resources: Resources
+
+
+@dataclass(frozen=True)
+class Actions:
+    create: tuple[NewPod, ...] = ()
+    delete: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.create or self.delete)
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    """A plan turned into a merge patch of the job (None: nothing to change)."""
+
+    patch: dict[str, Any] | None
+    summary: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# -- plan -> job change -----------------------------------------------------------------
+
+
+def live(pods: Iterable[PodView], job: JobView, role: str | None = None) -> list[PodView]:
+    """The job's pods that count: not being deleted, of this job (not of an earlier job
+    of the same name), of the role when one is given."""
+    return [
+        p
+        for p in pods
+        if not p.deleting and p.job_uid == job.uid and (role is None or p.role == role)
+    ]
+
+
+def _ranks(pods: Iterable[PodView]) -> dict[int, list[PodView]]:
+    by_rank: dict[int, list[PodView]] = defaultdict(list)
+    for p in pods:
+        by_rank[p.rank].append(p)
+    return dict(by_rank)
+
+
+def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
+    """What ``plan`` changes in ``job``, given its pods as observed now; PlanRejected
+    says why it cannot apply. The patch carries the job's resourceVersion, so it fails
+    (409) rather than apply on top of a change it did not see."""
+    if job.phase in FINAL_PHASES:
+        raise PlanRejected(f"job {job.name} has {job.phase.lower()}")
+    touched = (
+        set(plan.node_group_resources)
+        | {n.type for n in plan.launch_nodes}
+        | {n.type for n in plan.remove_nodes}
+        | {m.node.type for m in plan.migrate_nodes}
+    )
+    unknown = sorted(touched - set(job.roles))
+    if unknown:
+        raise PlanRejected(
+            f"job {job.name} has no role {', '.join(unknown)} (roles: {', '.join(job.roles)})"
+        )
+    both = {n.type for n in plan.launch_nodes} & {n.type for n in plan.remove_nodes}
+    if both:
+        # Replicas are counts: removing and adding in one role would not say which stays.
+        raise PlanRejected(
+            f"plan both launches and removes {', '.join(sorted(both))} nodes; migrate them, "
+            "or send two plans"
+        )
+    replicas = {name: role.replicas for name, role in job.roles.items()}
+    role_resources = {name: role.resources for name, role in job.roles.items()}
+    overrides = {role: dict(ranks) for role, ranks in job.node_resources.items()}
+    remove_first: dict[str, list[int]] = defaultdict(list)
+    done: list[str] = []
+
+    for role, group in plan.node_group_resources.items():
+        new_res = role_resources[role].updated(group.node_resource)
+        if new_res != role_resources[role]:
+            role_resources[role] = new_res
+            done.append(f"{role} resources {new_res.to_spec()}")
+        if group.count:
+            replicas[role] = group.count
+    for ref in plan.remove_nodes:
+        ranks = _ranks(live(pods, job, ref.type))
+        if ref.id not in ranks:
+            raise PlanRejected(f"cannot remove {ref.type}-{ref.id}: no such node")
+        if ref.id not in remove_first[ref.type]:
+            remove_first[ref.type].append(ref.id)
+            replicas[ref.type] -= 1
+            overrides.get(ref.type, {}).pop(ref.id, None)
+    launched: dict[str, int] = defaultdict(int)
+    before_launch = dict(replicas)
+    for node in plan.launch_nodes:
+        role = node.type
+        taken = set(_ranks(live(pods, job, role))) - set(remove_first[role])
+        bound = len(taken) + before_launch[role] + len(plan.launch_nodes) + 1
+        free = [r for r in range(bound) if r not in taken]
+        # Ranks the spec already wants filled come first; launched nodes take the next.
+        rank = free[max(0, before_launch[role] - len(taken)) + launched[role]]
+        launched[role] += 1
+        replicas[role] += 1
+        wanted = role_resources[role].updated(node.resource)
+        if wanted != role_resources[role]:
+            overrides.setdefault(role, {})[rank] = wanted
+    for move in plan.migrate_nodes:
+        role, rank = move.node.type, move.node.id
+        current = _ranks(live(pods, job, role)).get(rank)
+        if not current or rank in remove_first[role]:
+            raise PlanRejected(f"cannot migrate {role}-{rank}: no such node")
+        base = overrides.get(role, {}).get(rank) or job.wanted(role, rank)
+        overrides.setdefault(role, {})[rank] = base.updated(move.resource)
+        done.append(f"migrate {role}-{rank} to {overrides[role][rank].to_spec()}")
+
+    for role, n in replicas.items():
+        if n < 0:
+            raise PlanRejected(f"plan leaves role {role} with {n} replicas")
+    bounded = JobView(
+        name=job.name,
+        namespace=job.namespace,
+        uid=job.uid,
+        resource_version=job.resource_version,
+        generation=job.generation,
+        roles={
+            name: RoleView(
+                name=name,
+                replicas=replicas[name],
+                min_replicas=role.min_replicas,
+                max_replicas=role.max_replicas,
+                resources=role_resources[name],
+                restart_policy=role.restart_policy,
+                template=role.template,
+            )
+            for name, role in job.roles.items()
+        },
+    )
+    try:
+        check_bounds(bounded)
+    except InvalidJob as e:
+        raise PlanRejected(str(e)) from None
+    for role, n in replicas.items():
+        if n != job.roles[role].replicas:
+            done.insert(0, f"{role} {job.roles[role].replicas}->{n}")
+
+    notes = ("training settings are not applied by the operator",) if plan.training else ()
+    roles_patch: dict[str, Any] = {}
+    for role in job.roles:
+        entry: dict[str, Any] = {}
+        if replicas[role] != job.roles[role].replicas:
+            entry["replicas"] = replicas[role]
+        if role_resources[role] != job.roles[role].resources:
+            entry["resources"] = role_resources[role].to_spec()
+        if entry:
+            roles_patch[role] = entry
+    node_res = {
+        role: {str(rank): res.to_spec() for rank, res in sorted(ranks.items())}
+        for role, ranks in sorted(overrides.items())
+        if ranks
+    }
+    plans = [*job.applied_plans, plan.plan_id][-PLAN_MEMORY:]
+    annotations = {
+        ANN_PLANS: json.dumps(plans),
+        ANN_NODE_RESOURCES: json.dumps(node_res, sort_keys=True),
+        ANN_REMOVE_FIRST: json.dumps(dict(sorted(remove_first.items())), sort_keys=True),
+    }
+    patch: dict[str, Any] = {
+        "metadata": {"resourceVersion": job.resource_version, "annotations": annotations}
+    }
+    if roles_patch:
+        patch["spec"] = {"roles": roles_patch}
+    return PlanChange(patch, "; ".join(done) or "nothing to change", notes)
+
+
+# -- job -> pods ------------------------------------------------------------------------
+
+
+def replaces(policy: str, pod: PodView) -> bool:
+    """Whether the operator replaces this ended pod (the role's restartPolicy)."""
+    if pod.phase == SUCCEEDED:
+        return policy == "Always"
+    if pod.phase != FAILED:
+        return False
+    if policy in ("OnFailure", "Always"):
+        return True
+    if policy == "ExitCode":
+        return pod.termination is not None and pod.termination.exit_code >= 128
+    return False
+
+
+def _removal_order(rank: int, pods: list[PodView], named: Sequence[int]) -> tuple[int, int, int]:
+    """Named ranks first, then ranks with no running pod, then the highest rank."""
+    return (rank not in named, any(p.running for p in pods), -rank)
+
+
+def _keeper(pods: list[PodView]) -> PodView:
+    """Of several pods of one rank, the one that is (or soonest will be) the node."""
+    order = {RUNNING: 0, SUCCEEDED: 1, PENDING: 2, FAILED: 3}
+    return min(pods, key=lambda p: (order.get(p.phase, 2), -p.index))
+
+
+def diff(job: JobView, pods: Sequence[PodView]) -> Actions:
+    """Pods to create and delete so that the job's pods match its desired state.
+
+    Deterministic in its inputs, so two looks at the same cluster decide the same names:
+    a create that a restarted operator repeats meets AlreadyExists, not a second pod.
+    """
+    create: list[NewPod] = []
+    delete: list[str] = []
+    stale = [p.name for p in pods if not p.deleting and p.job_uid != job.uid]
+    delete.extend(sorted(stale))
+    if outcome(job, pods)[0] is not None:
+        return Actions((), tuple(delete))
+    for name, role in job.roles.items():
+        mine = [p for p in pods if p.job_uid == job.uid and p.role == name]
+        taken = {p.index for p in mine}
+        by_rank = _ranks(live(mine, job))
+        named = job.remove_first.get(name, ())
+        excess = len(by_rank) - role.replicas
+        if excess > 0:
+            order = sorted(by_rank, key=lambda r: _removal_order(r, by_rank[r], named))
+            for rank in order[:excess]:
+                delete.extend(p.name for p in by_rank.pop(rank))
+
+        def new_pod(rank: int, role: RoleView = role, taken: set[int] = taken) -> NewPod:
+            index = rank if rank not in taken else max(taken) + 1
+            taken.add(index)
+            return NewPod(role.name, rank, index, job.wanted(role.name, rank))
+
+        for rank, rank_pods in sorted(by_rank.items()):
+            wanted = job.node_resources.get(name, {}).get(rank)
+            good = [
+                p
+                for p in rank_pods
+                if p.phase == SUCCEEDED
+                or (
+                    (wanted is None or p.resources.covers(wanted))
+                    and not replaces(role.restart_policy, p)
+                )
+            ]
+            if not good:
+                create.append(new_pod(rank))
+                # The old pods go once the new one runs, or now if they do not run.
+                delete.extend(p.name for p in rank_pods if not p.running)
+                continue
+            keeper = _keeper(good)
+            for p in rank_pods:
+                if p is not keeper and (keeper.running or keeper.finished or not p.running):
+                    delete.append(p.name)
+        missing = role.replicas - len(by_rank)
+        free = (r for r in range(len(by_rank) + role.replicas + 1) if r not in by_rank)
+        for _ in range(max(0, missing)):
+            create.append(new_pod(next(free)))
+    return Actions(tuple(create), tuple(dict.fromkeys(delete)))
+
+
+# -- what the pods say about the job ----------------------------------------------------
+
+
+def counts(job: JobView, pods: Iterable[PodView]) -> dict[str, dict[str, int]]:
+    """Per role: pending/running/succeeded/failed pods, as status and ScaleResults say."""
+    out = {role: {"pending": 0, "running": 0, "succeeded": 0, "failed": 0} for role in job.roles}
+    for p in live(pods, job):
+        if p.role in out:
+            out[p.role][p.phase.lower() if p.phase != "Unknown" else "pending"] += 1
+    return out
+
+
+def completion_role(job: JobView) -> str | None:
+    for role in COMPLETION_ROLES:
+        if role in job.roles:
+            return role
+    return None
+
+
+def outcome(job: JobView, pods: Sequence[PodView]) -> tuple[str | None, str]:
+    """(Succeeded | Failed | None, reason): whether the job has ended, and why.
+
+    Final once reached: a job whose status already says it ended stays ended, even after
+    its pods are cleaned up.
+    """
+    if job.phase in FINAL_PHASES:
+        return job.phase, ""
+    mine = live(pods, job)
+    for p in sorted(mine, key=lambda p: (p.role, p.rank)):
+        role = job.roles.get(p.role)
+        if p.phase == FAILED and role is not None and not replaces(role.restart_policy, p):
+            t = p.termination
+            how = f"exit code {t.exit_code} ({t.reason})" if t is not None else "failed"
+            return FAILED, f"pod {p.name} {how}; restartPolicy {role.restart_policy}"
+    role_name = completion_role(job)
+    if role_name is not None:
+        role = job.roles[role_name]
+        done = {p.rank for p in mine if p.role == role_name and p.phase == SUCCEEDED}
+        if role.replicas > 0 and len(done) >= role.replicas:
+            return SUCCEEDED, f"all {role.replicas} {role_name} pods succeeded"
+    return None, ""
+
+
+def phase(job: JobView, pods: Sequence[PodView]) -> str:
+    """The phase status shows: ended, Scaling while pods differ from the spec, else
+    Running once any pod runs, else Pending."""
+    ended, _ = outcome(job, pods)
+    if ended is not None:
+        return ended
+    if diff(job, pods):
+        return "Scaling"
+    if any(p.running for p in live(pods, job)):
+        return RUNNING
+    return PENDING
+
+
+def status_patch(
+    job: JobView,
+    pods: Sequence[PodView],
+    *,
+    last_plan: str | None = None,
+    last_plan_time: str | None = None,
+) -> dict[str, Any] | None:
+    """The status subresource's merge patch, None when status already says all this."""
+    wanted: dict[str, Any] = {
+        "phase": phase(job, pods),
+        "roles": counts(job, pods),
+        "observedGeneration": job.generation,
+    }
+    if last_plan is not None:
+        wanted["lastPlanId"] = last_plan
+        if last_plan_time is not None:
+            wanted["lastPlanTime"] = last_plan_time
+    current: Mapping[str, Any] = job.status
+    if all(current.get(k) == v for k, v in wanted.items() if k != "lastPlanTime"):
+        return None
+    return {"status": wanted}
+
+
+__all__ = [
+    "COMPLETION_ROLES",
+    "Actions",
+    "NewPod",
+    "PlanChange",
+    "PlanRejected",
+    "completion_role",
+    "counts",
+    "diff",
+    "live",
+    "outcome",
+    "phase",
+    "plan_change",
+    "replaces",
+    "status_patch",
+]

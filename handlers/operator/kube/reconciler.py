@@ -1,0 +1,462 @@
+"""The reconciler of one env on the cluster: ScalePlans in, pods made to match, results and
+node/job events out. A thin adapter around planning.py and podevents.py.
+
+- Watches TrainingJobs and pods from a resourceVersion, lists again on 410 Gone (events
+  were lost) and on any other watch failure after a pause; a list re-derives every event,
+  under the same ids, so nothing is lost and nothing duplicated.
+- A plan is applied at most once: its id is written on the job object in the same patch
+  as its change (a restarted operator finds the change made and only finishes the pods),
+  in the env's ledger (scale_plans) and on the status (lastPlanId).
+- A plan that cannot apply gets a rejected or failed result with the reason; the consumer
+  goes on. Pod decisions are re-made from a fresh list each time, never from a cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio.client.rest import ApiException
+
+from dlrover_events.bus import Consumer, Producer, Received
+from dlrover_events.settings import Settings
+from dlrover_events.store import EnvStore
+from dlrover_events.topics import SCALE_PLANS
+from handlers.operator.kube import planning
+from handlers.operator.kube.adapter import WorkloadAdapter
+from handlers.operator.kube.client import KubeApi, api_error
+from handlers.operator.kube.model import LABEL_JOB, InvalidJob, JobView, PodView
+from handlers.operator.kube.planning import PlanRejected
+from handlers.operator.kube.podevents import SOURCE, job_events, job_meta, node_events, submitted
+from handlers.operator.ledger import PlanLedger
+from schemas.envelope import Event
+from schemas.jobs import JobMeta
+from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
+
+log = logging.getLogger(__name__)
+
+GROUP = "operator"  # the env's operator group, whichever mode: one logical operator
+ALREADY_APPLIED = "already applied"
+RESUMED = "finished after a restart: the job already had the plan's change"
+_RESULT_NAMESPACE = uuid.UUID("0d6f2a8c-5b1e-4c3a-9f7d-2e4b6a8c0e1f")
+_SENT_MEMORY = 20000
+
+#: Called at the named points of a plan (after "patched"; after "pods"): how a test stops
+#: the operator at an exact point, the way a crash would.
+StepHook = Callable[[str, ScalePlan], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: ScaleStatus
+    reason: str
+    observed: dict[str, dict[str, int]]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class EnvReconciler:
+    def __init__(
+        self,
+        settings: Settings,
+        env: str,
+        dsn: str,
+        api: KubeApi,
+        *,
+        resync_s: float = 30.0,
+        watch_timeout_s: int = 60,
+        retry_s: float = 2.0,
+        on_step: StepHook | None = None,
+    ) -> None:
+        self.settings = settings
+        self.env = env
+        self.dsn = dsn
+        self.kube = api
+        self.adapter: WorkloadAdapter = api.adapter
+        self.resync_s = resync_s
+        self.watch_timeout_s = watch_timeout_s
+        self.retry_s = retry_s
+        self.on_step = on_step
+        self.ready = asyncio.Event()
+        self._jobs: dict[str, dict[str, Any]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._sent: OrderedDict[uuid.UUID, None] = OrderedDict()
+        self._synced = {"jobs": asyncio.Event(), "pods": asyncio.Event()}
+        self._producer: Producer | None = None
+        self._ledger: PlanLedger | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Act on the cluster for this env until ``stop`` is set (or the task is cancelled:
+        the supervisor's way of taking the cluster away from a demoted env)."""
+        store = await EnvStore.open(self.dsn, self.env, max_size=2)
+        try:
+            self._ledger = PlanLedger(store.pool)
+            consumer = Consumer(self.settings, self.env, [SCALE_PLANS], GROUP, self._handle)
+            async with Producer(self.settings) as producer:
+                self._producer = producer
+                tasks = [
+                    asyncio.create_task(self._informer("jobs"), name=f"{self.env}.kube.jobs"),
+                    asyncio.create_task(self._informer("pods"), name=f"{self.env}.kube.pods"),
+                    asyncio.create_task(self._worker(), name=f"{self.env}.kube.reconcile"),
+                ]
+                try:
+                    await self._until_synced(tasks)
+                    async with consumer:
+                        self.ready.set()
+                        tasks.append(
+                            asyncio.create_task(self._consume(consumer, stop), name="plans")
+                        )
+                        stopping = asyncio.create_task(stop.wait())
+                        done, _ = await asyncio.wait(
+                            [*tasks, stopping], return_when=asyncio.FIRST_COMPLETED
+                        )
+                        stopping.cancel()
+                        for task in done:
+                            if task is not stopping and (err := task.exception()) is not None:
+                                raise err
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            await store.close()
+
+    async def _until_synced(self, tasks: list[asyncio.Task[None]]) -> None:
+        synced: list[asyncio.Task[Any]] = [
+            asyncio.create_task(e.wait()) for e in self._synced.values()
+        ]
+        try:
+            pending: set[asyncio.Task[Any]] = set(synced)
+            while pending:
+                done, pending = await asyncio.wait(
+                    [*pending, *tasks], return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    if task in tasks:
+                        task.result()  # an informer that stopped before its first list
+                pending -= {t for t in done if t in tasks}
+        finally:
+            for t in synced:
+                t.cancel()
+
+    async def _consume(self, consumer: Consumer, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await consumer.poll(timeout_ms=500)
+
+    # -- watches --------------------------------------------------------------------------
+
+    async def _informer(self, kind: str) -> None:
+        """List, then watch from the list's version; list again when the watch says 410
+        (or fails otherwise, after a pause). Never gives up: the API server may restart."""
+        while True:
+            try:
+                if kind == "jobs":
+                    items, version = await self.kube.list_jobs()
+                    await self._jobs_listed(items)
+                else:
+                    items, version = await self.kube.list_pods()
+                    await self._pods_listed(items)
+                self._synced[kind].set()
+                while True:
+                    async for typ, obj in self.kube.watch(kind, version, self.watch_timeout_s):
+                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                        if typ == "BOOKMARK":
+                            continue
+                        if kind == "jobs":
+                            self._job_event(typ, obj)
+                        else:
+                            await self._pod_event(typ, obj)
+            except asyncio.CancelledError:
+                raise
+            except ApiException as e:
+                if e.status == 410:
+                    log.info("env %s: %s watch expired (410 Gone); listing again", self.env, kind)
+                    continue
+                log.warning("env %s: %s watch failed (%s); listing again", self.env, kind, e)
+            except Exception:
+                log.exception("env %s: %s watch failed; listing again", self.env, kind)
+            await asyncio.sleep(self.retry_s)
+
+    async def _jobs_listed(self, items: list[dict[str, Any]]) -> None:
+        gone = set(self._jobs) - {i["metadata"]["name"] for i in items}
+        self._jobs = {i["metadata"]["name"]: i for i in items}
+        self._mark([*gone, *self._jobs])
+
+    def _job_event(self, typ: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if typ == "DELETED":
+            self._jobs.pop(name, None)
+        else:
+            self._jobs[name] = obj
+        self._mark([name])
+
+    async def _pods_listed(self, items: list[dict[str, Any]]) -> None:
+        events: list[Event] = []
+        jobs: set[str] = set()
+        for obj in items:
+            pod = self.adapter.parse_pod(obj)
+            if pod is not None:
+                events.extend(node_events(self.env, self._meta_of(pod), pod))
+                jobs.add(pod.job)
+        await self._publish(events)
+        self._mark(jobs)
+
+    async def _pod_event(self, typ: str, obj: dict[str, Any]) -> None:
+        pod = self.adapter.parse_pod(obj)
+        if pod is None:
+            return
+        if typ != "DELETED":
+            await self._publish(node_events(self.env, self._meta_of(pod), pod))
+        self._mark([pod.job])
+
+    def _meta_of(self, pod: PodView) -> JobMeta:
+        obj = self._jobs.get(pod.job)
+        if obj is not None and obj["metadata"].get("uid") == pod.job_uid:
+            with contextlib.suppress(InvalidJob):
+                return job_meta(self.adapter.parse(obj))
+        return JobMeta(uuid=pod.job_uid or pod.job, name=pod.job, namespace=self.kube.namespace)
+
+    # -- reconcile loop -------------------------------------------------------------------
+
+    def _mark(self, names: Iterable[str]) -> None:
+        self._dirty.update(names)
+        self._wake.set()
+
+    async def _worker(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.resync_s)
+            self._wake.clear()
+            names, self._dirty = self._dirty or set(self._jobs), set()
+            for name in sorted(names):
+                try:
+                    await self.reconcile(name)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    # The next watch event or resync tries again; one job never stops others.
+                    msg = api_error(e) if isinstance(e, ApiException) else repr(e)
+                    log.warning("env %s: job %s not reconciled: %s", self.env, name, msg)
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def _pods_of(self, name: str) -> list[PodView]:
+        items, _ = await self.kube.list_pods(f"{self.adapter.pod_selector()},{LABEL_JOB}={name}")
+        return [p for p in map(self.adapter.parse_pod, items) if p is not None]
+
+    async def reconcile(self, name: str) -> None:
+        async with self._lock(name):
+            obj = await self.kube.get_job(name)
+            if obj is None:
+                await self._clean_up(name)
+                return
+            try:
+                job = self.adapter.parse(obj)
+            except InvalidJob as e:
+                log.warning("env %s: job %s is invalid: %s", self.env, name, e)
+                return
+            await self._publish([submitted(self.env, job)])
+            await self._converge(obj, job)
+
+    async def _clean_up(self, name: str) -> None:
+        """A deleted job's pods go too (a cluster's garbage collector would do it through
+        the owner reference; this does not wait for one)."""
+        for pod in await self._pods_of(name):
+            if not pod.deleting:
+                await self.kube.delete_pod(pod.name)
+
+    async def _converge(
+        self,
+        obj: Mapping[str, Any],
+        job: JobView,
+        *,
+        last_plan: str | None = None,
+    ) -> list[PodView]:
+        """Pods made to match the job, status and job events updated; returns the pods."""
+        pods = await self._pods_of(job.name)
+        actions = planning.diff(job, pods) if self.adapter.creates_pods else planning.Actions()
+        for new in actions.create:
+            manifest = self.adapter.pod_manifest(obj, job, new, self.env)
+            if await self.kube.create_pod(manifest):
+                log.info("env %s: created pod %s", self.env, manifest["metadata"]["name"])
+        for name in actions.delete:
+            if await self.kube.delete_pod(name):
+                log.info("env %s: deleted pod %s", self.env, name)
+        if actions:
+            pods = await self._pods_of(job.name)
+        patch = self.adapter.status_patch(
+            job, pods, last_plan=last_plan, last_plan_time=_now() if last_plan else None
+        )
+        if patch is not None:
+            try:
+                await self.kube.patch_job_status(job.name, patch)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        await self._publish(job_events(self.env, job, pods, planning.outcome(job, pods)))
+        return pods
+
+    # -- plans ----------------------------------------------------------------------------
+
+    async def _handle(self, batch: list[Received]) -> None:
+        for item in batch:
+            if isinstance(item.event, ScalePlan):
+                await self._answer(item.event)
+
+    async def _answer(self, plan: ScalePlan) -> None:
+        assert self._ledger is not None
+        if await self._ledger.applied(plan.plan_id):
+            outcome = Outcome(ScaleStatus.APPLIED, ALREADY_APPLIED, await self._observed(plan))
+        else:
+            try:
+                outcome = await self._apply(plan)
+            except (asyncio.CancelledError, ApiException, OSError):
+                raise  # the cluster or the network: the consumer tries the batch again
+            except Exception as e:
+                log.exception("env %s: plan %s", self.env, plan.plan_id)
+                outcome = Outcome(ScaleStatus.FAILED, f"operator error: {e!r}", {})
+            if not await self._ledger.record(plan, outcome.status, outcome.reason):
+                outcome = Outcome(ScaleStatus.APPLIED, ALREADY_APPLIED, outcome.observed)
+        log.info(
+            "env %s: plan %s of job %s %s: %s",
+            self.env,
+            plan.plan_id,
+            plan.job.name or plan.job.uuid,
+            outcome.status.value,
+            outcome.reason,
+        )
+        await self._publish(
+            [
+                ScaleResult(
+                    env=self.env,
+                    job=plan.job,
+                    source=SOURCE,
+                    # The same delivery answered the same way keeps its id.
+                    event_id=uuid.uuid5(
+                        _RESULT_NAMESPACE,
+                        f"{self.env}/{plan.event_id}/{outcome.status.value}/{outcome.reason}",
+                    ),
+                    plan_id=plan.plan_id,
+                    status=outcome.status,
+                    reason=outcome.reason,
+                    observed=outcome.observed,
+                )
+            ],
+            dedupe=False,
+        )
+
+    async def _observed(self, plan: ScalePlan) -> dict[str, dict[str, int]]:
+        found = await self._find(plan)
+        if isinstance(found, str):
+            return {}
+        _, job = found
+        return planning.counts(job, await self._pods_of(job.name))
+
+    async def _find(self, plan: ScalePlan) -> tuple[dict[str, Any], JobView] | str:
+        """The job the plan is for, or why there is none."""
+        meta = plan.job
+        if meta.namespace != self.kube.namespace and meta.name:
+            return (
+                f"job {meta.name} is in namespace {meta.namespace}; this operator serves "
+                f"namespace {self.kube.namespace}"
+            )
+        name = meta.name or next(
+            (n for n, o in self._jobs.items() if o["metadata"].get("uid") == meta.uuid), ""
+        )
+        obj = await self.kube.get_job(name) if name else None
+        if obj is None:
+            who = meta.name or meta.uuid
+            return (
+                f"job {who} not found in namespace {self.kube.namespace}: deleted or never "
+                "submitted"
+            )
+        try:
+            job = self.adapter.parse(obj)
+        except InvalidJob as e:
+            return f"job {name} is invalid: {e}"
+        if job.uid != meta.uuid:
+            return (
+                f"job {name} was deleted: the plan is for uid {meta.uuid}, the job of that "
+                f"name now is uid {job.uid}"
+            )
+        return obj, job
+
+    async def _apply(self, plan: ScalePlan) -> Outcome:
+        found = await self._find(plan)
+        if isinstance(found, str):
+            return Outcome(ScaleStatus.REJECTED, found, {})
+        obj, job = found
+        async with self._lock(job.name):
+            reason = RESUMED
+            for _ in range(10):
+                if plan.plan_id in job.applied_plans:
+                    break
+                pods = await self._pods_of(job.name)
+                try:
+                    change = self.adapter.plan_change(job, pods, plan)
+                except PlanRejected as e:
+                    return Outcome(ScaleStatus.REJECTED, str(e), planning.counts(job, pods))
+                assert change.patch is not None
+                try:
+                    obj = await self.kube.patch_job(job.name, change.patch)
+                except ApiException as e:
+                    if e.status == 409:  # changed meanwhile: decide again on what it is now
+                        got = await self.kube.get_job(job.name)
+                        if got is None:
+                            return Outcome(ScaleStatus.REJECTED, f"job {job.name} was deleted", {})
+                        obj, job = got, self.adapter.parse(got)
+                        continue
+                    if e.status == 404:
+                        return Outcome(ScaleStatus.REJECTED, f"job {job.name} was deleted", {})
+                    if e.status in (400, 403, 422):
+                        return Outcome(ScaleStatus.REJECTED, api_error(e), {})
+                    raise
+                job = self.adapter.parse(obj)
+                reason = "; ".join([change.summary, *change.notes])
+                break
+            else:
+                return Outcome(ScaleStatus.FAILED, "the job kept changing under the plan", {})
+            await self._step("patched", plan)
+            try:
+                pods = await self._converge(obj, job, last_plan=plan.plan_id)
+            except ApiException as e:
+                if e.status in (400, 403, 422):  # quota, admission, invalid pod
+                    return Outcome(ScaleStatus.FAILED, f"pods: {api_error(e)}", {})
+                raise
+            await self._step("pods", plan)
+            return Outcome(ScaleStatus.APPLIED, reason, planning.counts(job, pods))
+
+    async def _step(self, name: str, plan: ScalePlan) -> None:
+        if self.on_step is not None:
+            await self.on_step(name, plan)
+
+    # -- output ---------------------------------------------------------------------------
+
+    async def _publish(self, events: Iterable[Event], *, dedupe: bool = True) -> None:
+        """Publish what was not said yet; ids are derived from facts, so 'said' is exact."""
+        fresh = [e for e in events if not (dedupe and e.event_id in self._sent)]
+        if not fresh:
+            return
+        assert self._producer is not None
+        await self._producer.publish_many(fresh)
+        for e in fresh:
+            self._sent[e.event_id] = None
+        while len(self._sent) > _SENT_MEMORY:
+            self._sent.popitem(last=False)
+
+
+__all__ = ["ALREADY_APPLIED", "GROUP", "RESUMED", "EnvReconciler", "Outcome", "StepHook"]

@@ -1,0 +1,271 @@
+"""The real operator: the reconciler of whichever env is real, and of no other.
+
+The env's mode is followed live on dlrover.control (EnvWatcher), not read once: when the
+env is demoted, its reconciler is stopped (the operator stops touching the cluster, and
+says so); when it is promoted again, or, with ``follow_real``, when any env is promoted,
+a reconciler for that env starts, without a restart of the process.
+
+This is the only module that loads cluster credentials: a kubeconfig (``kubeconfig``
+option or DLROVER_EVENTS_OPERATOR_KUBECONFIG, then $KUBECONFIG / ~/.kube/config) or the
+pod's in-cluster service account. The virtual operator never imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from dlrover_events.control import EnvWatcher
+from dlrover_events.errors import UserError
+from dlrover_events.services import ServiceContext
+from dlrover_events.settings import Settings
+from handlers.operator.kube.adapter import adapter_for
+from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.reconciler import EnvReconciler, StepHook
+from schemas.control import EnvAnnouncement, EnvMode
+
+log = logging.getLogger(__name__)
+
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class KubeSettings(BaseSettings):
+    """The real operator's knobs (DLROVER_EVENTS_OPERATOR_*), options on top."""
+
+    model_config = SettingsConfigDict(env_prefix="DLROVER_EVENTS_OPERATOR_", extra="ignore")
+
+    kubeconfig: Path | None = Field(
+        default=None, description="unset: $KUBECONFIG, ~/.kube/config, else in-cluster"
+    )
+    context: str | None = Field(default=None, description="kubeconfig context")
+    namespace: str | None = Field(
+        default=None,
+        description="where the jobs live; unset: the context's, the pod's, else default",
+    )
+    follow_real: bool = Field(
+        default=False, description="act for whichever env is real, switching on promotion"
+    )
+    workload: str = Field(default="TrainingJob", description="kind of the jobs (adapter)")
+    resync_seconds: float = Field(default=30.0, gt=0)
+    watch_timeout_seconds: int = Field(default=60, ge=1)
+
+
+REAL_OPTIONS = frozenset(KubeSettings.model_fields)
+
+
+def kube_settings(options: Mapping[str, Any]) -> KubeSettings:
+    unknown = sorted(set(options) - REAL_OPTIONS)
+    if unknown:
+        raise UserError(
+            f"option(s) {', '.join(unknown)} are for the virtual operator; the real env's "
+            f"operator takes: {', '.join(sorted(REAL_OPTIONS))}"
+        )
+    try:
+        return KubeSettings(**options)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise UserError(f"operator option {first['loc'][0]}: {first['msg']}") from None
+
+
+def _kubeconfig(conf: KubeSettings) -> Path | None:
+    if conf.kubeconfig is not None:
+        return conf.kubeconfig.expanduser()
+    if env := os.environ.get("KUBECONFIG"):
+        return Path(env.split(os.pathsep)[0]).expanduser()
+    default = Path.home() / ".kube" / "config"
+    return default if default.exists() else None
+
+
+async def connect(conf: KubeSettings) -> tuple[client.ApiClient, str]:
+    """An ApiClient with the cluster's credentials, and the namespace to work in."""
+    path = _kubeconfig(conf)
+    if path is not None:
+        if not path.exists():
+            raise UserError(f"kubeconfig {path} does not exist")
+        api = await config.new_client_from_config(config_file=str(path), context=conf.context)
+        namespace = conf.namespace
+        if namespace is None:
+            contexts, active = config.list_kube_config_contexts(config_file=str(path))
+            chosen = next((c for c in contexts if c["name"] == conf.context), active)
+            namespace = ((chosen or {}).get("context") or {}).get("namespace")
+        return api, namespace or "default"
+    try:
+        config.load_incluster_config()
+    except config.ConfigException as e:
+        raise UserError(
+            f"no cluster credentials: no kubeconfig and not in a pod ({e}); set "
+            "DLROVER_EVENTS_OPERATOR_KUBECONFIG"
+        ) from None
+    in_pod: str = conf.namespace or await asyncio.to_thread(_pod_namespace)
+    return client.ApiClient(), in_pod
+
+
+def _pod_namespace() -> str:
+    return SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists() else "default"
+
+
+class RealOperator:
+    """Runs an EnvReconciler for the env that should have the cluster now, only that one."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        dsn: str,
+        kube: KubeApi,
+        *,
+        env: str | None,
+        conf: KubeSettings | None = None,
+        on_step: StepHook | None = None,
+        retry_s: float = 5.0,
+    ) -> None:
+        if env is None and not (conf and conf.follow_real):
+            raise UserError("the real operator needs an env, or follow_real")
+        self.settings = settings
+        self.dsn = dsn
+        self.kube = kube
+        self.env = env
+        self.conf = conf or KubeSettings()
+        self.follow_real = env is None or self.conf.follow_real
+        self.on_step = on_step
+        self.retry_s = retry_s
+        #: the env whose reconciler runs now, and that reconciler
+        self.active: str | None = None
+        self.current: EnvReconciler | None = None
+        self._changed = asyncio.Event()
+
+    def target(self, envs: Mapping[str, EnvAnnouncement]) -> str | None:
+        """The env to act for: the real one (follow_real), or ours while it is real."""
+        reals = sorted(n for n, a in envs.items() if a.mode == EnvMode.REAL)
+        real = reals[0] if len(reals) == 1 else None
+        if self.follow_real:
+            return real
+        return self.env if real == self.env else None
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        watcher = EnvWatcher(self.settings, on_change=lambda _: self._changed.set())
+        watching = asyncio.create_task(watcher.run(stop), name="operator.control")
+        task: asyncio.Task[None] | None = None
+        inner_stop = asyncio.Event()
+        try:
+            await self._wait([watching], watcher.caught_up.wait())
+            if ready is not None:
+                ready.set()
+            while not stop.is_set():
+                self._changed.clear()
+                want = self.target(watcher.envs)
+                if task is not None and task.done():
+                    failed = not task.cancelled() and task.exception() is not None
+                    if failed:
+                        log.error(
+                            "operator of env %s stopped: %r; starting again in %.0f s",
+                            self.active,
+                            task.exception(),
+                            self.retry_s,
+                        )
+                        await self._wait([watching], asyncio.sleep(self.retry_s), stop=stop)
+                    task, self.active, self.current = None, None, None
+                if want != self.active:
+                    if task is not None:
+                        await self._stop(task, inner_stop, watcher.envs)
+                        task, self.current = None, None
+                    self.active = want
+                    if want is None:
+                        log.warning(
+                            "no env is real for this operator now%s: it leaves the cluster alone",
+                            "" if self.follow_real else f" ({self.env} is not real)",
+                        )
+                    else:
+                        inner_stop = asyncio.Event()
+                        self.current = EnvReconciler(
+                            self.settings,
+                            want,
+                            self.dsn,
+                            self.kube,
+                            resync_s=self.conf.resync_seconds,
+                            watch_timeout_s=self.conf.watch_timeout_seconds,
+                            on_step=self.on_step,
+                        )
+                        task = asyncio.create_task(
+                            self.current.run(inner_stop), name=f"{want}.operator.real"
+                        )
+                        log.warning(
+                            "env %s is the real env: the operator acts on namespace %s for it",
+                            want,
+                            self.kube.namespace,
+                        )
+                waits: list[asyncio.Task[None]] = [watching]
+                if task is not None:
+                    waits.append(task)
+                await self._wait(waits, self._changed.wait(), stop=stop)
+        finally:
+            if task is not None:
+                await self._stop(task, inner_stop, watcher.envs)
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+
+    async def _stop(
+        self, task: asyncio.Task[None], stop: asyncio.Event, envs: Mapping[str, EnvAnnouncement]
+    ) -> None:
+        env = self.active
+        stop.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        announced = envs.get(env or "")
+        now = "gone" if announced is None else f"now {announced.mode.value}"
+        log.warning(
+            "env %s is no longer the real env (%s): the operator stops touching the cluster for it",
+            env,
+            now,
+        )
+
+    @staticmethod
+    async def _wait(
+        watch: list[asyncio.Task[None]],
+        awaitable: Any,
+        *,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        """Until ``awaitable`` is done, or stop; the control watch failing is raised."""
+        main = asyncio.ensure_future(awaitable)
+        extra = [asyncio.ensure_future(stop.wait())] if stop is not None else []
+        try:
+            await asyncio.wait([main, *watch, *extra], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            main.cancel()
+            for e in extra:
+                e.cancel()
+        for w in watch:
+            if w.done() and w.get_name() == "operator.control" and not w.cancelled():
+                w.result()
+
+
+async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
+    """Entry of the mode dispatch (modes.run_operator) for the real env, or any env with
+    follow_real."""
+    conf = kube_settings(options)
+    adapter = adapter_for(conf.workload)
+    api, namespace = await connect(conf)
+    async with api:
+        kube = KubeApi(api, adapter, namespace)
+        operator = RealOperator(
+            ctx.settings,
+            ctx.pg_dsn,
+            kube,
+            env=None if conf.follow_real else ctx.env,
+            conf=conf,
+        )
+        await operator.run(ctx.stop, ctx.ready)
+
+
+__all__ = ["REAL_OPTIONS", "KubeSettings", "RealOperator", "connect", "kube_settings", "run"]

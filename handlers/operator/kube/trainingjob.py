@@ -1,0 +1,144 @@
+"""The TrainingJob adapter (deploy/crds/trainingjobs.yaml): this operator creates the pods.
+
+A pod is the role's template with what the operator owns put on top: its name and labels
+(job, job uid, role, rank, index), requests = limits = the node's resources on the first
+container, the SDK's identity variables, restartPolicy Never (a pod that ends is replaced
+by the operator, by the role's restartPolicy, under a new index) and an owner reference,
+so that on a cluster with a garbage collector deleting the job deletes its pods.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dlrover_events.sdk.identity import (
+    ENV_ENV,
+    JOB_ID_ENV,
+    JOB_NAME_ENV,
+    NAMESPACE_ENV,
+    RANK_ENV,
+    ROLE_ENV,
+    WORLD_SIZE_ENV,
+)
+from handlers.operator.kube import planning
+from handlers.operator.kube.adapter import WorkloadAdapter, register_adapter
+from handlers.operator.kube.model import (
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_JOB_UID,
+    LABEL_MANAGED_BY,
+    LABEL_RANK,
+    LABEL_ROLE,
+    MANAGED_BY,
+    JobView,
+    PodView,
+    parse_job,
+    parse_pod,
+    pod_name,
+)
+from handlers.operator.kube.planning import NewPod, PlanChange
+from schemas.plans import ScalePlan
+
+GROUP = "dlrover-events.io"
+VERSION = "v1alpha1"
+PLURAL = "trainingjobs"
+KIND = "TrainingJob"
+
+
+class TrainingJobAdapter(WorkloadAdapter):
+    kind = KIND
+    group = GROUP
+    version = VERSION
+    plural = PLURAL
+    creates_pods = True
+
+    def parse(self, obj: Mapping[str, Any]) -> JobView:
+        return parse_job(obj)
+
+    def parse_pod(self, obj: Mapping[str, Any]) -> PodView | None:
+        return parse_pod(obj)
+
+    def pod_selector(self) -> str:
+        return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}"
+
+    def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
+        return planning.plan_change(job, pods, plan)
+
+    def pod_manifest(
+        self, obj: Mapping[str, Any], job: JobView, pod: NewPod, env: str
+    ) -> dict[str, Any]:
+        return pod_manifest(obj, job, pod, env)
+
+    def status_patch(
+        self,
+        job: JobView,
+        pods: Sequence[PodView],
+        *,
+        last_plan: str | None = None,
+        last_plan_time: str | None = None,
+    ) -> dict[str, Any] | None:
+        return planning.status_patch(job, pods, last_plan=last_plan, last_plan_time=last_plan_time)
+
+
+def pod_manifest(obj: Mapping[str, Any], job: JobView, pod: NewPod, env: str) -> dict[str, Any]:
+    """The pod of one node of a job (pure: the same inputs give the same pod)."""
+    role = job.roles[pod.role]
+    template = copy.deepcopy(dict(role.template))
+    tmeta = template.get("metadata") or {}
+    spec: dict[str, Any] = template.get("spec") or {}
+    labels = {
+        **(tmeta.get("labels") or {}),
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_JOB: job.name,
+        LABEL_JOB_UID: job.uid,
+        LABEL_ROLE: pod.role,
+        LABEL_RANK: str(pod.rank),
+        LABEL_INDEX: str(pod.index),
+    }
+    identity = {
+        JOB_ID_ENV: job.uid,
+        JOB_NAME_ENV: job.name,
+        ROLE_ENV: pod.role,
+        RANK_ENV: str(pod.rank),
+        WORLD_SIZE_ENV: str(role.replicas),
+        ENV_ENV: env,
+        NAMESPACE_ENV: job.namespace,
+    }
+    containers = spec.get("containers") or []
+    for i, container in enumerate(containers):
+        env_vars = [e for e in container.get("env") or [] if e.get("name") not in identity]
+        container["env"] = env_vars + [{"name": k, "value": v} for k, v in identity.items()]
+        if i == 0:
+            quantities = pod.resources.to_quantities()
+            if quantities:
+                container["resources"] = {"requests": quantities, "limits": dict(quantities)}
+    spec["restartPolicy"] = "Never"
+    owner = obj.get("apiVersion") or f"{GROUP}/{VERSION}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(job.name, pod.role, pod.index),
+            "namespace": job.namespace,
+            "labels": labels,
+            "annotations": dict(tmeta.get("annotations") or {}),
+            "ownerReferences": [
+                {
+                    "apiVersion": owner,
+                    "kind": obj.get("kind") or KIND,
+                    "name": job.name,
+                    "uid": job.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+
+
+TRAINING_JOB = register_adapter(TrainingJobAdapter())
+
+__all__ = ["GROUP", "KIND", "PLURAL", "TRAINING_JOB", "VERSION", "TrainingJobAdapter"]
