@@ -137,6 +137,8 @@ async def _stream(resp: web.StreamResponse, sub: Subscription) -> None:
         except TimeoutError:
             await resp.write(b": keepalive\n\n")
             continue
+        if line is None:
+            return
         if sub.dropped != told:
             told = sub.dropped
             await resp.write(sse("dropped", {"dropped": told}))

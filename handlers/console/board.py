@@ -26,8 +26,9 @@ from schemas.jobs import (
 )
 from schemas.plans import NodeGroupResource, OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
 
-#: Scale plans waiting for their result, per job; older ones are forgotten.
+#: Scale plans (or results) waiting for their other half, per job; older ones are forgotten.
 MAX_OPEN_PLANS = 16
+STATUS_ORDER = {"seen": 0, "submitted": 1, "running": 2, "completed": 3, "failed": 3}
 
 
 @dataclass
@@ -36,8 +37,12 @@ class JobView:
     name: str = ""
     status: str = "seen"
     application: str = ""
-    #: per role: replicas, cpu (cores), memory (bytes), gpu_num, gpu_memory (bytes).
-    resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: per role, as submitted: replicas, cpu (cores), memory (bytes), gpu_num.
+    submitted: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: per role, what applied scale plans changed (replicas, cpu, memory, gpu_memory...).
+    scaled: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: events of this job folded so far.
+    events: int = 0
     #: per node (``worker-0``): the last sample's usage.
     usage: dict[str, dict[str, Any]] = field(default_factory=dict)
     global_step: int | None = None
@@ -49,12 +54,23 @@ class JobView:
     last_scale: dict[str, Any] | None = None
     updated_at: datetime | None = None
     open_plans: dict[str, dict[str, NodeGroupResource]] = field(default_factory=dict)
+    #: plans reported applied before the plan itself was read.
+    applied: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def resources(self) -> dict[str, dict[str, float]]:
+        """Now: the submission, overridden by applied plans (whichever was read first)."""
+        roles = {role: dict(spec) for role, spec in self.submitted.items()}
+        for role, changed in self.scaled.items():
+            roles.setdefault(role, {}).update(changed)
+        return roles
 
     def as_json(self) -> dict[str, Any]:
         return {
             "job": self.job,
             "name": self.name,
             "status": self.status,
+            "events": self.events,
             "application": self.application,
             "resources": self.resources,
             "usage": self.usage,
@@ -85,6 +101,7 @@ class Board:
             view = self.jobs[event.job.uuid] = JobView(job=event.job.uuid)
         view.name = event.job.name or view.name
         view.updated_at = event.occurred_at
+        view.events += 1
         _fold(view, event)
 
     def snapshot(self) -> list[dict[str, Any]]:
@@ -98,9 +115,9 @@ class Board:
 def _fold(view: JobView, event: JobEvent) -> None:
     match event:
         case JobSubmitted():
-            view.status = "submitted"
+            _advance(view, "submitted")
             view.application = event.application
-            view.resources = {
+            view.submitted = {
                 role: {
                     "replicas": spec.replicas,
                     "cpu": spec.cpu,
@@ -110,14 +127,13 @@ def _fold(view: JobView, event: JobEvent) -> None:
                 for role, spec in event.roles.items()
             }
         case JobStarted():
-            view.status = "running"
+            _advance(view, "running")
         case JobCompleted():
-            view.status = "completed"
+            _advance(view, "completed")
         case JobFailed():
-            view.status = "failed"
+            _advance(view, "failed")
         case RuntimeSample():
-            if view.status in ("seen", "submitted"):
-                view.status = "running"
+            _advance(view, "running")
             view.global_step = event.global_step
             view.speed = event.speed
             view.samples_per_s = event.samples_per_s
@@ -140,9 +156,13 @@ def _fold(view: JobView, event: JobEvent) -> None:
                 "at": event.occurred_at.isoformat(),
             }
         case ScalePlan():
-            view.open_plans[event.plan_id] = dict(event.node_group_resources)
-            while len(view.open_plans) > MAX_OPEN_PLANS:
-                view.open_plans.pop(next(iter(view.open_plans)))
+            groups = dict(event.node_group_resources)
+            if view.applied.pop(event.plan_id, False):
+                # Plans and results are on two topics: the result may be read first.
+                _apply_groups(view, groups)
+                return
+            view.open_plans[event.plan_id] = groups
+            _bound(view.open_plans)
         case ScaleResult():
             view.last_scale = {
                 "plan_id": event.plan_id,
@@ -150,10 +170,30 @@ def _fold(view: JobView, event: JobEvent) -> None:
                 "reason": event.reason,
                 "at": event.occurred_at.isoformat(),
             }
-            groups = view.open_plans.pop(event.plan_id, None)
-            if groups is not None and event.status == ScaleStatus.APPLIED:
-                for role, g in groups.items():
-                    _apply(view.resources.setdefault(role, {}), g)
+            planned = view.open_plans.pop(event.plan_id, None)
+            if event.status != ScaleStatus.APPLIED:
+                return
+            if planned is None:
+                view.applied[event.plan_id] = True
+                _bound(view.applied)
+            else:
+                _apply_groups(view, planned)
+
+
+def _advance(view: JobView, status: str) -> None:
+    """Status only moves on: events of one job come on several topics, in any order."""
+    if STATUS_ORDER[status] > STATUS_ORDER[view.status]:
+        view.status = status
+
+
+def _bound(plans: dict[str, Any]) -> None:
+    while len(plans) > MAX_OPEN_PLANS:
+        plans.pop(next(iter(plans)))
+
+
+def _apply_groups(view: JobView, groups: dict[str, NodeGroupResource]) -> None:
+    for role, g in groups.items():
+        _apply(view.scaled.setdefault(role, {}), g)
 
 
 def _group(g: NodeGroupResource) -> dict[str, Any]:

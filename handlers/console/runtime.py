@@ -73,7 +73,9 @@ class ConsoleServer:
         """Until the hub follows every topic of the env (it may still be replaying)."""
         waiter = asyncio.create_task(self.hub.ready.wait())
         assert self._task is not None
-        done, _ = await asyncio.wait({waiter, self._task}, timeout=timeout_s)
+        done, _ = await asyncio.wait(
+            {waiter, self._task}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
         waiter.cancel()
         if self._task in done:
             self._task.result()  # the hub died: say why
@@ -82,6 +84,7 @@ class ConsoleServer:
 
     async def stop(self) -> None:
         self._stop.set()
+        self.hub.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
