@@ -31,8 +31,8 @@ from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.settings import Settings, load_settings
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic, topic_of
-from schemas.codec import decode, encode
+from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic, topic_of
+from schemas.codec import encode
 from schemas.control import EnvMode
 from schemas.envelope import Event
 from schemas.jobs import (
@@ -46,9 +46,7 @@ from schemas.jobs import (
     RoleSpec,
     RuntimeSample,
 )
-from schemas.plans import ScalePlan
 from streams.brain.app import Brain, BrainApp
-from streams.brain.planner import plan_id
 from streams.brain.state import GiB
 
 log = logging.getLogger(__name__)
@@ -75,12 +73,13 @@ class Workload:
     jobs: int
     seed: int = 7
     start: datetime = field(default_factory=lambda: datetime.now(UTC) - timedelta(days=30))
-    _steps: list[int] = field(default_factory=list)
+    #: events so far per job (a later phase, or process, continues from them)
+    steps: list[int] = field(default_factory=list)
     _rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
-        self._steps = [0] * self.jobs
+        self.steps = self.steps or [0] * self.jobs
 
     def meta(self, j: int) -> JobMeta:
         return JobMeta(uuid=f"bench-job-{j}", name=f"bench-{j}", scenario=f"scenario-{j % 5}")
@@ -107,8 +106,8 @@ class Workload:
 
     def next(self, j: int, oom_every: int) -> Event:
         """The job's next event: a runtime sample, or every `oom_every` an OOM."""
-        i = self._steps[j]
-        self._steps[j] = i + 1
+        i = self.steps[j]
+        self.steps[j] = i + 1
         job = self.meta(j)
         at = self.start + SAMPLE_EVERY * (i + 1)
         if oom_every and i % oom_every == oom_every - 1:
@@ -276,72 +275,34 @@ async def _brain_phase(brain: Brain, total: int) -> float:
 
 
 async def _latency_phase(
-    settings: Settings,
-    env: str,
-    workload: Workload,
-    rate: float,
-    seconds: float,
-    oom_every: int,
-    drain_s: float = 5.0,
+    settings: Settings, workload: Workload, rate: float, seconds: float, oom_every: int
 ) -> tuple[list[float], int]:
-    """Publish at `rate` events/s; each ScalePlan's latency is from the publication of the
-    event it names as its cause (its id is derived from that event) to its arrival."""
-    plans_topic = topic(env, SCALE_PLANS)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        group_id=None,
-        enable_auto_commit=False,
-        fetch_max_wait_ms=5,
+    """Run the load generator in its own process: in this one it would take the CPU that
+    the brain's latency is measured on."""
+    spec = {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "env": workload.env,
+        "jobs": workload.jobs,
+        "seed": workload.seed + 1,
+        "start": workload.start.isoformat(),
+        "steps": workload.steps,
+        "rate": rate,
+        "seconds": seconds,
+        "oom_every": oom_every,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "streams.brain.loadgen",
+        json.dumps(spec),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers, linger_ms=0, acks="all"
-    )
-    await consumer.start()
-    await producer.start()
-    published: dict[str, float] = {}
-    latencies: list[float] = []
-    stop = asyncio.Event()
-
-    async def receive() -> None:
-        while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=20)
-            now = time.perf_counter()
-            for records in batch.values():
-                for record in records:
-                    plan = decode(record.value)
-                    sent = published.get(plan.plan_id) if isinstance(plan, ScalePlan) else None
-                    if sent is not None:
-                        latencies.append((now - sent) * 1000)
-
-    try:
-        await consumer._client.force_metadata_update()
-        parts = [TopicPartition(plans_topic, p) for p in consumer.partitions_for_topic(plans_topic)]
-        consumer.assign(parts)
-        await consumer.seek_to_end(*parts)
-        for tp in parts:
-            await consumer.position(tp)
-        receiver = asyncio.create_task(receive())
-        count = int(rate * seconds)
-        events = workload.round_robin(count, oom_every)
-        payloads = [(topic_of(e), encode(e), _key(e), e) for e in events]
-        futures = []
-        t0 = time.perf_counter()
-        for n, (name, value, key, event) in enumerate(payloads):
-            due = t0 + n / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            assert event.key is not None
-            published[plan_id(event.key, str(event.event_id), "scale")] = time.perf_counter()
-            futures.append(await producer.send(name, value, key=key))
-        await asyncio.gather(*futures)
-        await asyncio.sleep(drain_s)
-        stop.set()
-        await receiver
-        return latencies, count
-    finally:
-        await producer.stop()
-        await consumer.stop()
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator failed ({proc.returncode}): {err.decode()[-2000:]}")
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    return [float(x) for x in result["latencies_ms"]], int(result["sent"])
 
 
 async def run_bench(
@@ -380,9 +341,7 @@ async def run_bench(
         brain_rate = await _brain_phase(brain, total)
         counters = dict(vars(brain.processor.counters))
         progress(f"latency at {rate:g} events/s for {seconds:g} s")
-        latencies, sent = await _latency_phase(
-            settings, env, workload, rate, seconds, latency_oom_every
-        )
+        latencies, sent = await _latency_phase(settings, workload, rate, seconds, latency_oom_every)
         result: dict[str, Any] = {
             "events": total,
             "jobs": jobs,

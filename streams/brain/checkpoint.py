@@ -89,7 +89,7 @@ class BrainStore:
         docs: list[tuple[str, int, str]] = []
         for i, (job_uuid, (partition, state)) in enumerate(snapshot.states.items()):
             docs.append((job_uuid, partition, state.model_dump_json()))
-            if i % 64 == 63:
+            if i % 8 == 7:
                 await asyncio.sleep(0)  # many states: let the stream go on between them
         async with self.store.pool.acquire() as conn, conn.transaction():
             if docs:

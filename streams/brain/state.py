@@ -341,12 +341,11 @@ def _next_stage(state: JobState) -> tuple[str, int]:
 
 def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
     """The hottest fold (every sample of every job): it sets `last_event_id` itself so the
-    state is copied once, and builds its parts from the already validated event without
-    validating them again."""
+    state is copied once, and rebuilds a node's peak only when it rises."""
     event_id = str(event.event_id)
     if event_id in map(_EVENT_ID, state.samples):
         return state.model_copy(update={"last_event_id": event_id})
-    sample = Sample.model_construct(
+    sample = Sample(
         event_id=event_id,
         at=event.occurred_at,
         global_step=event.global_step,
@@ -358,8 +357,9 @@ def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
         nodes=list(event.nodes),
     )
     samples = [*state.samples, sample][-MAX_SAMPLES:]
-    peaks = dict(state.peaks)
-    nodes = dict(state.nodes)
+    # Peaks and nodes rarely change once a job runs: copy them only when they do (the
+    # state's own dicts are never mutated, so older states stay as they were).
+    peaks, nodes = state.peaks, state.nodes
     for usage in event.nodes:
         key = node_key(usage.type, usage.id)
         old = peaks.get(key)
@@ -367,7 +367,9 @@ def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
         if old is None or (
             usage.cpu > old.cpu or usage.memory > old.memory or gpu_memory > old.gpu_memory
         ):
-            peaks[key] = NodePeak.model_construct(
+            if peaks is state.peaks:
+                peaks = dict(peaks)
+            peaks[key] = NodePeak(
                 type=usage.type,
                 id=usage.id,
                 cpu=usage.cpu if old is None else max(old.cpu, usage.cpu),
@@ -375,14 +377,23 @@ def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
                 gpu_memory=gpu_memory if old is None else max(old.gpu_memory, gpu_memory),
             )
         node = nodes.get(key)
-        if node is None:
-            nodes[key] = _node_from_role(state, usage.type, usage.id, NodeStatus.RUNNING)
-        elif node.status == NodeStatus.PENDING:
-            nodes[key] = node.model_copy(update={"status": NodeStatus.RUNNING})
-    training = dict(state.training)
-    if event.local_batch_size is not None:
-        training["local_batch_size"] = event.local_batch_size
-    training["accumulation_steps"] = event.accumulation_steps
+        if node is None or node.status == NodeStatus.PENDING:
+            if nodes is state.nodes:
+                nodes = dict(nodes)
+            nodes[key] = (
+                _node_from_role(state, usage.type, usage.id, NodeStatus.RUNNING)
+                if node is None
+                else node.model_copy(update={"status": NodeStatus.RUNNING})
+            )
+    training = state.training
+    local_batch = event.local_batch_size
+    if (local_batch is not None and training.get("local_batch_size") != local_batch) or (
+        training.get("accumulation_steps") != event.accumulation_steps
+    ):
+        training = dict(training)
+        if local_batch is not None:
+            training["local_batch_size"] = local_batch
+        training["accumulation_steps"] = event.accumulation_steps
     stage, seen = _next_stage(state)
     status = JobStatus.RUNNING if state.status == JobStatus.SUBMITTED else state.status
     return state.model_copy(

@@ -1,0 +1,103 @@
+"""The latency phase of `bench brain`, run in a process of its own.
+
+It publishes a workload's next events at a controlled rate and times each ScalePlan from
+the publication of the event it names as its cause (a ScalePlan's id is derived from that
+event) to its arrival on `<env>.scale.plans`: both ends on this process's clock, and none
+of the work on the brain's CPU. Usage: `python -m streams.brain.loadgen '<json spec>'`;
+prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from dlrover_events.topics import SCALE_PLANS, topic, topic_of
+from schemas.codec import CodecError, decode, encode
+from schemas.plans import ScalePlan
+from streams.brain.bench import Workload
+from streams.brain.planner import plan_id
+
+
+async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
+    servers = spec["bootstrap_servers"]
+    env = spec["env"]
+    workload = Workload(
+        env,
+        spec["jobs"],
+        seed=spec["seed"],
+        start=datetime.fromisoformat(spec["start"]),
+        steps=list(spec["steps"]),
+    )
+    rate = float(spec["rate"])
+    count = int(rate * float(spec["seconds"]))
+    events = workload.round_robin(count, int(spec["oom_every"]))
+    payloads = [(topic_of(e), encode(e), (e.key or "").encode(), e) for e in events]
+
+    plans_topic = topic(env, SCALE_PLANS)
+    # tansu answers a fetch only when its wait is over: keep the wait out of the timing
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=servers, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=5
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=servers, linger_ms=0, acks="all")
+    await consumer.start()
+    await producer.start()
+    published: dict[str, float] = {}
+    latencies: list[float] = []
+    stop = asyncio.Event()
+
+    async def receive() -> None:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=20)
+            now = time.perf_counter()
+            for records in batch.values():
+                for record in records:
+                    try:
+                        plan = decode(record.value)
+                    except CodecError:
+                        continue
+                    sent = published.get(plan.plan_id) if isinstance(plan, ScalePlan) else None
+                    if sent is not None:
+                        latencies.append((now - sent) * 1000)
+
+    try:
+        await consumer._client.force_metadata_update()
+        ids = sorted(consumer.partitions_for_topic(plans_topic) or ())
+        parts = [TopicPartition(plans_topic, p) for p in ids]
+        consumer.assign(parts)
+        await consumer.seek_to_end(*parts)
+        for tp in parts:
+            await consumer.position(tp)
+        receiver = asyncio.create_task(receive())
+        futures = []
+        t0 = time.perf_counter()
+        for n, (name, value, key, event) in enumerate(payloads):
+            delay = t0 + n / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            published[plan_id(key.decode(), str(event.event_id), "scale")] = time.perf_counter()
+            futures.append(await producer.send(name, value, key=key))
+        elapsed = time.perf_counter() - t0
+        await asyncio.gather(*futures)
+        await asyncio.sleep(drain_s)
+        stop.set()
+        await receiver
+        return {"sent": count, "send_rate": count / elapsed, "latencies_ms": latencies}
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+def main(argv: list[str]) -> None:
+    result = asyncio.run(measure(json.loads(argv[0])))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
