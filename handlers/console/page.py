@@ -109,7 +109,12 @@ function addEvent(d) {
   const body = document.getElementById("events");
   body.prepend(tr);
   while (body.rows.length > MAX_ROWS) body.deleteRow(body.rows.length - 1);
-  received++; showCounts();
+  received++; showCounts(); soonJobs();
+}
+let jobsTimer = null;
+function soonJobs() {
+  // A new event may change the jobs table: refresh it shortly, once per burst.
+  if (jobsTimer === null) jobsTimer = setTimeout(() => { jobsTimer = null; refreshJobs(); }, 300);
 }
 function handle(block) {
   let name = "message", data = "";
