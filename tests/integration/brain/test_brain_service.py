@@ -1,0 +1,146 @@
+"""The brain as `up` runs it (a service in the caller's event loop) and as `dlrover-events
+brain --env E` runs it (its own process, stopped by SIGTERM)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import pytest
+
+from dlrover_events.bus import Producer
+from dlrover_events.services import ServiceContext
+from dlrover_events.settings import Settings
+from dlrover_events.store import EnvStore
+from dlrover_events.topics import SCALE_PLANS, topic
+from schemas.jobs import JobMeta, JobStarted
+from schemas.plans import ScalePlan
+from streams.brain.app import service
+from streams.brain.planner import plan_id
+from tests.conftest import REPO, EnvFactory
+from tests.integration.brain.workload import oom, plans_on, submitted
+
+pytestmark = pytest.mark.integration
+
+
+async def _publish_oom_job(settings: Settings, env: str, uuid: str) -> str:
+    job = JobMeta(uuid=uuid)
+    the_oom = oom(env, job, 1, node=0)
+    async with Producer(settings) as producer:
+        await producer.publish_many([submitted(env, job), JobStarted(env=env, job=job), the_oom])
+    return plan_id(uuid, str(the_oom.event_id), "scale")
+
+
+async def _scale_plan_ids(settings: Settings, env: str) -> set[str]:
+    return {
+        p.plan_id
+        for p in await plans_on(settings, topic(env, SCALE_PLANS))
+        if isinstance(p, ScalePlan)
+    }
+
+
+async def test_service_runs_in_the_callers_loop_and_stops_on_request(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    env = (await make_env()).name
+    want = await _publish_oom_job(settings, env, "job-svc")
+    ctx = ServiceContext(settings, env, pg_dsn)
+    task = asyncio.create_task(service.run(ctx))
+    try:
+        async with asyncio.timeout(60):
+            await ctx.ready.wait()
+        async with await EnvStore.open(pg_dsn, env) as store:
+            query = "SELECT plan_id FROM scale_plans"
+
+            async def recorded() -> set[str]:
+                return {r["plan_id"] for r in await store.fetch(query)}
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while want not in await recorded():
+                assert loop.time() < deadline, "no ScalePlan recorded"
+                await asyncio.sleep(0.2)
+    finally:
+        ctx.stop.set()
+        async with asyncio.timeout(30):
+            await task  # a clean stop: no exception
+    assert service.name == "brain"
+    assert want in await _scale_plan_ids(settings, env)
+
+
+async def test_command_runs_until_sigterm(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    env = (await make_env()).name
+    want = await _publish_oom_job(settings, env, "job-cmd")
+    environ = {
+        **os.environ,
+        "DLROVER_EVENTS_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "DLROVER_EVENTS_PG_DSN": pg_dsn,
+        "DLROVER_EVENTS_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
+        "DLROVER_EVENTS_HEARTBEAT_INTERVAL_MS": str(settings.heartbeat_interval_ms),
+    }
+    script = "import typer; from streams.brain.app import brain; typer.run(brain)"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        "--env",
+        env,
+        cwd=REPO,
+        env=environ,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        found: set[str] = set()
+
+        async def look() -> None:
+            found.update(await _scale_plan_ids(settings, env))
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while want not in found:
+            assert proc.returncode is None, "the brain exited early"
+            assert loop.time() < deadline, "no ScalePlan from the command"
+            await look()
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            out, _ = await proc.communicate()
+    assert proc.returncode == 0, out.decode()
+
+
+async def test_command_says_so_when_the_env_is_missing(settings: Settings, pg_dsn: str) -> None:
+    environ = {
+        **os.environ,
+        "DLROVER_EVENTS_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "DLROVER_EVENTS_PG_DSN": pg_dsn,
+    }
+    script = (
+        "import sys, typer\n"
+        "from dlrover_events.errors import UserError\n"
+        "from streams.brain.app import brain\n"
+        "try:\n"
+        "    typer.run(brain)\n"
+        "except UserError as e:\n"
+        "    print(f'error: {e}'); sys.exit(2)\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        "--env",
+        "nosuchenv",
+        cwd=REPO,
+        env=environ,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    async with asyncio.timeout(60):
+        out, _ = await proc.communicate()
+    assert proc.returncode == 2, out.decode()
+    assert "env 'nosuchenv' does not exist" in out.decode()
