@@ -9,17 +9,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dlrover_events.sdk.bench import bench_sdk
+from dlrover_events.sdk.bench import app
 from dlrover_events.settings import Settings
 
 pytestmark = pytest.mark.integration
 
 
 def cli() -> typer.Typer:
-    app = typer.Typer()
-    app.command("sdk")(bench_sdk)
-    app.command("other")(lambda: None)  # a group, so `sdk` is a subcommand as in the CLI
-    return app
+    return app  # the `bench` group, as the CLI mounts it
 
 
 def last_json(output: str) -> dict[str, object]:
