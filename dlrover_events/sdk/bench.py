@@ -1,5 +1,7 @@
 """`dlrover-events bench sdk`: what the reporter costs a training step, in microseconds.
 
+Registered as the ``sdk`` entry point of ``dlrover_events.benches``.
+
 Each run times the same loop of pure-Python work twice, without and with
 ``reporter.step()``, in alternating order, and the difference per step is the overhead. The
 work is computation, not a sleep or a spin on the clock, so the reporter thread taking the
@@ -17,7 +19,6 @@ import logging
 import statistics
 import uuid
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from time import perf_counter
 from typing import Any
 
@@ -182,21 +183,3 @@ def bench_sdk(
         "dropped": stats.dropped,
     }
     typer.echo(json.dumps(summary))
-
-
-#: Benchmarks that other packages contribute to ``dlrover-events bench`` (the gateway's...).
-BENCH_GROUP = "dlrover_events.bench"
-
-#: ``dlrover-events bench``: registered as the entry point ``bench`` of the CLI's commands.
-app = typer.Typer(name="bench", no_args_is_help=True)
-
-
-@app.callback()
-def bench() -> None:
-    """Benchmarks: what the parts cost on this machine. Each prints one JSON line last."""
-
-
-app.command("sdk")(bench_sdk)
-for _ep in entry_points(group=BENCH_GROUP):
-    if _ep.name != "sdk":
-        app.command(_ep.name)(_ep.load())

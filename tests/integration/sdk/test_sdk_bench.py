@@ -9,14 +9,18 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dlrover_events.sdk.bench import app
+from dlrover_events.sdk.bench import bench_sdk
 from dlrover_events.settings import Settings
 
 pytestmark = pytest.mark.integration
 
 
 def cli() -> typer.Typer:
-    return app  # the `bench` group, as the CLI mounts it
+    """A `bench` group as the CLI builds it from the dlrover_events.benches entry points."""
+    benches = typer.Typer(no_args_is_help=True)
+    benches.callback()(lambda: None)
+    benches.command("sdk")(bench_sdk)
+    return benches
 
 
 def last_json(output: str) -> dict[str, object]:
