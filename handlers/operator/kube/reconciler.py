@@ -147,7 +147,7 @@ class EnvReconciler:
                 for task in done:
                     if task in tasks:
                         task.result()  # an informer that stopped before its first list
-                pending -= {t for t in done if t in tasks}
+                pending = {t for t in pending if t not in tasks}
         finally:
             for t in synced:
                 t.cancel()

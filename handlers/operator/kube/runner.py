@@ -105,8 +105,9 @@ async def connect(conf: KubeSettings) -> tuple[client.ApiClient, str]:
             f"no cluster credentials: no kubeconfig and not in a pod ({e}); set "
             "DLROVER_EVENTS_OPERATOR_KUBECONFIG"
         ) from None
-    in_pod: str = conf.namespace or await asyncio.to_thread(_pod_namespace)
-    return client.ApiClient(), in_pod
+    if conf.namespace:
+        return client.ApiClient(), conf.namespace
+    return client.ApiClient(), await asyncio.to_thread(_pod_namespace)
 
 
 def _pod_namespace() -> str:
