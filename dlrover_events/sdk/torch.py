@@ -38,6 +38,7 @@ _GPU_REQUEST = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 _CPU_REQUEST = re.compile(r"tried to allocate ([0-9]+) bytes")
 #: torch's CPU allocator fails with a RuntimeError, not MemoryError.
 _CPU_OOM = "DefaultCPUAllocator: can't allocate memory"
+_REPORTED = "_dlrover_events_oom_reported"
 
 
 class CudaProbe:
@@ -134,7 +135,10 @@ class TorchHook:
             yield
         except (RuntimeError, MemoryError) as err:
             kind = oom_kind(err)
-            if kind is not None:
+            if kind is not None and not getattr(err, _REPORTED, False):
+                # Guards nest (a watched step inside a guarded loop): one OOM, one event.
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(err, _REPORTED, True)
                 self.report_oom(kind, err)
             raise
 

@@ -14,7 +14,13 @@ import torch
 
 from dlrover_events.embedded import free_port
 from dlrover_events.sdk import JobIdentity, Reporter
-from dlrover_events.sdk.torch import TorchHook, batch_samples, oom_kind, requested_bytes
+from dlrover_events.sdk.torch import (
+    CudaProbe,
+    TorchHook,
+    batch_samples,
+    oom_kind,
+    requested_bytes,
+)
 from dlrover_events.settings import Settings
 from schemas.jobs import JobMeta, OOMKind
 
@@ -105,3 +111,23 @@ def test_track_counts_samples_from_the_batches(hook: TorchHook) -> None:
     batches = [(torch.zeros(16, 4), torch.zeros(16)) for _ in range(4)]
     assert len(list(hook.track(batches))) == 4
     assert hook.reporter.stats().steps == 4
+
+
+def test_nested_guards_report_one_oom_once(hook: TorchHook) -> None:
+    @hook.watch
+    def train_step() -> None:
+        raise MemoryError
+
+    with pytest.raises(MemoryError), hook.guard():
+        train_step()
+    assert hook.reporter.stats().queued == 1
+
+
+def test_cuda_probe_reads_nothing_until_training_initialised_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A probe must never be what creates a CUDA context (in the wrong thread, on the wrong
+    # device): with CUDA present but not initialised yet, it reads nothing.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert CudaProbe()() == {}
