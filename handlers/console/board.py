@@ -86,9 +86,10 @@ class JobView:
 
 
 class Board:
-    def __init__(self, max_reports: int = 50) -> None:
+    def __init__(self, max_reports: int = 50, max_jobs: int = 2000) -> None:
         self.jobs: dict[str, JobView] = {}
         self.reports: deque[dict[str, Any]] = deque(maxlen=max_reports)
+        self.max_jobs = max_jobs
 
     def apply(self, event: Event) -> None:
         if isinstance(event, EvaluationReport):
@@ -96,9 +97,12 @@ class Board:
             return
         if not isinstance(event, JobEvent):
             return
-        view = self.jobs.get(event.job.uuid)
-        if view is None:
-            view = self.jobs[event.job.uuid] = JobView(job=event.job.uuid)
+        view = self.jobs.pop(event.job.uuid, None) or JobView(job=event.job.uuid)
+        # Re-inserted on every event: the dict's order is the order of last activity, and a
+        # console that runs for months forgets the jobs that went quiet longest ago.
+        self.jobs[event.job.uuid] = view
+        if len(self.jobs) > self.max_jobs:
+            self.jobs.pop(next(iter(self.jobs)))
         view.name = event.job.name or view.name
         view.updated_at = event.occurred_at
         view.events += 1

@@ -53,3 +53,10 @@ def test_rejected_plans_change_nothing_and_status_never_goes_back() -> None:
     assert view["resources"]["worker"]["replicas"] == 1
     assert view["last_scale"]["status"] == "rejected"
     assert view["status"] == "completed"
+
+
+def test_the_board_forgets_the_jobs_quiet_longest() -> None:
+    board = Board(max_jobs=2)
+    for job in ("a", "b", "a", "c"):
+        board.apply(Sample(env="e", job=JobMeta(uuid=job), global_step=1))
+    assert sorted(board.jobs) == ["a", "c"]
