@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -35,9 +36,24 @@ def operator(
     restart_delay: float = typer.Option(
         None, "--restart-delay", help="simulated seconds a rescaled job restarts (default 30)"
     ),
+    follow_real: bool = typer.Option(
+        None,
+        "--follow-real/--no-follow-real",
+        help="real cluster: act for whichever env is real, switching on promotion",
+    ),
+    kubeconfig: Path = typer.Option(
+        None, "--kubeconfig", help="real cluster: kubeconfig (default $KUBECONFIG, in-cluster)"
+    ),
+    namespace: str = typer.Option(
+        None, "--namespace", "-n", help="real cluster: namespace of the TrainingJobs"
+    ),
 ) -> None:
-    """Apply an env's ScalePlans: on the simulated cluster when the env is virtual."""
+    """Apply an env's ScalePlans: on the cluster when the env is real (only that operator
+    loads cluster credentials), on the simulated cluster when it is virtual."""
     given: dict[str, Any] = {
+        "follow_real": follow_real,
+        "kubeconfig": kubeconfig,
+        "namespace": namespace,
         "nodes": nodes,
         "gpus_per_node": gpus,
         "speed": speed,

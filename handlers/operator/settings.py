@@ -49,6 +49,12 @@ class VirtualSettings(BaseSettings):
 
 def virtual_settings(overrides: Mapping[str, Any]) -> VirtualSettings:
     """Environment settings with the given options on top; a bad value is the user's to fix."""
+    cluster_only = sorted(set(overrides) & {"kubeconfig", "namespace", "follow_real"})
+    if cluster_only:
+        raise UserError(
+            f"{', '.join(cluster_only)} apply to the real env's operator; a virtual env's "
+            "operator simulates its cluster and holds no cluster credentials"
+        )
     unknown = sorted(set(overrides) - set(VirtualSettings.model_fields))
     if unknown:
         raise UserError(f"unknown virtual operator option(s): {', '.join(unknown)}")
