@@ -51,13 +51,6 @@ from streams.brain.state import GiB
 
 log = logging.getLogger(__name__)
 
-bench_app = typer.Typer(no_args_is_help=True)
-
-
-@bench_app.callback()
-def bench() -> None:
-    """Benchmarks on the configured broker and Postgres."""
-
 
 WORKERS = 4
 #: samples of one job are 15 s apart in event time, as DLRover's master reports them
@@ -370,7 +363,6 @@ async def run_bench(
         pg.stop()
 
 
-@bench_app.command("brain")
 def bench_brain(
     events: int = typer.Option(100_000, "--events", "-n", min=1, help="events to pre-load"),
     jobs: int = typer.Option(100, "--jobs", "-j", min=1, help="jobs they belong to"),
