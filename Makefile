@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit schemas clean
+.PHONY: run test test-deps lint typecheck unit schemas example clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,23 @@ run: $(STAMP)
 	$(BIN)/dlrover-events up
 
 ## Lint, type-check and run the whole suite against real parts.
-test: lint typecheck
+test: lint typecheck test-deps
 	$(BIN)/pytest
+
+## The console's browser test drives Debian's Chromium (playwright-core comes from npm
+## inside the test). The Kubernetes tests build their API server themselves (cached).
+test-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	  else \
+	    echo "make test needs Debian's chromium (sudo apt-get install chromium)"; exit 1; \
+	  fi; }
+	@command -v npm >/dev/null 2>&1 || { echo "make test needs node and npm"; exit 1; }
+
+## A small real torch training job reporting to the stack `make run` started.
+example: $(STAMP)
+	DLROVER_EVENTS_JOB_ID=$${DLROVER_EVENTS_JOB_ID:-mnist-1} $(BIN)/python examples/train_mnist_like.py --steps 3000
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

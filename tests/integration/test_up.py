@@ -28,6 +28,7 @@ async def test_up_runs_the_stack_and_stops_on_sigterm(pg_dsn: str, tmp_path: obj
         **os.environ,
         "DLROVER_EVENTS_BROKER_PORT": str(port),
         "DLROVER_EVENTS_GATEWAY_PORT": str(free_port()),
+        "DLROVER_EVENTS_CONSOLE_PORT": str(free_port()),
         "DLROVER_EVENTS_PG_DSN": pg_dsn,
         "DLROVER_EVENTS_DATA_DIR": str(tmp_path),
         "DLROVER_EVENTS_SESSION_TIMEOUT_MS": "2000",
