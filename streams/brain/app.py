@@ -201,14 +201,10 @@ class Brain:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checkpointer
         try:
-            async with self._batch_lock:  # no batch is half-way from now on
-                self._stopping = True
-                if self._store is not None:
-                    try:
-                        await self._checkpoint_locked()
-                        await self.app.consumer.commit()
-                    except Exception:  # the next start re-reads from the last checkpoint
-                        log.exception("final checkpoint of the brain of %s failed", self.env)
+            if self._store is not None and await self._checkpoint_held(stopping=True):
+                with contextlib.suppress(Exception):  # the next start skips by offset
+                    await self.app.consumer.commit()
+            self._stopping = True
             await self.app.stop()
         finally:
             if self._store is not None:
@@ -267,22 +263,38 @@ class Brain:
         """Plans and dead letters, acked by the broker before the batch counts as done."""
         if not (out.plans or out.letters):
             return
-        producer = self.app.producer
-        futures = []
+        todo: list[tuple[str, bytes | None, bytes, bool]] = []
         for plan in out.plans:
             if plan.plan_id in self._published:
                 self.republish_skipped += 1
                 continue
             key = plan.key.encode() if plan.key is not None else None
-            futures.append(await producer.send(topic_of(plan), key, encode(plan), None, None, None))
-        plans = len(futures)
+            todo.append((topic_of(plan), key, encode(plan), True))
         for letter in out.letters:
             key = letter.key.encode() if letter.key is not None else None
-            futures.append(await producer.send(self._dlq, key, encode(letter), None, None, None))
-        acked = await asyncio.gather(*futures)
-        for meta in acked[:plans]:
-            tp = (meta.topic, meta.partition)
-            self._produced[tp] = max(self._produced.get(tp, 0), meta.offset + 1)
+            todo.append((self._dlq, key, encode(letter), False))
+        attempt = 0
+        while todo:
+            # The batch is not done (and no checkpoint can cover it) until the broker has
+            # every record: retry what failed, for as long as it takes.
+            attempt += 1
+            results = await asyncio.gather(
+                *(self._send(name, key, value) for name, key, value, _ in todo),
+                return_exceptions=True,
+            )
+            failed = []
+            for item, result in zip(todo, results, strict=True):
+                if isinstance(result, BaseException):
+                    if isinstance(result, asyncio.CancelledError):
+                        raise result
+                    failed.append(item)
+                elif item[3]:
+                    tp = (result.topic, result.partition)
+                    self._produced[tp] = max(self._produced.get(tp, 0), result.offset + 1)
+            if failed:
+                log.warning("publishing %d records failed (attempt %d)", len(failed), attempt)
+                await asyncio.sleep(min(0.1 * attempt, 5.0))
+            todo = failed
         for letter in out.letters:
             log.warning(
                 "dead-lettered %s[%d]@%d: %s",
@@ -291,6 +303,10 @@ class Brain:
                 letter.offset,
                 letter.error,
             )
+
+    async def _send(self, name: str, key: bytes | None, value: bytes) -> Any:
+        future = await self.app.producer.send(name, key, value, None, None, None)
+        return await future
 
     # -- checkpoints --------------------------------------------------------------------
 
@@ -311,11 +327,27 @@ class Brain:
                 snap, acks = self._snapshot()
             await self._save(snap, acks)
 
-    async def _checkpoint_locked(self) -> None:
-        """Checkpoint while the caller holds the batch lock (stop, rebalance)."""
-        async with self._checkpoint_lock:
+    async def _checkpoint_held(
+        self, *, stopping: bool = False, drop: set[int] | None = None
+    ) -> bool:
+        """Checkpoint with the stream held (stop, rebalance), then stop taking batches or
+        forget partitions. A failed checkpoint is not fatal: whoever reads those
+        partitions next resumes from the previous one and decides the rest again."""
+        async with self._checkpoint_lock, self._batch_lock:  # same order as checkpoint()
+            if stopping:
+                self._stopping = True  # batches taken from now on are left unacked
             snap, acks = self._snapshot()
-            await self._save(snap, acks)
+            try:
+                await self._save(snap, acks)
+                ok = True
+            except Exception:
+                log.exception("checkpoint of the brain of %s failed", self.env)
+                ok = False
+            if drop:
+                self.processor.drop(drop)
+                if not ok:
+                    self._unacked = []  # their partitions are read again from the commit
+            return ok
 
     def _snapshot(self) -> tuple[Snapshot, list[tuple[Any, Sequence[Any]]]]:
         snap = self.processor.snapshot()
@@ -334,18 +366,21 @@ class Brain:
             self._unacked = [*acks, *self._unacked]
             raise
         self.checkpoints += 1
+        acked = 0
         for stream, events in acks:
             for event in events:
                 await stream.ack(event)
+            acked += len(events)
+            if acked >= 512:  # seconds of events: let the stream go on between them
+                acked = 0
+                await asyncio.sleep(0)
 
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """Hand partitions over checkpointed, so their next owner resumes where we stop."""
         revoked: set[Any] = args[0] if args else kwargs.get("revoked", set())
-        async with self._batch_lock:
-            if self._store is None or self._stopping:
-                return
-            await self._checkpoint_locked()
-            self.processor.drop({tp.partition for tp in revoked})
+        if self._store is None or self._stopping:
+            return
+        await self._checkpoint_held(drop={tp.partition for tp in revoked})
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         self.ready.set()
