@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-deps lint typecheck unit schemas example clean
+.PHONY: run test test-deps kube-testenv lint typecheck unit schemas example clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ run: $(STAMP)
 	$(BIN)/dlrover-events up
 
 ## Lint, type-check and run the whole suite against real parts.
-test: lint typecheck test-deps
+test: lint typecheck test-deps kube-testenv
 	$(BIN)/pytest
 
 ## The console's browser test drives Debian's Chromium (playwright-core comes from npm
@@ -30,6 +30,11 @@ test-deps:
 	    echo "make test needs Debian's chromium (sudo apt-get install chromium)"; exit 1; \
 	  fi; }
 	@command -v npm >/dev/null 2>&1 || { echo "make test needs node and npm"; exit 1; }
+
+## A real kube-apiserver v1.20.2 + etcd for the operator tests, built once from Debian's
+## kubernetes source package and cached in ~/.cache/dlrover-events (needs root or sudo).
+kube-testenv:
+	deploy/testenv/kube-testenv.sh build
 
 ## A small real torch training job reporting to the stack `make run` started.
 example: $(STAMP)
