@@ -30,6 +30,7 @@ from typing import Any, cast
 import faust
 import typer
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from faust.sensors import Sensor
 from faust.transport.drivers import aiokafka as faust_kafka
 
 from dlrover_events.cli.app import run_async
@@ -96,7 +97,16 @@ class BrainApp(faust.App):
         dependencies = super().on_init_dependencies()
         if not self.monitored:
             self.sensors.remove(self.monitor)
+            self.sensors.add(_RebalanceSensor())
         return dependencies
+
+
+class _RebalanceSensor(Sensor):
+    """Does nothing per event; it only gives faust's rebalance bookkeeping a state, which
+    it warns about at every rebalance when no sensor is left."""
+
+    def on_rebalance_start(self, app: Any) -> dict[str, Any]:
+        return {"brain": True}
 
 
 #: The brain reads what jobs and the operator say; scale results update a job's resources.
