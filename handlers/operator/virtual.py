@@ -19,6 +19,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from dlrover_events.bus import Consumer, Producer, Received
@@ -138,7 +139,13 @@ class VirtualOperator:
 
     async def _consume(self, consumer: Consumer, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await consumer.poll(timeout_ms=500)
+            read = await consumer.poll(timeout_ms=500)
+            if read == 0 and self.fleet is not None and not self.fleet.started:
+                # The backlog is read: start the clock at its earliest submission.
+                async with self._lock:
+                    self._start_clock()
+                    await self._flush()
+                self._wake.set()
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -157,19 +164,30 @@ class VirtualOperator:
         self._wake.set()
 
     def _catch_up(self, event: Event) -> VirtualCluster:
-        """The fleet at the current simulated time, made at the first input."""
+        """The fleet at the current simulated time, made at the first input.
+
+        Its clock starts once the backlog is read (or when a plan must be applied), at the
+        earliest submission: the origin does not depend on which partition is read first.
+        """
         if self.fleet is None:
             self.fleet = VirtualCluster(
                 self.options.cluster(),
-                origin=event.occurred_at,
+                origin=None,
                 restart_delay=self.options.restart_delay,
                 sample_interval=self.options.sample_interval,
                 source=SOURCE,
             )
-            self.clock.start(0.0)
+        if not self.fleet.started:
+            if isinstance(event, ScalePlan):
+                self._start_clock(event.occurred_at)
         elif (now := self.clock.now()) is not None:
             self._outbox.extend(self.fleet.advance_to(now))
         return self.fleet
+
+    def _start_clock(self, origin: datetime | None = None) -> None:
+        assert self.fleet is not None
+        self._outbox.extend(self.fleet.start(origin))
+        self.clock.start(0.0)
 
     async def _apply(self, fleet: VirtualCluster, plan: ScalePlan) -> None:
         assert self._ledger is not None

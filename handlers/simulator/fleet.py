@@ -44,7 +44,7 @@ class VirtualCluster:
         self,
         cluster: Cluster,
         *,
-        origin: datetime = DEFAULT_ORIGIN,
+        origin: datetime | None = DEFAULT_ORIGIN,
         restart_delay: float = DEFAULT_RESTART_DELAY,
         sample_interval: float | None = 30.0,
         source: str = "virtual-operator",
@@ -62,6 +62,9 @@ class VirtualCluster:
         # trace fed all at once still arrives as the trace says.
         self._arrivals: list[tuple[float, int, JobSubmitted]] = []
         self._arriving: set[str] = set()
+        # Without an origin the clock has not started: submissions wait here, and start()
+        # puts time zero at the earliest of them, whatever order they were read in.
+        self._held: list[JobSubmitted] = []
         self._unsimulable: dict[str, str] = {}
         # Outcomes of applied plans: a plan re-delivered before its effect was recorded
         # elsewhere gets the answer it got the first time, not "already applied".
@@ -71,8 +74,26 @@ class VirtualCluster:
     def clock(self) -> float:
         return self._clock
 
+    @property
+    def started(self) -> bool:
+        return self.origin is not None
+
+    def start(self, origin: datetime | None = None) -> list[JobEvent]:
+        """Start the clock: time zero at ``origin``, else at the earliest held submission
+        (a backlog read in any order gives the same origin, hence the same run)."""
+        if self.origin is not None:
+            return []
+        held, self._held = self._held, []
+        self.origin = origin or min((e.occurred_at for e in held), default=DEFAULT_ORIGIN)
+        self._arriving.clear()
+        events: list[JobEvent] = []
+        for event in held:
+            events.extend(self.submit(event))
+        return events
+
     def at(self, clock: float | None = None) -> datetime:
         """The wall-clock reading events carry for a simulated second."""
+        assert self.origin is not None, "the clock has not started"
         return self.origin + timedelta(seconds=self._clock if clock is None else clock)
 
     def job(self, job_uuid: str) -> JobSimulator | None:
@@ -90,6 +111,10 @@ class VirtualCluster:
         key = event.job.uuid
         if key in self._jobs or key in self._unsimulable or key in self._arriving:
             return []
+        if self.origin is None:
+            self._held.append(event)
+            self._arriving.add(key)
+            return []
         arrives = (event.occurred_at - self.origin).total_seconds()
         if arrives > self._clock + MIN_STEP:
             heapq.heappush(self._arrivals, (arrives, len(self._arriving), event))
@@ -98,6 +123,7 @@ class VirtualCluster:
         return self._arrive(event)
 
     def _arrive(self, event: JobSubmitted) -> list[JobEvent]:
+        assert self.origin is not None, "jobs arrive only once the clock has started"
         key = event.job.uuid
         name = event.application or event.job.app
         try:
@@ -160,6 +186,8 @@ class VirtualCluster:
     def next_event_at(self) -> float | None:
         """When the next job says or the next submission arrives, if no input comes;
         None: nothing will happen."""
+        if self.origin is None:
+            return None
         times = [t for t in (job.next_event_at() for job in self._jobs.values()) if t is not None]
         if self._arrivals:
             times.append(self._arrivals[0][0])
@@ -172,6 +200,8 @@ class VirtualCluster:
     def advance_to(self, clock: float) -> list[JobEvent]:
         """Move to ``clock`` (never back), stopping at every event on the way so that what
         one job frees is taken by another at the moment it is freed."""
+        if self.origin is None:
+            return []
         events: list[JobEvent] = []
         while (upcoming := self.next_event_at()) is not None and upcoming <= clock:
             events.extend(self._step_to(max(upcoming, self._clock + MIN_STEP)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import typer
@@ -66,10 +67,10 @@ async def publish(settings: Settings, store: EnvStore, batch: list[EvaluationRep
         await store.save_evaluation(report)
 
 
-async def ledger_of(settings: Settings, env: str) -> Ledger:
-    """Everything the env's topics hold now, folded."""
+async def ledger_of(settings: Settings, env: str, topics: Sequence[str] = INPUTS) -> Ledger:
+    """Everything the env's topics (all inputs by default) hold now, folded."""
     ledger = Ledger()
-    for name in INPUTS:
+    for name in topics:
         for record in await read_topic(settings, topic(env, name)):
             with contextlib.suppress(CodecError):
                 ledger.observe(decode(record.value))

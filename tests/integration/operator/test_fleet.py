@@ -153,3 +153,18 @@ def test_a_submission_stamped_later_arrives_at_its_own_time() -> None:
     assert len(started) == 2
     assert {e.occurred_at for e in started} == {DEFAULT_ORIGIN + timedelta(seconds=500)}
     assert fleet.submit(submitted("late", 2, at=500.0)) == []  # seen before: nothing new
+
+
+def test_an_unstarted_fleet_starts_at_its_earliest_submission_in_any_order() -> None:
+    origins = set()
+    for order in (["x", "y", "z"], ["z", "y", "x"], ["y", "z", "x"]):
+        fleet = VirtualCluster(Cluster(2, 4), origin=None)
+        at = {"x": 100.0, "y": 40.0, "z": 70.0}
+        for name in order:
+            assert fleet.submit(submitted(name, 1, at=at[name])) == []
+        assert fleet.next_event_at() is None  # nothing moves before the clock starts
+        started = fleet.start()
+        origins.add(fleet.origin)
+        assert [e.key for e in started if isinstance(e, NodeStarted)] == ["y"]
+        assert fleet.next_event_at() == 30.0  # z arrives 30 s after y
+    assert origins == {DEFAULT_ORIGIN + timedelta(seconds=40)}

@@ -1,0 +1,185 @@
+"""Run an A/B test: one virtual env per arm, the same input for all, until every job ends.
+
+Everything is fed before any arm's services start: the virtual operator schedules each
+submission at its own simulated time, so all arms see the same arrivals however the wall
+clock jitters. Services are found in the service registry (the operator lives in
+handlers/, which streams/ does not import). An arm whose settings say ``brain: false`` runs
+without a brain: its jobs keep what they asked for (the static baseline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlrover_events.envs import EnvRegistry
+from dlrover_events.errors import UserError
+from dlrover_events.services import ServiceContext, discover_services
+from dlrover_events.settings import Settings
+from dlrover_events.topics import JOB_EVENTS
+from schemas.control import EnvMode
+from streams.ab.arms import Arm
+from streams.ab.report import ArmResult
+from streams.evaluators.ledger import Ledger, gpu_use
+from streams.evaluators.registry import evaluate
+from streams.evaluators.service import ledger_of
+from streams.replay.copier import Replay
+from streams.replay.core import Pacer, Selection
+from streams.replay.trace import replay_trace
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int], None]  # (arm, finished jobs, expected jobs)
+
+
+@dataclass
+class Cluster:
+    nodes: int = 16
+    gpus_per_node: int = 4
+    speed: float | None = 200.0  # None: as fast as possible (for arms without a brain)
+
+
+@dataclass
+class ABTest:
+    settings: Settings
+    dsn: str
+    arms: list[Arm]
+    trace: Path | None = None
+    source: str | None = None
+    cluster: Cluster = field(default_factory=Cluster)
+    timeout_s: float = 1800.0
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    keep_envs: bool = False
+    poll_s: float = 2.0
+
+    def env_settings(self, arm: Arm) -> dict[str, Any]:
+        operator = {
+            "nodes": self.cluster.nodes,
+            "gpus_per_node": self.cluster.gpus_per_node,
+            **({"fast": True} if self.cluster.speed is None else {"speed": self.cluster.speed}),
+            **arm.settings.get("operator", {}),
+        }
+        return {**arm.settings, "operator": operator}
+
+    async def run(self, progress: Progress | None = None) -> list[ArmResult]:
+        if (self.trace is None) == (self.source is None):
+            raise UserError("an A/B test takes its input from exactly one of --trace and --from")
+        services = discover_services()
+        missing = [s for s in ("operator", "brain") if s not in services]
+        if "operator" in missing or ("brain" in missing and any(_brain(a) for a in self.arms)):
+            raise UserError(f"the A/B test needs the {' and '.join(missing)} service(s)")
+        registry = EnvRegistry(self.settings, self.dsn)
+        created: list[str] = []
+        stop = asyncio.Event()
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            expected = 0
+            for arm in self.arms:
+                env = arm.env(self.run_id)
+                await registry.create(env, EnvMode.VIRTUAL, settings=self.env_settings(arm))
+                created.append(env)
+                expected = await self._feed(env)
+            if expected == 0:
+                raise UserError("the input holds no job submissions")
+            contexts = []
+            for arm in self.arms:
+                names = ["operator", *(["brain"] if _brain(arm) else [])]
+                for name in names:
+                    ctx = ServiceContext(self.settings, arm.env(self.run_id), self.dsn, stop=stop)
+                    contexts.append(ctx)
+                    tasks.append(asyncio.create_task(services[name].run(ctx), name=name))
+            await self._until_ready(contexts, tasks)
+            ledgers = await self._until_done(expected, tasks, progress)
+        finally:
+            stop.set()
+            await _finish(tasks)
+            if not self.keep_envs:
+                for env in created:
+                    with contextlib.suppress(Exception):
+                        await registry.delete(env)
+        return [self._result(arm, ledgers[arm.env(self.run_id)], expected) for arm in self.arms]
+
+    async def _feed(self, env: str) -> int:
+        """Copy the input into the arm's env; returns how many jobs it submits."""
+        if self.trace is not None:
+            await replay_trace(self.settings, self.trace, env, pacer=Pacer(None))
+        else:
+            assert self.source is not None
+            await Replay(
+                self.settings, self.source, env, pacer=Pacer(None), selection=Selection()
+            ).run()
+        ledger = await ledger_of(self.settings, env)
+        return sum(1 for j in ledger.jobs.values() if j.submitted_at is not None)
+
+    async def _until_ready(
+        self, contexts: list[ServiceContext], tasks: list[asyncio.Task[None]]
+    ) -> None:
+        async with asyncio.timeout(120):
+            for ctx, task in zip(contexts, tasks, strict=True):
+                ready = asyncio.create_task(ctx.ready.wait())
+                done, _ = await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
+                if task in done:
+                    ready.cancel()
+                    task.result()
+                    raise UserError(f"service {task.get_name()} of {ctx.env} stopped at start")
+
+    async def _until_done(
+        self, expected: int, tasks: list[asyncio.Task[None]], progress: Progress | None
+    ) -> dict[str, Ledger]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        while True:
+            for task in tasks:
+                if task.done():
+                    task.result()  # a service that died says why
+                    raise UserError(f"service {task.get_name()} stopped during the test")
+            # Completions are on job.events alone: cheap to re-read while waiting.
+            ledgers = {
+                a.env(self.run_id): await ledger_of(self.settings, a.env(self.run_id), [JOB_EVENTS])
+                for a in self.arms
+            }
+            finished = {
+                env: sum(1 for j in led.jobs.values() if j.done) for env, led in ledgers.items()
+            }
+            if progress is not None:
+                for arm in self.arms:
+                    progress(arm.name, finished[arm.env(self.run_id)], expected)
+            if all(n >= expected for n in finished.values()) or loop.time() > deadline:
+                if loop.time() > deadline:
+                    log.warning(
+                        "A/B test timed out after %.0f s; reporting what finished", self.timeout_s
+                    )
+                return ledgers
+            await asyncio.sleep(self.poll_s)
+
+    def _result(self, arm: Arm, ledger: Ledger, expected: int) -> ArmResult:
+        jobs = ledger.in_window(None, None)
+        jct = {j.job: v for j in jobs if (v := j.jct_s()) is not None and not j.failed}
+        return ArmResult(
+            name=arm.name,
+            env=arm.env(self.run_id),
+            settings_source=arm.source,
+            jct=jct,
+            metrics=evaluate(jobs, ledger.last_event_at),
+            gpu_use=gpu_use(jobs, step_s=300.0),
+            unfinished=max(0, expected - sum(1 for j in jobs if j.done)),
+        )
+
+
+def _brain(arm: Arm) -> bool:
+    return arm.settings.get("brain", True) is not False
+
+
+async def _finish(tasks: list[asyncio.Task[None]]) -> None:
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=20)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

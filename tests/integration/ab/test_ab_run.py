@@ -1,0 +1,84 @@
+"""A/B tests end to end on the real broker and Postgres, with the virtual operator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlrover_events.bus import read_topic
+from dlrover_events.envs import EnvRegistry
+from dlrover_events.settings import Settings
+from dlrover_events.topics import ENV_TOPIC_NAMES, topic
+from schemas import decode
+from streams.ab.arms import Arm
+from streams.ab.report import compare
+from streams.ab.runner import ABTest, Cluster
+
+pytestmark = pytest.mark.integration
+
+#: Small jobs of the Pollux applications, arriving over ten minutes (a workload CSV).
+TRACE = """name,time,application,num_replicas,batch_size
+ncf-0,10,ncf,1,32768
+ncf-1,60,ncf,2,32768
+cifar10-2,120,cifar10,2,256
+ncf-3,300,ncf,4,32768
+ncf-4,600,ncf,1,32768
+"""
+
+
+async def test_same_settings_give_the_same_result_and_arms_are_isolated(
+    settings: Settings, pg_dsn: str, tmp_path: Path
+) -> None:
+    trace = tmp_path / "small.csv"
+    trace.write_text(TRACE)
+    static = {"brain": False}
+    test = ABTest(
+        settings,
+        pg_dsn,
+        [Arm("a", static), Arm("b", static)],
+        trace=trace,
+        cluster=Cluster(nodes=2, gpus_per_node=4, speed=None),
+        timeout_s=300,
+        keep_envs=True,
+        poll_s=0.5,
+    )
+    try:
+        a, b = await test.run()
+        assert a.unfinished == 0
+        assert b.unfinished == 0
+        assert len(a.jct) == 5
+        assert a.jct == b.jct, "same input and settings: the same completion times"
+        assert a.metrics == b.metrics
+        c = compare([a, b])
+        assert c.jct_diff["b"].estimate == 0
+        # Isolation: every event in an arm's topics belongs to that arm's env.
+        for arm in (a, b):
+            for name in ENV_TOPIC_NAMES:
+                for record in await read_topic(settings, topic(arm.env, name)):
+                    assert decode(record.value).env == arm.env
+    finally:
+        registry = EnvRegistry(settings, pg_dsn)
+        for arm in ("a", "b"):
+            await registry.delete(f"ab-{test.run_id}-{arm}")
+
+
+async def test_the_arms_envs_are_deleted_after_the_run(
+    settings: Settings, pg_dsn: str, tmp_path: Path
+) -> None:
+    trace = tmp_path / "one.csv"
+    trace.write_text("name,time,application,num_replicas,batch_size\nncf-0,5,ncf,1,32768\n")
+    static = {"brain": False}
+    test = ABTest(
+        settings,
+        pg_dsn,
+        [Arm("x", static), Arm("y", static)],
+        trace=trace,
+        cluster=Cluster(nodes=1, gpus_per_node=4, speed=None),
+        timeout_s=300,
+        poll_s=0.5,
+    )
+    results = await test.run()
+    assert [r.unfinished for r in results] == [0, 0]
+    names = {e.name for e in await EnvRegistry(settings, pg_dsn).list()}
+    assert not {f"ab-{test.run_id}-x", f"ab-{test.run_id}-y"} & names
