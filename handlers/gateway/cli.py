@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 
 import typer
 
@@ -27,12 +28,24 @@ def serve(
     env: str = typer.Option(None, "--env", "-e", help="env to serve (default: settings)"),
     host: str = typer.Option(None, "--host", help="listen address (default 127.0.0.1)"),
     port: int = typer.Option(None, "--port", "-p", min=0, max=65535, help="default 8470"),
+    configmaps: bool = typer.Option(
+        None,
+        "--configmaps/--no-configmaps",
+        help="sync labelled ConfigMaps (default: DLROVER_EVENTS_GATEWAY_CONFIGMAPS, off)",
+    ),
+    namespace: str = typer.Option(None, "--namespace", "-n", help="the ConfigMaps' namespace"),
+    kubeconfig: Path = typer.Option(None, "--kubeconfig", help="cluster credentials"),
 ) -> None:
     """Serve the config gateway of one env until Ctrl-C."""
     settings = load_settings()
-    conf = GatewaySettings().model_copy(
-        update={k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    )
+    options = {
+        "host": host,
+        "port": port,
+        "configmaps": configmaps,
+        "namespace": namespace,
+        "kubeconfig": kubeconfig,
+    }
+    conf = GatewaySettings().model_copy(update={k: v for k, v in options.items() if v is not None})
     asyncio.run(_serve(settings, env or settings.default_env, conf))
 
 

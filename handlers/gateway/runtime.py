@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from aiohttp import web
@@ -27,6 +29,9 @@ from handlers.gateway.follower import Follower
 from handlers.gateway.state import GatewayState
 from handlers.gateway.store import ConfigStore
 
+if TYPE_CHECKING:
+    from handlers.gateway.configmaps_runner import ConfigMapWatcher
+
 log = logging.getLogger(__name__)
 
 
@@ -39,6 +44,20 @@ class GatewaySettings(BaseSettings):
     port: int = Field(default=8470, ge=0, le=65535, description="0: any free port")
     pool_max: int = Field(default=5, ge=1)
     token_cache_s: float = Field(default=5.0, gt=0, description="how long a verdict is kept")
+    configmaps: bool = Field(
+        default=False,
+        description="sync ConfigMaps labelled dlrover-events.io/config=true into the env's"
+        " documents; needs cluster credentials, so off by default",
+    )
+    namespace: str | None = Field(
+        default=None, description="ConfigMaps' namespace; unset: the context's, the pod's"
+    )
+    kubeconfig: Path | None = Field(
+        default=None, description="unset: $KUBECONFIG, ~/.kube/config, else in-cluster"
+    )
+    context: str | None = Field(default=None, description="kubeconfig context")
+    configmap_key: str = Field(default="document.yaml", description="data key of the document")
+    watch_timeout_s: int = Field(default=60, ge=1, description="server-side watch timeout")
 
 
 async def prepare_env(dsn: str, env: str) -> None:
@@ -79,6 +98,9 @@ class GatewayServer(AsyncResource):
         self._follower: Follower | None = None
         self._pool: asyncpg.Pool | None = None
         self.gateway: Gateway | None = None
+        #: the ConfigMap watch, when ``configmaps`` is on
+        self.configmaps: ConfigMapWatcher | None = None
+        self._kube: Any = None
 
     @property
     def url(self) -> str:
@@ -102,6 +124,8 @@ class GatewayServer(AsyncResource):
             self.gateway = Gateway(self.env, self.state, store, tokens, CollectorRegistry())
             self._tasks.append(asyncio.create_task(self._follow(), name="gateway-follow"))
             self._tasks.append(asyncio.create_task(self._reconcile(store), name="gateway-sync"))
+            if self.conf.configmaps:
+                await self._start_configmaps(store)
             self._runner = web.AppRunner(build_app(self.gateway), access_log=None)
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.conf.host, self.conf.port, backlog=1024)
@@ -126,6 +150,9 @@ class GatewayServer(AsyncResource):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+        if self._kube is not None:
+            await self._kube.close()
+            self._kube = None
         if self._follower is not None:
             await self._follower.stop()
             self._follower = None
@@ -147,6 +174,23 @@ class GatewayServer(AsyncResource):
             await store.reconcile(self.state.known_versions())
         except Exception:
             log.exception("could not reconcile the config topic with Postgres")
+
+    async def _start_configmaps(self, store: ConfigStore) -> None:
+        """Credentials are checked here, so a wrong kubeconfig fails the start, loudly;
+        the cluster being away later is only retried."""
+        from handlers.gateway.configmaps import ConfigMapSync
+        from handlers.gateway.configmaps_runner import ConfigMapWatcher, connect
+
+        api, namespace = await connect(self.conf.kubeconfig, self.conf.context, self.conf.namespace)
+        self._kube = api
+        sync = ConfigMapSync(store, namespace, self.env, self.conf.configmap_key)
+        self.configmaps = ConfigMapWatcher(
+            api, namespace, sync, watch_timeout_s=self.conf.watch_timeout_s
+        )
+        self._tasks.append(
+            asyncio.create_task(self.configmaps.run(self._stop), name="gateway-configmaps")
+        )
+        log.info("config gateway of env %s syncs ConfigMaps of namespace %s", self.env, namespace)
 
     async def _bootstrap_admin(self, tokens: Tokens, token: str) -> None:
         await tokens.add(f"boot-{hash_token(token)[:8]}", token, "bootstrap admin", [Scope.ADMIN])

@@ -93,8 +93,13 @@ class ConfigStore:
         )
         return _doc(row) if row is not None else None
 
-    async def documents(self) -> list[ConfigDocument]:
-        rows = await self.pool.fetch("SELECT document FROM configs WHERE NOT deleted ORDER BY name")
+    async def documents(self, prefix: str = "") -> list[ConfigDocument]:
+        """Live documents; ``prefix`` narrows them to one source's names (ConfigMaps)."""
+        rows = await self.pool.fetch(
+            "SELECT document FROM configs WHERE NOT deleted"
+            " AND left(name, length($1)) = $1 ORDER BY name",
+            prefix,
+        )
         return [_doc(r) for r in rows]
 
     async def history(self, name: str) -> list[HistoryEntry]:
