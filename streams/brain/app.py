@@ -138,6 +138,8 @@ class Brain:
         self.group = f"{env}.{GROUP}"
         self.pg_dsn = pg_dsn
         self.processor = BrainProcessor(env, self.group, policy)
+        #: without a policy given, the env's settings (`brain` in the registry) say
+        self._policy_given = policy is not None
         self.checkpoint_every_s = checkpoint_every_s
         self._take_max = take_max or settings.consumer_batch
         self._take_within = take_within_s
@@ -194,6 +196,13 @@ class Brain:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
+        if not self._policy_given:
+            record = await EnvRegistry(self.settings, self.pg_dsn).get(self.env)
+            raw = None if record is None else record.settings.get(GROUP)
+            try:
+                self.processor.policy = Policy.from_settings(raw)
+            except ValueError as exc:
+                raise UserError(f"env {self.env!r}: {exc}") from None
         env_store = await EnvStore.open(self.pg_dsn, self.env, max_size=4)
         self._store = BrainStore(env_store)
         await self.app.start()

@@ -14,10 +14,13 @@ event and the state, never of the clock or of how events were batched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from schemas.envelope import Event
+from pydantic import Field, ValidationError
+
+from schemas.envelope import Event, Model
 from schemas.jobs import JobEvent, JobSubmitted, NodeOOM, RuntimeSample
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
 from streams.brain.core import Decision, NoDecision, decide
@@ -49,6 +52,50 @@ class Policy:
     running_every: int = 8
     limits: Limits | None = None
     registry: Registry = field(default_factory=lambda: REGISTRY)
+    #: The env's default job config for the router (`optimizer`, `optimizer_params`): a
+    #: job's own config wins key by key. This is how two virtual envs of an A/B test
+    #: differ in their brains.
+    job_config: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, raw: Any) -> Policy:
+        """The policy an env's settings (`settings["brain"]` of the env registry) ask
+        for; ValueError says what is wrong, so a misconfigured brain does not start."""
+        if raw is None or isinstance(raw, bool):
+            return cls()
+        try:
+            parsed = BrainSettings.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "brain"
+            raise ValueError(f"env setting brain.{where}: {first['msg']}") from None
+        limits = None
+        if parsed.limits is not None:
+            limits = replace(Limits(), **parsed.limits.model_dump(exclude_none=True))
+        return cls(
+            sample_every=parsed.sample_every,
+            running_every=parsed.running_every,
+            limits=limits,
+            job_config=dict(parsed.job_config),
+        )
+
+
+class LimitSettings(Model):
+    min_cpu: float | None = Field(default=None, gt=0)
+    max_cpu: float | None = Field(default=None, gt=0)
+    min_memory: int | None = Field(default=None, gt=0)
+    max_memory: int | None = Field(default=None, gt=0)
+    ps_cooldown_s: float | None = Field(default=None, ge=0)
+    running_cooldown_s: float | None = Field(default=None, ge=0)
+
+
+class BrainSettings(Model):
+    """`settings["brain"]` of an env, as `env create --settings` stores it."""
+
+    sample_every: int = Field(default=2, ge=1)
+    running_every: int = Field(default=8, ge=1)
+    limits: LimitSettings | None = None
+    job_config: dict[str, Any] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -133,8 +180,11 @@ def step(
     if why is None:
         return Outcome(after)
     now = event.occurred_at
+    seen = after
+    if policy.job_config:  # decided with the env's defaults, kept without them
+        seen = after.model_copy(update={"config": {**policy.job_config, **after.config}})
     result = decide(
-        after,
+        seen,
         now,
         caused_by=str(event.event_id),
         optimizer=why.optimizer,

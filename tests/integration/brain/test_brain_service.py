@@ -11,15 +11,17 @@ import sys
 import pytest
 
 from dlrover_events.bus import Producer
+from dlrover_events.envs import EnvRegistry
+from dlrover_events.errors import UserError
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.topics import SCALE_PLANS, topic
 from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import ScalePlan
-from streams.brain.app import service
+from streams.brain.app import Brain, service
 from streams.brain.planner import plan_id
-from tests.conftest import REPO, EnvFactory
+from tests.conftest import REPO, EnvFactory, unique_env
 from tests.integration.brain.workload import oom, plans_on, submitted
 
 pytestmark = pytest.mark.integration
@@ -144,3 +146,22 @@ async def test_command_says_so_when_the_env_is_missing(settings: Settings, pg_ds
         out, _ = await proc.communicate()
     assert proc.returncode == 2, out.decode()
     assert "env 'nosuchenv' does not exist" in out.decode()
+
+
+async def test_env_settings_choose_the_brains_policy(settings: Settings, pg_dsn: str) -> None:
+    registry = EnvRegistry(settings, pg_dsn)
+    good, bad = unique_env("b"), unique_env("b")
+    await registry.create(good, settings={"brain": {"running_every": 20}})
+    await registry.create(bad, settings={"brain": {"running_every": "often"}})
+    try:
+        brain = Brain(settings, good, pg_dsn)
+        await brain.start()
+        try:
+            assert brain.processor.policy.running_every == 20
+        finally:
+            await brain.stop()
+        with pytest.raises(UserError, match=r"brain\.running_every"):
+            await Brain(settings, bad, pg_dsn).start()
+    finally:
+        for name in (good, bad):
+            await registry.delete(name, force=True)

@@ -128,3 +128,48 @@ def test_a_request_names_its_optimizer_and_errors_are_values() -> None:
 def test_events_without_a_job_are_not_steps() -> None:
     announcement = EnvAnnouncement(env=ENV, name=ENV, mode=EnvMode.VIRTUAL, partitions=3)
     assert step(None, announcement, Policy()) is None
+
+
+def test_env_settings_make_the_policy() -> None:
+    assert Policy.from_settings(None) == Policy()
+    assert Policy.from_settings(True) == Policy()
+    policy = Policy.from_settings(
+        {
+            "sample_every": 3,
+            "running_every": 20,
+            "limits": {"max_memory": 32 * GiB},
+            "job_config": {"optimizer": "worker-resource"},
+        }
+    )
+    assert (policy.sample_every, policy.running_every) == (3, 20)
+    assert policy.limits is not None and policy.limits.max_memory == 32 * GiB
+    assert policy.limits.min_cpu == 4  # what is not set keeps its default
+    assert policy.job_config == {"optimizer": "worker-resource"}
+
+
+def test_bad_env_settings_say_where() -> None:
+    for raw, where in (
+        ({"running_every": 0}, "brain.running_every"),
+        ({"limits": {"max_cpu": "lots"}}, "brain.limits.max_cpu"),
+        ({"sample_evry": 2}, "brain.sample_evry"),
+    ):
+        try:
+            Policy.from_settings(raw)
+        except ValueError as exc:
+            assert str(exc).startswith(f"env setting {where}: "), exc
+        else:
+            raise AssertionError(f"accepted {raw}")
+
+
+def test_the_env_default_optimizer_yields_to_the_jobs_own() -> None:
+    policy = Policy(job_config={"optimizer": "no-such"})
+    outcome = run([submitted()], policy)[0]
+    assert outcome.error is not None and outcome.error.code == "unknown_optimizer"
+    assert outcome.state.config == {}  # decided with the env's default, not stored
+
+    role = RoleSpec(replicas=2, cpu=8, memory=16 * GiB)
+    own = JobSubmitted(
+        env=ENV, job=JOB, occurred_at=T0, roles={"worker": role}, config={"optimizer": ""}
+    )
+    outcome = run([own], Policy(job_config={"optimizer": "no-such", "x": 1}))[0]
+    assert outcome.error is None  # the job's own (empty: the stage's route) wins
