@@ -17,6 +17,7 @@ import json
 import logging
 import random
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -213,8 +214,10 @@ async def _baseline(settings: Settings, env: str, total: int) -> float:
 
 async def _faust_raw(settings: Settings, env: str, total: int, take_max: int) -> float:
     """A faust agent that only takes and acks: what faust costs before any brain work."""
+    datadir = tempfile.TemporaryDirectory(prefix="dlrover-bench-faust-")
     app = BrainApp(
         f"{env}.bench-faust-{uuid.uuid4().hex[:6]}",
+        datadir=datadir.name,
         broker=[f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")],
         key_serializer="raw",
         value_serializer="raw",
@@ -249,6 +252,7 @@ async def _faust_raw(settings: Settings, env: str, total: int, take_max: int) ->
         await done.wait()
     finally:
         await app.stop()
+        datadir.cleanup()
     return _rate(seen, first, first_at, last_at)
 
 
