@@ -81,7 +81,12 @@ def openapi_document() -> dict[str, Any]:
         "name": "name",
         "in": "path",
         "required": True,
-        "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+        "schema": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "pattern": doc_schemas["ConfigDocument"]["properties"]["name"]["pattern"],
+        },
     }
     if_match = {
         "name": "If-Match",
