@@ -1,7 +1,9 @@
 """The gateway as a service of `dlrover-events up` (entry point ``gateway``).
 
 Listens where DLROVER_EVENTS_GATEWAY_HOST/PORT say (127.0.0.1:8470 by default); it is
-ready once its index has caught up with the env's config feed.
+ready once its index has caught up with the env's config feed. With
+DLROVER_EVENTS_GATEWAY_CONFIGMAPS=true (and a kubeconfig or in-cluster credentials) it also
+syncs the labelled ConfigMaps of DLROVER_EVENTS_GATEWAY_NAMESPACE into the env's documents.
 """
 
 from __future__ import annotations
