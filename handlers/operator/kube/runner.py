@@ -5,9 +5,10 @@ env is demoted, its reconciler is stopped (the operator stops touching the clust
 says so); when it is promoted again, or, with ``follow_real``, when any env is promoted,
 a reconciler for that env starts, without a restart of the process.
 
-This is the only module that loads cluster credentials: a kubeconfig (``kubeconfig``
-option or DLROVER_EVENTS_OPERATOR_KUBECONFIG, then $KUBECONFIG / ~/.kube/config) or the
-pod's in-cluster service account. The virtual operator never imports it.
+This is the only operator module that loads cluster credentials: a kubeconfig
+(``kubeconfig`` option or DLROVER_EVENTS_OPERATOR_KUBECONFIG, then $KUBECONFIG /
+~/.kube/config) or the pod's in-cluster service account. The virtual operator never
+imports it. (The config gateway loads its own, read-only ones to watch ConfigMaps.)
 """
 
 from __future__ import annotations
