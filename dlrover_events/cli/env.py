@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
+import yaml
 from rich.console import Console
 from rich.table import Table
 
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
+from dlrover_events.errors import UserError
 from dlrover_events.settings import load_settings
 from schemas.control import EnvMode
 
 app = typer.Typer(
     help="Create, list and delete envs (each a topic prefix and a schema).", no_args_is_help=True
 )
+
+
+def _read_settings(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(loaded, dict):
+        raise UserError(f"{path} must hold a mapping of settings (brain:, operator:)")
+    return loaded
 
 
 async def _registry() -> EnvRegistry:
@@ -30,12 +47,16 @@ def create(
     partitions: int | None = typer.Option(
         None, min=1, help="partitions per topic (default: settings.partitions)"
     ),
+    settings_file: Path | None = typer.Option(
+        None, "--settings", help="YAML of the env's settings (brain:, operator:)"
+    ),
 ) -> None:
     """Create an env: its topics <env>.*, its schema env_<name> (migrated), and announce it."""
+    env_settings = _read_settings(settings_file) if settings_file else {}
 
     async def go() -> None:
         registry = await _registry()
-        rec = await registry.create(name, mode, partitions=partitions)
+        rec = await registry.create(name, mode, partitions=partitions, settings=env_settings)
         typer.echo(f"created env {rec.name} ({rec.mode.value}, {rec.partitions} partitions)")
 
     run_async(go())
