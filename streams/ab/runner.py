@@ -59,13 +59,18 @@ class ABTest:
     poll_s: float = 2.0
 
     def env_settings(self, arm: Arm) -> dict[str, Any]:
+        """The arm's settings, with its simulated cluster, which its brain also learns."""
+        brain = arm.settings.get("brain", {})
+        if isinstance(brain, dict):
+            gpus = self.cluster.nodes * self.cluster.gpus_per_node
+            brain = {"cluster_gpus": gpus, **brain}
         operator = {
             "nodes": self.cluster.nodes,
             "gpus_per_node": self.cluster.gpus_per_node,
             **({"fast": True} if self.cluster.speed is None else {"speed": self.cluster.speed}),
             **arm.settings.get("operator", {}),
         }
-        return {**arm.settings, "operator": operator}
+        return {**arm.settings, "brain": brain, "operator": operator}
 
     async def run(self, progress: Progress | None = None) -> list[ArmResult]:
         if (self.trace is None) == (self.source is None):

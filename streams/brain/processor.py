@@ -29,7 +29,7 @@ from schemas.events import AnyEvent
 from schemas.jobs import JobEvent
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
-from streams.brain.state import JobState, JobStatus
+from streams.brain.state import JobState, JobStatus, gpus_held
 from streams.brain.triggers import Policy, step
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,9 @@ class BrainProcessor:
         self._unsaved_plans: list[OptimizePlan | ScalePlan] = []
         self._history: dict[str, deque[JobState]] = {}
         self._last_error: dict[str, str] = {}
+        #: GPUs each job of this instance holds, and their sum (for the free GPUs)
+        self._held: dict[str, int] = {}
+        self._held_total = 0
 
     # -- partitions ---------------------------------------------------------------------
 
@@ -115,6 +118,7 @@ class BrainProcessor:
             self.states[job_uuid] = state
             self.partition_of[job_uuid] = partition
             self._remember(state)
+            self._hold(job_uuid, state)
         merge_offsets(self.offsets, loaded.offsets)
         self.loaded.update(partitions)
 
@@ -122,6 +126,7 @@ class BrainProcessor:
         """Forget partitions another instance now owns (after they were checkpointed)."""
         gone = set(partitions)
         for job_uuid in [u for u, p in self.partition_of.items() if p in gone]:
+            self._held_total -= self._held.pop(job_uuid, 0)
             del self.states[job_uuid]
             del self.partition_of[job_uuid]
             self._dirty.discard(job_uuid)
@@ -162,7 +167,9 @@ class BrainProcessor:
         job_uuid = event.job.uuid
         state = self.states.get(job_uuid)
         try:
-            outcome = step(state, event, self.policy, self._history_for(state, event))
+            outcome = step(
+                state, event, self.policy, self._history_for(state, event), self.free_gpus()
+            )
         except Exception as err:  # a bug for one job must not stop the brain for all
             log.exception(
                 "brain failed on %s[%d]@%d", record.topic, record.partition, record.offset
@@ -176,6 +183,7 @@ class BrainProcessor:
         self.states[job_uuid] = outcome.state
         self.partition_of[job_uuid] = record.partition
         self._dirty.add(job_uuid)
+        self._hold(job_uuid, outcome.state)
         if outcome.trigger is not None:
             self.counters.decisions += 1
         if outcome.error is not None:
@@ -193,6 +201,21 @@ class BrainProcessor:
             state is None or state.status != JobStatus.COMPLETED
         ):
             self._remember(outcome.state)
+
+    def free_gpus(self) -> int | None:
+        """The cluster's GPUs that no running job holds; None when the cluster is unknown.
+
+        Counted over the jobs of this instance: with the job topics split across several
+        brains, each sees only its share of the cluster's use.
+        """
+        if self.policy.cluster_gpus is None:
+            return None
+        return max(0, self.policy.cluster_gpus - self._held_total)
+
+    def _hold(self, job_uuid: str, state: JobState) -> None:
+        held = gpus_held(state)
+        self._held_total += held - self._held.get(job_uuid, 0)
+        self._held[job_uuid] = held
 
     def _route_error(self, record: InputRecord, job_uuid: str, message: str, out: Output) -> None:
         """A job whose config names an unknown optimizer fails the same way at every

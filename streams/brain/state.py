@@ -610,6 +610,13 @@ def touches_role(plan: ScalePlan, role: str) -> bool:
 # -- small numeric helpers shared by optimizers -----------------------------------------
 
 
+def gpus_held(state: JobState) -> int:
+    """GPUs a job holds now: its roles' replicas x GPUs while it runs, none otherwise."""
+    if state.status != JobStatus.RUNNING:
+        return 0
+    return sum(role.replicas * role.gpu_num for role in state.roles.values())
+
+
 def mean(values: Iterable[float]) -> float:
     items = list(values)
     return sum(items) / len(items) if items else 0.0

@@ -56,6 +56,9 @@ class Policy:
     #: job's own config wins key by key. This is how two virtual envs of an A/B test
     #: differ in their brains.
     job_config: Mapping[str, Any] = field(default_factory=dict)
+    #: GPUs of the cluster, if known: free GPUs = these - what running jobs hold, so the
+    #: goodput optimizer never plans a job into GPUs another job holds.
+    cluster_gpus: int | None = None
 
     @classmethod
     def from_settings(cls, raw: Any) -> Policy:
@@ -77,6 +80,7 @@ class Policy:
             running_every=parsed.running_every,
             limits=limits,
             job_config=dict(parsed.job_config),
+            cluster_gpus=parsed.cluster_gpus,
         )
 
 
@@ -96,6 +100,9 @@ class BrainSettings(Model):
     running_every: int = Field(default=8, ge=1)
     limits: LimitSettings | None = None
     job_config: dict[str, Any] = Field(default_factory=dict)
+    cluster_gpus: int | None = Field(
+        default=None, ge=0, description="the cluster's GPUs: goodput grows only into free ones"
+    )
 
 
 @dataclass(frozen=True)

@@ -144,3 +144,37 @@ def test_a_route_error_is_said_once_per_change() -> None:
         f"{prefix} 'nada'",
     ]
     assert all(letter.error_kind == FailureKind.HANDLER for letter in out.letters)
+
+
+def test_free_gpus_are_the_clusters_less_what_running_jobs_hold() -> None:
+    from schemas import JobMeta, JobStarted, JobSubmitted, encode
+    from schemas.jobs import RoleSpec
+    from streams.brain.processor import BrainProcessor
+    from streams.brain.triggers import Policy
+
+    class Rec:
+        def __init__(self, offset: int, value: bytes) -> None:
+            self.topic, self.partition, self.offset, self.key, self.value = (
+                "e.job.events",
+                0,
+                offset,
+                None,
+                value,
+            )
+
+    proc = BrainProcessor("e", "e.brain", Policy(cluster_gpus=16))
+    assert proc.free_gpus() == 16
+    assert BrainProcessor("e", "e.brain").free_gpus() is None
+    events = []
+    for i, replicas in enumerate((4, 6)):
+        job = JobMeta(uuid=f"j{i}")
+        events.append(
+            JobSubmitted(env="e", job=job, roles={"worker": RoleSpec(replicas=replicas, gpu_num=1)})
+        )
+        events.append(JobStarted(env="e", job=job))
+    proc.process(Rec(i, encode(e)) for i, e in enumerate(events[:2]))
+    assert proc.free_gpus() == 12  # j0 runs on 4
+    proc.process(Rec(i + 2, encode(e)) for i, e in enumerate(events[2:3]))
+    assert proc.free_gpus() == 12  # j1 submitted, not running: holds nothing yet
+    proc.process(Rec(i + 3, encode(e)) for i, e in enumerate(events[3:]))
+    assert proc.free_gpus() == 6
