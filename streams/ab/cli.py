@@ -81,4 +81,9 @@ def run(
         html, png = write_report(comparison, out, f"A/B {test.run_id}: {trace or source}")
         typer.echo(f"report: {html} (plots: {png})")
 
-    run_async(go())
+    try:
+        run_async(go())
+    except asyncio.CancelledError:
+        raise UserError(
+            "the A/B run was stopped before every job finished; its envs were deleted"
+        ) from None
