@@ -160,7 +160,9 @@ class ABTest:
                     log.warning(
                         "A/B test timed out after %.0f s; reporting what finished", self.timeout_s
                     )
-                return ledgers
+                # The verdict needs every topic: plans and results move GPUs, samples
+                # give throughput.
+                return {env: await ledger_of(self.settings, env) for env in ledgers}
             await asyncio.sleep(self.poll_s)
 
     def _result(self, arm: Arm, ledger: Ledger, expected: int) -> ArmResult:

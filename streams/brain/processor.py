@@ -29,7 +29,7 @@ from schemas.events import AnyEvent
 from schemas.jobs import JobEvent
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
-from streams.brain.state import JobState, JobStatus, gpus_held
+from streams.brain.state import JobState, JobStatus, gpus_claimed
 from streams.brain.triggers import Policy, step
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class BrainProcessor:
         self._unsaved_plans: list[OptimizePlan | ScalePlan] = []
         self._history: dict[str, deque[JobState]] = {}
         self._last_error: dict[str, str] = {}
-        #: GPUs each job of this instance holds, and their sum (for the free GPUs)
+        #: GPUs each job of this instance holds or waits for, and their sum (free GPUs)
         self._held: dict[str, int] = {}
         self._held_total = 0
 
@@ -203,7 +203,8 @@ class BrainProcessor:
             self._remember(outcome.state)
 
     def free_gpus(self) -> int | None:
-        """The cluster's GPUs that no running job holds; None when the cluster is unknown.
+        """The cluster's GPUs that no job holds or waits for; None when the cluster is
+        unknown.
 
         Counted over the jobs of this instance: with the job topics split across several
         brains, each sees only its share of the cluster's use.
@@ -213,7 +214,7 @@ class BrainProcessor:
         return max(0, self.policy.cluster_gpus - self._held_total)
 
     def _hold(self, job_uuid: str, state: JobState) -> None:
-        held = gpus_held(state)
+        held = gpus_claimed(state)
         self._held_total += held - self._held.get(job_uuid, 0)
         self._held[job_uuid] = held
 

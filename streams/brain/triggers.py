@@ -56,8 +56,8 @@ class Policy:
     #: job's own config wins key by key. This is how two virtual envs of an A/B test
     #: differ in their brains.
     job_config: Mapping[str, Any] = field(default_factory=dict)
-    #: GPUs of the cluster, if known: free GPUs = these - what running jobs hold, so the
-    #: goodput optimizer never plans a job into GPUs another job holds.
+    #: GPUs of the cluster, if known: free GPUs = these - what jobs hold or wait for, so
+    #: the goodput optimizer never plans a job into GPUs another job holds or needs.
     cluster_gpus: int | None = None
 
     @classmethod

@@ -50,6 +50,9 @@ async def test_same_settings_give_the_same_result_and_arms_are_isolated(
         assert len(a.jct) == 5
         assert a.jct == b.jct, "same input and settings: the same completion times"
         assert a.metrics == b.metrics
+        # The verdict reads every topic: runtime samples give throughput per GPU.
+        assert a.metrics["throughput_per_gpu"] > 0
+        assert a.metrics["gpu_hours"] > 0
         c = compare([a, b])
         assert c.jct_diff["b"].estimate == 0
         # Isolation: every event in an arm's topics belongs to that arm's env.

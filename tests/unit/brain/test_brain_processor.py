@@ -146,8 +146,8 @@ def test_a_route_error_is_said_once_per_change() -> None:
     assert all(letter.error_kind == FailureKind.HANDLER for letter in out.letters)
 
 
-def test_free_gpus_are_the_clusters_less_what_running_jobs_hold() -> None:
-    from schemas import JobMeta, JobStarted, JobSubmitted, encode
+def test_free_gpus_are_the_clusters_less_what_jobs_hold_or_wait_for() -> None:
+    from schemas import JobCompleted, JobMeta, JobStarted, JobSubmitted, encode
     from schemas.jobs import RoleSpec
     from streams.brain.processor import BrainProcessor
     from streams.brain.triggers import Policy
@@ -175,6 +175,9 @@ def test_free_gpus_are_the_clusters_less_what_running_jobs_hold() -> None:
     proc.process(Rec(i, encode(e)) for i, e in enumerate(events[:2]))
     assert proc.free_gpus() == 12  # j0 runs on 4
     proc.process(Rec(i + 2, encode(e)) for i, e in enumerate(events[2:3]))
-    assert proc.free_gpus() == 12  # j1 submitted, not running: holds nothing yet
+    assert proc.free_gpus() == 6  # j1 waits for 6: not free for j0 to grow into
     proc.process(Rec(i + 3, encode(e)) for i, e in enumerate(events[3:]))
-    assert proc.free_gpus() == 6
+    assert proc.free_gpus() == 6  # ...and holds them once it runs
+    done = JobCompleted(env="e", job=JobMeta(uuid="j0"))
+    proc.process([Rec(5, encode(done))])
+    assert proc.free_gpus() == 10
