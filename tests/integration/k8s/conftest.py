@@ -17,7 +17,11 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client, config
 
+from dlrover_events.settings import Settings
+from tests.conftest import EnvFactory
+
 from .kube import APISERVER, FakeKubelet, apply_crd, create_namespace, create_node, run_script
+from .test_reconciler_support import Cluster, KubeletLoop
 
 HERE = Path(__file__).resolve().parent
 BUILD_TIMEOUT_S = 45 * 60  # about 6.5 min on 2 cores, apt downloads included
@@ -83,3 +87,32 @@ async def node(api: client.ApiClient) -> str:
 @pytest.fixture
 def kubelet(api: client.ApiClient, node: str) -> FakeKubelet:
     return FakeKubelet(api, node)
+
+
+@pytest.fixture
+async def cluster(
+    settings: Settings,
+    pg_dsn: str,
+    api: client.ApiClient,
+    trainingjob_crd: str,
+    namespace: str,
+    kubelet: FakeKubelet,
+) -> AsyncIterator[Cluster]:
+    """Real reconcilers against this test's namespace, with a kubelet loop playing pods."""
+    loop = KubeletLoop(kubelet, namespace)
+    await loop.start()
+    c = Cluster(settings, pg_dsn, api, namespace)
+    c.kubelet_loop = loop  # type: ignore[attr-defined]
+    try:
+        yield c
+    finally:
+        for op in c.running:
+            if not op.task.done():
+                await op.halt()
+        await loop.stop()
+
+
+@pytest.fixture
+async def env(make_env: EnvFactory) -> str:
+    """A fresh env per test: topics and ledgers of one test never meet another's."""
+    return (await make_env()).name

@@ -12,13 +12,10 @@ assertion depends on how long anything took.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import pytest
-from aiokafka import AIOKafkaConsumer
-from kubernetes_asyncio import client
 
 from dlrover_events.bus import read_topic
 from dlrover_events.services import ServiceContext
@@ -26,7 +23,6 @@ from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.topics import BRAIN_PLANS, DLQ, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
 from handlers.operator.kube.model import PodView
-from schemas.codec import decode
 from schemas.envelope import Event
 from schemas.jobs import JobStarted, NodeOOM, OOMKind
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
@@ -34,10 +30,10 @@ from streams.brain.app import service as brain_service
 from streams.brain.optimizers.gpu import HostOOMParams
 from streams.brain.planner import Limits
 from streams.brain.state import JobState, ceil_int
-from tests.conftest import EnvFactory
+from tests.integration.tap import Tap
 
 from .kube import FakeKubelet
-from .test_reconciler_support import DEADLINE_S, Cluster, KubeletLoop, role, until
+from .test_reconciler_support import DEADLINE_S, Cluster, role, until
 
 pytestmark = pytest.mark.integration
 
@@ -58,77 +54,9 @@ def bumped(memory: int) -> int:
     return min(max(wanted, limits.min_memory), limits.max_memory)
 
 
-class Bus:
-    """Everything on the env's job events, plans and results, decoded, from the beginning."""
-
-    def __init__(self, settings: Settings, env: str) -> None:
-        names = (JOB_EVENTS, BRAIN_PLANS, SCALE_PLANS, SCALE_RESULTS)
-        self._consumer = AIOKafkaConsumer(
-            *(topic(env, name) for name in names),
-            bootstrap_servers=settings.bootstrap_servers,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        self.events: list[Event] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await self._consumer.start()
-        self._task = asyncio.create_task(self._read())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._consumer.stop()
-
-    async def _read(self) -> None:
-        while True:
-            batch = await self._consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                self.events.extend(decode(r.value) for r in records)
-
-    def of(self, kind: type[E], job: str) -> list[E]:
-        return [e for e in self.events if isinstance(e, kind) and e.key == job]
-
-    async def first(self, kind: type[E], job: str, match: Callable[[E], bool], what: str) -> E:
-        async def found() -> E | None:
-            return next((e for e in self.of(kind, job) if match(e)), None)
-
-        return await until(found, what)
-
-
 @pytest.fixture
-async def cluster(
-    settings: Settings,
-    pg_dsn: str,
-    api: client.ApiClient,
-    trainingjob_crd: str,
-    namespace: str,
-    kubelet: FakeKubelet,
-) -> AsyncIterator[Cluster]:
-    loop = KubeletLoop(kubelet, namespace)
-    await loop.start()
-    c = Cluster(settings, pg_dsn, api, namespace)
-    try:
-        yield c
-    finally:
-        for op in c.running:
-            if not op.task.done():
-                await op.halt()
-        await loop.stop()
-
-
-@pytest.fixture
-async def env(make_env: EnvFactory) -> str:
-    return (await make_env()).name
-
-
-@pytest.fixture
-async def bus(settings: Settings, env: str) -> AsyncIterator[Bus]:
-    b = Bus(settings, env)
+async def bus(settings: Settings, env: str) -> AsyncIterator[Tap]:
+    b = Tap(settings, env, (JOB_EVENTS, BRAIN_PLANS, SCALE_PLANS, SCALE_RESULTS))
     await b.start()
     try:
         yield b
@@ -159,7 +87,7 @@ def _worker(pods: list[PodView], rank: int) -> PodView | None:
     return next((p for p in pods if p.rank == rank), None)
 
 
-async def answer_of(bus: Bus, oom: NodeOOM) -> tuple[OptimizePlan, ScalePlan, ScaleResult]:
+async def answer_of(bus: Tap, oom: NodeOOM) -> tuple[OptimizePlan, ScalePlan, ScaleResult]:
     """The brain's plans caused by ``oom``, and the operator's result for them."""
     job = oom.job.uuid
     plan = await bus.first(
@@ -218,7 +146,7 @@ async def brain_knows(pg_dsn: str, env: str, job: str, memory: int) -> JobState:
 async def test_an_oom_killed_pod_comes_back_from_the_brain_as_a_plan_that_is_applied(
     cluster: Cluster,
     env: str,
-    bus: Bus,
+    bus: Tap,
     brain: ServiceContext,
     kubelet: FakeKubelet,
     namespace: str,

@@ -13,7 +13,6 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from kubernetes_asyncio import client
 
 from dlrover_events.bus import Producer
 from dlrover_events.settings import Settings
@@ -30,42 +29,14 @@ from schemas.plans import (
     ScaleResult,
     ScaleStatus,
 )
-from tests.conftest import EnvFactory
-from tests.integration.operator.conftest import Tap
+from tests.integration.tap import Tap
 
 from .kube import FakeKubelet
-from .test_reconciler_support import Cluster, KubeletLoop, role, until
+from .test_reconciler_support import Cluster, role, until
 
 pytestmark = pytest.mark.integration
 
 GiB = 2**30
-
-
-@pytest.fixture
-async def cluster(
-    settings: Settings,
-    pg_dsn: str,
-    api: client.ApiClient,
-    trainingjob_crd: str,
-    namespace: str,
-    kubelet: FakeKubelet,
-) -> AsyncIterator[Cluster]:
-    loop = KubeletLoop(kubelet, namespace)
-    await loop.start()
-    c = Cluster(settings, pg_dsn, api, namespace)
-    c.kubelet_loop = loop  # type: ignore[attr-defined]
-    try:
-        yield c
-    finally:
-        for op in c.running:
-            if not op.task.done():
-                await op.halt()
-        await loop.stop()
-
-
-@pytest.fixture
-async def env(make_env: EnvFactory) -> str:
-    return (await make_env()).name
 
 
 @pytest.fixture

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from kubernetes_asyncio import client
 
 from dlrover_events.bus import Producer
 from dlrover_events.envs import EnvRegistry
@@ -24,29 +22,11 @@ from handlers.operator.modes import run_operator
 from schemas.control import EnvMode
 from schemas.plans import NodeGroupResource, ScaleResult, ScaleStatus
 from tests.conftest import EnvFactory
-from tests.integration.operator.conftest import Tap
+from tests.integration.tap import Tap
 
-from .kube import FakeKubelet
-from .test_reconciler_support import DEADLINE_S, Cluster, KubeletLoop, role, until
+from .test_reconciler_support import DEADLINE_S, Cluster, role, until
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def cluster(
-    settings: Settings,
-    pg_dsn: str,
-    api: client.ApiClient,
-    trainingjob_crd: str,
-    namespace: str,
-    kubelet: FakeKubelet,
-) -> AsyncIterator[Cluster]:
-    loop = KubeletLoop(kubelet, namespace)
-    await loop.start()
-    try:
-        yield Cluster(settings, pg_dsn, api, namespace)
-    finally:
-        await loop.stop()
 
 
 async def test_promotion_moves_the_operator_to_the_new_real_env(

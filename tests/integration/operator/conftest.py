@@ -7,83 +7,28 @@ took, because the simulated clock runs on a wall clock that a loaded machine slo
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from dlrover_events.bus import Producer
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_RESULTS, topic
 from handlers.operator.modes import run_operator
-from schemas.codec import decode
 from schemas.envelope import Event
 from schemas.jobs import JobMeta, JobSubmitted, RoleSpec
 from schemas.plans import ScalePlan
 from tests.conftest import EnvFactory
+from tests.integration.tap import DEADLINE_S, Tap
 
 T = TypeVar("T")
 E = TypeVar("E", bound=Event)
 
-DEADLINE_S = 120.0
-
 #: Fast enough that a test sees many samples, slow enough that a job (imagenet needs days
 #: of simulated time) is still running when the test's plan arrives.
 OPTIONS: dict[str, Any] = {"speed": 300.0, "sample_interval": 30.0, "nodes": 4}
-
-
-class Tap:
-    """Everything on an env's output topics, decoded, from the beginning."""
-
-    def __init__(self, settings: Settings, env: str) -> None:
-        self._consumer = AIOKafkaConsumer(
-            *(topic(env, t) for t in (JOB_METRICS, JOB_EVENTS, SCALE_RESULTS)),
-            bootstrap_servers=settings.bootstrap_servers,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        self.events: list[Event] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await self._consumer.start()
-        self._task = asyncio.create_task(self._read())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._consumer.stop()
-
-    async def _read(self) -> None:
-        while True:
-            batch = await self._consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                self.events.extend(decode(r.value) for r in records)
-
-    def of(self, kind: type[E], job: str | None = None) -> list[E]:
-        return [
-            e
-            for e in self.events
-            if isinstance(e, kind) and (job is None or getattr(e, "key", None) == job)
-        ]
-
-    async def until(self, found: Callable[[], T | None], what: str) -> T:
-        """Wait for ``found()`` to give something truthy; fail with ``what`` after the deadline."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DEADLINE_S
-        while loop.time() < deadline:
-            if result := found():
-                return result
-            await asyncio.sleep(0.05)
-        kinds = sorted({e.type for e in self.events})
-        pytest.fail(f"no {what} within {DEADLINE_S:.0f}s; seen {len(self.events)} events {kinds}")
 
 
 @dataclass
