@@ -15,7 +15,7 @@ from schemas.codec import CodecError, decode, encode
 from schemas.dlq import DeadLetter
 from schemas.envelope import Event
 from schemas.jobs import JobEvent, NodeEvent, NodeOOM, RuntimeSample
-from schemas.plans import OptimizePlan, ScalePlan, ScaleResult
+from schemas.plans import NodeGroupResource, OptimizePlan, ScalePlan, ScaleResult
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -79,8 +79,12 @@ def summary(event: Event) -> str:
     if isinstance(event, NodeEvent):
         return f"{event.node.type}-{event.node.id}"
     if isinstance(event, OptimizePlan):
-        groups = ", ".join(f"{r}={g.count}" for r, g in event.resource.node_group_resources.items())
-        return f"[{event.optimizer}] {event.reason} {groups}".strip()
+        groups = "; ".join(
+            f"{role}: {change}"
+            for role, g in event.resource.node_group_resources.items()
+            if (change := _group_change(g))
+        )
+        return f"[{event.optimizer}] {event.reason}" + (f" ({groups})" if groups else "")
     if isinstance(event, ScalePlan):
         return (
             f"plan={event.plan_id} launch={len(event.launch_nodes)} "
@@ -91,6 +95,18 @@ def summary(event: Event) -> str:
     if isinstance(event, DeadLetter):
         return f"{event.original_topic}[{event.partition}]@{event.offset} {event.error}"
     return ""
+
+
+def _group_change(group: NodeGroupResource) -> str:
+    """What a plan changes for a role; zero fields mean "unchanged" and are not shown."""
+    r = group.node_resource
+    parts = [f"{group.count} replicas" if group.count else ""]
+    parts += [
+        f"cpu {r.cpu:g}" if r.cpu else "",
+        f"memory {r.memory / 2**30:.3g} GiB" if r.memory else "",
+    ]
+    parts += [f"{r.gpu_num} GPUs" if r.gpu_num else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def format_text(line: Line) -> str:

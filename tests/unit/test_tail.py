@@ -57,3 +57,25 @@ def test_unreadable_messages_are_shown_not_raised() -> None:
     assert line.event is None
     assert "UNREADABLE malformed" in format_text(line)
     assert orjson.loads(format_json(line))["error"].startswith("malformed")
+
+
+def test_a_plan_line_shows_what_changes_and_not_the_unchanged_zeros() -> None:
+    from schemas import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan
+
+    plan = OptimizePlan(
+        env="prod",
+        job=JobMeta(uuid="j"),
+        plan_id="p",
+        stage="running",
+        optimizer="worker-resource",
+        reason="from use",
+        resource=ResourcePlan(
+            node_group_resources={
+                "worker": NodeGroupResource(node_resource=NodeResource(cpu=2, memory=3 * 2**30)),
+                "ps": NodeGroupResource(count=4),
+            }
+        ),
+    )
+    text = format_text(read_line("prod.brain.plans", 0, 0, encode(plan)))
+    assert "[worker-resource] from use (worker: cpu 2, memory 3 GiB; ps: 4 replicas)" in text
+    assert "worker=0" not in text
