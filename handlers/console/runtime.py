@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from types import TracebackType
-from typing import Self
 
 import asyncpg
 from aiohttp import web
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.store import create_pool, env_schema
 from handlers.console.app import build_app
@@ -33,7 +32,7 @@ class ConsoleSettings(BaseSettings):
     queue: int = Field(default=1000, ge=1, description="events a slow page may lag behind")
 
 
-class ConsoleServer:
+class ConsoleServer(AsyncResource):
     def __init__(
         self, settings: Settings, env: str, dsn: str, conf: ConsoleSettings | None = None
     ) -> None:
@@ -96,12 +95,3 @@ class ConsoleServer:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
