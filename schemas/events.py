@@ -22,6 +22,7 @@ from schemas.jobs import (
     NodeStarted,
     RuntimeSample,
 )
+from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan, ScaleResult
 
 AnyEvent = Annotated[
@@ -41,7 +42,9 @@ AnyEvent = Annotated[
     | ConfigChange
     | EvaluationReport
     | DeadLetter
-    | EnvAnnouncement,
+    | EnvAnnouncement
+    | Barrier
+    | BarrierAck,
     Field(discriminator="type"),
 ]
 
@@ -63,6 +66,8 @@ EVENT_CLASSES: tuple[type[Event], ...] = (
     EvaluationReport,
     DeadLetter,
     EnvAnnouncement,
+    Barrier,
+    BarrierAck,
 )
 
 
