@@ -77,6 +77,23 @@ class Producer(AsyncResource):
             await asyncio.gather(*futures)
         return len(futures)
 
+    async def partitions(self, topic_name: str) -> list[int]:
+        """The partitions of a full topic name, as the broker knows them now."""
+        return sorted(await self._producer.partitions_for(topic_name))
+
+    async def publish_to_partitions(self, event: Event, topic_name: str) -> int:
+        """Publish one event, with no key, to every partition of a full topic name.
+
+        A marker that each reader must meet on each partition it reads (a lockstep barrier)
+        cannot be keyed to one partition; returns how many partitions got it.
+        """
+        value = encode(event)
+        parts = await self.partitions(topic_name)
+        futures = [await self._producer.send(topic_name, value, partition=p) for p in parts]
+        if futures:
+            await asyncio.gather(*futures)
+        return len(futures)
+
     async def enqueue(
         self, topic_name: str, value: bytes | None, key: bytes | None
     ) -> asyncio.Future[Any]:
@@ -150,6 +167,7 @@ class Consumer(AsyncResource):
         max_records: int | None = None,
         handler_attempts: int = 3,
         retry_backoff_s: float = 0.2,
+        fetch_max_wait_ms: int = 500,
     ) -> None:
         self.env = env
         self.group = f"{env}.{group}"
@@ -170,6 +188,9 @@ class Consumer(AsyncResource):
             session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
             isolation_level="read_uncommitted",
+            # tansu answers a fetch when this wait is over, not when data arrives: the
+            # floor of the latency of a consumer that waits for an answer (lockstep).
+            fetch_max_wait_ms=fetch_max_wait_ms,
         )
         self._producer = Producer(settings)
         self._stopping = asyncio.Event()

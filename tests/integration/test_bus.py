@@ -163,3 +163,19 @@ async def test_a_poison_event_is_dead_lettered_and_the_rest_processed(
     assert isinstance(letters[0], DeadLetter)
     assert letters[0].error_kind == FailureKind.HANDLER
     assert "cannot process step 2" in letters[0].error
+
+
+async def test_an_event_published_to_every_partition_reaches_each_once(
+    settings: Settings, make_env: EnvFactory
+) -> None:
+    """A marker for every reader of every partition (a lockstep barrier) carries no key,
+    so the partitioner would put it on one partition only."""
+    env = (await make_env(partitions=3)).name
+    full = topic(env, JOB_EVENTS)
+    marker = JobStarted(env=env, job=JobMeta(uuid="job-m"))
+    async with Producer(settings) as producer:
+        assert await producer.partitions(full) == [0, 1, 2]
+        assert await producer.publish_to_partitions(marker, full) == 3
+    records = await read_topic(settings, full, expect=3)
+    assert sorted(r.partition for r in records) == [0, 1, 2]
+    assert all(r.key is None and decode(r.value) == marker for r in records)
