@@ -10,6 +10,7 @@ waiting gang starts at that moment, not at the next wake-up of whatever drives t
 from __future__ import annotations
 
 import heapq
+import itertools
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -60,8 +61,10 @@ class VirtualCluster:
         self._jobs: dict[str, JobSimulator] = {}
         # Submissions stamped later than the clock: they arrive at their own time, so a
         # trace fed all at once still arrives as the trace says.
-        self._arrivals: list[tuple[float, int, JobSubmitted]] = []
+        # Ties in time go by job id, not by the order the submissions were read in.
+        self._arrivals: list[tuple[float, str, int, JobSubmitted]] = []
         self._arriving: set[str] = set()
+        self._seq = itertools.count()
         # Without an origin the clock has not started: submissions wait here, and start()
         # puts time zero at the earliest of them, whatever order they were read in.
         self._held: list[JobSubmitted] = []
@@ -80,10 +83,12 @@ class VirtualCluster:
 
     def start(self, origin: datetime | None = None) -> list[JobEvent]:
         """Start the clock: time zero at ``origin``, else at the earliest held submission
-        (a backlog read in any order gives the same origin, hence the same run)."""
+        (a backlog read in any order gives the same origin, hence the same run: the jobs
+        that arrive at once are admitted in the order of their ids, not of the reading)."""
         if self.origin is not None:
             return []
-        held, self._held = self._held, []
+        held = sorted(self._held, key=lambda e: (e.occurred_at, e.job.uuid))
+        self._held = []
         self.origin = origin or min((e.occurred_at for e in held), default=DEFAULT_ORIGIN)
         self._arriving.clear()
         events: list[JobEvent] = []
@@ -117,7 +122,7 @@ class VirtualCluster:
             return []
         arrives = (event.occurred_at - self.origin).total_seconds()
         if arrives > self._clock + MIN_STEP:
-            heapq.heappush(self._arrivals, (arrives, len(self._arriving), event))
+            heapq.heappush(self._arrivals, (arrives, key, next(self._seq), event))
             self._arriving.add(key)
             return []
         return self._arrive(event)
@@ -225,7 +230,7 @@ class VirtualCluster:
         if any(isinstance(e, JobCompleted | JobFailed) for e in events):
             events.extend(self._admit())  # only an ending job frees capacity
         while self._arrivals and self._arrivals[0][0] <= clock + MIN_STEP:
-            _, _, submission = heapq.heappop(self._arrivals)
+            *_, submission = heapq.heappop(self._arrivals)
             self._arriving.discard(submission.job.uuid)
             events.extend(self._arrive(submission))
         return events
