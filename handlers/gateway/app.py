@@ -26,9 +26,9 @@ from prometheus_client import (
 )
 from pydantic import ValidationError
 
+from dlrover_events.config_matching import MAX_KEY, Job, make_job, problems
 from dlrover_events.errors import StoreUnavailable
 from handlers.gateway.auth import Scope, Tokens
-from handlers.gateway.matching import MAX_KEY, Job, make_job, problems
 from handlers.gateway.openapi import IF_MATCH, INT32, MAX_ETAGS, MAX_VALUE, openapi_document
 from handlers.gateway.state import GatewayState
 from handlers.gateway.store import ConfigStore, StoreError

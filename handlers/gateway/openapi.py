@@ -10,7 +10,7 @@ import copy
 from functools import cache
 from typing import Any
 
-from handlers.gateway.matching import MAX_KEY
+from dlrover_events.config_matching import MAX_KEY
 from schemas.config import ConfigDocument
 
 #: Limits the handlers enforce, stated here so the document says them too.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from handlers.gateway.matching import Index, Job
+from dlrover_events.config_matching import Index, Job
 from schemas.config import ConfigChange
 
 #: The cache is dropped whole past this many distinct jobs; rebuilding is cheap and a

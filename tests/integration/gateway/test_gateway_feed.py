@@ -12,13 +12,13 @@ import aiohttp
 import pytest
 
 from dlrover_events.bus import read_topic
+from dlrover_events.config_matching import make_job
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import connect, env_schema
 from dlrover_events.topics import CONFIG_CHANGES, topic
 from handlers.gateway.auth import Scope
-from handlers.gateway.matching import make_job
 from handlers.gateway.runtime import GatewayServer
 from handlers.gateway.service import service
 from schemas.codec import decode

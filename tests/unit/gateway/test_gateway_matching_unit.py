@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from handlers.gateway.matching import (
+from dlrover_events.config_matching import (
     Index,
     deep_merge,
     make_job,
