@@ -2,7 +2,9 @@
 
 Pure and synchronous on purpose: everything that decides what a job gets lives here, so it
 is property-tested without a broker, a database or an event loop, and the HTTP layer can
-only ask questions of it.
+only ask questions of it. It is in the core, not in the gateway, because the brain asks the
+same question (which optimizer a job's documents name) and must get the gateway's answer:
+one matcher, one mapping of a job to attributes.
 
 Rules (DLRover's Brain design):
 
@@ -27,6 +29,7 @@ from typing import Any
 import orjson
 
 from schemas.config import ConditionValue, ConfigDocument, Scalar
+from schemas.jobs import JobMeta
 
 #: Longest attribute name a document may target (and a query may name).
 MAX_KEY = 128
@@ -80,6 +83,28 @@ def make_job(attrs: Mapping[str, Scalar | Iterable[Scalar]]) -> dict[str, frozen
         vals = [value] if isinstance(value, str | int | float | bool) else list(value)
         job.setdefault(norm_key(key), set()).update(norm_value(v) for v in vals)
     return {k: frozenset(v) for k, v in job.items()}
+
+
+def job_attributes(meta: JobMeta) -> dict[str, str]:
+    """A job's attributes as documents target them (``make_job`` turns them into a Job).
+
+    The one mapping from a job to attributes: the SDK sends these as the gateway's query
+    (adding the process's role and rank) and the brain matches them itself, so both see the
+    same documents for a job. Empty fields are left out: an attribute a job does not have
+    satisfies no condition, whereas ``""`` would satisfy ``Include: {user: ""}``.
+    """
+    attrs = {
+        "job": meta.uuid,
+        "name": meta.name,
+        "namespace": meta.namespace,
+        "cluster": meta.cluster,
+        "user": meta.user,
+        "group": meta.group,
+        "scenario": meta.scenario,
+        "app": meta.app,
+    }
+    attrs.update({f"labels.{k}": v for k, v in meta.labels.items()})
+    return {k: v for k, v in attrs.items() if v}
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dlrover_events.config_matching import job_attributes
 from schemas.envelope import _check_env
 from schemas.jobs import JobMeta, NodeRef
 
@@ -74,21 +75,10 @@ class JobIdentity:
         return f"sdk/{self.job.uuid}/{self.role}-{self.rank}"
 
     def attributes(self) -> dict[str, str]:
-        """The job as the config gateway matches it (its query parameters)."""
-        meta = self.job
-        attrs = {
-            "job": meta.uuid,
-            "name": meta.name,
-            "namespace": meta.namespace,
-            "cluster": meta.cluster,
-            "user": meta.user,
-            "group": meta.group,
-            "scenario": meta.scenario,
-            "app": meta.app,
-            "role": self.role,
-            "rank": str(self.rank),
-        }
-        attrs.update({f"labels.{k}": v for k, v in meta.labels.items()})
+        """The job as the config gateway matches it (its query parameters): the job's
+        attributes as the brain sees them too, plus this process's role and rank."""
+        attrs = job_attributes(self.job)
+        attrs.update({"role": self.role, "rank": str(self.rank)})
         attrs.update(self.extra_attributes)
         return {k: v for k, v in attrs.items() if v}
 
