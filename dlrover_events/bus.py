@@ -81,14 +81,17 @@ class Producer(AsyncResource):
         """The partitions of a full topic name, as the broker knows them now."""
         return sorted(await self._producer.partitions_for(topic_name))
 
-    async def publish_to_partitions(self, event: Event, topic_name: str) -> int:
-        """Publish one event, with no key, to every partition of a full topic name.
+    async def publish_to_partitions(
+        self, event: Event, topic_name: str, partitions: Iterable[int] | None = None
+    ) -> int:
+        """Publish one event, with no key, to the given partitions of a full topic name
+        (by default to every one of them).
 
         A marker that each reader must meet on each partition it reads (a lockstep barrier)
         cannot be keyed to one partition; returns how many partitions got it.
         """
         value = encode(event)
-        parts = await self.partitions(topic_name)
+        parts = await self.partitions(topic_name) if partitions is None else list(partitions)
         futures = [await self._producer.send(topic_name, value, partition=p) for p in parts]
         if futures:
             await asyncio.gather(*futures)

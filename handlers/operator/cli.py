@@ -30,6 +30,14 @@ def operator(
     fast: bool = typer.Option(
         None, "--fast/--no-fast", help="simulate as fast as possible, event to event"
     ),
+    lockstep: bool = typer.Option(
+        None,
+        "--lockstep/--no-lockstep",
+        help="a tick at a time, each once the env's brain (in lockstep too) has decided it",
+    ),
+    tick: float = typer.Option(
+        None, "--tick", help="simulated seconds per lockstep tick (default: sample interval)"
+    ),
     sample_interval: float = typer.Option(
         None, "--sample-interval", help="simulated seconds between runtime samples (default 30)"
     ),
@@ -58,6 +66,8 @@ def operator(
         "gpus_per_node": gpus,
         "speed": speed,
         "fast": fast,
+        "lockstep": lockstep,
+        "tick_s": tick,
         "sample_interval": sample_interval,
         "restart_delay": restart_delay,
     }

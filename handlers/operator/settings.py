@@ -28,6 +28,16 @@ class VirtualSettings(BaseSettings):
         default=1.0, gt=0, description="simulated seconds per wall second (ignored when fast)"
     )
     fast: bool = Field(default=False, description="jump from event to event as fast as possible")
+    lockstep: bool = Field(
+        default=False,
+        description="move the clock a tick at a time, each tick once the brain has decided it "
+        "(barriers out, acknowledgements in); speed and fast are then ignored",
+    )
+    tick_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="simulated seconds per lockstep tick (default: sample_interval)",
+    )
     sample_interval: float = Field(
         default=30.0, gt=0, description="simulated seconds between a job's runtime samples"
     )
@@ -37,6 +47,12 @@ class VirtualSettings(BaseSettings):
     max_sleep: float = Field(
         default=0.5, gt=0, description="wall seconds the clock waits at most between looks"
     )
+
+    @property
+    def tick_seconds(self) -> float:
+        """A tick of one sample interval: every running job says something in each tick,
+        and a plan lands at most one sample later than the sample that caused it."""
+        return self.tick_s if self.tick_s is not None else self.sample_interval
 
     def cluster(self) -> Cluster:
         return Cluster(

@@ -10,6 +10,11 @@ imports no Kubernetes client, so it cannot pick up cluster credentials by accide
 The simulated cluster lives in memory and is one per env (a Postgres advisory lock keeps a
 second operator of the same env out). Its clock starts at the time of the first input it
 reads, so a replay fed at the operator's speed-up lines up with it.
+
+In lockstep (schemas.lockstep) the clock moves only a tick at a time: after a tick's events
+the operator publishes a Barrier to every partition the brain reads, and it applies the
+tick's plans, at the tick's end, once the brain's BarrierAck is read on every partition of
+the plans topic. The wall clock then plays no part, so the same input gives the same run.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -29,16 +34,25 @@ from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.store.database import connect
-from dlrover_events.topics import JOB_EVENTS, SCALE_PLANS, check_env_name
+from dlrover_events.topics import (
+    JOB_EVENTS,
+    JOB_METRICS,
+    SCALE_PLANS,
+    SCALE_RESULTS,
+    check_env_name,
+    topic,
+)
 from handlers.operator.clock import SimClock
 from handlers.operator.ledger import PlanLedger
 from handlers.operator.settings import VirtualSettings, virtual_settings
 from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.job import PlanOutcome
+from handlers.simulator.lockstep import Tick, TickClock, TickGate
 from handlers.simulator.throughput import TraceDataError, pollux_dir
 from schemas.control import EnvMode
 from schemas.envelope import Event
 from schemas.jobs import JobSubmitted
+from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
 
 log = logging.getLogger(__name__)
@@ -51,6 +65,16 @@ ALREADY_APPLIED = "already applied"
 FAST_BATCH = 500
 
 _RESULT_NAMESPACE = uuid.UUID("9b3e51a2-6d0c-4f8e-b7a1-2c4d6e8f0a13")
+
+#: The topics the brain reads: a lockstep barrier goes to each of their partitions.
+BARRIER_TOPICS = (JOB_EVENTS, JOB_METRICS, SCALE_RESULTS)
+
+#: In lockstep each tick waits for the brain; tansu answers a fetch only when its wait is
+#: over, so the wait is the floor of a tick's round trip (the brain waits as briefly).
+LOCKSTEP_FETCH_WAIT_MS = 10
+
+#: Wall seconds between two log lines of an operator that waits for its brain.
+WAITING_LOG_S = 30.0
 
 
 async def check_virtual(settings: Settings, dsn: str, env: str) -> EnvRecord:
@@ -74,8 +98,13 @@ class VirtualOperator:
         self.env = env
         self.dsn = dsn
         self.options = options
-        self.clock = SimClock(None if options.fast else options.speed)
+        self.clock = SimClock(None if options.fast or options.lockstep else options.speed)
         self.fleet: VirtualCluster | None = None
+        self.ticks = TickClock(options.tick_seconds) if options.lockstep else None
+        # Made once the plans topic's partitions are known: each must acknowledge a tick.
+        self.gate: TickGate | None = None
+        # Something was published since the last barrier: the brain waits for one.
+        self._unbarriered = False
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         # Events made but not yet acknowledged by the broker: a handler attempt that fails
@@ -98,10 +127,18 @@ class VirtualOperator:
             try:
                 self._ledger = PlanLedger(store.pool)
                 consumer = Consumer(
-                    self.settings, self.env, [JOB_EVENTS, SCALE_PLANS], GROUP, self._handle
+                    self.settings,
+                    self.env,
+                    [JOB_EVENTS, SCALE_PLANS],
+                    GROUP,
+                    self._handle,
+                    fetch_max_wait_ms=LOCKSTEP_FETCH_WAIT_MS if self.ticks else 500,
                 )
                 async with Producer(self.settings) as producer, consumer:
                     self._producer = producer
+                    if self.ticks is not None:
+                        plans = await producer.partitions(topic(self.env, SCALE_PLANS))
+                        self.gate = TickGate.over(plans)
                     if ready is not None:
                         ready.set()
                     await self._serve(consumer, stop)
@@ -122,9 +159,10 @@ class VirtualOperator:
             )
 
     async def _serve(self, consumer: Consumer, stop: asyncio.Event) -> None:
+        clock = self._tick(stop) if self.ticks is None else self._lockstep(stop)
         tasks = [
             asyncio.create_task(self._consume(consumer, stop), name=f"{self.env}.operator.consume"),
-            asyncio.create_task(self._tick(stop), name=f"{self.env}.operator.clock"),
+            asyncio.create_task(clock, name=f"{self.env}.operator.clock"),
         ]
         stopping = asyncio.create_task(stop.wait())
         try:
@@ -153,13 +191,19 @@ class VirtualOperator:
         async with self._lock:
             await self._flush()
             # A backlog read after a restart may hold a job's plan in the same batch as its
-            # submission: the job comes first. Other job events (ours included) are not inputs.
+            # submission: the job comes first. Other job events (ours included, and our
+            # barriers) are not inputs. The sort is stable: a partition keeps its order, so
+            # a plan read before its partition's acknowledgement belongs to that tick.
             for item in sorted(batch, key=lambda r: not isinstance(r.event, JobSubmitted)):
                 event = item.event
                 if isinstance(event, JobSubmitted):
                     self._outbox.extend(self._catch_up(event).submit(event))
+                elif isinstance(event, ScalePlan) and self.gate is not None:
+                    self.gate.plan(item.partition, event)  # applied at its tick's end
                 elif isinstance(event, ScalePlan):
                     await self._apply(self._catch_up(event), event)
+                elif isinstance(event, BarrierAck) and self.gate is not None:
+                    self.gate.ack(item.partition, event.tick)
             await self._flush()
         self._wake.set()
 
@@ -227,6 +271,7 @@ class VirtualOperator:
             assert self._producer is not None
             await self._producer.publish_many(self._outbox)
             self._outbox.clear()
+            self._unbarriered = True
 
     # -- time -----------------------------------------------------------------------------
 
@@ -264,6 +309,88 @@ class VirtualOperator:
             return longest
         return min(longest, max(0.001, self.clock.wall_seconds(upcoming - now)))
 
+    # -- lockstep -------------------------------------------------------------------------
+
+    async def _lockstep(self, stop: asyncio.Event) -> None:
+        """Tick, barrier, wait for every acknowledgement, apply the tick's plans; again."""
+        assert self.gate is not None
+        gate = self.gate
+        while not stop.is_set():
+            async with self._lock:
+                tick = await self._run_tick()
+            if tick is None:
+                await self._until(self._has_work, None)  # idle until an input arrives
+                continue
+            await self._until(lambda: gate.due, tick)
+            async with self._lock:
+                assert self.fleet is not None
+                for plan in gate.take():
+                    await self._apply(self.fleet, plan)
+                await self._flush()  # before the next barrier: they belong to the next tick
+
+    def _has_work(self) -> bool:
+        fleet, gate = self.fleet, self.gate
+        if fleet is None or not fleet.started or gate is None:
+            return False
+        return fleet.next_event_at() is not None or self._unbarriered or gate.holding
+
+    async def _run_tick(self) -> Tick | None:
+        """One tick of the fleet, its events, then its barrier on every partition."""
+        assert self.ticks is not None
+        assert self.gate is not None
+        if not self._has_work():
+            return None
+        assert self.fleet is not None
+        carrying = self._unbarriered or self.gate.holding
+        tick = self.ticks.run(self.fleet, carrying=carrying)
+        if tick is None:
+            return None
+        self._outbox.extend(tick.events)
+        await self._flush()
+        await self._publish_barriers(tick)
+        self.gate.barrier(tick.number)
+        return tick
+
+    async def _publish_barriers(self, tick: Tick) -> None:
+        assert self._producer is not None
+        barrier = Barrier(
+            env=self.env,
+            source=SOURCE,
+            # One id per tick: a re-published barrier duplicates nothing downstream.
+            event_id=uuid.uuid5(_RESULT_NAMESPACE, f"{self.env}/barrier/{tick.number}"),
+            occurred_at=tick.at,
+            tick=tick.number,
+            sim_at=tick.at,
+        )
+        await asyncio.gather(
+            *(
+                self._producer.publish_to_partitions(barrier, topic(self.env, name))
+                for name in BARRIER_TOPICS
+            )
+        )
+        self._unbarriered = False
+
+    async def _until(self, ready: Callable[[], bool], tick: Tick | None) -> None:
+        """Wait (on inputs, not by polling) until ``ready()``; say so now and then when a
+        tick waits for its brain, which may have stopped."""
+        while True:
+            self._wake.clear()
+            if ready():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), WAITING_LOG_S)
+                continue
+            if tick is not None and self.gate is not None:
+                log.warning(
+                    "env %s: tick %d (to %s) waits for the brain's BarrierAck on %s "
+                    "partition(s) %s",
+                    self.env,
+                    tick.number,
+                    tick.at.isoformat(),
+                    SCALE_PLANS,
+                    self.gate.waiting_on,
+                )
+
     async def _sleep(self, seconds: float) -> None:
         if seconds <= 0:
             await asyncio.sleep(0)  # let the consumer take the lock between jumps
@@ -287,6 +414,8 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     operator = VirtualOperator(ctx.settings, ctx.env, ctx.pg_dsn, virtual_settings(merged))
     o = operator.options
     pace = "as fast as possible" if o.fast else f"at {o.speed:g}x wall time"
+    if o.lockstep:
+        pace = f"in lockstep with its brain, {o.tick_seconds:g} s a tick"
     log.warning(
         "virtual operator of env %s: %d nodes x %d GPUs, simulated %s",
         ctx.env,
@@ -297,4 +426,12 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     await operator.run(ctx.stop, ctx.ready)
 
 
-__all__ = ["ALREADY_APPLIED", "GROUP", "SOURCE", "VirtualOperator", "check_virtual", "run"]
+__all__ = [
+    "ALREADY_APPLIED",
+    "BARRIER_TOPICS",
+    "GROUP",
+    "SOURCE",
+    "VirtualOperator",
+    "check_virtual",
+    "run",
+]

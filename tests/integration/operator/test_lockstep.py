@@ -1,0 +1,202 @@
+"""The virtual operator in lockstep on the real broker: the test plays the brain, reading
+the barriers and publishing plans and acknowledgements itself.
+
+What no wall clock can change: a tick's barrier follows its events on every partition,
+the clock does not move until every partition of the plans topic acknowledged the tick,
+and a plan lands at the end of the tick it was read in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+import pytest
+
+from dlrover_events.bus import read_topic
+from dlrover_events.topics import DLQ, JOB_EVENTS, JOB_METRICS, SCALE_PLANS, SCALE_RESULTS, topic
+from handlers.operator.virtual import BARRIER_TOPICS
+from schemas.codec import decode
+from schemas.envelope import Event
+from schemas.jobs import NodeStarted
+from schemas.lockstep import Barrier, BarrierAck
+from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
+from tests.integration.operator.conftest import Sim
+from tests.integration.tap import DEADLINE_S
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+TICK_S = 30.0
+LOCKSTEP = {"lockstep": True, "tick_s": TICK_S}
+
+#: Wall seconds the test waits to see that the clock does NOT move without the brain.
+HOLD_S = 2.0
+
+
+@dataclass(frozen=True)
+class Read:
+    topic: str
+    partition: int
+    offset: int
+    event: Event
+
+
+async def read(sim: Sim, names: tuple[str, ...] = BARRIER_TOPICS) -> list[Read]:
+    """Everything on the env's topics now, with where each record lies."""
+    out = []
+    for name in names:
+        for r in await read_topic(sim.settings, topic(sim.env, name), timeout_s=5.0):
+            out.append(Read(name, r.partition, r.offset, decode(r.value)))
+    return out
+
+
+def barriers(reads: list[Read], tick: int) -> list[Read]:
+    return [r for r in reads if isinstance(r.event, Barrier) and r.event.tick == tick]
+
+
+async def until(sim: Sim, found: Callable[[list[Read]], T | None], what: str) -> T:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while loop.time() < deadline:
+        if result := found(await read(sim)):
+            return result
+        await asyncio.sleep(0.2)
+    pytest.fail(f"no {what} within {DEADLINE_S:.0f}s")
+
+
+async def barrier_everywhere(sim: Sim, tick: int) -> datetime:
+    """Wait for barrier ``tick`` on every partition of the three topics; its end time."""
+    partitions = 3 * len(BARRIER_TOPICS)
+    found = await until(
+        sim, lambda reads: b if len(b := barriers(reads, tick)) == partitions else None, "barrier"
+    )
+    ends = {r.event.sim_at for r in found if isinstance(r.event, Barrier)}
+    assert len(ends) == 1, "one end per tick"
+    return ends.pop()
+
+
+def after(reads: list[Read], at: datetime) -> list[Read]:
+    return [r for r in reads if not isinstance(r.event, Barrier) and r.event.occurred_at > at]
+
+
+async def ack(sim: Sim, tick: int, sim_at: datetime, partitions: list[int]) -> None:
+    done = BarrierAck(env=sim.env, source="test-brain", tick=tick, sim_at=sim_at)
+    await sim.producer.publish_to_partitions(done, topic(sim.env, SCALE_PLANS), partitions)
+
+
+async def plan_partition(sim: Sim, plan_id: str) -> int:
+    for r in await read(sim, (SCALE_PLANS,)):
+        if isinstance(r.event, ScalePlan) and r.event.plan_id == plan_id:
+            return r.partition
+    pytest.fail(f"plan {plan_id} is not on {SCALE_PLANS}")
+
+
+def result_of(reads: list[Read], plan_id: str) -> ScaleResult | None:
+    for r in reads:
+        if isinstance(r.event, ScaleResult) and r.event.plan_id == plan_id:
+            return r.event
+    return None
+
+
+async def test_a_tick_waits_for_every_acknowledgement_and_its_plans_land_at_its_end(
+    sim: Sim,
+) -> None:
+    submitted = await sim.submit("job-l")
+    origin = submitted.occurred_at
+    await sim.start(**LOCKSTEP)
+
+    end1 = await barrier_everywhere(sim, 1)
+    assert end1 == origin + timedelta(seconds=TICK_S)
+    reads = await read(sim)
+    # On every partition the tick's events come before its barrier, and none is later.
+    for r in barriers(reads, 1):
+        before = [
+            x for x in reads if (x.topic, x.partition) == (r.topic, r.partition) and x is not r
+        ]
+        assert all(x.offset < r.offset for x in before)
+        assert all(x.event.occurred_at <= end1 for x in before)
+    assert any(isinstance(r.event, NodeStarted) for r in reads), "the job started in tick 1"
+
+    # The brain has said nothing: the clock stays where tick 1 ended.
+    await asyncio.sleep(HOLD_S)
+    reads = await read(sim)
+    assert not barriers(reads, 2)
+    assert not after(reads, end1)
+
+    # The brain's answer to tick 1: a plan, then acknowledgements on all but its partition.
+    plan = sim.plan(
+        "job-l",
+        "ls-up",
+        node_group_resources={"worker": NodeGroupResource(count=2)},
+        occurred_at=end1,
+    )
+    await sim.producer.publish(plan)
+    held_back = await plan_partition(sim, "ls-up")
+    await ack(sim, 1, end1, [p for p in range(3) if p != held_back])
+    await asyncio.sleep(HOLD_S)
+    reads = await read(sim)
+    assert result_of(reads, "ls-up") is None, "one partition has not acknowledged tick 1"
+    assert not barriers(reads, 2)
+    assert not after(reads, end1)
+
+    await ack(sim, 1, end1, [held_back])
+    end2 = await barrier_everywhere(sim, 2)
+    assert end2 == end1 + timedelta(seconds=TICK_S)
+    reads = await read(sim)
+    result = result_of(reads, "ls-up")
+    assert result is not None
+    assert result.status is ScaleStatus.APPLIED
+    assert result.occurred_at == end1, "applied at the end of the tick it was read in"
+    (placed,) = [r for r in reads if r.event is result]
+    (closing,) = [
+        b for b in barriers(reads, 2) if (b.topic, b.partition) == (SCALE_RESULTS, placed.partition)
+    ]
+    assert placed.offset < closing.offset, "the result belongs to the next tick"
+    new_worker = [
+        r.event
+        for r in reads
+        if isinstance(r.event, NodeStarted) and r.event.node.id == 1 and r.event.key == "job-l"
+    ]
+    assert [e.occurred_at for e in new_worker] == [end1]
+
+    # A plan read on a partition after that partition acknowledged the tick belongs to the
+    # next tick, even though the tick's other partitions are still to acknowledge.
+    await ack(sim, 2, end2, [held_back])
+    late = sim.plan(
+        "job-l",
+        "ls-late",
+        node_group_resources={"worker": NodeGroupResource(count=3)},
+        occurred_at=end2,
+    )
+    await sim.producer.publish(late)
+    assert await plan_partition(sim, "ls-late") == held_back  # one job, one partition
+    await ack(sim, 2, end2, [p for p in range(3) if p != held_back])
+    end3 = await barrier_everywhere(sim, 3)
+    assert result_of(await read(sim), "ls-late") is None, "held for tick 3"
+    await ack(sim, 3, end3, [0, 1, 2])
+    await barrier_everywhere(sim, 4)
+    late_result = result_of(await read(sim), "ls-late")
+    assert late_result is not None
+    assert late_result.occurred_at == end3
+
+
+async def test_lockstep_markers_are_no_input_for_an_operator_out_of_lockstep(sim: Sim) -> None:
+    """An acknowledgement or a barrier on its topics is neither applied nor dead-lettered."""
+    await sim.start(fast=True)
+    submitted = await sim.submit("job-n", application="ncf")
+    stray = BarrierAck(env=sim.env, tick=1, sim_at=submitted.occurred_at)
+    await sim.producer.publish_to_partitions(stray, topic(sim.env, SCALE_PLANS))
+    marker = Barrier(env=sim.env, tick=1, sim_at=submitted.occurred_at)
+    await sim.producer.publish_to_partitions(marker, topic(sim.env, JOB_EVENTS))
+    await sim.producer.publish(
+        sim.plan("job-n", "n-2", node_group_resources={"worker": NodeGroupResource(count=2)})
+    )
+    result = await until(sim, lambda reads: result_of(reads, "n-2"), "scale result")
+    assert result.status in (ScaleStatus.APPLIED, ScaleStatus.REJECTED)
+    assert await read(sim, (DLQ,)) == []
+    assert not [r for r in await read(sim, (JOB_METRICS,)) if isinstance(r.event, Barrier)]
