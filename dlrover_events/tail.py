@@ -15,6 +15,7 @@ from schemas.codec import CodecError, decode, encode
 from schemas.dlq import DeadLetter
 from schemas.envelope import Event
 from schemas.jobs import JobEvent, NodeEvent, NodeOOM, RuntimeSample
+from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import NodeGroupResource, OptimizePlan, ScalePlan, ScaleResult
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
@@ -94,6 +95,10 @@ def summary(event: Event) -> str:
         return f"plan={event.plan_id} {event.status.value} {event.reason}".strip()
     if isinstance(event, DeadLetter):
         return f"{event.original_topic}[{event.partition}]@{event.offset} {event.error}"
+    if isinstance(event, Barrier):
+        return f"tick={event.tick} ends {event.sim_at.isoformat()}"
+    if isinstance(event, BarrierAck):
+        return f"tick={event.tick} decided"
     return ""
 
 

@@ -21,6 +21,7 @@ from schemas.jobs import (
     NodeOOM,
     RuntimeSample,
 )
+from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
 
 Allocation = dict[str, tuple[int, int]]  # role -> (replicas, gpus per replica)
@@ -116,6 +117,10 @@ class Ledger:
         return rec
 
     def observe(self, event: Event) -> None:
+        if isinstance(event, Barrier | BarrierAck):
+            # The simulated clock's ticks, not facts about jobs: a barrier stamped at its
+            # tick's end would stretch the window past the last thing that happened.
+            return
         at = event.occurred_at
         if self.last_event_at is None or at > self.last_event_at:
             self.last_event_at = at

@@ -17,6 +17,7 @@ from typing import Generic, TypeVar
 
 from schemas.envelope import Event
 from schemas.jobs import RuntimeSample
+from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import ScalePlan
 
 K = TypeVar("K", bound=Hashable)
@@ -131,6 +132,10 @@ class Selection:
             self.first_plan_at.setdefault(event.job.uuid, event.occurred_at)
 
     def wants(self, event: Event) -> bool:
+        if isinstance(event, Barrier | BarrierAck):
+            # The source's ticks: the target's own operator and brain keep their own, and
+            # a copied barrier would end a tick of the target that its operator never ran.
+            return False
         if not any(fnmatch.fnmatchcase(event.type, pattern) for pattern in self.types):
             return False
         if self.first_phase_only and isinstance(event, RuntimeSample):
