@@ -4,7 +4,7 @@ Pure and synchronous on purpose: everything that decides what a job gets lives h
 is property-tested without a broker, a database or an event loop, and the HTTP layer can
 only ask questions of it. It is in the core, not in the gateway, because the brain asks the
 same question (which optimizer a job's documents name) and must get the gateway's answer:
-one matcher, one mapping of a job to attributes.
+one matcher, one mapping of a job to attributes, one way to apply the change feed.
 
 Rules (DLRover's Brain design):
 
@@ -24,11 +24,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
-from schemas.config import ConditionValue, ConfigDocument, Scalar
+from schemas.config import ConditionValue, ConfigChange, ConfigDocument, Scalar
 from schemas.jobs import JobMeta
 
 #: Longest attribute name a document may target (and a query may name).
@@ -227,6 +227,14 @@ def resolve(docs: Iterable[ConfigDocument | Compiled], job: Job) -> Resolution:
     return merge(c for c in compiled if matches(c, job))
 
 
+#: A Kafka tombstone on the compacted change topic: the document's name, and nothing.
+Tombstone = tuple[str, None]
+#: What the change topic carries.
+Change = ConfigChange | Tombstone
+#: What applying one change did: ``replay`` is a change the index already holds exactly.
+Applied = Literal["changed", "unchanged", "replay"]
+
+
 class Index:
     """Documents by name, with an inverted index so a request checks a few candidates
     instead of every document (10,000 documents, 10,000 requests a second).
@@ -246,6 +254,9 @@ class Index:
         self._everyone: set[str] = set()
         #: bumped on every change, so caches of answers know when they are stale.
         self.generation = 0
+        #: last version applied per name, deletions included, so replays are recognised and
+        #: the gateway's reconcile can compare the topic with Postgres.
+        self.versions: dict[str, int] = {}
         for d in docs:
             self.upsert(d)
 
@@ -297,6 +308,29 @@ class Index:
                     del self._postings[slot]
         self.generation += 1
         return True
+
+    def apply(self, change: Change) -> Applied:
+        """One change of the feed, as every reader of it must apply it.
+
+        Per name, the topic's order is the truth (one key, one partition), even when a
+        version is lower than the one held: that is how the gateway's ``reconcile`` puts
+        back Postgres' state over a change whose commit failed, and a reader that kept the
+        higher version would keep a document Postgres never had. Versions only recognise
+        exact replays, so they leave answer caches alone.
+        """
+        if isinstance(change, tuple):
+            name = change[0]
+            self.versions.pop(name, None)
+            return "changed" if self.remove(name) else "unchanged"
+        if change.version == self.versions.get(change.name) and (
+            self.get(change.name) == change.document
+        ):
+            return "replay"
+        self.versions[change.name] = change.version
+        if change.op == "upsert" and change.document is not None:
+            self.upsert(change.document)
+            return "changed"
+        return "changed" if self.remove(change.name) else "unchanged"
 
     def candidates(self, job: Job) -> set[str]:
         found = set(self._everyone)

@@ -1,8 +1,9 @@
 """The config gateway: training jobs fetch their merged configuration over HTTP.
 
-``matching`` decides (pure); ``store`` writes documents to Postgres and announces them on
-``<env>.config.changes``; ``follower`` keeps each instance's in-memory index from that
-topic; ``configmaps`` (pure) and ``configmaps_runner`` (the watch) feed labelled
-Kubernetes ConfigMaps into ``store``, when asked to; ``app`` is the thin aiohttp layer;
-``service`` runs it under `dlrover-events up`.
+``dlrover_events.config_matching`` decides (pure, shared with the brain); ``store`` writes
+documents to Postgres and announces them on ``<env>.config.changes``; ``state`` is each
+instance's in-memory index, kept from that topic by ``dlrover_events.config_feed``;
+``configmaps`` (pure) and ``configmaps_runner`` (the watch) feed labelled Kubernetes
+ConfigMaps into ``store``, when asked to; ``app`` is the thin aiohttp layer; ``service``
+runs it under `dlrover-events up`.
 """

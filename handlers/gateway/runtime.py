@@ -19,13 +19,13 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.bus import Producer
+from dlrover_events.config_feed import ConfigFeed
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.store import apply_migrations, connect, create_pool, env_schema
 from handlers.gateway.app import Gateway, build_app
 from handlers.gateway.auth import Scope, Tokens, hash_token
-from handlers.gateway.follower import Follower
 from handlers.gateway.state import GatewayState
 from handlers.gateway.store import ConfigStore
 
@@ -95,7 +95,7 @@ class GatewayServer(AsyncResource):
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self._producer: Producer | None = None
-        self._follower: Follower | None = None
+        self._follower: ConfigFeed | None = None
         self._pool: asyncpg.Pool | None = None
         self.gateway: Gateway | None = None
         #: the ConfigMap watch, when ``configmaps`` is on
@@ -115,7 +115,13 @@ class GatewayServer(AsyncResource):
             )
             self._producer = Producer(self.settings, linger_ms=0)
             await self._producer.start()
-            self._follower = Follower(self.settings, self.state)
+            self._follower = ConfigFeed(
+                self.settings,
+                self.env,
+                self.state.apply,
+                client_id="gateway",
+                caught_up=self.state.ready,
+            )
             await self._follower.start()
             tokens = Tokens(pool, self.env, ttl_s=self.conf.token_cache_s)
             if self.settings.admin_token is not None:

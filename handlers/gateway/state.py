@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from dlrover_events.config_matching import Index, Job
-from schemas.config import ConfigChange
+from dlrover_events.config_matching import Change, Index, Job
 
 #: The cache is dropped whole past this many distinct jobs; rebuilding is cheap and a
 #: bound keeps a stream of one-off job ids from growing memory without end.
@@ -37,40 +36,27 @@ class GatewayState:
     def __init__(self, env: str) -> None:
         self.env = env
         self.index = Index()
-        #: last version seen per name, deletions included, so replays are recognised and
-        #: reconcile can compare with Postgres.
-        self.versions: dict[str, int] = {}
         self.ready = asyncio.Event()
         self.applied = 0
         self.ignored = 0
         self._tick = asyncio.Event()
         self._cache: dict[JobKey, Answer] = {}
 
-    def apply(self, changes: Iterable[ConfigChange | tuple[str, None]]) -> int:
+    @property
+    def versions(self) -> Mapping[str, int]:
+        """Last version seen per name, deletions included (``Index.apply`` keeps it)."""
+        return self.index.versions
+
+    def apply(self, changes: Iterable[Change]) -> int:
         """Apply a batch of changes (or ``(name, None)`` for a Kafka tombstone); wakes
         waiters once per batch. Returns how many changed the index."""
         changed = 0
         for change in changes:
-            if isinstance(change, tuple):
-                name = change[0]
-                changed += self.index.remove(name)
-                self.versions.pop(name, None)
-                continue
-            # Per-name order is the topic's (one key, one partition), and the last change
-            # is the truth even when its version is lower: that is how `reconcile` puts
-            # back Postgres' state over a change whose commit failed. Exact replays are
-            # skipped only to keep the answer cache.
-            if change.version == self.versions.get(change.name) and (
-                self.index.get(change.name) == change.document
-            ):
-                self.ignored += 1
-                continue
-            self.versions[change.name] = change.version
-            if change.op == "upsert" and change.document is not None:
-                self.index.upsert(change.document)
+            applied = self.index.apply(change)
+            if applied == "replay":
+                self.ignored += 1  # skipped only to keep the answer cache
+            elif applied == "changed":
                 changed += 1
-            else:
-                changed += self.index.remove(change.name)
         self.applied += changed
         if changed:
             self._cache.clear()

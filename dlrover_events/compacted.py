@@ -1,0 +1,111 @@
+"""Reading a compacted topic whole, from the beginning, then following it live.
+
+A compacted topic holds the current state of something keyed (config documents, the env
+registry), so every reader needs all of it: no consumer group, every partition assigned,
+none moving another's offsets. A reader is caught up once it reaches the end offsets
+captured at start, so its owner can refuse to answer from half a state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+
+from dlrover_events.bus import start_kafka_client, topic_partitions
+from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import AsyncResource
+from dlrover_events.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Takes one fetch's records; runs on the event loop, so it must not block.
+Handle = Callable[[list[ConsumerRecord]], None]
+
+
+class CompactedFollower(AsyncResource):
+    """``start`` assigns every partition from the beginning; ``run`` (or ``poll``) hands
+    each fetch to ``handle``; ``caught_up`` is set after the fetch that reached the end
+    offsets of the start, once ``handle`` has taken it.
+
+    ``missing`` says, when the topic does not exist, what the user should check.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        topic_name: str,
+        handle: Handle,
+        *,
+        client_id: str,
+        poll_ms: int = 100,
+        missing: str = "",
+        caught_up: asyncio.Event | None = None,
+    ) -> None:
+        self.topic = topic_name
+        self.caught_up = caught_up if caught_up is not None else asyncio.Event()
+        self._settings = settings
+        self._handle = handle
+        self._poll_ms = poll_ms
+        self._missing = missing
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            client_id=f"{settings.client_id}-{client_id}",
+            request_timeout_ms=settings.request_timeout_ms,
+            # A change should reach its readers in well under a second.
+            fetch_max_wait_ms=poll_ms,
+        )
+        self._end: dict[TopicPartition, int] = {}
+
+    async def start(self) -> None:
+        await start_kafka_client(self._consumer, self._settings)
+        try:
+            parts = await topic_partitions(self._consumer, self.topic)
+            if not parts:
+                hint = f"; {self._missing}" if self._missing else ""
+                raise UserError(f"topic {self.topic} does not exist{hint}")
+            self._consumer.assign(parts)
+            await self._consumer.seek_to_beginning(*parts)
+            self._end = await self._consumer.end_offsets(parts)
+            await self._check_caught_up()
+        except BaseException:
+            await self._consumer.stop()
+            raise
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def poll(self) -> int:
+        """Hand one fetch to ``handle``; returns how many records it held."""
+        batch = await self._consumer.getmany(timeout_ms=self._poll_ms)
+        records = [r for rs in batch.values() for r in rs]
+        if records:
+            self._handle(records)
+        if not self.caught_up.is_set():
+            await self._check_caught_up()
+        return len(records)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow until ``stop``; a broker outage is logged and retried, never fatal."""
+        backoff = 0.2
+        while not stop.is_set():
+            try:
+                await self.poll()
+                backoff = 0.2
+            except KafkaError as err:
+                log.warning("%s: %s; retrying in %.1fs", self.topic, err, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _check_caught_up(self) -> None:
+        # tansu reports the last batch's base offset + 1 as the end, a lower bound: the
+        # position passes it only once that batch was fetched (and handed on).
+        for tp, end in self._end.items():
+            if await self._consumer.position(tp) < end:
+                return
+        self.caught_up.set()
