@@ -9,21 +9,35 @@ and a plan lands at the end of the tick it was read in.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
-from dlrover_events.bus import read_topic
+from dlrover_events.bus import Producer, read_topic, topic_partitions
+from dlrover_events.services import ServiceContext
+from dlrover_events.settings import Settings
 from dlrover_events.topics import DLQ, JOB_EVENTS, JOB_METRICS, SCALE_PLANS, SCALE_RESULTS, topic
+from handlers.operator.modes import run_operator
 from handlers.operator.virtual import BARRIER_TOPICS
 from schemas.codec import decode
 from schemas.envelope import Event
-from schemas.jobs import NodeStarted
+from schemas.jobs import (
+    JobCompleted,
+    JobMeta,
+    JobStarted,
+    JobSubmitted,
+    NodeStarted,
+    RoleSpec,
+    RuntimeSample,
+)
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
+from tests.conftest import EnvFactory
 from tests.integration.operator.conftest import Sim
 from tests.integration.tap import DEADLINE_S
 
@@ -200,3 +214,141 @@ async def test_lockstep_markers_are_no_input_for_an_operator_out_of_lockstep(sim
     assert result.status in (ScaleStatus.APPLIED, ScaleStatus.REJECTED)
     assert await read(sim, (DLQ,)) == []
     assert not [r for r in await read(sim, (JOB_METRICS,)) if isinstance(r.event, Barrier)]
+
+
+class JitteryBrain:
+    """Plays a lockstep brain whose timing differs from run to run: it holds each tick's
+    events until the tick's barrier is on every partition it reads, rescales each job that
+    started in the tick to two workers, and acknowledges after a random wall-clock delay."""
+
+    def __init__(self, settings: Settings, env: str, seed: int) -> None:
+        self.settings = settings
+        self.env = env
+        self.random = random.Random(seed)
+        self.ticks = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=10,
+        )
+        await consumer.start()
+        try:
+            async with Producer(self.settings) as producer:
+                parts = [
+                    tp
+                    for name in BARRIER_TOPICS
+                    for tp in await topic_partitions(consumer, topic(self.env, name))
+                ]
+                consumer.assign(parts)
+                await consumer.seek_to_beginning(*parts)
+                await self._serve(consumer, producer, len(parts), stop)
+        finally:
+            await consumer.stop()
+
+    async def _serve(
+        self, consumer: AIOKafkaConsumer, producer: Producer, partitions: int, stop: asyncio.Event
+    ) -> None:
+        passed: dict[tuple[str, int], int] = {}  # barriers read per partition
+        held: dict[int, list[Event]] = {}
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=100)
+            for tp, records in batch.items():
+                for record in records:
+                    event = decode(record.value)
+                    where = (tp.topic, tp.partition)
+                    if not isinstance(event, Barrier):
+                        held.setdefault(passed.get(where, 0) + 1, []).append(event)
+                        continue
+                    passed[where] = event.tick
+                    if sum(1 for n in passed.values() if n >= event.tick) == partitions:
+                        await self._decide(producer, event, held.pop(event.tick, []))
+
+    async def _decide(self, producer: Producer, barrier: Barrier, events: list[Event]) -> None:
+        started = sorted(
+            (e for e in events if isinstance(e, JobStarted)), key=lambda e: (e.occurred_at, e.key)
+        )
+        for job in started:
+            await asyncio.sleep(self.random.uniform(0, 0.05))
+            await producer.publish(
+                ScalePlan(
+                    env=self.env,
+                    job=job.job,
+                    source="jittery-brain",
+                    plan_id=f"{job.key}-up",
+                    occurred_at=barrier.sim_at,
+                    node_group_resources={"worker": NodeGroupResource(count=2)},
+                )
+            )
+        await asyncio.sleep(self.random.uniform(0, 0.05))
+        done = BarrierAck(env=self.env, tick=barrier.tick, sim_at=barrier.sim_at)
+        await producer.publish_to_partitions(done, topic(self.env, SCALE_PLANS))
+        self.ticks = barrier.tick
+
+
+async def run_lockstep_env(
+    settings: Settings, pg_dsn: str, env: str, submissions: list[JobSubmitted], seed: int
+) -> list[tuple[str, str | None, datetime]]:
+    """Submissions, a lockstep operator and a jittery brain until every job completed:
+    what the env said, in a form two envs can be compared in."""
+    async with Producer(settings) as producer:
+        await producer.publish_many([s.model_copy(update={"env": env}) for s in submissions])
+    ctx = ServiceContext(settings, env, pg_dsn)
+    operator = asyncio.create_task(run_operator(ctx, {**LOCKSTEP, "nodes": 2}))
+    brain = JitteryBrain(settings, env, seed)
+    thinking = asyncio.create_task(brain.run(ctx.stop))
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DEADLINE_S
+        while loop.time() < deadline:
+            events = [
+                decode(r.value)
+                for r in await read_topic(settings, topic(env, JOB_EVENTS), timeout_s=5.0)
+            ]
+            if sum(isinstance(e, JobCompleted) for e in events) == len(submissions):
+                break
+            for task in (operator, thinking):
+                if task.done():
+                    task.result()
+            await asyncio.sleep(0.5)
+        else:
+            pytest.fail(f"the jobs of {env} did not complete within {DEADLINE_S:.0f}s")
+    finally:
+        ctx.stop.set()
+        await asyncio.gather(operator, thinking)
+    assert brain.ticks > 10
+    said = [
+        decode(r.value)
+        for name in BARRIER_TOPICS
+        for r in await read_topic(settings, topic(env, name), timeout_s=5.0)
+    ]
+    return sorted(
+        (e.type, e.key, e.occurred_at)
+        for e in said
+        if not isinstance(e, Barrier | JobSubmitted | RuntimeSample)
+    ) + sorted(("sample", e.key, e.occurred_at) for e in said if isinstance(e, RuntimeSample))
+
+
+async def test_the_same_input_gives_the_same_run_however_the_brain_s_timing_differs(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    submissions = [
+        JobSubmitted(
+            env="placeholder",
+            occurred_at=t0 + timedelta(seconds=at),
+            job=JobMeta(uuid=name, name=name, app="ncf"),
+            application="ncf",
+            roles={"worker": RoleSpec(replicas=replicas, gpu_num=1)},
+        )
+        for name, at, replicas in [("ncf-0", 0, 1), ("ncf-1", 45, 2), ("ncf-2", 45, 1)]
+    ]
+    runs = []
+    for seed in (1, 2):
+        env = (await make_env()).name
+        runs.append(await run_lockstep_env(settings, pg_dsn, env, submissions, seed))
+    one, other = runs
+    assert [e for e in one if e[0] == "scale.result"], "the brain's plans were applied"
+    assert one == other
