@@ -31,7 +31,11 @@ def run(
     nodes: int = typer.Option(16, min=1, help="nodes of each arm's simulated cluster"),
     gpus: int = typer.Option(4, min=1, help="GPUs per node"),
     speed: str = typer.Option(
-        "200x", help="simulated time per wall time; 'max' = as fast as possible (no brain)"
+        "lockstep",
+        help="how simulated time moves: 'lockstep' (arms with a brain tick with it, the "
+        "others as fast as possible: the same input gives the same result), '200x' "
+        "(simulated per wall time, as before: about ±2 s per job from run to run), 'max' "
+        "(as fast as possible; for arms without a brain)",
     ),
     timeout: float = typer.Option(1800, min=1, help="wall seconds to wait for every job"),
     out: Path = typer.Option(Path("ab-report"), help="folder for the HTML and PNG report"),
@@ -42,7 +46,7 @@ def run(
     if trace is not None and not trace.is_file():
         raise UserError(f"trace file {trace} does not exist")
     try:
-        pace = None if speed == "max" else parse_speed(speed)
+        cluster = _cluster(nodes, gpus, speed)
     except ValueError as err:
         raise UserError(str(err)) from None
     settings = load_settings()
@@ -56,7 +60,7 @@ def run(
             arms,
             trace=trace,
             source=source,
-            cluster=Cluster(nodes, gpus, pace),
+            cluster=cluster,
             timeout_s=timeout,
             keep_envs=keep_envs,
         )
@@ -87,3 +91,16 @@ def run(
         raise UserError(
             "the A/B run was stopped before every job finished; its envs were deleted"
         ) from None
+
+
+def _cluster(nodes: int, gpus: int, speed: str) -> Cluster:
+    """Each arm's simulated cluster and how its clock moves, from --speed."""
+    if speed == "lockstep":
+        return Cluster(nodes, gpus, lockstep=True)
+    if speed == "max":
+        return Cluster(nodes, gpus, None, lockstep=False)
+    try:
+        pace = parse_speed(speed)
+    except ValueError as err:
+        raise ValueError(f"{err}, or 'lockstep' or 'max'") from None
+    return Cluster(nodes, gpus, pace, lockstep=False)

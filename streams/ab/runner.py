@@ -5,6 +5,11 @@ submission at its own simulated time, so all arms see the same arrivals however 
 clock jitters. Services are found in the service registry (the operator lives in
 handlers/, which streams/ does not import). An arm whose settings say ``brain: false`` runs
 without a brain: its jobs keep what they asked for (the static baseline).
+
+By default an arm with a brain runs in lockstep with it (schemas.lockstep): its simulated
+clock moves a tick at a time, each once its brain has decided it, so the arm's result
+depends on its input and settings alone, not on how fast the machine is. An arm without a
+brain needs no such wait and runs as fast as possible, which is deterministic already.
 """
 
 from __future__ import annotations
@@ -42,7 +47,12 @@ Progress = Callable[[str, int, int], None]  # (arm, finished jobs, expected jobs
 class Cluster:
     nodes: int = 16
     gpus_per_node: int = 4
-    speed: float | None = 200.0  # None: as fast as possible (for arms without a brain)
+    #: Out of lockstep: simulated seconds per wall second; None: as fast as possible
+    #: (for arms without a brain, which could not keep up).
+    speed: float | None = 200.0
+    #: Arms with a brain tick with it (speed then plays no part); arms without one run as
+    #: fast as possible.
+    lockstep: bool = True
 
 
 @dataclass
@@ -59,16 +69,33 @@ class ABTest:
     poll_s: float = 2.0
 
     def env_settings(self, arm: Arm) -> dict[str, Any]:
-        """The arm's settings, with its simulated cluster, which its brain also learns."""
+        """The arm's settings, with its simulated cluster, which its brain also learns.
+
+        Its operator and its brain are in lockstep both or neither: an operator waiting for
+        acknowledgements that no brain sends would wait forever, and a brain waiting for
+        barriers that no operator sends would never decide. An arm may opt out with
+        ``operator: {lockstep: false}``.
+        """
+        own = arm.settings.get("operator", {})
+        lockstep = _brain(arm) and bool(own.get("lockstep", self.cluster.lockstep))
+        if lockstep:
+            pace: dict[str, Any] = {}
+        elif self.cluster.speed is None or (self.cluster.lockstep and not _brain(arm)):
+            pace = {"fast": True}
+        else:
+            pace = {"speed": self.cluster.speed}
         brain = arm.settings.get("brain", {})
         if isinstance(brain, dict):
             gpus = self.cluster.nodes * self.cluster.gpus_per_node
-            brain = {"cluster_gpus": gpus, **brain}
+            brain = {"cluster_gpus": gpus, **{k: v for k, v in brain.items() if k != "lockstep"}}
+            if lockstep:
+                brain["lockstep"] = True
         operator = {
             "nodes": self.cluster.nodes,
             "gpus_per_node": self.cluster.gpus_per_node,
-            **({"fast": True} if self.cluster.speed is None else {"speed": self.cluster.speed}),
-            **arm.settings.get("operator", {}),
+            **pace,
+            **own,
+            "lockstep": lockstep,
         }
         return {**arm.settings, "brain": brain, "operator": operator}
 

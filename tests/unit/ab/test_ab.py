@@ -7,8 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dlrover_events.errors import UserError
-from streams.ab.arms import parse_arm, parse_arms
+from dlrover_events.settings import Settings
+from streams.ab.arms import Arm, parse_arm, parse_arms
+from streams.ab.cli import _cluster
 from streams.ab.report import ArmResult, compare, plot_png, render_html, table
+from streams.ab.runner import ABTest, Cluster
 
 
 def test_arm_with_settings_file(tmp_path: Path) -> None:
@@ -99,3 +102,47 @@ def test_html_report_has_numbers_and_plot() -> None:
     page = render_html(c, png, "workload-6")
     assert "3,195 s" in page and "goodput is better by 1000" in page
     assert "data:image/png;base64," in page
+
+
+def test_arms_with_a_brain_tick_with_it_and_arms_without_run_as_fast_as_possible() -> None:
+    test = ABTest(Settings(), "", [], cluster=Cluster(2, 4))
+    brained = test.env_settings(Arm("g", {"brain": {"job_config": {"optimizer": "goodput"}}}))
+    assert brained["operator"] == {"nodes": 2, "gpus_per_node": 4, "lockstep": True}
+    assert brained["brain"] == {
+        "cluster_gpus": 8,
+        "job_config": {"optimizer": "goodput"},
+        "lockstep": True,
+    }
+    static = test.env_settings(Arm("s", {"brain": False}))
+    assert static["brain"] is False
+    assert static["operator"] == {"nodes": 2, "gpus_per_node": 4, "fast": True, "lockstep": False}
+
+
+def test_an_arm_leaves_lockstep_whole_or_not_at_all() -> None:
+    test = ABTest(Settings(), "", [], cluster=Cluster(2, 4, speed=100.0))
+    arm = Arm("w", {"brain": {"lockstep": True}, "operator": {"lockstep": False}})
+    settings = test.env_settings(arm)
+    assert settings["operator"]["lockstep"] is False
+    assert settings["operator"]["speed"] == 100.0
+    assert "lockstep" not in settings["brain"], "its brain must not wait for barriers"
+
+
+@pytest.mark.parametrize(
+    ("speed", "cluster", "pace"),
+    [
+        ("lockstep", Cluster(1, 2, 200.0, lockstep=True), {"lockstep": True}),
+        ("50x", Cluster(1, 2, 50.0, lockstep=False), {"speed": 50.0, "lockstep": False}),
+        ("max", Cluster(1, 2, None, lockstep=False), {"fast": True, "lockstep": False}),
+    ],
+)
+def test_speed_says_how_the_arms_clocks_move(
+    speed: str, cluster: Cluster, pace: dict[str, object]
+) -> None:
+    assert _cluster(1, 2, speed) == cluster
+    brained = ABTest(Settings(), "", [], cluster=cluster).env_settings(Arm("b", {}))
+    assert brained["operator"] == {"nodes": 1, "gpus_per_node": 2, **pace}
+
+
+def test_an_unknown_speed_says_what_it_may_be() -> None:
+    with pytest.raises(ValueError, match="'lockstep' or 'max'"):
+        _cluster(1, 2, "fast")
