@@ -1,15 +1,20 @@
 """`dlrover-events brain --env E`: the brain as a faust-streaming app.
 
-The agent is a thin adapter: it takes batches of records (`noack_take`), hands them to the
-BrainProcessor (state, router, optimizers, planner), publishes the plans and dead letters
-and waits for the broker's acks. A checkpoint task writes the changed job states and the
-offsets they cover to Postgres every few seconds, and only then acks the batches to faust,
-which commits acked offsets. So the committed offset never gets ahead of a durable
-checkpoint, and a restart reads again, at worst, what the last checkpoint covers, which
-the processor skips by offset. The events after the checkpoint are decided again and give
-the same plan ids (derived from their cause), so a crash loses no plan and makes no new
-ones; a plan that was published before the crash may be published again with the same id,
-which the operator applies at most once.
+faust runs the group membership, rebalances, offsets and the producer; the records go
+from faust's fetcher straight to the BrainProcessor in the batches the broker returned.
+faust's own path from fetcher to agent (a Message, an Event, two tasks per record for its
+flow control, a queue and an ack each) cost more per record than deciding it, and capped
+the brain below the speed it must keep up with (`bench brain` shows both). The processor
+decides a batch, the plans and dead letters are published and acked by the broker, and
+only then is the next batch taken: backpressure reaches the fetcher.
+
+A checkpoint task writes the changed job states and the offsets they include to Postgres
+every few seconds, and only then commits those offsets to the group. So the committed
+offset never gets ahead of a durable checkpoint, and a restart reads again, at worst, what
+the last checkpoint covers, which the processor skips by offset. The events after the
+checkpoint are decided again and give the same plan ids (derived from their cause), so a
+crash loses no plan and makes no new ones; a plan that was published before the crash may
+be published again with the same id, which the operator applies at most once.
 
 Faust's worker normally owns the event loop; `Brain` starts the App as the mode.Service
 it is (`await app.start()`), so `up` runs it beside the other services in one loop.
@@ -23,7 +28,7 @@ import gc
 import logging
 import signal
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,6 +37,7 @@ import typer
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.sensors import Sensor
 from faust.transport.drivers import aiokafka as faust_kafka
+from faust.types import TP
 
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
@@ -72,9 +78,47 @@ class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
         return consumer
 
 
+RecordSink = Callable[[list[Any]], Awaitable[None]]
+
+
 class _Consumer(faust_kafka.Consumer):
     def _new_consumer_thread(self) -> Any:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _drain_messages(self, fetcher: Any) -> None:
+        """Hand each fetched batch to the app's record sink (aiokafka's ConsumerRecords,
+        partition by partition in offset order), waiting for it before fetching on."""
+        sink: RecordSink | None = getattr(self.app, "record_sink", None)
+        if sink is None:
+            await super()._drain_messages(fetcher)
+            return
+        consumer_stopped = self._stopped.is_set
+        fetcher_stopped = fetcher._stopped.is_set
+        read_offset = self._read_offset
+        try:
+            while not (consumer_stopped() or fetcher_stopped()):
+                records, active = await self._wait_next_records(1.0)
+                if not records or self.should_stop or not self.flow_active:
+                    await asyncio.sleep(0)
+                    continue
+                batch: list[Any] = []
+                for tp, items in records.items():
+                    if items and (active is None or tp in active):
+                        batch.extend(items)
+                        # faust's livelock detector reads this: the partition is moving
+                        read_offset[tp] = items[-1].offset
+                if batch:
+                    # a rebalance cancels the fetcher: the batch is still decided and its
+                    # plans published (the revocation waits for it), never half of it
+                    await asyncio.shield(sink(batch))
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
 
 
 class _Transport(faust_kafka.Transport):
@@ -86,6 +130,8 @@ class BrainApp(faust.App):
     without the sensor of its web view."""
 
     fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
+    #: where fetched records go, in batches; None: through faust's agents and streams
+    record_sink: RecordSink | None = None
     #: faust's Monitor sensor keeps per-event statistics for its web view, which the
     #: brain does not serve: four calls per event for nothing.
     monitored: bool = False
@@ -116,8 +162,8 @@ INPUTS = (JOB_METRICS, JOB_EVENTS, SCALE_RESULTS)
 class Brain:
     """One env's brain: a faust App, the processor and its checkpoints, in the caller's loop.
 
-    `take_within_s` bounds how long a record waits for its batch to fill: it is most of
-    the plan latency at low rates, and at high rates batches fill before it.
+    `batch_max` bounds the records of one fetch, and so how many records' plans wait for
+    the slowest of them (a crash test makes it small to crash mid-stream).
     """
 
     def __init__(
@@ -128,8 +174,7 @@ class Brain:
         *,
         policy: Policy | None = None,
         checkpoint_every_s: float = 2.0,
-        take_max: int | None = None,
-        take_within_s: float = 0.005,
+        batch_max: int | None = None,
         datadir: Path | None = None,
         freeze_gc: bool = True,
     ) -> None:
@@ -141,8 +186,6 @@ class Brain:
         #: without a policy given, the env's settings (`brain` in the registry) say
         self._policy_given = policy is not None
         self.checkpoint_every_s = checkpoint_every_s
-        self._take_max = take_max or settings.consumer_batch
-        self._take_within = take_within_s
         self._freeze_gc = freeze_gc
         self._dlq = topic(env, DLQ)
         self._inputs = [topic(env, name) for name in INPUTS]
@@ -178,16 +221,20 @@ class Brain:
             # checkpoint gives; the checkpoint on revocation takes care of them instead
             stream_wait_empty=False,
             processing_guarantee="at_least_once",
+            broker_max_poll_records=batch_max or settings.consumer_batch,
         )
         self.inputs = self.app.topic(*self._inputs, key_serializer="raw", value_serializer="raw")
-        self.app.agent(self.inputs, name=f"{self.group}.agent")(self._agent)
+        # subscribed without an agent: the fetched batches go to `_handle` (the sink)
+        self.app.topics.add(self.inputs)
+        self.app.record_sink = self._handle
         # mode types receivers narrowly; these take (sender, partitions, signal=...)
         self.app.on_partitions_revoked.connect(cast(Any, self._on_revoked))
         self.app.on_partitions_assigned.connect(cast(Any, self._on_assigned))
         self.ready = asyncio.Event()
         self._batch_lock = asyncio.Lock()
         self._checkpoint_lock = asyncio.Lock()
-        self._unacked: list[tuple[Any, Sequence[Any]]] = []
+        #: input offsets checkpointed but not yet committed to the group
+        self._to_commit: dict[TP, int] = {}
         self._store: BrainStore | None = None
         self._checkpointer: asyncio.Task[None] | None = None
         self._stopping = False
@@ -220,9 +267,8 @@ class Brain:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checkpointer
         try:
-            if self._store is not None and await self._checkpoint_held(stopping=True):
-                with contextlib.suppress(Exception):  # the next start skips by offset
-                    await self.app.consumer.commit()
+            if self._store is not None:
+                await self._checkpoint_held(stopping=True)
             self._stopping = True
             await self.app.stop()
         finally:
@@ -243,24 +289,22 @@ class Brain:
         if self.app.crash_reason is not None:
             raise RuntimeError(f"brain of {self.env} crashed: {self.app.crash_reason!r}")
 
-    # -- the agent ----------------------------------------------------------------------
+    # -- records in, plans out ----------------------------------------------------------
 
-    async def _agent(self, stream: Any) -> None:
-        async for events in stream.noack_take(self._take_max, within=self._take_within):
-            await self._handle(stream, events)
-
-    async def _handle(self, stream: Any, events: Sequence[Any]) -> None:
+    async def _handle(self, records: list[Any]) -> None:
+        """One fetched batch: decided, and its plans acked by the broker, before the
+        fetcher hands over the next."""
         async with self._batch_lock:
             if self._stopping:
-                return  # left unacked: the next start reads them again
+                return  # not checkpointed: the next start reads them again
             assigned = self.app.consumer.assignment()
-            messages = [e.message for e in events if e.message.tp in assigned]
-            new = {m.partition for m in messages} - self.processor.loaded
+            # a batch fetched before a rebalance may hold partitions no longer ours
+            mine = [r for r in records if (r.topic, r.partition) in assigned]
+            new = {r.partition for r in mine} - self.processor.loaded
             if new:
                 await self._load(new)
-            out = self.processor.process(messages)
+            out = self.processor.process(mine)
             await self._publish(out)
-            self._unacked.append((stream, events))
 
     async def _load(self, partitions: set[int]) -> None:
         """Resume partitions from their checkpoint, and learn which plans were published
@@ -343,8 +387,8 @@ class Brain:
         """Write what changed, then ack the batches it covers (faust commits them)."""
         async with self._checkpoint_lock:
             async with self._batch_lock:
-                snap, acks = self._snapshot()
-            await self._save(snap, acks)
+                snap = self._snapshot()
+            await self._save(snap)
 
     async def _checkpoint_held(
         self, *, stopping: bool = False, drop: set[int] | None = None
@@ -355,44 +399,56 @@ class Brain:
         async with self._checkpoint_lock, self._batch_lock:  # same order as checkpoint()
             if stopping:
                 self._stopping = True  # batches taken from now on are left unacked
-            snap, acks = self._snapshot()
+            snap = self._snapshot()
             try:
-                await self._save(snap, acks)
+                # no commit while partitions are revoked: faust's consumer thread waits
+                # for this handler, and a commit would wait for that thread
+                await self._save(snap, commit=drop is None)
                 ok = True
             except Exception:
                 log.exception("checkpoint of the brain of %s failed", self.env)
                 ok = False
             if drop:
                 self.processor.drop(drop)
-                if not ok:
-                    self._unacked = []  # their partitions are read again from the commit
+                # their next owner resumes from the checkpoint, whatever was committed
+                self._to_commit = {tp: o for tp, o in self._to_commit.items() if tp[1] not in drop}
             return ok
 
-    def _snapshot(self) -> tuple[Snapshot, list[tuple[Any, Sequence[Any]]]]:
+    def _snapshot(self) -> Snapshot:
         snap = self.processor.snapshot()
         if snap.offsets:
             snap.offsets.update(self._produced)  # outputs: where a restart looks for plans
-        acks, self._unacked = self._unacked, []
-        return snap, acks
+        return snap
 
-    async def _save(self, snap: Snapshot, acks: list[tuple[Any, Sequence[Any]]]) -> None:
+    async def _save(self, snap: Snapshot, *, commit: bool = True) -> None:
         assert self._store is not None
         try:
             if snap:
                 await self._store.save(snap)
         except BaseException:
             self.processor.restore(snap)
-            self._unacked = [*acks, *self._unacked]
             raise
         self.checkpoints += 1
-        acked = 0
-        for stream, events in acks:
-            for event in events:
-                await stream.ack(event)
-            acked += len(events)
-            if acked >= 512:  # seconds of events: let the stream go on between them
-                acked = 0
-                await asyncio.sleep(0)
+        inputs = set(self._inputs)
+        self._to_commit.update(
+            (TP(name, part), offset)
+            for (name, part), offset in snap.offsets.items()
+            if name in inputs
+        )
+        if commit:
+            await self._commit()
+
+    async def _commit(self) -> None:
+        """Commit what is checkpointed. A commit that fails is retried with the next
+        checkpoint; until then a restart reads a little more and skips it by offset."""
+        if not self._to_commit:
+            return
+        todo, self._to_commit = self._to_commit, {}
+        try:
+            await cast(Any, self.app.consumer)._commit_offsets(todo)
+        except Exception:
+            log.warning("committing the brain's offsets of %s failed; retrying", self.env)
+            self._to_commit = {**todo, **self._to_commit}
 
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """Hand partitions over checkpointed, so their next owner resumes where we stop."""

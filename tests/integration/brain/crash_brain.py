@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from dlrover_events.settings import Settings
@@ -21,8 +20,8 @@ class PausingBrain(Brain):
         self.pause_at = pause_at
         self.checkpointed = False
 
-    async def _handle(self, stream: Any, events: Sequence[Any]) -> None:
-        await super()._handle(stream, events)
+    async def _handle(self, records: list[Any]) -> None:
+        await super()._handle(records)
         done = self.processor.counters.processed
         if not self.checkpointed and done >= self.checkpoint_at:
             await self.checkpoint()
@@ -44,7 +43,7 @@ async def main(bootstrap: str, dsn: str, env: str, checkpoint_at: int, pause_at:
         checkpoint_at=checkpoint_at,
         pause_at=pause_at,
         checkpoint_every_s=3600,  # only the one above: what follows it is lost in the crash
-        take_max=10,
+        batch_max=10,
     )
     await brain.start()
     await asyncio.Event().wait()
