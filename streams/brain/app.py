@@ -39,6 +39,7 @@ from faust.sensors import Sensor
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
+from dlrover_events.bus import Producer
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
@@ -195,6 +196,8 @@ class Brain:
         #: plan ids found on the outputs after the checkpoint we resumed from
         self._published: set[str] = set()
         self.republish_skipped = 0
+        #: partitions of the topics published to every partition of (lockstep acks)
+        self._partitions: dict[str, list[int]] = {}
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if datadir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="dlrover-brain-")
@@ -300,6 +303,8 @@ class Brain:
             assigned = self.app.consumer.assignment()
             # a batch fetched before a rebalance may hold partitions no longer ours
             mine = [r for r in records if (r.topic, r.partition) in assigned]
+            # lockstep: a tick is whole once every one of these has its barrier
+            self.processor.inputs = {(tp.topic, tp.partition) for tp in assigned}
             new = {r.partition for r in mine} - self.processor.loaded
             if new:
                 await self._load(new)
@@ -324,7 +329,7 @@ class Brain:
 
     async def _publish(self, out: Output) -> None:
         """Plans and dead letters, acked by the broker before the batch counts as done."""
-        if not (out.plans or out.letters):
+        if not (out.plans or out.letters or out.acks):
             return
         todo: list[tuple[str, bytes | None, bytes, bool]] = []
         for plan in out.plans:
@@ -358,6 +363,10 @@ class Brain:
                 log.warning("publishing %d records failed (attempt %d)", len(failed), attempt)
                 await asyncio.sleep(min(0.1 * attempt, 5.0))
             todo = failed
+        for ack in out.acks:
+            # after the tick's plans, on every partition: whoever reads any of them has
+            # read that partition's plans of the tick when it meets the ack
+            await self._to_every_partition(topic(self.env, SCALE_PLANS), encode(ack))
         for letter in out.letters:
             log.warning(
                 "dead-lettered %s[%d]@%d: %s",
@@ -367,9 +376,27 @@ class Brain:
                 letter.error,
             )
 
-    async def _send(self, name: str, key: bytes | None, value: bytes) -> Any:
-        future = await self.app.producer.send(name, key, value, None, None, None)
+    async def _send(
+        self, name: str, key: bytes | None, value: bytes, partition: int | None = None
+    ) -> Any:
+        future = await self.app.producer.send(name, key, value, partition, None, None)
         return await future
+
+    async def _to_every_partition(self, name: str, value: bytes) -> None:
+        if name not in self._partitions:
+            async with Producer(self.settings) as producer:  # once: topics keep their count
+                self._partitions[name] = await producer.partitions(name)
+        for attempt in range(1, 1_000_000):
+            try:
+                await asyncio.gather(
+                    *(self._send(name, None, value, p) for p in self._partitions[name])
+                )
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("publishing a tick's ack failed (attempt %d)", attempt)
+                await asyncio.sleep(min(0.1 * attempt, 5.0))
 
     # -- checkpoints --------------------------------------------------------------------
 

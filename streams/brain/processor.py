@@ -13,7 +13,9 @@ processor moves on.
 
 from __future__ import annotations
 
+import heapq
 import logging
+import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from schemas.dlq import DeadLetter, FailureKind
 from schemas.envelope import Event
 from schemas.events import AnyEvent
 from schemas.jobs import JobEvent
+from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
 from streams.brain.state import JobState, JobStatus, gpus_claimed
@@ -74,6 +77,8 @@ class Output:
 
     plans: list[OptimizePlan | ScalePlan] = field(default_factory=list)
     letters: list[DeadLetter] = field(default_factory=list)
+    #: lockstep: ticks decided whole, to acknowledge after the plans
+    acks: list[BarrierAck] = field(default_factory=list)
 
 
 @dataclass
@@ -86,6 +91,15 @@ class Counters:
     optimize_plans: int = 0
     scale_plans: int = 0
     errors: int = 0
+    ticks: int = 0
+
+
+_ACK_NAMESPACE = uuid.UUID("4f1c8d2e-9a7b-4e3f-8c6d-1b2a3c4d5e6f")
+
+
+def _merge_key(item: tuple[InputRecord, Event | None, int]) -> tuple[float, int]:
+    _, event, rank = item
+    return (event.occurred_at.timestamp() if event is not None else float("-inf"), rank)
 
 
 class BrainProcessor:
@@ -109,6 +123,12 @@ class BrainProcessor:
         #: GPUs each job of this instance holds or waits for, and their sum (free GPUs)
         self._held: dict[str, int] = {}
         self._held_total = 0
+        #: lockstep: the input partitions a tick's barrier must come from, the records
+        #: read but waiting for their tick (decoded), and the barriers among them
+        self.inputs: set[tuple[str, int]] = set()
+        self._waiting: dict[tuple[str, int], deque[tuple[InputRecord, Event | None]]] = {}
+        self._barriers: dict[tuple[str, int], int] = {}
+        self._read_to: dict[tuple[str, int], int] = {}
 
     # -- partitions ---------------------------------------------------------------------
 
@@ -134,33 +154,113 @@ class BrainProcessor:
         for tp in [tp for tp in self.offsets if tp[1] in gone]:
             del self.offsets[tp]
             self._changed_offsets.discard(tp)
+        for held in (self._waiting, self._barriers, self._read_to):
+            for tp in [tp for tp in held if tp[1] in gone]:
+                del held[tp]
+        self.inputs = {tp for tp in self.inputs if tp[1] not in gone}
         self.loaded -= gone
 
     # -- records ------------------------------------------------------------------------
 
     def process(self, records: Iterable[InputRecord]) -> Output:
         out = Output()
-        for record in records:
-            tp = (record.topic, record.partition)
-            if record.offset < self.offsets.get(tp, 0):
-                self.counters.skipped += 1  # already in the states (replay after restart)
-                continue
-            self._one(record, out)
-            self.offsets[tp] = record.offset + 1
-            self._changed_offsets.add(tp)
+        if self.policy.lockstep:
+            self._wait_for_ticks(records, out)
+        else:
+            for record in records:
+                tp = (record.topic, record.partition)
+                if record.offset < self.offsets.get(tp, 0):
+                    self.counters.skipped += 1  # already in the states (replay after restart)
+                    continue
+                event = self._decode(record, out)
+                if event is not None:
+                    self._one(record, event, out)
+                self.offsets[tp] = record.offset + 1
+                self._changed_offsets.add(tp)
         self.counters.dead_lettered += len(out.letters)
         return out
 
-    def _one(self, record: InputRecord, out: Output) -> None:
+    # -- lockstep -----------------------------------------------------------------------
+
+    def _wait_for_ticks(self, records: Iterable[InputRecord], out: Output) -> None:
+        """Hold records until their tick's barrier is in on every input partition, then
+        decide the tick. The offsets move only with what is decided, so a checkpoint
+        never covers a held record and a restart reads it again."""
+        for record in records:
+            tp = (record.topic, record.partition)
+            if record.offset < max(self.offsets.get(tp, 0), self._read_to.get(tp, 0)):
+                self.counters.skipped += 1  # decided, or held already (read again)
+                continue
+            self._read_to[tp] = record.offset + 1
+            event = self._decode(record, out)  # a dead letter is filed now; order is moot
+            self._waiting.setdefault(tp, deque()).append((record, event))
+            if isinstance(event, Barrier):
+                self._barriers[tp] = self._barriers.get(tp, 0) + 1
+        while self.inputs and all(self._barriers.get(tp, 0) for tp in self.inputs):
+            self._decide_tick(out)
+
+    def _decide_tick(self, out: Output) -> None:
+        """Decide the records before the lowest barrier of every input partition, merged in
+        an order that depends on what the partitions hold, not on when it arrived: each
+        partition's order is kept, and they interleave by event time, then topic, then
+        partition number."""
+        fronts: dict[tuple[str, int], int] = {}
+        for tp in self.inputs:
+            for _, event in self._waiting[tp]:
+                if isinstance(event, Barrier):
+                    fronts[tp] = event.tick
+                    break
+        tick = min(fronts.values())
+        # a partition whose next barrier is a later tick has nothing of this one
+        runs = []
+        for rank, tp in enumerate(sorted(tp for tp, t in fronts.items() if t == tick)):
+            queue = self._waiting[tp]
+            run = []
+            while True:
+                record, event = queue.popleft()
+                if isinstance(event, Barrier):
+                    self._barriers[tp] -= 1
+                    self.offsets[tp] = record.offset + 1
+                    self._changed_offsets.add(tp)
+                    last = event
+                    break
+                run.append((record, event, rank))
+            runs.append(run)
+        for record, event, _ in heapq.merge(*runs, key=_merge_key):
+            if event is not None:
+                self._one(record, event, out)
+            tp = (record.topic, record.partition)
+            self.offsets[tp] = max(self.offsets.get(tp, 0), record.offset + 1)
+            self._changed_offsets.add(tp)
+        self.counters.ticks += 1
+        out.acks.append(
+            BarrierAck(
+                env=self.env,
+                # one answer per tick and brain: a brain that decides it again says the same
+                event_id=uuid.uuid5(_ACK_NAMESPACE, f"{self.group}/{tick}"),
+                occurred_at=last.sim_at,
+                source=self.group,
+                tick=tick,
+                sim_at=last.sim_at,
+            )
+        )
+
+    # -- one record ---------------------------------------------------------------------
+
+    def _decode(self, record: InputRecord, out: Output) -> Event | None:
+        """The record's event, or None with a dead letter saying why there is none."""
         try:
             event = decode_event(record.value)
         except CodecError as err:
             out.letters.append(self._letter(record, err.kind, err.message))
-            return
+            return None
         if event.env != self.env:
             msg = f"event of env {event.env!r} on topic {record.topic!r} of env {self.env!r}"
             out.letters.append(self._letter(record, FailureKind.WRONG_ENV, msg))
-            return
+            return None
+        return event
+
+    def _one(self, record: InputRecord, event: Event, out: Output) -> None:
         if not isinstance(event, JobEvent):
             self.counters.ignored += 1
             return

@@ -59,6 +59,10 @@ class Policy:
     #: GPUs of the cluster, if known: free GPUs = these - what jobs hold or wait for, so
     #: the goodput optimizer never plans a job into GPUs another job holds or needs.
     cluster_gpus: int | None = None
+    #: Decide a virtual env's simulated ticks whole (schemas.lockstep): records wait for
+    #: the tick's barrier on every input partition, so what a tick's decisions saw does
+    #: not depend on how the partitions' records arrived.
+    lockstep: bool = False
 
     @classmethod
     def from_settings(cls, raw: Any) -> Policy:
@@ -81,6 +85,7 @@ class Policy:
             limits=limits,
             job_config=dict(parsed.job_config),
             cluster_gpus=parsed.cluster_gpus,
+            lockstep=parsed.lockstep,
         )
 
 
@@ -102,6 +107,9 @@ class BrainSettings(Model):
     job_config: dict[str, Any] = Field(default_factory=dict)
     cluster_gpus: int | None = Field(
         default=None, ge=0, description="the cluster's GPUs: goodput grows only into free ones"
+    )
+    lockstep: bool = Field(
+        default=False, description="decide whole ticks of a virtual env's simulated clock"
     )
 
 

@@ -88,7 +88,6 @@ async def test_the_arms_envs_are_deleted_after_the_run(
     assert not {f"ab-{test.run_id}-x", f"ab-{test.run_id}-y"} & names
 
 
-@pytest.mark.xfail(strict=True, reason="brain lockstep not landed")
 async def test_two_arms_with_the_same_brain_settings_give_the_same_result(
     settings: Settings, pg_dsn: str, tmp_path: Path
 ) -> None:
