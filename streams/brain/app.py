@@ -60,6 +60,7 @@ from dlrover_events.topics import (
 from schemas.codec import CodecError, decode, encode
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import BrainStore, Offsets, Snapshot
+from streams.brain.configs import ConfigFollower
 from streams.brain.processor import BrainProcessor, Output
 from streams.brain.triggers import Policy
 
@@ -99,9 +100,12 @@ class _Consumer(faust_kafka.Consumer):
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 records, active = await self._wait_next_records(1.0)
-                if not records or self.should_stop or not self.flow_active:
+                if not records:
                     await asyncio.sleep(0)
                     continue
+                # Even with a rebalance begun: the fetcher's position has moved past
+                # these, so a batch dropped here would be lost until the next seek. The
+                # sink keeps what is still ours and skips by offset what it has decided.
                 batch: list[Any] = []
                 for tp, items in records.items():
                     if items and (active is None or tp in active):
@@ -156,6 +160,9 @@ class _RebalanceSensor(Sensor):
         return {"brain": True}
 
 
+#: How long a starting brain waits for the env's config documents.
+CONFIGS_WAIT_S = 30.0
+
 #: The brain reads what jobs and the operator say; scale results update a job's resources.
 INPUTS = (JOB_METRICS, JOB_EVENTS, SCALE_RESULTS)
 
@@ -183,7 +190,9 @@ class Brain:
         self.env = env
         self.group = f"{env}.{GROUP}"
         self.pg_dsn = pg_dsn
-        self.processor = BrainProcessor(env, self.group, policy)
+        #: the env's config documents: a job's config may name its optimizer there
+        self.configs = ConfigFollower(settings, env)
+        self.processor = BrainProcessor(env, self.group, policy, configs=self.configs.index)
         #: without a policy given, the env's settings (`brain` in the registry) say
         self._policy_given = policy is not None
         self.checkpoint_every_s = checkpoint_every_s
@@ -253,9 +262,21 @@ class Brain:
                 self.processor.policy = Policy.from_settings(raw)
             except ValueError as exc:
                 raise UserError(f"env {self.env!r}: {exc}") from None
-        env_store = await EnvStore.open(self.pg_dsn, self.env, max_size=4)
-        self._store = BrainStore(env_store)
-        await self.app.start()
+        await self.configs.start()
+        try:
+            # decide with the documents that exist, not with none while they load
+            await self.configs.caught_up(CONFIGS_WAIT_S)
+            env_store = await EnvStore.open(self.pg_dsn, self.env, max_size=4)
+            self._store = BrainStore(env_store)
+            await self.app.start()
+        except BaseException as exc:
+            await self.configs.stop()
+            if isinstance(exc, TimeoutError) and self._store is None:
+                raise UserError(
+                    f"env {self.env!r}: its config documents were not read within "
+                    f"{CONFIGS_WAIT_S:g} s; is the broker up?"
+                ) from None
+            raise
         if self._freeze_gc:
             # Over half a million objects of imported modules live as long as the
             # process, and every full collection walked them all: pauses of up to 0.8 s
@@ -277,6 +298,7 @@ class Brain:
         finally:
             if self._store is not None:
                 await self._store.store.close()
+            await self.configs.stop()
             if self._tmp is not None:
                 self._tmp.cleanup()
 
@@ -305,7 +327,9 @@ class Brain:
             mine = [r for r in records if (r.topic, r.partition) in assigned]
             # lockstep: a tick is whole once every one of these has its barrier
             self.processor.inputs = {(tp.topic, tp.partition) for tp in assigned}
-            new = {r.partition for r in mine} - self.processor.loaded
+            # every assigned partition's jobs, not only those of this batch: the free
+            # GPUs count what all of them hold
+            new = {p for _, p in self.processor.inputs} - self.processor.loaded
             if new:
                 await self._load(new)
             out = self.processor.process(mine)

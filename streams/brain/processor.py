@@ -32,6 +32,7 @@ from schemas.jobs import JobEvent
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
+from streams.brain.configs import ConfigIndex
 from streams.brain.state import JobState, JobStatus, gpus_claimed
 from streams.brain.triggers import Policy, step
 
@@ -103,8 +104,16 @@ def _merge_key(item: tuple[InputRecord, Event | None, int]) -> tuple[float, int]
 
 
 class BrainProcessor:
-    def __init__(self, env: str, group: str, policy: Policy | None = None) -> None:
+    def __init__(
+        self,
+        env: str,
+        group: str,
+        policy: Policy | None = None,
+        configs: ConfigIndex | None = None,
+    ) -> None:
         self.env = env
+        #: the config service's documents, for the router (none: the job's own config)
+        self.configs = configs
         self.group = group
         self.policy = policy or Policy()
         self.states: dict[str, JobState] = {}
@@ -268,7 +277,12 @@ class BrainProcessor:
         state = self.states.get(job_uuid)
         try:
             outcome = step(
-                state, event, self.policy, self._history_for(state, event), self.free_gpus()
+                state,
+                event,
+                self.policy,
+                self._history_for(state, event),
+                self.free_gpus(),
+                None if self.configs is None else self.configs.config_for,
             )
         except Exception as err:  # a bug for one job must not stop the brain for all
             log.exception(

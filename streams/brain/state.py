@@ -267,7 +267,7 @@ def _empty_state(event: JobEvent) -> JobState:
     return JobState(env=event.env, job=event.job)
 
 
-def _config_fields(config: dict[str, Any]) -> dict[str, Any]:
+def config_fields(config: dict[str, Any]) -> dict[str, Any]:
     """Typed fields the brain reads from a job's config; bad values are reported in
     `config_errors` rather than failing the whole job's state."""
     update: dict[str, Any] = {}
@@ -311,7 +311,7 @@ def _fold_submitted(state: JobState, event: JobSubmitted) -> JobState:
         "roles": roles,
         "submitted_at": event.occurred_at,
     }
-    update.update(_config_fields(event.config))
+    update.update(config_fields(event.config))
     return state.model_copy(update=update)
 
 
@@ -460,7 +460,7 @@ def _fold_request(state: JobState, event: OptimizeRequest) -> JobState:
     update: dict[str, Any] = {"config": config}
     if event.stage != state.stage:
         update.update(stage=event.stage, stage_samples=0)
-    update.update(_config_fields(config))
+    update.update(config_fields(config))
     return state.model_copy(update=update)
 
 

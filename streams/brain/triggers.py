@@ -14,15 +14,16 @@ event and the state, never of the clock or of how events were batched.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import Field, ValidationError
 
 from schemas.envelope import Event, Model
-from schemas.jobs import JobEvent, JobSubmitted, NodeOOM, RuntimeSample
+from schemas.jobs import JobEvent, JobMeta, JobSubmitted, NodeOOM, RuntimeSample
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
+from streams.brain.configs import effective_config
 from streams.brain.core import Decision, NoDecision, decide
 from streams.brain.optimizers import REGISTRY, Registry
 from streams.brain.planner import Limits
@@ -31,6 +32,7 @@ from streams.brain.state import (
     JobState,
     JobStatus,
     Stage,
+    config_fields,
     fold,
     normalize_stage,
     record_decision,
@@ -183,10 +185,14 @@ def step(
     policy: Policy,
     history: Sequence[JobState] = (),
     free_gpus: int | None = None,
+    service: Callable[[JobMeta], Mapping[str, Any]] | None = None,
 ) -> Outcome | None:
     """Fold one event of a job and decide if it calls for it; None for events that say
     nothing about a job. Decisions are made as of the event's own time, so a replay
-    (restart, virtual env at any speed-up) sees the same cooldowns."""
+    (restart, virtual env at any speed-up) sees the same cooldowns.
+
+    `service` gives the config service's documents for a job; asked only when deciding.
+    """
     if not isinstance(event, JobEvent):
         return None
     after = fold(state, event)
@@ -196,8 +202,10 @@ def step(
         return Outcome(after)
     now = event.occurred_at
     seen = after
-    if policy.job_config:  # decided with the env's defaults, kept without them
-        seen = after.model_copy(update={"config": {**policy.job_config, **after.config}})
+    found = service(after.job) if service is not None else {}
+    if policy.job_config or found:  # decided with them, kept without them
+        config = effective_config(policy.job_config, found, after.config)
+        seen = after.model_copy(update={"config": config, **config_fields(config)})
     result = decide(
         seen,
         now,

@@ -11,6 +11,7 @@ from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.topics import BRAIN_PLANS, DLQ, JOB_EVENTS, SCALE_PLANS, topic
 from schemas import decode
+from schemas.config import ConfigChange, ConfigDocument
 from schemas.dlq import DeadLetter, FailureKind
 from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import OptimizePlan, ScalePlan
@@ -144,3 +145,41 @@ async def test_restarted_brain_resumes_from_its_checkpoint(
         if isinstance(p, OptimizePlan) and p.optimizer == "host-oom"
     ]
     assert [p.caused_by for p in plans] == [str(first.event_id), str(second.event_id)]
+
+
+async def test_the_config_service_names_a_jobs_optimizer(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    """A document for alice's jobs names an optimizer the brain does not know: her job's
+    decisions fail with that name (so the router read the document), bob's do not."""
+    env = (await make_env()).name
+    doc = ConfigDocument(
+        name="alice", include={"user": "alice"}, configure={"optimizer": "no-such-optimizer"}
+    )
+    alice, bob = JobMeta(uuid="job-alice", user="alice"), JobMeta(uuid="job-bob", user="bob")
+    events = [
+        e
+        for job in (alice, bob)
+        for e in (submitted(env, job, workers=2), JobStarted(env=env, job=job))
+    ]
+    async with Producer(settings) as producer:
+        await producer.publish(
+            ConfigChange(env=env, op="upsert", name="alice", version=1, document=doc)
+        )
+        await producer.publish_many(events)
+
+    brain = Brain(settings, env, pg_dsn)
+    await brain.start()
+    try:
+        await wait_for(lambda: handled(brain) >= len(events), what="the brain")
+    finally:
+        await brain.stop()
+
+    letters = [decode(r.value) for r in await read_topic(settings, topic(env, DLQ))]
+    assert [letter.key for letter in letters] == ["job-alice"]
+    assert isinstance(letters[0], DeadLetter)
+    assert letters[0].error.startswith(
+        "brain: unknown_optimizer: unknown optimizer 'no-such-optimizer'; known: goodput"
+    )
+    # both were decided on: bob's without an error
+    assert brain.processor.counters.decisions >= 4 and brain.processor.counters.errors >= 1

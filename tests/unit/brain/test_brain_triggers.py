@@ -173,3 +173,30 @@ def test_the_env_default_optimizer_yields_to_the_jobs_own() -> None:
     )
     outcome = run([own], Policy(job_config={"optimizer": "no-such", "x": 1}))[0]
     assert outcome.error is None  # the job's own (empty: the stage's route) wins
+
+
+def test_the_config_service_sits_between_the_env_default_and_the_jobs_own() -> None:
+    asked: list[JobMeta] = []
+
+    def service(job: JobMeta) -> dict[str, object]:
+        asked.append(job)
+        return {"optimizer": "from-service"}
+
+    policy = Policy(job_config={"optimizer": "from-env"})
+    outcome = step(None, submitted(), policy, service=service)
+    assert outcome is not None and outcome.error is not None
+    assert "'from-service'" in outcome.error.message  # the service over the env default
+    assert asked == [JOB] and outcome.state.config == {}  # asked when deciding, not stored
+
+    role = RoleSpec(replicas=2, cpu=8, memory=16 * GiB)
+    own = JobSubmitted(
+        env=ENV, job=JOB, occurred_at=T0, roles={"worker": role}, config={"optimizer": ""}
+    )
+    outcome = step(None, own, policy, service=service)
+    assert outcome is not None and outcome.error is None  # the job's own over the service
+    quiet = Policy(job_config={"optimizer": "from-env"}, sample_every=5)
+    outcome = step(outcome.state, sample(0), quiet, service=service)  # a new stage: decides
+    assert outcome is not None and outcome.trigger is not None and len(asked) == 3
+    outcome = step(outcome.state, sample(1), quiet, service=service)
+    assert outcome is not None and outcome.trigger is None
+    assert len(asked) == 3  # a sample that decides nothing asks nothing
