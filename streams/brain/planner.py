@@ -78,8 +78,11 @@ def plan_event_id(plan: str) -> uuid.UUID:
     return uuid.uuid5(PLAN_NAMESPACE, f"event/{plan}")
 
 
+_ZERO = NodeResource()
+
+
 def _is_zero(res: NodeResource) -> bool:
-    return res == NodeResource()
+    return res == _ZERO
 
 
 def _resource_of(role: RoleResources | NodeState) -> NodeResource:

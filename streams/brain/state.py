@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 from pydantic import Field, TypeAdapter, ValidationError
 
@@ -41,6 +41,8 @@ from schemas.jobs import (
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan, ScaleResult, ScaleStatus
 
 GiB = 1024**3
+
+T = TypeVar("T")
 
 #: DLRover keeps this many runtime samples per job (one about every 15 s).
 MAX_SAMPLES = 60
@@ -151,6 +153,37 @@ class OOMRecord(Model):
     handled: bool = False
 
 
+_NO_NODES: list[NodeUsage] = []
+
+#: What optimizers derive from a sample, made once per sample: they read all 60 samples
+#: of a job at every decision, and a sample never changes. Keyed by the sample's id with
+#: the sample held, so an id is not reused while in here; kept outside the model, whose
+#: equality would otherwise see it.
+_MEMO: dict[tuple[int, str], tuple[Sample, Any]] = {}
+MEMO_LIMIT = 200_000
+
+
+def sample_memo(sample: Sample, name: str, compute: Callable[[Sample], T]) -> T:
+    """`compute(sample)`, once per sample and `name` (which must say all `compute`
+    depends on besides the sample)."""
+    key = (id(sample), name)
+    found = _MEMO.get(key)
+    if found is not None:
+        return cast(T, found[1])
+    value = compute(sample)
+    if len(_MEMO) >= MEMO_LIMIT:
+        _MEMO.clear()  # jobs come and go; a miss costs microseconds
+    _MEMO[key] = (sample, value)
+    return value
+
+
+def _group_by_role(sample: Sample) -> dict[str, list[NodeUsage]]:
+    by_role: dict[str, list[NodeUsage]] = {}
+    for n in sample.nodes:
+        by_role.setdefault(n.type, []).append(n)
+    return by_role
+
+
 class Sample(Model):
     """A runtime sample without its envelope: what optimizers read."""
 
@@ -165,10 +198,11 @@ class Sample(Model):
     nodes: list[NodeUsage] = Field(default_factory=list)
 
     def usage(self, role: str) -> list[NodeUsage]:
-        return [n for n in self.nodes if n.type == role]
+        """The role's nodes (shared: read, never change, the list)."""
+        return sample_memo(self, "by-role", _group_by_role).get(role, _NO_NODES)
 
     def count(self, role: str) -> int:
-        return sum(1 for n in self.nodes if n.type == role)
+        return len(self.usage(role))
 
 
 class RoleResources(Model):

@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from pydantic import Field
 
@@ -30,6 +32,7 @@ from streams.brain.state import (
     median,
     node_key,
     parse_node_key,
+    sample_memo,
 )
 
 # -- goodput --------------------------------------------------------------------------
@@ -92,30 +95,55 @@ def _local_batch(state: JobState, sample: Sample, replicas: int) -> int:
     return 1  # unknown: throughput is then counted in replica-steps, which still ranks n
 
 
+def _step_time(role: str) -> Callable[[Sample], tuple[int, float] | None]:
+    """A sample's replicas of `role` and its step time: the median of theirs, else the
+    sample's own speed; None when it says neither."""
+
+    def compute(sample: Sample) -> tuple[int, float] | None:
+        usages = sample.usage(role)
+        if not usages:
+            return None
+        times = [u.step_time for u in usages if u.step_time is not None and u.step_time > 0]
+        if times:
+            return len(usages), median(times)
+        if sample.speed > 0:
+            return len(usages), 1 / sample.speed
+        return None
+
+    return compute
+
+
+def _observe(
+    sample: Sample, known: tuple[int, float], per_gpu: int, local_batch: int
+) -> StepObservation:
+    replicas, step_time = known
+    return StepObservation(
+        replicas=replicas,
+        gpus=replicas * per_gpu,
+        local_batch=local_batch,
+        accumulation=sample.accumulation_steps,
+        step_time=step_time,
+    )
+
+
 def observations(state: JobState, role: str) -> list[StepObservation]:
     per_gpu = _gpus_per_replica(state, role)
     found = []
+    compute = _step_time(role)
+    step_key, obs_key = f"step-time/{role}", f"observation/{role}/{per_gpu}"
     for sample in state.samples:
-        usages = sample.usage(role)
-        replicas = len(usages)
-        if replicas == 0:
+        known = sample_memo(sample, step_key, compute)
+        if known is None:
             continue
-        times = [u.step_time for u in usages if u.step_time is not None and u.step_time > 0]
-        if times:
-            step_time = median(times)
-        elif sample.speed > 0:
-            step_time = 1 / sample.speed
-        else:
-            continue
-        found.append(
-            StepObservation(
-                replicas=replicas,
-                gpus=replicas * per_gpu,
-                local_batch=_local_batch(state, sample, replicas),
-                accumulation=sample.accumulation_steps,
-                step_time=step_time,
+        own = sample.local_batch_size
+        if own is not None:  # then its observation depends on nothing but the sample
+            observe: Callable[[Sample], StepObservation] = partial(
+                _observe, known=known, per_gpu=per_gpu, local_batch=own
             )
-        )
+            found.append(sample_memo(sample, obs_key, observe))
+        else:
+            local_batch = _local_batch(state, sample, known[0])
+            found.append(_observe(sample, known, per_gpu, local_batch))
     return found
 
 
@@ -357,7 +385,13 @@ def find_stragglers(state: JobState, p: StragglerParams) -> dict[str, float]:
     Requiring every sample keeps a node that was just replaced (fast now) from being
     replaced again on the strength of its old samples.
     """
-    window = [s for s in state.samples if s.usage(p.role)][-p.window :]
+    window: list[Sample] = []
+    for s in reversed(state.samples):  # the last `window` samples with the role
+        if s.usage(p.role):
+            window.append(s)
+            if len(window) == p.window:
+                break
+    window.reverse()
     if len(window) < p.window:
         return {}
     common: dict[str, float] | None = None
