@@ -377,9 +377,10 @@ def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
     """The hottest fold (every sample of every job): it sets `last_event_id` itself so the
     state is copied once, and rebuilds a node's peak only when it rises."""
     event_id = str(event.event_id)
-    if event_id in map(_EVENT_ID, state.samples):
+    if event_id in map(_EVENT_ID, state.samples):  # read again: a retry, a replay
         return state.model_copy(update={"last_event_id": event_id})
-    sample = Sample(
+    # the event is validated: its values need no second pass
+    sample = Sample.model_construct(
         event_id=event_id,
         at=event.occurred_at,
         global_step=event.global_step,
