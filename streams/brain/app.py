@@ -28,6 +28,7 @@ import gc
 import logging
 import signal
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -97,6 +98,8 @@ class _Consumer(faust_kafka.Consumer):
         consumer_stopped = self._stopped.is_set
         fetcher_stopped = fetcher._stopped.is_set
         read_offset = self._read_offset
+        # faust's livelock check reads when records last reached a stream, from its Monitor
+        inbound = self.app.monitor.stream_inbound_time
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 records, active = await self._wait_next_records(1.0)
@@ -107,11 +110,12 @@ class _Consumer(faust_kafka.Consumer):
                 # these, so a batch dropped here would be lost until the next seek. The
                 # sink keeps what is still ours and skips by offset what it has decided.
                 batch: list[Any] = []
+                now = time.monotonic()
                 for tp, items in records.items():
                     if items and (active is None or tp in active):
                         batch.extend(items)
-                        # faust's livelock detector reads this: the partition is moving
                         read_offset[tp] = items[-1].offset
+                        inbound[tp] = now
                 if batch:
                     # a rebalance cancels the fetcher: the batch is still decided and its
                     # plans published (the revocation waits for it), never half of it
