@@ -34,7 +34,7 @@ from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
 from streams.brain.configs import ConfigIndex
 from streams.brain.state import JobState, JobStatus, gpus_claimed
-from streams.brain.triggers import Policy, step
+from streams.brain.triggers import FINISHED, Policy, step
 
 log = logging.getLogger(__name__)
 
@@ -138,15 +138,22 @@ class BrainProcessor:
         self._waiting: dict[tuple[str, int], deque[tuple[InputRecord, Event | None]]] = {}
         self._barriers: dict[tuple[str, int], int] = {}
         self._read_to: dict[tuple[str, int], int] = {}
+        #: jobs that finished (-> partition): their states leave memory once checkpointed,
+        #: and what still comes for them is ignored, as a finished job's state would
+        self.finished: dict[str, int] = {}
+        self._evict: set[str] = set()
 
     # -- partitions ---------------------------------------------------------------------
 
     def install(self, partitions: Iterable[int], loaded: Loaded) -> None:
         """Take over partitions with their checkpointed states and offsets."""
         for job_uuid, (partition, state) in loaded.states.items():
+            self._remember(state)
+            if state.status in FINISHED:
+                self.finished[job_uuid] = partition
+                continue
             self.states[job_uuid] = state
             self.partition_of[job_uuid] = partition
-            self._remember(state)
             self._hold(job_uuid, state)
         merge_offsets(self.offsets, loaded.offsets)
         self.loaded.update(partitions)
@@ -159,7 +166,10 @@ class BrainProcessor:
             del self.states[job_uuid]
             del self.partition_of[job_uuid]
             self._dirty.discard(job_uuid)
+            self._evict.discard(job_uuid)
             self._last_error.pop(job_uuid, None)
+        for job_uuid in [u for u, p in self.finished.items() if p in gone]:
+            del self.finished[job_uuid]
         for tp in [tp for tp in self.offsets if tp[1] in gone]:
             del self.offsets[tp]
             self._changed_offsets.discard(tp)
@@ -274,6 +284,9 @@ class BrainProcessor:
             self.counters.ignored += 1
             return
         job_uuid = event.job.uuid
+        if job_uuid in self.finished:
+            self.counters.ignored += 1  # a late report of a finished job decides nothing
+            return
         state = self.states.get(job_uuid)
         try:
             outcome = step(
@@ -311,10 +324,9 @@ class BrainProcessor:
         if plans:
             out.plans.extend(plans)
             self._unsaved_plans.extend(plans)
-        if outcome.state.status == JobStatus.COMPLETED and (
-            state is None or state.status != JobStatus.COMPLETED
-        ):
+        if outcome.state.status in FINISHED and (state is None or state.status not in FINISHED):
             self._remember(outcome.state)
+            self._evict.add(job_uuid)
 
     def free_gpus(self) -> int | None:
         """The cluster's GPUs that no job holds or waits for; None when the cluster is
@@ -368,10 +380,23 @@ class BrainProcessor:
         self._dirty = set()
         self._changed_offsets = set()
         self._unsaved_plans = []
+        for job_uuid in self._evict:  # their last state is in this snapshot
+            self.finished[job_uuid] = self.partition_of.pop(job_uuid)
+            del self.states[job_uuid]
+            self._held_total -= self._held.pop(job_uuid, 0)
+            self._last_error.pop(job_uuid, None)
+        self._evict = set()
         return snap
 
     def restore(self, snap: Snapshot) -> None:
         """A snapshot that could not be written: write it (and what came since) next time."""
+        for job_uuid, (partition, state) in snap.states.items():
+            if job_uuid not in self.states and self.finished.get(job_uuid) == partition:
+                # evicted with this snapshot: back until one that is written has it
+                del self.finished[job_uuid]
+                self.states[job_uuid] = state
+                self.partition_of[job_uuid] = partition
+                self._evict.add(job_uuid)
         self._dirty.update(u for u in snap.states if u in self.states)
         self._changed_offsets.update(tp for tp in snap.offsets if tp in self.offsets)
         self._unsaved_plans = [*snap.plans, *self._unsaved_plans]

@@ -11,11 +11,20 @@ from schemas import encode
 from schemas.codec import CodecError, decode
 from schemas.dlq import FailureKind
 from schemas.envelope import Event
-from schemas.jobs import JobMeta, JobStarted, JobSubmitted, NodeOOM, NodeRef, OOMKind, RoleSpec
+from schemas.jobs import (
+    JobCompleted,
+    JobMeta,
+    JobStarted,
+    JobSubmitted,
+    NodeOOM,
+    NodeRef,
+    OOMKind,
+    RoleSpec,
+)
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
 from streams.brain.checkpoint import Loaded
 from streams.brain.processor import BrainProcessor, decode_event
-from streams.brain.state import GiB
+from streams.brain.state import GiB, JobStatus
 
 from .builders import ENV, T0
 
@@ -181,3 +190,26 @@ def test_free_gpus_are_the_clusters_less_what_jobs_hold_or_wait_for() -> None:
     done = JobCompleted(env="e", job=JobMeta(uuid="j0"))
     proc.process([Rec(5, encode(done))])
     assert proc.free_gpus() == 10
+
+
+def test_a_finished_job_leaves_memory_once_checkpointed() -> None:
+    events = [*lifecycle(), JobCompleted(env=ENV, job=JOB, occurred_at=T0)]
+    p = processor()
+    p.process(records([encode(e) for e in events]))
+    assert JOB.uuid in p.states  # not checkpointed yet: still here
+
+    snap = p.snapshot()
+    assert snap.states[JOB.uuid][1].status == JobStatus.COMPLETED  # its last state is saved
+    assert JOB.uuid not in p.states and p.finished == {JOB.uuid: 1}
+
+    p.restore(snap)  # that checkpoint failed: the state is back until one is written
+    assert p.snapshot().states[JOB.uuid][1].status == JobStatus.COMPLETED
+    assert JOB.uuid not in p.states
+
+    late = JobStarted(env=ENV, job=JOB, occurred_at=T0)
+    out = p.process(records([encode(late)], start=len(events)))
+    assert out.plans == [] and JOB.uuid not in p.states and p.counters.ignored == 1
+
+    again = processor()  # a restart loads the finished job as finished, not as a state
+    again.install([1], Loaded({JOB.uuid: (1, snap.states[JOB.uuid][1])}, {(TOPIC, 1): 5}))
+    assert again.states == {} and again.finished == {JOB.uuid: 1}
