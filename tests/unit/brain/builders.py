@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,6 +22,18 @@ from streams.brain.state import (
 
 ENV = "test"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Rec:
+    """A consumed record, as the processor reads one (faust's and aiokafka's alike)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
 
 __all__ = ["ENV", "T0", "GiB"]
 

@@ -5,7 +5,6 @@ partitions' records arrived."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
 
@@ -20,21 +19,12 @@ from streams.brain.processor import BrainProcessor
 from streams.brain.state import GiB
 from streams.brain.triggers import Policy
 
-from .builders import ENV, T0
+from .builders import ENV, T0, Rec
 
 EVENTS = f"{ENV}.job.events"
 METRICS = f"{ENV}.job.metrics"
 INPUTS = [(EVENTS, 0), (EVENTS, 1), (METRICS, 0), (METRICS, 1)]
 JOBS = [JobMeta(uuid="job-a"), JobMeta(uuid="job-b")]
-
-
-@dataclass(frozen=True)
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
 
 
 def _oom(job: JobMeta, node: int, at_s: int) -> NodeOOM:

@@ -3,8 +3,6 @@ restart, snapshots of what changed, errors said once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import orjson
 
 from schemas import encode
@@ -26,19 +24,10 @@ from streams.brain.checkpoint import Loaded
 from streams.brain.processor import BrainProcessor, decode_event
 from streams.brain.state import GiB, JobStatus
 
-from .builders import ENV, T0
+from .builders import ENV, T0, Rec
 
 TOPIC = f"{ENV}.job.events"
 JOB = JobMeta(uuid="job-p")
-
-
-@dataclass(frozen=True)
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
 
 
 def records(values: list[bytes | None], start: int = 0, partition: int = 1) -> list[Rec]:
