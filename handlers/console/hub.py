@@ -19,6 +19,7 @@ from dlrover_events.tail import Filter, Line
 from dlrover_events.tailer import follow
 from dlrover_events.topics import ENV_TOPIC_NAMES, split_topic
 from handlers.console.board import Board
+from schemas.lockstep import Barrier, BarrierAck
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,10 @@ class Hub:
     def emit(self, line: Line) -> None:
         if line.event is not None:
             self.board.apply(line.event)
+            if isinstance(line.event, Barrier | BarrierAck):
+                # a lockstep env's clock ticks on every partition: plumbing, not news,
+                # and it would push what happened out of the pages' backlog
+                return
         self._backlog.append(line)
         for sub in self._subs:
             if sub.wants(line):

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from dlrover_events.settings import Settings
 from dlrover_events.tail import Filter, format_text, read_line
 from handlers.console.board import Board
+from handlers.console.hub import Hub
 from schemas import encode
 from schemas.jobs import JobCompleted, JobMeta, JobStarted, JobSubmitted
 from schemas.lockstep import Barrier, BarrierAck
@@ -69,3 +71,21 @@ def test_the_console_board_has_no_job_for_a_barrier() -> None:
     for marker in markers():
         board.apply(marker)
     assert board.snapshot() == []
+
+
+def test_the_console_feed_keeps_no_markers() -> None:
+    """A lockstep env ticks on every partition: markers would push the jobs' events out of
+    a page's backlog."""
+    hub = Hub(Settings(), "e", backlog_size=3)
+    job = JobMeta(uuid="j")
+    lines = [
+        read_line("e.job.events", 0, 0, encode(JobStarted(env="e", job=job, occurred_at=T0))),
+        *(
+            read_line("e.job.events", 0, 1 + t, encode(Barrier(env="e", tick=t + 1, sim_at=T0)))
+            for t in range(5)
+        ),
+        read_line("e.scale.plans", 0, 0, encode(BarrierAck(env="e", tick=1, sim_at=T0))),
+    ]
+    for line in lines:
+        hub.emit(line)
+    assert [type(line.event) for line in hub.recent()] == [JobStarted]
