@@ -379,8 +379,7 @@ def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
     event_id = str(event.event_id)
     if event_id in map(_EVENT_ID, state.samples):  # read again: a retry, a replay
         return state.model_copy(update={"last_event_id": event_id})
-    # the event is validated: its values need no second pass
-    sample = Sample.model_construct(
+    sample = Sample(
         event_id=event_id,
         at=event.occurred_at,
         global_step=event.global_step,
