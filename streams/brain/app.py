@@ -30,6 +30,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -169,6 +170,19 @@ GC_THRESHOLDS = (50_000, 50, 1_000)
 
 #: How long a starting brain waits for the env's config documents.
 CONFIGS_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One record the brain publishes; `plan`: its offset is where a restart looks for
+    plans published after the checkpoint."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    partition: int | None = None
+    plan: bool = False
+
 
 #: The brain reads what jobs and the operator say; scale results update a job's resources.
 INPUTS = (JOB_METRICS, JOB_EVENTS, SCALE_RESULTS)
@@ -363,45 +377,29 @@ class Brain:
         self.processor.install(partitions, loaded)
 
     async def _publish(self, out: Output) -> None:
-        """Plans and dead letters, acked by the broker before the batch counts as done."""
+        """Plans and dead letters, acked by the broker before the batch counts as done;
+        then, in lockstep, the acks of the ticks decided."""
         if not (out.plans or out.letters or out.acks):
             return
-        todo: list[tuple[str, bytes | None, bytes, bool]] = []
+        todo: list[_Record] = []
         for plan in out.plans:
             if plan.plan_id in self._published:
                 self.republish_skipped += 1
                 continue
             key = plan.key.encode() if plan.key is not None else None
-            todo.append((topic_of(plan), key, encode(plan), True))
+            todo.append(_Record(topic_of(plan), key, encode(plan), plan=True))
         for letter in out.letters:
             key = letter.key.encode() if letter.key is not None else None
-            todo.append((self._dlq, key, encode(letter), False))
-        attempt = 0
-        while todo:
-            # The batch is not done (and no checkpoint can cover it) until the broker has
-            # every record: retry what failed, for as long as it takes.
-            attempt += 1
-            results = await asyncio.gather(
-                *(self._send(name, key, value) for name, key, value, _ in todo),
-                return_exceptions=True,
-            )
-            failed = []
-            for item, result in zip(todo, results, strict=True):
-                if isinstance(result, BaseException):
-                    if isinstance(result, asyncio.CancelledError):
-                        raise result
-                    failed.append(item)
-                elif item[3]:
-                    tp = (result.topic, result.partition)
-                    self._produced[tp] = max(self._produced.get(tp, 0), result.offset + 1)
-            if failed:
-                log.warning("publishing %d records failed (attempt %d)", len(failed), attempt)
-                await asyncio.sleep(min(0.1 * attempt, 5.0))
-            todo = failed
-        for ack in out.acks:
+            todo.append(_Record(self._dlq, key, encode(letter)))
+        await self._deliver(todo)
+        if out.acks:
             # after the tick's plans, on every partition: whoever reads any of them has
             # read that partition's plans of the tick when it meets the ack
-            await self._to_every_partition(topic(self.env, SCALE_PLANS), encode(ack))
+            plans = topic(self.env, SCALE_PLANS)
+            parts = await self._partitions_of(plans)
+            await self._deliver(
+                [_Record(plans, None, encode(ack), p) for ack in out.acks for p in parts]
+            )
         for letter in out.letters:
             log.warning(
                 "dead-lettered %s[%d]@%d: %s",
@@ -411,27 +409,41 @@ class Brain:
                 letter.error,
             )
 
+    async def _deliver(self, todo: list[_Record]) -> None:
+        """The batch is not done (and no checkpoint can cover it) until the broker has
+        every record: retry what failed, for as long as it takes."""
+        attempt = 0
+        while todo:
+            attempt += 1
+            results = await asyncio.gather(
+                *(self._send(r.topic, r.key, r.value, r.partition) for r in todo),
+                return_exceptions=True,
+            )
+            failed = []
+            for record, result in zip(todo, results, strict=True):
+                if isinstance(result, BaseException):
+                    if isinstance(result, asyncio.CancelledError):
+                        raise result
+                    failed.append(record)
+                elif record.plan:
+                    tp = (result.topic, result.partition)
+                    self._produced[tp] = max(self._produced.get(tp, 0), result.offset + 1)
+            if failed:
+                log.warning("publishing %d records failed (attempt %d)", len(failed), attempt)
+                await asyncio.sleep(min(0.1 * attempt, 5.0))
+            todo = failed
+
     async def _send(
         self, name: str, key: bytes | None, value: bytes, partition: int | None = None
     ) -> Any:
         future = await self.app.producer.send(name, key, value, partition, None, None)
         return await future
 
-    async def _to_every_partition(self, name: str, value: bytes) -> None:
+    async def _partitions_of(self, name: str) -> list[int]:
         if name not in self._partitions:
             async with Producer(self.settings) as producer:  # once: topics keep their count
                 self._partitions[name] = await producer.partitions(name)
-        for attempt in range(1, 1_000_000):
-            try:
-                await asyncio.gather(
-                    *(self._send(name, None, value, p) for p in self._partitions[name])
-                )
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning("publishing a tick's ack failed (attempt %d)", attempt)
-                await asyncio.sleep(min(0.1 * attempt, 5.0))
+        return self._partitions[name]
 
     # -- checkpoints --------------------------------------------------------------------
 
