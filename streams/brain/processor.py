@@ -245,12 +245,11 @@ class BrainProcessor:
                     break
                 run.append((record, event, rank))
             runs.append(run)
+        # (each partition's offset already stands past its barrier: the tick is decided
+        # whole within this call, so no checkpoint sees it half done)
         for record, event, _ in heapq.merge(*runs, key=_merge_key):
             if event is not None:
                 self._one(record, event, out)
-            tp = (record.topic, record.partition)
-            self.offsets[tp] = max(self.offsets.get(tp, 0), record.offset + 1)
-            self._changed_offsets.add(tp)
         self.counters.ticks += 1
         out.acks.append(
             BarrierAck(
