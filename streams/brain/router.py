@@ -98,12 +98,16 @@ def oom_route(state: JobState, stage: Stage) -> Steps:
     return tuple(steps)
 
 
+#: The straggler detector's defaults, validated once rather than at every decision.
+_STRAGGLER = StragglerParams()
+
+
 def condition(state: JobState, stage: Stage) -> Condition:
     if state.unhandled_ooms(OOMKind.HOST_MEMORY):
         return Condition.HOST_OOM
     if state.unhandled_ooms(OOMKind.GPU_MEMORY):
         return Condition.GPU_OOM
-    if stage == Stage.RUNNING and find_stragglers(state, StragglerParams()):
+    if stage == Stage.RUNNING and find_stragglers(state, _STRAGGLER):
         return Condition.STRAGGLER
     return Condition.HEALTHY
 

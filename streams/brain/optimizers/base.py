@@ -9,16 +9,16 @@ optimizer with one decorator and `names()`/`describe()` tell what is available.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from schemas.envelope import Model
 from schemas.plans import ResourcePlan
-from streams.brain.state import JobState, JobStatus
+from streams.brain.state import JobState, JobStatus, Sample
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,67 @@ class NoParams(Model):
 
 
 P = TypeVar("P", bound=BaseModel)
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class PerSample(Generic[K, V]):
+    """`derive(sample, args)` made once per sample and `args`, for optimizers that read
+    every sample of a job at every decision: a job's samples never change once folded,
+    and from one decision to its next only the few samples folded in between are new.
+
+    Keyed by the sample's id, one table per `args`, with the sample held so that its id
+    is not reused while in here (`state.sample_memo` does the same; one table per `args`
+    looks a job's samples up in one pass at C speed instead of one call per sample).
+    `derive` must be pure and depend on nothing but the sample and `args`.
+    """
+
+    def __init__(self, derive: Callable[[Sample, K], V], limit: int = 200_000) -> None:
+        self._derive = derive
+        self._limit = limit
+        self._tables: dict[K, dict[int, tuple[Sample, V]]] = {}
+        self._size = 0
+
+    def hits(self, samples: Sequence[Sample], args: K) -> list[tuple[Sample, V]]:
+        """Each sample with what `derive` makes of it, in the order of `samples`."""
+        table = self._tables.get(args)
+        if table is None:
+            table = self._tables[args] = {}
+        found: list[tuple[Sample, V] | None] = list(map(table.get, map(id, samples)))
+        if None in found:
+            for i, hit in enumerate(found):
+                if hit is None:
+                    found[i] = self._add(table, samples[i], args)
+        return found  # type: ignore[return-value]  # no None left
+
+    def of(self, sample: Sample, args: K) -> V:
+        """What `derive` makes of one sample, for readers of a few samples only."""
+        table = self._tables.get(args)
+        if table is None:
+            table = self._tables[args] = {}
+        hit = table.get(id(sample))
+        return (hit if hit is not None else self._add(table, sample, args))[1]
+
+    def _add(self, table: dict[int, tuple[Sample, V]], sample: Sample, args: K) -> tuple[Sample, V]:
+        hit = table.get(id(sample))  # the same sample twice in one list
+        if hit is not None:
+            return hit
+        if self._size >= self._limit:  # jobs come and go; a miss costs microseconds
+            table.clear()
+            self._tables = {args: table}
+            self._size = 0
+        hit = table[id(sample)] = (sample, self._derive(sample, args))
+        self._size += 1
+        return hit
+
+    def clear(self) -> None:
+        self._tables.clear()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+
 OptimizerFn = Callable[[OptimizeContext, Any], Proposal | None]
 
 

@@ -11,16 +11,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 from pydantic import Field
 
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
-from streams.brain.optimizers.base import OptimizeContext, Proposal, register
+from streams.brain.optimizers.base import OptimizeContext, PerSample, Proposal, register
 from streams.brain.optimizers.fit import nnls
 from streams.brain.state import (
     WORKER,
@@ -32,7 +30,6 @@ from streams.brain.state import (
     median,
     node_key,
     parse_node_key,
-    sample_memo,
 )
 
 # -- goodput --------------------------------------------------------------------------
@@ -95,22 +92,18 @@ def _local_batch(state: JobState, sample: Sample, replicas: int) -> int:
     return 1  # unknown: throughput is then counted in replica-steps, which still ranks n
 
 
-def _step_time(role: str) -> Callable[[Sample], tuple[int, float] | None]:
+def _step_time(sample: Sample, role: str) -> tuple[int, float] | None:
     """A sample's replicas of `role` and its step time: the median of theirs, else the
     sample's own speed; None when it says neither."""
-
-    def compute(sample: Sample) -> tuple[int, float] | None:
-        usages = sample.usage(role)
-        if not usages:
-            return None
-        times = [u.step_time for u in usages if u.step_time is not None and u.step_time > 0]
-        if times:
-            return len(usages), median(times)
-        if sample.speed > 0:
-            return len(usages), 1 / sample.speed
+    usages = sample.usage(role)
+    if not usages:
         return None
-
-    return compute
+    times = [u.step_time for u in usages if u.step_time is not None and u.step_time > 0]
+    if times:
+        return len(usages), median(times)
+    if sample.speed > 0:
+        return len(usages), 1 / sample.speed
+    return None
 
 
 def _observe(
@@ -126,24 +119,34 @@ def _observe(
     )
 
 
+#: What goodput reads of one sample: its observation when the sample says its own local
+#: batch (it then depends on nothing else), else its replicas and step time (the local
+#: batch then comes from the job's state); None when it says nothing of the step time.
+Seen = StepObservation | tuple[int, float] | None
+
+
+def _seen(sample: Sample, args: tuple[str, int]) -> Seen:
+    role, per_gpu = args
+    known = _step_time(sample, role)
+    if known is None or sample.local_batch_size is None:
+        return known
+    return _observe(sample, known, per_gpu, sample.local_batch_size)
+
+
+_SEEN: PerSample[tuple[str, int], Seen] = PerSample(_seen)
+
+
 def observations(state: JobState, role: str) -> list[StepObservation]:
     per_gpu = _gpus_per_replica(state, role)
-    found = []
-    compute = _step_time(role)
-    step_key, obs_key = f"step-time/{role}", f"observation/{role}/{per_gpu}"
-    for sample in state.samples:
-        known = sample_memo(sample, step_key, compute)
-        if known is None:
+    found: list[StepObservation] = []
+    for sample, seen in _SEEN.hits(state.samples, (role, per_gpu)):
+        if seen is None:
             continue
-        own = sample.local_batch_size
-        if own is not None:  # then its observation depends on nothing but the sample
-            observe: Callable[[Sample], StepObservation] = partial(
-                _observe, known=known, per_gpu=per_gpu, local_batch=own
-            )
-            found.append(sample_memo(sample, obs_key, observe))
+        if isinstance(seen, StepObservation):
+            found.append(seen)
         else:
-            local_batch = _local_batch(state, sample, known[0])
-            found.append(_observe(sample, known, per_gpu, local_batch))
+            local_batch = _local_batch(state, sample, seen[0])
+            found.append(_observe(sample, seen, per_gpu, local_batch))
     return found
 
 
@@ -366,17 +369,32 @@ class StragglerParams(Model):
     min_nodes: int = Field(default=3, ge=3)
 
 
-def _outliers(sample: Sample, p: StragglerParams) -> dict[str, float] | None:
-    times = {
-        node_key(u.type, u.id): u.step_time for u in sample.usage(p.role) if u.step_time is not None
-    }
-    if len(times) < p.min_nodes:
-        return None
+#: (role, k, min_ratio, min_nodes): what of StragglerParams a sample's outliers depend on
+OutlierArgs = tuple[str, float, float, int]
+
+
+def _outliers(sample: Sample, args: OutlierArgs) -> dict[str, float] | bool:
+    """The sample's outliers, by node; False when the sample has no node of the role,
+    True when too few of them say their step time to tell."""
+    role, k, min_ratio, min_nodes = args
+    usages = sample.usage(role)
+    if not usages:
+        return False
+    times = {u.id: u.step_time for u in usages if u.step_time is not None}
+    if len(times) < min_nodes:
+        return True
     mid = median(times.values())
     mad = median(abs(t - mid) for t in times.values())
     return {
-        key: t for key, t in times.items() if t > mid + p.k * mad and t > mid * (1 + p.min_ratio)
+        node_key(role, node_id): t
+        for node_id, t in times.items()
+        if t > mid + k * mad and t > mid * (1 + min_ratio)
     }
+
+
+#: Every decision of a running job asks (the router, for its condition); the window's
+#: samples are mostly the same as at the job's last decision.
+_OUTLIERS: PerSample[OutlierArgs, dict[str, float] | bool] = PerSample(_outliers)
 
 
 def find_stragglers(state: JobState, p: StragglerParams) -> dict[str, float]:
@@ -385,20 +403,21 @@ def find_stragglers(state: JobState, p: StragglerParams) -> dict[str, float]:
     Requiring every sample keeps a node that was just replaced (fast now) from being
     replaced again on the strength of its old samples.
     """
-    window: list[Sample] = []
+    args = (p.role, p.k, p.min_ratio, p.min_nodes)
+    window: list[dict[str, float] | bool] = []
     for s in reversed(state.samples):  # the last `window` samples with the role
-        if s.usage(p.role):
-            window.append(s)
+        slow = _OUTLIERS.of(s, args)
+        if slow is not False:
+            window.append(slow)
             if len(window) == p.window:
                 break
     window.reverse()
     if len(window) < p.window:
         return {}
     common: dict[str, float] | None = None
-    for sample in window:
-        slow = _outliers(sample, p)
-        if slow is None:
-            return {}
+    for slow in window:
+        if isinstance(slow, bool):
+            return {}  # too few step times to tell
         common = slow if common is None else {k: slow[k] for k in common if k in slow}
     alive = {
         key: t
