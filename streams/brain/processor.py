@@ -33,6 +33,7 @@ from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
 from streams.brain.configs import ConfigIndex
+from streams.brain.samples import SampleRead, read_sample
 from streams.brain.state import JobState, JobStatus, gpus_claimed
 from streams.brain.triggers import FINISHED, Policy, step
 
@@ -60,10 +61,18 @@ class InputRecord(Protocol):
     def value(self) -> bytes | None: ...
 
 
-def decode_event(value: bytes | None) -> Event:
-    """`schemas.decode`, with pydantic's one-pass JSON validation first: the common case
-    (a valid event) costs a third less, and anything invalid goes through `decode` so the
-    dead letter says exactly what `decode` says."""
+#: an input event: a runtime sample read the fast way, or any event the pydantic way
+Input = Event | SampleRead
+
+
+def decode_event(value: bytes | None) -> Input:
+    """`schemas.decode`, with two faster ways first for the common cases: runtime samples
+    read into structs (`streams.brain.samples`), then pydantic's one-pass JSON
+    validation (a third less than `decode`). Anything invalid goes through `decode`, so
+    the dead letter says exactly what `decode` says."""
+    fast = read_sample(value)
+    if fast is not None:
+        return fast
     if value is not None:
         try:
             return _EVENT.validate_json(value)
@@ -98,7 +107,7 @@ class Counters:
 _ACK_NAMESPACE = uuid.UUID("4f1c8d2e-9a7b-4e3f-8c6d-1b2a3c4d5e6f")
 
 
-def _merge_key(item: tuple[InputRecord, Event | None, int]) -> tuple[float, int]:
+def _merge_key(item: tuple[InputRecord, Input | None, int]) -> tuple[float, int]:
     _, event, rank = item
     return (event.occurred_at.timestamp() if event is not None else float("-inf"), rank)
 
@@ -135,7 +144,7 @@ class BrainProcessor:
         #: lockstep: the input partitions a tick's barrier must come from, the records
         #: read but waiting for their tick (decoded), and the barriers among them
         self.inputs: set[tuple[str, int]] = set()
-        self._waiting: dict[tuple[str, int], deque[tuple[InputRecord, Event | None]]] = {}
+        self._waiting: dict[tuple[str, int], deque[tuple[InputRecord, Input | None]]] = {}
         self._barriers: dict[tuple[str, int], int] = {}
         self._read_to: dict[tuple[str, int], int] = {}
         #: jobs that finished (-> partition): their states leave memory once checkpointed,
@@ -265,7 +274,7 @@ class BrainProcessor:
 
     # -- one record ---------------------------------------------------------------------
 
-    def _decode(self, record: InputRecord, out: Output) -> Event | None:
+    def _decode(self, record: InputRecord, out: Output) -> Input | None:
         """The record's event, or None with a dead letter saying why there is none."""
         try:
             event = decode_event(record.value)
@@ -278,8 +287,8 @@ class BrainProcessor:
             return None
         return event
 
-    def _one(self, record: InputRecord, event: Event, out: Output) -> None:
-        if not isinstance(event, JobEvent):
+    def _one(self, record: InputRecord, event: Input, out: Output) -> None:
+        if not isinstance(event, SampleRead | JobEvent):
             self.counters.ignored += 1
             return
         job_uuid = event.job.uuid
@@ -355,7 +364,9 @@ class BrainProcessor:
     def _letter(self, record: InputRecord, kind: FailureKind, error: str) -> DeadLetter:
         return dead_letter(self.env, record, kind, error, self.group)
 
-    def _history_for(self, state: JobState | None, event: JobEvent) -> Sequence[JobState]:
+    def _history_for(
+        self, state: JobState | None, event: SampleRead | JobEvent
+    ) -> Sequence[JobState]:
         scenario = (state.job if state is not None else event.job).scenario
         found = self._history.get(scenario) if scenario else None
         return tuple(found) if found else ()

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError
 
@@ -33,16 +33,19 @@ from schemas.jobs import (
     NodeFailed,
     NodeOOM,
     NodeStarted,
-    NodeUsage,
     OOMKind,
     RoleSpec,
     RuntimeSample,
 )
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan, ScaleResult, ScaleStatus
 
-GiB = 1024**3
+# NodeUse, Sample, sample_memo: re-exported, optimizers read samples through this module
+from streams.brain.samples import NodeUse as NodeUse
+from streams.brain.samples import Sample as Sample
+from streams.brain.samples import SampleRead, sample_of
+from streams.brain.samples import sample_memo as sample_memo
 
-T = TypeVar("T")
+GiB = 1024**3
 
 #: DLRover keeps this many runtime samples per job (one about every 15 s).
 MAX_SAMPLES = 60
@@ -151,58 +154,6 @@ class OOMRecord(Model):
     gpu_memory: int | None = None
     #: set once a plan addressed this OOM, so it is never acted on twice.
     handled: bool = False
-
-
-_NO_NODES: list[NodeUsage] = []
-
-#: What optimizers derive from a sample, made once per sample: they read all 60 samples
-#: of a job at every decision, and a sample never changes. Keyed by the sample's id with
-#: the sample held, so an id is not reused while in here; kept outside the model, whose
-#: equality would otherwise see it.
-_MEMO: dict[tuple[int, str], tuple[Sample, Any]] = {}
-MEMO_LIMIT = 200_000
-
-
-def sample_memo(sample: Sample, name: str, compute: Callable[[Sample], T]) -> T:
-    """`compute(sample)`, once per sample and `name` (which must say all `compute`
-    depends on besides the sample)."""
-    key = (id(sample), name)
-    found = _MEMO.get(key)
-    if found is not None:
-        return cast(T, found[1])
-    value = compute(sample)
-    if len(_MEMO) >= MEMO_LIMIT:
-        _MEMO.clear()  # jobs come and go; a miss costs microseconds
-    _MEMO[key] = (sample, value)
-    return value
-
-
-def _group_by_role(sample: Sample) -> dict[str, list[NodeUsage]]:
-    by_role: dict[str, list[NodeUsage]] = {}
-    for n in sample.nodes:
-        by_role.setdefault(n.type, []).append(n)
-    return by_role
-
-
-class Sample(Model):
-    """A runtime sample without its envelope: what optimizers read."""
-
-    event_id: str
-    at: datetime
-    global_step: int = 0
-    speed: float = 0
-    samples_per_s: float = 0
-    batch_size: int | None = None
-    local_batch_size: int | None = None
-    accumulation_steps: int = 1
-    nodes: list[NodeUsage] = Field(default_factory=list)
-
-    def usage(self, role: str) -> list[NodeUsage]:
-        """The role's nodes (shared: read, never change, the list)."""
-        return sample_memo(self, "by-role", _group_by_role).get(role, _NO_NODES)
-
-    def count(self, role: str) -> int:
-        return len(self.usage(role))
 
 
 class RoleResources(Model):
@@ -373,28 +324,17 @@ def _next_stage(state: JobState) -> tuple[str, int]:
     return stage, seen
 
 
-def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
+def _fold_sample(state: JobState, sample: Sample) -> JobState:
     """The hottest fold (every sample of every job): it sets `last_event_id` itself so the
     state is copied once, and rebuilds a node's peak only when it rises."""
-    event_id = str(event.event_id)
+    event_id = sample.event_id
     if event_id in map(_EVENT_ID, state.samples):  # read again: a retry, a replay
         return state.model_copy(update={"last_event_id": event_id})
-    sample = Sample(
-        event_id=event_id,
-        at=event.occurred_at,
-        global_step=event.global_step,
-        speed=event.speed,
-        samples_per_s=event.samples_per_s,
-        batch_size=event.batch_size,
-        local_batch_size=event.local_batch_size,
-        accumulation_steps=event.accumulation_steps,
-        nodes=list(event.nodes),
-    )
     samples = [*state.samples, sample][-MAX_SAMPLES:]
     # Peaks and nodes rarely change once a job runs: copy them only when they do (the
     # state's own dicts are never mutated, so older states stay as they were).
     peaks, nodes = state.peaks, state.nodes
-    for usage in event.nodes:
+    for usage in sample.nodes:
         key = node_key(usage.type, usage.id)
         old = peaks.get(key)
         gpu_memory = usage.gpu_memory or 0
@@ -420,14 +360,14 @@ def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
                 else node.model_copy(update={"status": NodeStatus.RUNNING})
             )
     training = state.training
-    local_batch = event.local_batch_size
+    local_batch = sample.local_batch_size
     if (local_batch is not None and training.get("local_batch_size") != local_batch) or (
-        training.get("accumulation_steps") != event.accumulation_steps
+        training.get("accumulation_steps") != sample.accumulation_steps
     ):
         training = dict(training)
         if local_batch is not None:
             training["local_batch_size"] = local_batch
-        training["accumulation_steps"] = event.accumulation_steps
+        training["accumulation_steps"] = sample.accumulation_steps
     stage, seen = _next_stage(state)
     status = JobStatus.RUNNING if state.status == JobStatus.SUBMITTED else state.status
     return state.model_copy(
@@ -439,7 +379,7 @@ def _fold_sample(state: JobState, event: RuntimeSample) -> JobState:
             "stage": stage,
             "stage_samples": seen,
             "status": status,
-            "batch_size": event.batch_size or state.batch_size,
+            "batch_size": sample.batch_size or state.batch_size,
             "last_event_id": event_id,
         }
     )
@@ -558,10 +498,18 @@ def apply_scale_plan(state: JobState, plan: ScalePlan) -> JobState:
     return state.model_copy(update={"roles": roles, "nodes": nodes, "training": training})
 
 
-def fold(state: JobState | None, event: Event) -> JobState | None:
+def fold(state: JobState | None, event: Event | SampleRead) -> JobState | None:
     """Fold one event of a job into its state. Events that say nothing about a job leave
     the state as it is; a job-keyed event for a job not seen yet starts its state (a replay
     may begin after the job's submission)."""
+    if isinstance(event, SampleRead):  # most events: runtime samples read off the bus
+        if state is None:
+            state = JobState(env=event.env, job=event.job.meta())
+        elif state.job.uuid != event.job.uuid:
+            raise ValueError(
+                f"event for job {event.job.uuid!r} folded into the state of {state.job.uuid!r}"
+            )
+        return _fold_sample(state, event.sample)
     if not isinstance(event, JobEvent):
         return state
     if state is None:
@@ -576,7 +524,7 @@ def fold(state: JobState | None, event: Event) -> JobState | None:
         case JobStarted():
             state = _fold_started(state, event)
         case RuntimeSample():
-            return _fold_sample(state, event)  # sets last_event_id itself
+            return _fold_sample(state, sample_of(event))  # sets last_event_id itself
         case NodeStarted():
             state = _with_node_status(state, event.node.type, event.node.id, NodeStatus.RUNNING)
         case NodeExited():
@@ -602,7 +550,7 @@ def fold(state: JobState | None, event: Event) -> JobState | None:
     return state.model_copy(update={"last_event_id": str(event.event_id)})
 
 
-def fold_all(state: JobState | None, events: Iterable[Event]) -> JobState | None:
+def fold_all(state: JobState | None, events: Iterable[Event | SampleRead]) -> JobState | None:
     for event in events:
         state = fold(state, event)
     return state

@@ -31,6 +31,7 @@ from streams.brain.router import RouteError
 from streams.brain.state import (
     JobState,
     JobStatus,
+    SampleRead,
     Stage,
     config_fields,
     fold,
@@ -147,7 +148,7 @@ def _oom_count(state: JobState | None) -> int:
 
 
 def trigger(
-    before: JobState | None, after: JobState, event: Event, policy: Policy
+    before: JobState | None, after: JobState, event: Event | SampleRead, policy: Policy
 ) -> Trigger | None:
     """Whether `event`, folded from `before` into `after`, calls for a decision."""
     if after.status in FINISHED:
@@ -161,7 +162,7 @@ def trigger(
         return Trigger("node out of memory") if _oom_count(after) > _oom_count(before) else None
     if before is None or before.stage != after.stage:
         return Trigger(f"stage {after.stage}")
-    if isinstance(event, RuntimeSample) and after.stage_samples > 0:
+    if isinstance(event, SampleRead | RuntimeSample) and after.stage_samples > 0:
         running = normalize_stage(after.stage, after.distribution) == Stage.RUNNING
         every = policy.running_every if running else policy.sample_every
         if after.stage_samples % max(every, 1) == 0:
@@ -181,7 +182,7 @@ def _worth_publishing(before: JobState, decision: Decision) -> bool:
 
 def step(
     state: JobState | None,
-    event: Event,
+    event: Event | SampleRead,
     policy: Policy,
     history: Sequence[JobState] = (),
     free_gpus: int | None = None,
@@ -193,7 +194,7 @@ def step(
 
     `service` gives the config service's documents for a job; asked only when deciding.
     """
-    if not isinstance(event, JobEvent):
+    if not isinstance(event, SampleRead | JobEvent):
         return None
     after = fold(state, event)
     assert after is not None  # a job event always yields a state

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schemas.jobs import NodeUsage
+from streams.brain.samples import NodeUse
 from streams.brain.state import JobState, Sample, mean, median, node_key
 
 
@@ -23,8 +23,8 @@ def role_count(state: JobState, role: str) -> int:
     return len(alive) if alive else state.role(role).replicas
 
 
-def per_node(samples: Sequence[Sample], role: str) -> dict[str, list[NodeUsage]]:
-    found: dict[str, list[NodeUsage]] = {}
+def per_node(samples: Sequence[Sample], role: str) -> dict[str, list[NodeUse]]:
+    found: dict[str, list[NodeUse]] = {}
     for sample in samples:
         for usage in sample.usage(role):
             found.setdefault(node_key(usage.type, usage.id), []).append(usage)

@@ -15,6 +15,7 @@ from streams.brain.state import (
     JobStatus,
     NodeState,
     NodeStatus,
+    NodeUse,
     OOMRecord,
     RoleResources,
     Sample,
@@ -75,7 +76,7 @@ def sample(
         speed=speed,
         local_batch_size=local_batch,
         accumulation_steps=accumulation,
-        nodes=list(nodes),
+        nodes=tuple(NodeUse(**n.model_dump()) for n in nodes),
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
+import msgspec
+
 from schemas.plans import NodeGroupResource, NodeResource
 from streams.brain.optimizers.dlrover import speed_trend
 from streams.brain.state import PS, WORKER, JobState, NodeStatus, RoleResources, Stage
@@ -367,7 +369,7 @@ def test_speed_trend() -> None:
     ]
     assert speed_trend(rows, 5, 0.1) == "increased"
     assert speed_trend(rows[:2], 5, 0.1) == "unknown"
-    slower = [r.model_copy(update={"speed": 0.5}) if i >= 2 else r for i, r in enumerate(rows)]
+    slower = [msgspec.structs.replace(r, speed=0.5) if i >= 2 else r for i, r in enumerate(rows)]
     assert speed_trend(slower, 5, 0.1) == "decelerated"
 
 

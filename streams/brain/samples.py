@@ -1,0 +1,260 @@
+"""Runtime samples on the brain's hot path: read off the bus and kept in job states.
+
+Runtime samples are nearly every event the brain reads, and a job keeps its last 60.
+Validated into pydantic models they cost the brain more than deciding on them: the
+pydantic RuntimeSample took about 18 us to decode, and its nodes and the state's copy of
+it stay tracked by the garbage collector, which walked all of them again and again.
+msgspec decodes the same JSON into structs in about 4 us, and structs made with
+`gc=False` are never walked.
+
+The contract stays `schemas.jobs.RuntimeSample`: `read_sample` takes only what that model
+accepts, with the same values, and returns None for anything else, which then goes the
+pydantic way (and to the dead-letter queue with pydantic's reason if it is invalid). It
+may refuse valid samples (a number given as a string, a timestamp as a number, more
+than six fractional digits, an id that is not lowercase canonical), never accept an
+invalid one; a property test holds it to that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any, Literal, TypeVar, cast
+
+import msgspec
+from msgspec import Meta, Struct
+from pydantic import AwareDatetime, GetCoreSchemaHandler, GetJsonSchemaHandler, TypeAdapter
+from pydantic_core import core_schema
+
+from schemas.envelope import ENV_NAME_PATTERN, SCHEMA_VERSION
+from schemas.jobs import JobMeta, RuntimeSample
+
+T = TypeVar("T")
+
+NonNegInt = Annotated[int, Meta(ge=0)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
+#: what `str(uuid.UUID(...))` gives: such an id reads the same as text and as a UUID
+_CANONICAL_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
+
+
+class NodeUse(Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True):
+    """One node's use in a runtime sample (`schemas.jobs.NodeUsage`, as a struct)."""
+
+    type: Annotated[str, Meta(min_length=1)]
+    id: NonNegInt
+    cpu: NonNegFloat = 0.0
+    memory: NonNegInt = 0
+    gpu_util: Annotated[float, Meta(ge=0, le=1)] | None = None
+    gpu_memory: NonNegInt | None = None
+    step_time: NonNegFloat | None = None
+
+
+class Sample(Struct, frozen=True, gc=False, kw_only=True):
+    """A runtime sample without its envelope: what optimizers read of a job's progress.
+
+    In a JobState's JSON (checkpoints, `optimize --state`) it is an object of these
+    fields; pydantic validates and writes it through the hooks at the end.
+    """
+
+    event_id: str
+    at: datetime
+    global_step: int = 0
+    speed: float = 0.0
+    samples_per_s: float = 0.0
+    batch_size: int | None = None
+    local_batch_size: int | None = None
+    accumulation_steps: int = 1
+    nodes: tuple[NodeUse, ...] = ()
+
+    def usage(self, role: str) -> list[NodeUse]:
+        """The role's nodes (shared: read, never change, the list)."""
+        return sample_memo(self, "by-role", _group_by_role).get(role, _NO_NODES)
+
+    def count(self, role: str) -> int:
+        return len(self.usage(role))
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            _sample_from,
+            serialization=core_schema.plain_serializer_function_ser_schema(_sample_fields),
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        return _JSON_SCHEMA
+
+
+def _json_schema() -> dict[str, Any]:
+    """Sample's JSON schema with NodeUse inlined: pydantic places it inside its own."""
+    _, defs = msgspec.json.schema_components((Sample,), ref_template="{name}")
+    schema = dict(defs["Sample"])
+    nodes = dict(schema["properties"]["nodes"])
+    nodes["items"] = defs["NodeUse"]
+    schema["properties"] = {**schema["properties"], "nodes": nodes}
+    return schema
+
+
+_JSON_SCHEMA = _json_schema()
+
+#: What optimizers derive from a sample, made once per sample: they read all 60 samples
+#: of a job at every decision, and a sample never changes. Keyed by the sample's id with
+#: the sample held, so an id is not reused while in here.
+_MEMO: dict[tuple[int, str], tuple[Sample, Any]] = {}
+MEMO_LIMIT = 200_000
+_NO_NODES: list[NodeUse] = []
+
+
+def sample_memo(sample: Sample, name: str, compute: Callable[[Sample], T]) -> T:
+    """`compute(sample)`, once per sample and `name` (which must say all `compute`
+    depends on besides the sample)."""
+    key = (id(sample), name)
+    found = _MEMO.get(key)
+    if found is not None:
+        return cast(T, found[1])
+    value = compute(sample)
+    if len(_MEMO) >= MEMO_LIMIT:
+        _MEMO.clear()  # jobs come and go; a miss costs microseconds
+    _MEMO[key] = (sample, value)
+    return value
+
+
+def _group_by_role(sample: Sample) -> dict[str, list[NodeUse]]:
+    by_role: dict[str, list[NodeUse]] = {}
+    for n in sample.nodes:
+        by_role.setdefault(n.type, []).append(n)
+    return by_role
+
+
+def _sample_from(value: Any) -> Sample:
+    if isinstance(value, Sample):
+        return value
+    try:
+        return msgspec.convert(value, Sample, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid sample: {exc}") from None
+
+
+def _sample_fields(sample: Sample) -> dict[str, Any]:
+    return msgspec.to_builtins(sample, builtin_types=(datetime,))
+
+
+def sample_of(event: RuntimeSample) -> Sample:
+    """The sample of a validated pydantic RuntimeSample (events not read by `read_sample`)."""
+    return Sample(
+        event_id=str(event.event_id),
+        at=event.occurred_at,
+        global_step=event.global_step,
+        speed=event.speed,
+        samples_per_s=event.samples_per_s,
+        batch_size=event.batch_size,
+        local_batch_size=event.local_batch_size,
+        accumulation_steps=event.accumulation_steps,
+        nodes=tuple(
+            NodeUse(
+                type=n.type,
+                id=n.id,
+                cpu=n.cpu,
+                memory=n.memory,
+                gpu_util=n.gpu_util,
+                gpu_memory=n.gpu_memory,
+                step_time=n.step_time,
+            )
+            for n in event.nodes
+        ),
+    )
+
+
+# -- reading samples off the bus ------------------------------------------------------
+
+
+class JobRef(Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True):
+    """`schemas.jobs.JobMeta`, as a struct."""
+
+    uuid: Annotated[str, Meta(min_length=1, max_length=256)]
+    name: str = ""
+    namespace: str = "default"
+    cluster: str = ""
+    user: str = ""
+    group: str = ""
+    scenario: str = ""
+    app: str = ""
+    labels: dict[str, str] = {}
+
+    def meta(self) -> JobMeta:
+        return JobMeta.model_validate(msgspec.to_builtins(self))
+
+
+class SampleReport(Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True):
+    """A `job.runtime_sample` event as read off the bus by `read_sample`: the envelope
+    fields the brain reads, and the sample. Required here where pydantic would fill a
+    default (event_id, occurred_at): a report without them goes the pydantic way."""
+
+    event_id: Annotated[str, Meta(pattern=_CANONICAL_UUID)]
+    type: Literal["job.runtime_sample"]
+    schema_version: Annotated[int, Meta(ge=1, le=SCHEMA_VERSION)] = SCHEMA_VERSION
+    env: Annotated[str, Meta(pattern=ENV_NAME_PATTERN)]
+    occurred_at: str
+    source: Annotated[str, Meta(max_length=256)] = ""
+    key: Annotated[str, Meta(max_length=512)] | None = None
+    job: JobRef
+    global_step: NonNegInt
+    speed: NonNegFloat = 0.0
+    samples_per_s: NonNegFloat = 0.0
+    batch_size: Annotated[int, Meta(ge=1)] | None = None
+    local_batch_size: Annotated[int, Meta(ge=1)] | None = None
+    accumulation_steps: Annotated[int, Meta(ge=1)] = 1
+    nodes: tuple[NodeUse, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.key is not None and self.key != self.job.uuid:
+            raise ValueError("key must be the job's uuid")
+
+
+_REPORT = msgspec.json.Decoder(SampleReport)
+_AWARE: TypeAdapter[datetime] = TypeAdapter(AwareDatetime)
+
+
+class SampleRead(Struct, frozen=True, gc=False):
+    """A runtime sample read off the bus: what the processor and the folds need of it."""
+
+    env: str
+    job: JobRef
+    occurred_at: datetime
+    sample: Sample
+
+    @property
+    def event_id(self) -> str:
+        return self.sample.event_id
+
+
+def read_sample(value: bytes | None) -> SampleRead | None:
+    """The runtime sample in `value`, or None when it is not one this path can read
+    exactly as pydantic would (then decode it the pydantic way)."""
+    if value is None:
+        return None
+    try:
+        report = _REPORT.decode(value)
+        at = _AWARE.validate_python(report.occurred_at)
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError):
+        return None
+    return SampleRead(
+        env=report.env,
+        job=report.job,
+        occurred_at=at,
+        sample=Sample(
+            event_id=report.event_id,
+            at=at,
+            global_step=report.global_step,
+            speed=report.speed,
+            samples_per_s=report.samples_per_s,
+            batch_size=report.batch_size,
+            local_batch_size=report.local_batch_size,
+            accumulation_steps=report.accumulation_steps,
+            nodes=report.nodes,
+        ),
+    )
