@@ -34,8 +34,14 @@ class NoDecision:
     reason: str
 
 
+#: What a role or node has before any proposal sets something; only ever copied.
+_UNSET = NodeResource()
+
+
 def _overlay(base: NodeResource, more: NodeResource) -> NodeResource:
-    return base.model_copy(update={k: v for k, v in more.model_dump().items() if v not in (0, "")})
+    # `__dict__` is `model_dump()` of a flat model, without the serializer's cost; the
+    # copy keeps values as the optimizer gave them (validating would make ints floats)
+    return base.model_copy(update={k: v for k, v in more.__dict__.items() if v not in (0, "")})
 
 
 def merge(proposals: Sequence[Proposal]) -> Proposal:
@@ -46,13 +52,15 @@ def merge(proposals: Sequence[Proposal]) -> Proposal:
     training: dict[str, object] = {}
     for proposal in proposals:
         for role, group in proposal.resource.node_group_resources.items():
-            old = groups.get(role, NodeGroupResource())
+            old = groups.get(role)
             groups[role] = NodeGroupResource(
-                count=group.count or old.count,
-                node_resource=_overlay(old.node_resource, group.node_resource),
+                count=group.count or (0 if old is None else old.count),
+                node_resource=_overlay(
+                    _UNSET if old is None else old.node_resource, group.node_resource
+                ),
             )
         for key, res in proposal.resource.node_resources.items():
-            nodes[key] = _overlay(nodes.get(key, NodeResource()), res)
+            nodes[key] = _overlay(nodes.get(key, _UNSET), res)
         training.update(proposal.resource.training)
     return Proposal(
         reason="; ".join(f"{p.optimizer}: {p.reason}" for p in proposals),

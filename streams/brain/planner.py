@@ -12,6 +12,7 @@ is, which is how a straggler is replaced.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,21 +62,39 @@ class Limits:
     urgent: frozenset[str] = URGENT_OPTIMIZERS
 
 
+#: The limits of a planner not given any (every decision of the stream processor's
+#: default policy): made once, never changed.
+DEFAULT_LIMITS = Limits()
+
+
 @dataclass(frozen=True)
 class Planned:
     scale_plan: ScalePlan | None
     notes: tuple[str, ...] = ()
 
 
+_NAMESPACE_BYTES = PLAN_NAMESPACE.bytes
+
+
+def _uuid5(name: str) -> bytes:
+    """The bytes of `uuid.uuid5(PLAN_NAMESPACE, name)`: a decision makes three or four
+    ids, and `uuid.uuid5` and `str(UUID)` validate and convert more than a hash needs."""
+    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + name.encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return bytes(digest)
+
+
 def plan_id(job_uuid: str, caused_by: str, kind: str = "scale") -> str:
     """Same job, same input event, same kind of plan: same id, on any replay or restart."""
-    return str(uuid.uuid5(PLAN_NAMESPACE, f"{kind}/{job_uuid}/{caused_by}"))
+    h = _uuid5(f"{kind}/{job_uuid}/{caused_by}").hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def plan_event_id(plan: str) -> uuid.UUID:
     """The envelope id of a plan event, derived from its plan id, so the archive (which
     dedupes by event_id) keeps one copy of a plan however often it is replayed."""
-    return uuid.uuid5(PLAN_NAMESPACE, f"event/{plan}")
+    return uuid.UUID(bytes=_uuid5(f"event/{plan}"))
 
 
 _ZERO = NodeResource()
@@ -175,7 +194,7 @@ def plan_scale(
 ) -> Planned:
     """The ScalePlan for `plan` against the job's current resources, or None with notes
     saying what held it back."""
-    limits = limits or Limits()
+    limits = limits or DEFAULT_LIMITS
     notes: list[str] = []
     urgent = bool(set(plan.optimizer.split("+")) & limits.urgent)
     stage = normalize_stage(plan.stage, state.distribution)

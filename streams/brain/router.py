@@ -103,9 +103,11 @@ _STRAGGLER = StragglerParams()
 
 
 def condition(state: JobState, stage: Stage) -> Condition:
-    if state.unhandled_ooms(OOMKind.HOST_MEMORY):
+    # the kinds of OOM not answered yet, in one pass over the job's OOM records
+    open_ = {r.kind for records in state.ooms.values() for r in records if not r.handled}
+    if OOMKind.HOST_MEMORY in open_:
         return Condition.HOST_OOM
-    if state.unhandled_ooms(OOMKind.GPU_MEMORY):
+    if OOMKind.GPU_MEMORY in open_:
         return Condition.GPU_OOM
     if stage == Stage.RUNNING and find_stragglers(state, _STRAGGLER):
         return Condition.STRAGGLER
