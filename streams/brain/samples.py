@@ -18,7 +18,7 @@ invalid one; a property test holds it to that.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Annotated, Any, Literal, TypeVar, cast
 
 import msgspec
@@ -66,8 +66,8 @@ class Sample(Struct, frozen=True, gc=False, kw_only=True):
     accumulation_steps: int = 1
     nodes: tuple[NodeUse, ...] = ()
 
-    def usage(self, role: str) -> list[NodeUse]:
-        """The role's nodes (shared: read, never change, the list)."""
+    def usage(self, role: str) -> tuple[NodeUse, ...]:
+        """The role's nodes."""
         return sample_memo(self, "by-role", _group_by_role).get(role, _NO_NODES)
 
     def count(self, role: str) -> int:
@@ -106,7 +106,7 @@ _JSON_SCHEMA = _json_schema()
 #: the sample held, so an id is not reused while in here.
 _MEMO: dict[tuple[int, str], tuple[Sample, Any]] = {}
 MEMO_LIMIT = 200_000
-_NO_NODES: list[NodeUse] = []
+_NO_NODES: tuple[NodeUse, ...] = ()
 
 
 def sample_memo(sample: Sample, name: str, compute: Callable[[Sample], T]) -> T:
@@ -123,11 +123,13 @@ def sample_memo(sample: Sample, name: str, compute: Callable[[Sample], T]) -> T:
     return value
 
 
-def _group_by_role(sample: Sample) -> dict[str, list[NodeUse]]:
+def _group_by_role(sample: Sample) -> dict[str, tuple[NodeUse, ...]]:
+    """Tuples, not lists: once the collector has seen them, they and the dict holding them
+    are untracked (they hold only gc=False structs), so a memo of them costs no gc time."""
     by_role: dict[str, list[NodeUse]] = {}
     for n in sample.nodes:
         by_role.setdefault(n.type, []).append(n)
-    return by_role
+    return {role: tuple(nodes) for role, nodes in by_role.items()}
 
 
 def _sample_from(value: Any) -> Sample:
@@ -217,6 +219,18 @@ class SampleReport(Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_f
 
 _REPORT = msgspec.json.Decoder(SampleReport)
 _AWARE: TypeAdapter[datetime] = TypeAdapter(AwareDatetime)
+#: one tzinfo per offset: pydantic makes a new one per timestamp, and a state's 60
+#: samples of 100 jobs kept 27,000 of them for the garbage collector to walk
+_ZONES: dict[timedelta, timezone] = {timedelta(0): UTC}
+
+
+def _shared_zone(at: datetime) -> datetime:
+    offset = at.utcoffset()
+    assert offset is not None  # aware
+    zone = _ZONES.get(offset)
+    if zone is None:  # offsets are whole minutes within a day: a few thousand at most
+        zone = _ZONES[offset] = timezone(offset)
+    return at.replace(tzinfo=zone)
 
 
 class SampleRead(Struct, frozen=True, gc=False):
@@ -239,7 +253,7 @@ def read_sample(value: bytes | None) -> SampleRead | None:
         return None
     try:
         report = _REPORT.decode(value)
-        at = _AWARE.validate_python(report.occurred_at)
+        at = _shared_zone(_AWARE.validate_python(report.occurred_at))
     except (msgspec.ValidationError, msgspec.DecodeError, ValueError):
         return None
     return SampleRead(
