@@ -318,7 +318,9 @@ class BrainProcessor:
         self.states[job_uuid] = outcome.state
         self.partition_of[job_uuid] = record.partition
         self._dirty.add(job_uuid)
-        self._hold(job_uuid, outcome.state)
+        after = outcome.state
+        if state is None or after.roles is not state.roles or after.status != state.status:
+            self._hold(job_uuid, after)  # (a sample changes neither: folds keep the dict)
         if outcome.trigger is not None:
             self.counters.decisions += 1
         if outcome.error is not None:
@@ -369,7 +371,7 @@ class BrainProcessor:
     ) -> Sequence[JobState]:
         scenario = (state.job if state is not None else event.job).scenario
         found = self._history.get(scenario) if scenario else None
-        return tuple(found) if found else ()
+        return found if found else ()  # read only while deciding this event
 
     def _remember(self, state: JobState) -> None:
         if state.status != JobStatus.COMPLETED or not state.job.scenario:

@@ -369,20 +369,21 @@ def _fold_sample(state: JobState, sample: Sample) -> JobState:
             training["local_batch_size"] = local_batch
         training["accumulation_steps"] = sample.accumulation_steps
     stage, seen = _next_stage(state)
-    status = JobStatus.RUNNING if state.status == JobStatus.SUBMITTED else state.status
-    return state.model_copy(
-        update={
-            "samples": samples,
-            "peaks": peaks,
-            "nodes": nodes,
-            "training": training,
-            "stage": stage,
-            "stage_samples": seen,
-            "status": status,
-            "batch_size": sample.batch_size or state.batch_size,
-            "last_event_id": event_id,
-        }
-    )
+    update: dict[str, Any] = {"samples": samples, "stage_samples": seen, "last_event_id": event_id}
+    # only what changed: model_copy's cost grows with the keys it is given
+    if peaks is not state.peaks:
+        update["peaks"] = peaks
+    if nodes is not state.nodes:
+        update["nodes"] = nodes
+    if training is not state.training:
+        update["training"] = training
+    if stage != state.stage:
+        update["stage"] = stage
+    if state.status == JobStatus.SUBMITTED:
+        update["status"] = JobStatus.RUNNING
+    if sample.batch_size and sample.batch_size != state.batch_size:
+        update["batch_size"] = sample.batch_size
+    return state.model_copy(update=update)
 
 
 def _node_from_role(state: JobState, role: str, node_id: int, status: NodeStatus) -> NodeState:
