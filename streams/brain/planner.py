@@ -101,7 +101,8 @@ _ZERO = NodeResource()
 
 
 def _is_zero(res: NodeResource) -> bool:
-    return res == _ZERO
+    # what `res == _ZERO` compares, without pydantic's generic __eq__
+    return res.__class__ is NodeResource and res.__dict__ == _ZERO.__dict__
 
 
 def _resource_of(role: RoleResources | NodeState) -> NodeResource:
@@ -150,7 +151,12 @@ def _overlay(own: NodeResource, group: NodeResource) -> NodeResource:
 
 
 def bound_count(state: JobState, role: str, wanted: int, limits: Limits) -> int:
-    spec = state.role(role)
+    return _bound_count(state, role, state.role(role), wanted, limits)
+
+
+def _bound_count(
+    state: JobState, role: str, spec: RoleResources, wanted: int, limits: Limits
+) -> int:
     count = max(wanted, spec.min_replicas or 0)
     if spec.max_replicas is not None:
         count = min(count, spec.max_replicas)
@@ -163,13 +169,12 @@ def bound_count(state: JobState, role: str, wanted: int, limits: Limits) -> int:
     return count
 
 
-def _alive(state: JobState, role: str) -> tuple[list[NodeState], bool]:
+def _alive(state: JobState, spec: RoleResources, role: str) -> tuple[list[NodeState], bool]:
     """The role's live nodes, and whether the brain tracks them. Before any node of the job
-    is known (create stage) the job's replicas stand in, and only group resources are
-    planned."""
+    is known (create stage) the job's replicas (`spec`) stand in, and only group resources
+    are planned."""
     if state.nodes:
         return state.alive_nodes(role), True
-    spec = state.role(role)
     nodes = [
         NodeState(
             type=role,
@@ -218,11 +223,12 @@ def plan_scale(
         if role == PS and ps_cooling:
             notes.append(f"PS changed {since_ps:.0f} s ago, < {limits.ps_cooldown_s:g} s")
             continue
-        alive, tracked = _alive(state, role)
+        spec = state.role(role)
+        alive, tracked = _alive(state, spec, role)
         current_count = len(alive)
-        current = _resource_of(state.role(role))
+        current = _resource_of(spec)
         target = _target(current, group.node_resource, state.pinned.get(role), limits)
-        count = bound_count(state, role, group.count or current_count, limits)
+        count = _bound_count(state, role, spec, group.count or current_count, limits)
         resized = not _same(target, current)
         if count == current_count and (not resized or count == 0):
             continue  # a role without replicas before and after has nothing to resize
