@@ -18,7 +18,13 @@ from pydantic import Field
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
-from streams.brain.optimizers.base import OptimizeContext, PerSample, Proposal, register
+from streams.brain.optimizers.base import (
+    OptimizeContext,
+    PerSample,
+    Proposal,
+    SampleWindow,
+    register,
+)
 from streams.brain.optimizers.fit import nnls
 from streams.brain.state import (
     WORKER,
@@ -49,8 +55,12 @@ class GoodputParams(Model):
     max_workers: int = Field(default=60, ge=1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepObservation:
+    """One sample's step time at its scale. Slotted: a decision reads the observations of
+    all 60 samples, mostly out of the CPU's caches, and a slot is one read where an
+    instance dict is three."""
+
     replicas: int
     gpus: int
     local_batch: int
@@ -95,14 +105,21 @@ def _local_batch(state: JobState, sample: Sample, replicas: int) -> int:
 def _step_time(sample: Sample, role: str) -> tuple[int, float] | None:
     """A sample's replicas of `role` and its step time: the median of theirs, else the
     sample's own speed; None when it says neither."""
-    usages = sample.usage(role)
-    if not usages:
+    # one pass over the nodes themselves: `usage(role)` would memoize them by role first
+    replicas = 0
+    times: list[float] = []
+    for u in sample.nodes:
+        if u.type == role:
+            replicas += 1
+            t = u.step_time
+            if t is not None and t > 0:
+                times.append(t)
+    if not replicas:
         return None
-    times = [u.step_time for u in usages if u.step_time is not None and u.step_time > 0]
     if times:
-        return len(usages), median(times)
+        return replicas, median(times)
     if sample.speed > 0:
-        return len(usages), 1 / sample.speed
+        return replicas, 1 / sample.speed
     return None
 
 
@@ -128,25 +145,36 @@ Seen = StepObservation | tuple[int, float] | None
 def _seen(sample: Sample, args: tuple[str, int]) -> Seen:
     role, per_gpu = args
     known = _step_time(sample, role)
-    if known is None or sample.local_batch_size is None:
+    local_batch = sample.local_batch_size
+    if known is None or local_batch is None:
         return known
-    return _observe(sample, known, per_gpu, sample.local_batch_size)
+    replicas, step_time = known
+    return StepObservation(
+        replicas, replicas * per_gpu, local_batch, sample.accumulation_steps, step_time
+    )
 
 
-_SEEN: PerSample[tuple[str, int], Seen] = PerSample(_seen)
+_SEEN: SampleWindow[tuple[str, int], Seen] = SampleWindow(_seen)
 
 
 def observations(state: JobState, role: str) -> list[StepObservation]:
-    per_gpu = _gpus_per_replica(state, role)
+    return _observations(state, role, _gpus_per_replica(state, role))
+
+
+def _observations(state: JobState, role: str, per_gpu: int) -> list[StepObservation]:
+    samples = state.samples
+    seen = _SEEN.values(state.job.uuid, samples, (role, per_gpu))
+    if tuple not in map(type, seen):  # every sample says its local batch, or nothing
+        return list(filter(None, seen))  # type: ignore[arg-type]  # StepObservations
     found: list[StepObservation] = []
-    for sample, seen in _SEEN.hits(state.samples, (role, per_gpu)):
-        if seen is None:
+    for sample, one in zip(samples, seen, strict=True):
+        if one is None:
             continue
-        if isinstance(seen, StepObservation):
-            found.append(seen)
+        if isinstance(one, StepObservation):
+            found.append(one)
         else:
-            local_batch = _local_batch(state, sample, seen[0])
-            found.append(_observe(sample, seen, per_gpu, local_batch))
+            local_batch = _local_batch(state, sample, one[0])
+            found.append(_observe(sample, one, per_gpu, local_batch))
     return found
 
 
@@ -166,13 +194,13 @@ def fit_throughput(obs: list[StepObservation]) -> ThroughputModel | None:
 )
 def goodput(ctx: OptimizeContext, p: GoodputParams) -> Proposal | None:
     state = ctx.state
-    obs = observations(state, p.role)
+    spec = state.role(p.role)
+    per_gpu = max(spec.gpu_num, 1)  # _gpus_per_replica, without asking the state again
+    obs = _observations(state, p.role, per_gpu)
     if len(obs) < p.min_samples:
         return None
     latest = obs[-1]
     current = latest.replicas
-    per_gpu = _gpus_per_replica(state, p.role)
-    spec = state.role(p.role)
     lo = max(spec.min_replicas or 1, 1)
     hi = min(spec.max_replicas or p.max_workers, p.max_workers)
     if ctx.free_gpus is not None:
@@ -377,10 +405,17 @@ def _outliers(sample: Sample, args: OutlierArgs) -> dict[str, float] | bool:
     """The sample's outliers, by node; False when the sample has no node of the role,
     True when too few of them say their step time to tell."""
     role, k, min_ratio, min_nodes = args
-    usages = sample.usage(role)
-    if not usages:
+    # one pass over the nodes themselves, as `usage(role)` lists them; by id, which
+    # names a node as its key does (a node listed twice counts once, at its last time)
+    seen = False
+    times: dict[int, float] = {}
+    for u in sample.nodes:
+        if u.type == role:
+            seen = True
+            if u.step_time is not None:
+                times[u.id] = u.step_time
+    if not seen:
         return False
-    times = {u.id: u.step_time for u in usages if u.step_time is not None}
     if len(times) < min_nodes:
         return True
     mid = median(times.values())
@@ -392,8 +427,8 @@ def _outliers(sample: Sample, args: OutlierArgs) -> dict[str, float] | bool:
     }
 
 
-#: Every decision of a running job asks (the router, for its condition); the window's
-#: samples are mostly the same as at the job's last decision.
+#: The router asks at every decision of a running job, and the straggler optimizer again
+#: when the router chose it; decisions a few samples apart (OOMs, requests) share samples.
 _OUTLIERS: PerSample[OutlierArgs, dict[str, float] | bool] = PerSample(_outliers)
 
 
@@ -404,9 +439,10 @@ def find_stragglers(state: JobState, p: StragglerParams) -> dict[str, float]:
     replaced again on the strength of its old samples.
     """
     args = (p.role, p.k, p.min_ratio, p.min_nodes)
+    job, samples = state.job.uuid, state.samples
     window: list[dict[str, float] | bool] = []
-    for s in reversed(state.samples):  # the last `window` samples with the role
-        slow = _OUTLIERS.of(s, args)
+    for s in reversed(samples):  # the last `window` samples with the role
+        slow = _OUTLIERS.of(job, s, args, samples)
         if slow is not False:
             window.append(slow)
             if len(window) == p.window:

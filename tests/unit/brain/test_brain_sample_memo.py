@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.jobs import NodeUsage, RuntimeSample
-from streams.brain.optimizers.base import PerSample
+from streams.brain.optimizers.base import PerSample, SampleWindow
 from streams.brain.optimizers.gpu import (
     StepObservation,
     StragglerParams,
@@ -244,34 +244,150 @@ def test_stragglers_match_a_plain_computation_on_edge_cases() -> None:
     assert _plain_stragglers(_job(cases[0]), StragglerParams()) == {"worker-9": 1.9}
 
 
-# -- the memo itself ----------------------------------------------------------------------
+# -- the memos themselves --------------------------------------------------------------
+
+
+class _Derive:
+    """A derivation that says what it was asked for."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, sample: Sample, args: str) -> str:
+        self.calls.append((sample.event_id, args))
+        return f"{sample.event_id}/{args}"
+
+
+def _samples(count: int) -> list[Sample]:
+    return list(_job([{"nodes": []}] * count).samples)
+
+
+def _want(samples: list[Sample], args: str) -> list[str]:
+    return [f"{s.event_id}/{args}" for s in samples]
+
+
+def test_sample_window_derives_only_the_samples_folded_since() -> None:
+    derive = _Derive()
+    memo: SampleWindow[str, str] = SampleWindow(derive)
+    rows = _samples(12)
+    assert memo.values("j", rows[:6], "x") == _want(rows[:6], "x")
+    assert len(derive.calls) == 6
+    # a fold later: the oldest two dropped, three new at the end
+    assert memo.values("j", rows[2:9], "x") == _want(rows[2:9], "x")
+    assert [e for e, _ in derive.calls[6:]] == [s.event_id for s in rows[6:9]]
+    # the same window again, and one that only grew
+    assert memo.values("j", rows[2:9], "x") == _want(rows[2:9], "x")
+    assert memo.values("j", rows[2:10], "x") == _want(rows[2:10], "x")
+    assert len(derive.calls) == 10
+    assert memo.values("j", [], "x") == []
+
+
+def test_sample_window_reuses_what_another_window_shares_by_identity() -> None:
+    derive = _Derive()
+    memo: SampleWindow[str, str] = SampleWindow(derive)
+    rows = _samples(8)
+    memo.values("j", rows[:5], "x")
+    for window in (
+        rows[3:4],  # shorter than what the last window kept
+        [rows[4], rows[0], rows[0], rows[3]],  # reordered, a sample twice
+        [rows[3], rows[7], rows[4]],  # continues, then not
+        rows[5:8],  # nothing shared
+    ):
+        before = {e for e, _ in derive.calls}
+        assert memo.values("j", window, "x") == _want(window, "x")
+        new = [e for e, _ in derive.calls if e not in before]
+        assert len(new) == len(set(new))  # a new sample derived once
+    # another job, other args: their own windows
+    assert memo.values("k", rows[:2], "x") == _want(rows[:2], "x")
+    assert memo.values("j", rows[:2], "y") == _want(rows[:2], "y")
+
+
+_POOL = _samples(10)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["j", "k"]), st.lists(st.integers(0, 9), max_size=8)),
+        max_size=8,
+    )
+)
+def test_sample_window_gives_what_deriving_each_sample_gives(
+    calls: list[tuple[str, list[int]]],
+) -> None:
+    """Any order of windows, continuing or not, of two jobs sharing samples."""
+    memo: SampleWindow[str, str] = SampleWindow(_Derive(), limit=2)
+    for job, picks in calls:
+        window = [_POOL[i] for i in picks]
+        assert memo.values(job, window, "x") == _want(window, "x")
+
+
+def test_sample_window_that_starts_like_the_last_but_goes_on_otherwise() -> None:
+    memo: SampleWindow[str, str] = SampleWindow(_Derive())
+    rows = _samples(8)
+    memo.values("j", rows[:5], "x")
+    window = [rows[2], rows[6], rows[7]]
+    assert memo.values("j", window, "x") == _want(window, "x")
+
+
+def test_sample_window_holds_equal_samples_apart() -> None:
+    """Two samples with the same content are two samples: values follow identity only."""
+    rows = _samples(3)
+    twin = _job([{"nodes": []}] * 3).samples[0]
+    assert twin == rows[0] and twin is not rows[0]
+    memo: SampleWindow[str, int] = SampleWindow(lambda s, _: id(s))
+    assert memo.values("j", rows, "x") == [id(s) for s in rows]
+    assert memo.values("j", [twin, *rows[1:]], "x") == [id(twin), id(rows[1]), id(rows[2])]
+
+
+def test_sample_window_gives_the_caller_its_own_list_and_is_bounded() -> None:
+    derive = _Derive()
+    memo: SampleWindow[str, str] = SampleWindow(derive, limit=3)
+    rows = _samples(4)
+    got = memo.values("j0", rows, "x")
+    got.clear()
+    assert memo.values("j0", rows, "x") == _want(rows, "x")
+    for job in ("j1", "j2", "j3"):
+        memo.values(job, rows[:1], "x")
+        assert len(memo) <= 3
+    calls = len(derive.calls)
+    assert memo.values("j0", rows, "x") == _want(rows, "x")  # least recently used: gone
+    assert len(derive.calls) == calls + len(rows)
+    memo.clear()
+    assert len(memo) == 0
 
 
 def test_per_sample_memo_derives_once_per_sample_and_args() -> None:
-    calls: list[tuple[str, str]] = []
-
-    def derive(sample: Sample, args: str) -> str:
-        calls.append((sample.event_id, args))
-        return f"{sample.event_id}/{args}"
-
+    derive = _Derive()
     memo: PerSample[str, str] = PerSample(derive)
-    rows = _job([{"nodes": []}] * 3).samples
+    rows = _samples(3)
     a, b, c = rows
-    found = [v for _, v in memo.hits([a, b, a], "x")]
-    assert found == [f"{a.event_id}/x", f"{b.event_id}/x", f"{a.event_id}/x"]
-    assert memo.of(c, "x") == f"{c.event_id}/x"
-    assert [s for s, _ in memo.hits([c, b, a], "x")] == [c, b, a]
-    assert memo.of(a, "y") == f"{a.event_id}/y"
-    assert calls == [(a.event_id, "x"), (b.event_id, "x"), (c.event_id, "x"), (a.event_id, "y")]
-    assert len(memo) == 4
+    assert [memo.of("j", s, "x", rows) for s in (a, b, a, c)] == _want([a, b, a, c], "x")
+    assert memo.of("j", a, "y", rows) == f"{a.event_id}/y"
+    assert memo.of("k", a, "x", rows) == f"{a.event_id}/x"
+    assert derive.calls == [
+        (a.event_id, "x"),
+        (b.event_id, "x"),
+        (c.event_id, "x"),
+        (a.event_id, "y"),
+        (a.event_id, "x"),
+    ]
+    assert len(memo) == 5
 
 
-def test_per_sample_memo_is_bounded() -> None:
-    memo: PerSample[int, str] = PerSample(lambda s, n: f"{s.event_id}/{n}", limit=5)
-    rows = _job([{"nodes": []}] * 12).samples
+def test_per_sample_memo_keeps_a_jobs_live_samples_and_is_bounded() -> None:
+    derive = _Derive()
+    memo: PerSample[str, str] = PerSample(derive)
+    rows = _samples(60)
+    for end in range(3, 61):  # a window of three sliding over the job's samples
+        live = rows[end - 3 : end]
+        assert [memo.of("j", s, "x", live) for s in live] == _want(live, "x")
+        assert len(memo) <= 2 * len(live) + 17
+    assert len(derive.calls) == 60
+    small: PerSample[int, str] = PerSample(lambda s, n: f"{s.event_id}/{n}", limit=5)
     for n in range(3):
-        assert [v for _, v in memo.hits(rows, n)] == [f"{s.event_id}/{n}" for s in rows]
-        assert len(memo) <= 5
-    memo.clear()
-    assert len(memo) == 0
-    assert memo.of(rows[0], 0) == f"{rows[0].event_id}/0"
+        assert [small.of("j", s, n, rows) for s in rows[:12]] == [
+            f"{s.event_id}/{n}" for s in rows[:12]
+        ]
+        assert len(small) <= 5
+    small.clear()
+    assert len(small) == 0
