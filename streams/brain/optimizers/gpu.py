@@ -418,13 +418,13 @@ def _outliers(sample: Sample, args: OutlierArgs) -> dict[str, float] | bool:
         return False
     if len(times) < min_nodes:
         return True
-    mid = median(times.values())
-    mad = median(abs(t - mid) for t in times.values())
-    return {
-        node_key(role, node_id): t
-        for node_id, t in times.items()
-        if t > mid + k * mad and t > mid * (1 + min_ratio)
-    }
+    ordered = sorted(times.values())
+    mid = median(ordered)
+    mad = median([abs(t - mid) for t in ordered])  # the same deviations, in another order
+    above, over = mid + k * mad, mid * (1 + min_ratio)
+    if not ordered or ordered[-1] <= above or ordered[-1] <= over:
+        return {}  # not even the slowest node: the usual answer
+    return {node_key(role, node_id): t for node_id, t in times.items() if t > above and t > over}
 
 
 #: The router asks at every decision of a running job, and the straggler optimizer again
