@@ -41,7 +41,10 @@ _UNSET = NodeResource()
 def _overlay(base: NodeResource, more: NodeResource) -> NodeResource:
     # `__dict__` is `model_dump()` of a flat model, without the serializer's cost; the
     # copy keeps values as the optimizer gave them (validating would make ints floats)
-    return base.model_copy(update={k: v for k, v in more.__dict__.items() if v not in (0, "")})
+    update = {k: v for k, v in more.__dict__.items() if v not in (0, "")}
+    if not update and base is _UNSET:
+        return NodeResource()  # what copying the defaults gives, fields set none
+    return base.model_copy(update=update)
 
 
 def merge(proposals: Sequence[Proposal]) -> Proposal:

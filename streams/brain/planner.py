@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 
 from schemas.jobs import NodeRef
 from schemas.plans import (
@@ -65,6 +66,10 @@ class Limits:
 #: The limits of a planner not given any (every decision of the stream processor's
 #: default policy): made once, never changed.
 DEFAULT_LIMITS = Limits()
+
+
+#: The plan's stage, asked at every decision: the spellings of stages are few.
+_stage_of = lru_cache(maxsize=256)(normalize_stage)
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,7 @@ def plan_scale(
     limits = limits or DEFAULT_LIMITS
     notes: list[str] = []
     urgent = bool(set(plan.optimizer.split("+")) & limits.urgent)
-    stage = normalize_stage(plan.stage, state.distribution)
+    stage = _stage_of(plan.stage, state.distribution)
     if not urgent and stage == Stage.RUNNING:
         since = _seconds(state.last_running_plan_at, now)
         if since is not None and since < limits.running_cooldown_s:
@@ -241,10 +246,16 @@ def plan_scale(
             launch.extend(
                 Node(type=role, id=first + i, resource=target) for i in range(count - current_count)
             )
-        gone = sorted(alive, key=lambda n: n.id, reverse=True)[: max(current_count - count, 0)]
+        gone = (
+            sorted(alive, key=lambda n: n.id, reverse=True)[: current_count - count]
+            if count < current_count
+            else []
+        )
         remove.extend(NodeRef(type=n.type, id=n.id) for n in gone)
         if resized:
-            kept = [n for n in alive if n not in gone]
+            # by identity: the live nodes are distinct nodes (pydantic's == is slow)
+            gone_ids = {id(n) for n in gone}
+            kept = [n for n in alive if id(n) not in gone_ids]
             for kept_node in kept:
                 own = _resource_of(kept_node)
                 new = _overlay(own, target)

@@ -123,11 +123,25 @@ _PROPOSALS = st.builds(
 )
 
 
+def _fields_set(resource: ResourcePlan) -> list[object]:
+    """Which fields each model of a merged plan says were set: equal values aside, what
+    `model_dump(exclude_unset=True)` would see."""
+    return [
+        resource.model_fields_set,
+        [
+            (role, g.model_fields_set, g.node_resource.model_fields_set)
+            for role, g in resource.node_group_resources.items()
+        ],
+        [(key, r.model_fields_set) for key, r in resource.node_resources.items()],
+    ]
+
+
 @given(st.lists(_PROPOSALS, max_size=3))
 def test_merge_is_the_plain_merge(proposals: list[Proposal]) -> None:
     got, want = merge(proposals), _plain_merge(proposals)
     assert got == want
     assert _as_plan(got) == _as_plan(want)
+    assert _fields_set(got.resource) == _fields_set(want.resource)
 
 
 def test_merge_keeps_values_as_proposed() -> None:
