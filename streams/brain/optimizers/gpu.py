@@ -440,24 +440,27 @@ def find_stragglers(state: JobState, p: StragglerParams) -> dict[str, float]:
     """
     args = (p.role, p.k, p.min_ratio, p.min_nodes)
     job, samples = state.job.uuid, state.samples
-    window: list[dict[str, float] | bool] = []
-    for s in reversed(samples):  # the last `window` samples with the role
-        slow = _OUTLIERS.of(job, s, args, samples)
-        if slow is not False:
-            window.append(slow)
-            if len(window) == p.window:
-                break
-    window.reverse()
-    if len(window) < p.window:
-        return {}
+    # newest first, so that the usual answer (no outlier in the newest sample) costs the
+    # newest sample's outliers alone; the times kept are the newest sample's
     common: dict[str, float] | None = None
-    for slow in window:
-        if isinstance(slow, bool):
+    window = 0
+    for s in reversed(samples):
+        slow = _OUTLIERS.of(job, s, args, samples)
+        if slow is False:
+            continue  # no node of the role: not one of the window's samples
+        if slow is True:
             return {}  # too few step times to tell
-        common = slow if common is None else {k: slow[k] for k in common if k in slow}
+        common = slow if common is None else {k: t for k, t in common.items() if k in slow}
+        if not common:
+            return {}
+        window += 1
+        if window == p.window:
+            break
+    else:
+        return {}  # fewer than `window` samples with the role
     alive = {
         key: t
-        for key, t in (common or {}).items()
+        for key, t in common.items()
         if (node := state.nodes.get(key)) is None or node.status == NodeStatus.RUNNING
     }
     return dict(sorted(alive.items()))

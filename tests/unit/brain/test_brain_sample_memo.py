@@ -216,7 +216,12 @@ def test_observations_and_stragglers_match_plain_computations(
     job = _job(rows, roles={WORKER: RoleResources(gpu_num=gpu_num)})
     for role in (WORKER, "ps"):
         assert observations(job, role) == _plain_observations(job, role)
-        for p in (StragglerParams(role=role), StragglerParams(role=role, window=1, k=0.5)):
+        for p in (
+            StragglerParams(role=role),
+            StragglerParams(role=role, window=1, k=0.5),
+            StragglerParams(role=role, window=2, k=0.1, min_ratio=0),
+            StragglerParams(role=role, window=5, k=0.1, min_ratio=0),
+        ):
             assert find_stragglers(job, p) == _plain_stragglers(job, p)
 
 
