@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from operator import is_
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -70,86 +69,15 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class SampleWindow(Generic[K, V]):
-    """`derive(sample, args)` for each of a job's samples, made once per sample: goodput
-    reads all 60 samples of a job at every decision, and a sample never changes.
-
-    Kept per job and `args`: the job's samples at its last call and what was derived of
-    them. Folds append a job's samples and drop its oldest, so the next window is the
-    last one less a few at the front and plus a few at the end, by identity: only those
-    are derived, and the rest is a slice of the last values, with no sample looked up
-    (a table of samples by id costs a lookup per sample at every decision, mostly out of
-    the CPU's caches: 60 lookups took 7 us in a table of 6,000 samples, 39 us in one of
-    200,000). A window that does not continue the last one takes what it shares with it
-    by identity. `derive` must be pure and depend on nothing but the sample and `args`.
-    """
-
-    def __init__(self, derive: Callable[[Sample, K], V], limit: int = 4096) -> None:
-        self._derive = derive
-        self._limit = limit
-        #: least recently used first; the samples held, so their ids stay theirs
-        self._last: dict[tuple[str, K], tuple[tuple[Sample, ...], list[V]]] = {}
-
-    def values(self, job: str, samples: Sequence[Sample], args: K) -> list[V]:
-        """What `derive` makes of each of the job's `samples`, in their order."""
-        key = (job, args)
-        last = self._last.pop(key, None)
-        now = tuple(samples)
-        found = None if last is None else _continued(last, now)
-        if found is None:
-            found = self._anew(last, now, args)
-        elif len(found) < len(now):
-            derive = self._derive
-            found.extend([derive(s, args) for s in now[len(found) :]])
-        if len(self._last) >= self._limit:
-            del self._last[next(iter(self._last))]
-        self._last[key] = (now, found)
-        return list(found)  # the caller's own
-
-    def _anew(
-        self, last: tuple[tuple[Sample, ...], list[V]] | None, now: tuple[Sample, ...], args: K
-    ) -> list[V]:
-        known = {} if last is None else {id(s): v for s, v in zip(*last, strict=True)}
-        derive = self._derive
-        found: list[V] = []
-        for s in now:
-            value = known.get(id(s), _NONE)
-            found.append(derive(s, args) if value is _NONE else value)  # type: ignore[arg-type]
-        return found
-
-    def clear(self) -> None:
-        self._last.clear()
-
-    def __len__(self) -> int:
-        return len(self._last)
-
-
-_NONE = object()
-
-
-def _continued(last: tuple[tuple[Sample, ...], list[V]], now: tuple[Sample, ...]) -> list[V] | None:
-    """The values of `now`'s first samples when `now` continues the `last` window: its
-    samples from where `now` starts, in the same order, then only new ones."""
-    old, values = last
-    if not now:
-        return []
-    first = now[0]
-    start = next((i for i, sample in enumerate(old) if sample is first), None)
-    if start is None:
-        return None
-    kept = len(old) - start
-    if kept > len(now) or not all(map(is_, old[start:], now[:kept])):
-        return None
-    return values[start:]
-
-
 class PerSample(Generic[K, V]):
     """`derive(sample, args)` made once per sample and `args`, for readers of a few of a
-    job's samples at every decision (the straggler detector reads the last three).
+    job's samples at every decision (the straggler detector, the newest few).
 
     One small table per job and `args`, keyed by the sample's id with the sample held (so
     that its id is not reused while in here), cut back to the job's current samples when
-    it holds twice as many (see SampleWindow for why tables stay small).
+    it holds twice as many: one table of every sample of every job outgrows the CPU's
+    caches, and a lookup in it measured several times slower (60 lookups: 7 us in a table
+    of 6,000 samples, 39 us in one of 200,000).
     `derive` must be pure and depend on nothing but the sample and `args`.
     """
 

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import math
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pydantic import Field
@@ -18,13 +20,7 @@ from pydantic import Field
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
-from streams.brain.optimizers.base import (
-    OptimizeContext,
-    PerSample,
-    Proposal,
-    SampleWindow,
-    register,
-)
+from streams.brain.optimizers.base import OptimizeContext, PerSample, Proposal, register
 from streams.brain.optimizers.fit import nnls
 from streams.brain.state import (
     WORKER,
@@ -154,28 +150,127 @@ def _seen(sample: Sample, args: tuple[str, int]) -> Seen:
     )
 
 
-_SEEN: SampleWindow[tuple[str, int], Seen] = SampleWindow(_seen)
+class _Window:
+    """What goodput read of one job's samples at the job's last decision, kept in step
+    with them: folds drop a job's oldest samples and append new ones, so a decision
+    reads the few samples folded since its last one, and the rest stands.
+
+    Only the samples that come and go are touched: reading every sample and observation
+    of the job again (even to copy or count a reference to it) costs a cache miss each
+    at every decision, as they sit in memory among every other job's. The counts of the
+    observations' GPUs tell goodput whether the job ran at more than one scale without
+    reading the observations either.
+    """
+
+    __slots__ = ("gpus", "ids", "obs", "pending", "samples", "seen")
+
+    def __init__(self) -> None:
+        self.samples: list[Sample] = []  # held, so that the ids in `ids` stay theirs
+        self.ids = array("q")  # the samples' ids, searched without touching a sample
+        self.seen: list[Seen] = []
+        self.obs: list[StepObservation] = []  # the `seen` that are observations, in order
+        self.pending = 0  # `seen` that need the job's state for a local batch
+        self.gpus: dict[int, int] = {}  # observations by their GPUs
+
+    def update(self, now: list[Sample], args: tuple[str, int]) -> None:
+        """Make the window that of `now`, the job's samples."""
+        if self.samples == now:  # compared by identity first, sample by sample
+            return
+        if now and self.samples:
+            try:
+                start = self.ids.index(id(now[0]))
+            except ValueError:
+                start = -1
+            kept = len(self.samples) - start
+            if start >= 0 and kept <= len(now):
+                self._drop(start)
+                self._add(now[kept:], args)
+                if self.samples == now:
+                    return
+        self._reset(now, args)
+
+    def observations(self, state: JobState, per_gpu: int) -> list[StepObservation]:
+        """The observations of the window in the job's `state`: shared unless a sample
+        needs the state (read, never change, the list)."""
+        if not self.pending:
+            return self.obs
+        found: list[StepObservation] = []
+        for sample, one in zip(self.samples, self.seen, strict=True):
+            if isinstance(one, StepObservation):
+                found.append(one)
+            elif one is not None:
+                local_batch = _local_batch(state, sample, one[0])
+                found.append(_observe(sample, one, per_gpu, local_batch))
+        return found
+
+    def _drop(self, count: int) -> None:
+        observed = 0
+        gpus = self.gpus
+        for one in self.seen[:count]:
+            if isinstance(one, StepObservation):
+                observed += 1
+                left = gpus[one.gpus] - 1
+                if left:
+                    gpus[one.gpus] = left
+                else:
+                    del gpus[one.gpus]
+            elif one is not None:
+                self.pending -= 1
+        del self.samples[:count]
+        del self.ids[:count]
+        del self.seen[:count]
+        del self.obs[:observed]
+
+    def _add(self, samples: Iterable[Sample], args: tuple[str, int]) -> None:
+        for sample in samples:
+            self._append(sample, _seen(sample, args))
+
+    def _append(self, sample: Sample, one: Seen) -> None:
+        self.samples.append(sample)
+        self.ids.append(id(sample))
+        self.seen.append(one)
+        if isinstance(one, StepObservation):
+            self.obs.append(one)
+            self.gpus[one.gpus] = self.gpus.get(one.gpus, 0) + 1
+        elif one is not None:
+            self.pending += 1
+
+    def _reset(self, now: list[Sample], args: tuple[str, int]) -> None:
+        """A window that does not continue the last one: what it shares with the last
+        one by identity is kept, the rest derived."""
+        known = dict(zip(self.ids, self.seen, strict=True))
+        held = self.samples  # keeps the known ids theirs until done
+        self.samples, self.ids, self.seen, self.obs = [], array("q"), [], []
+        self.pending, self.gpus = 0, {}
+        for sample in now:
+            key = id(sample)
+            if key not in known:
+                known[key] = _seen(sample, args)
+            self._append(sample, known[key])
+        del held
+
+
+#: Per (job, role, GPUs per replica), least recently used first; bounded.
+_WINDOWS: dict[tuple[str, str, int], _Window] = {}
+WINDOW_LIMIT = 4096
+
+
+def _window(state: JobState, role: str, per_gpu: int) -> _Window:
+    key = (state.job.uuid, role, per_gpu)
+    window = _WINDOWS.pop(key, None)
+    if window is None:
+        window = _Window()
+        if len(_WINDOWS) >= WINDOW_LIMIT:
+            del _WINDOWS[next(iter(_WINDOWS))]
+    _WINDOWS[key] = window
+    samples = state.samples
+    window.update(samples if isinstance(samples, list) else list(samples), (role, per_gpu))
+    return window
 
 
 def observations(state: JobState, role: str) -> list[StepObservation]:
-    return _observations(state, role, _gpus_per_replica(state, role))
-
-
-def _observations(state: JobState, role: str, per_gpu: int) -> list[StepObservation]:
-    samples = state.samples
-    seen = _SEEN.values(state.job.uuid, samples, (role, per_gpu))
-    if tuple not in map(type, seen):  # every sample says its local batch, or nothing
-        return list(filter(None, seen))  # type: ignore[arg-type]  # StepObservations
-    found: list[StepObservation] = []
-    for sample, one in zip(samples, seen, strict=True):
-        if one is None:
-            continue
-        if isinstance(one, StepObservation):
-            found.append(one)
-        else:
-            local_batch = _local_batch(state, sample, one[0])
-            found.append(_observe(sample, one, per_gpu, local_batch))
-    return found
+    per_gpu = _gpus_per_replica(state, role)
+    return list(_window(state, role, per_gpu).observations(state, per_gpu))
 
 
 def fit_throughput(obs: list[StepObservation]) -> ThroughputModel | None:
@@ -196,7 +291,8 @@ def goodput(ctx: OptimizeContext, p: GoodputParams) -> Proposal | None:
     state = ctx.state
     spec = state.role(p.role)
     per_gpu = max(spec.gpu_num, 1)  # _gpus_per_replica, without asking the state again
-    obs = _observations(state, p.role, per_gpu)
+    window = _window(state, p.role, per_gpu)
+    obs = window.observations(state, per_gpu)  # shared: read only
     if len(obs) < p.min_samples:
         return None
     latest = obs[-1]
@@ -207,7 +303,8 @@ def goodput(ctx: OptimizeContext, p: GoodputParams) -> Proposal | None:
         hi = min(hi, current + max(ctx.free_gpus, 0) // per_gpu)
     if hi < lo:
         return None
-    if len({o.gpus for o in obs}) < 2:
+    scales = len(window.gpus) if not window.pending else len({o.gpus for o in obs})
+    if scales < 2:
         if not p.explore or current >= hi:
             return None
         target = min(hi, max(current + 1, current * 2))

@@ -9,14 +9,17 @@ that nothing a memo keeps leaks from one job's state into another's.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.jobs import NodeUsage, RuntimeSample
-from streams.brain.optimizers.base import PerSample, SampleWindow
+from streams.brain.optimizers import gpu
+from streams.brain.optimizers.base import PerSample
 from streams.brain.optimizers.gpu import (
     StepObservation,
     StragglerParams,
@@ -271,94 +274,158 @@ def _want(samples: list[Sample], args: str) -> list[str]:
     return [f"{s.event_id}/{args}" for s in samples]
 
 
-def test_sample_window_derives_only_the_samples_folded_since() -> None:
-    derive = _Derive()
-    memo: SampleWindow[str, str] = SampleWindow(derive)
-    rows = _samples(12)
-    assert memo.values("j", rows[:6], "x") == _want(rows[:6], "x")
-    assert len(derive.calls) == 6
-    # a fold later: the oldest two dropped, three new at the end
-    assert memo.values("j", rows[2:9], "x") == _want(rows[2:9], "x")
-    assert [e for e, _ in derive.calls[6:]] == [s.event_id for s in rows[6:9]]
-    # the same window again, and one that only grew
-    assert memo.values("j", rows[2:9], "x") == _want(rows[2:9], "x")
-    assert memo.values("j", rows[2:10], "x") == _want(rows[2:10], "x")
-    assert len(derive.calls) == 10
-    assert memo.values("j", [], "x") == []
+def _role_job(rows: list[Sample], gpu_num: int = 1, **fields: Any) -> JobState:
+    return state(roles={WORKER: RoleResources(gpu_num=gpu_num)}, samples=rows, **fields)
 
 
-def test_sample_window_reuses_what_another_window_shares_by_identity() -> None:
-    derive = _Derive()
-    memo: SampleWindow[str, str] = SampleWindow(derive)
-    rows = _samples(8)
-    memo.values("j", rows[:5], "x")
+def _observed_samples(count: int, local_batch: int | None = 32) -> list[Sample]:
+    rows = [
+        {"nodes": _workers(*[1.0 + 0.1 * i] * (1 + i % 3)), "local_batch_size": local_batch}
+        for i in range(count)
+    ]
+    return list(_job(rows).samples)
+
+
+@pytest.fixture
+def derived(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The samples goodput derives an observation of, in order, with no window kept."""
+    calls: list[str] = []
+    derive = gpu._seen
+
+    def counting(sample: Sample, args: tuple[str, int]) -> gpu.Seen:
+        calls.append(sample.event_id)
+        return derive(sample, args)
+
+    monkeypatch.setattr(gpu, "_seen", counting)
+    monkeypatch.setattr(gpu, "_WINDOWS", {})
+    return calls
+
+
+def test_observation_window_derives_only_the_samples_folded_since(derived: list[str]) -> None:
+    rows = _observed_samples(12)
+    for start, end in ((0, 6), (2, 9), (2, 9), (2, 10), (5, 10)):
+        job = _role_job(rows[start:end])
+        assert observations(job, WORKER) == _plain_observations(job, WORKER)
+    assert derived == [s.event_id for s in rows[:10]]  # each sample once
+    assert observations(_role_job([]), WORKER) == []
+
+
+def test_observation_window_of_windows_that_do_not_continue_the_last(derived: list[str]) -> None:
+    rows = _observed_samples(8)
+    last = rows[:5]
+    observations(_role_job(last), WORKER)
     for window in (
         rows[3:4],  # shorter than what the last window kept
         [rows[4], rows[0], rows[0], rows[3]],  # reordered, a sample twice
-        [rows[3], rows[7], rows[4]],  # continues, then not
-        rows[5:8],  # nothing shared
+        [rows[3], rows[6], rows[4]],  # continues, then not
+        [rows[2], rows[6], rows[7]],  # starts like the last, goes on otherwise
+        rows[5:8],
     ):
-        before = {e for e, _ in derive.calls}
-        assert memo.values("j", window, "x") == _want(window, "x")
-        new = [e for e, _ in derive.calls if e not in before]
-        assert len(new) == len(set(new))  # a new sample derived once
-    # another job, other args: their own windows
-    assert memo.values("k", rows[:2], "x") == _want(rows[:2], "x")
-    assert memo.values("j", rows[:2], "y") == _want(rows[:2], "y")
+        derived.clear()
+        job = _role_job(window)
+        assert observations(job, WORKER) == _plain_observations(job, WORKER)
+        # what the last window had and this one keeps in place, or takes anew, is kept
+        new = {s.event_id for s in window if not any(s is k for k in last)}
+        assert new <= set(derived) <= {s.event_id for s in window}
+        assert len(derived) == len(set(derived))
+        last = window
 
 
-_POOL = _samples(10)
+def test_observation_window_holds_equal_samples_apart() -> None:
+    """A sample equal to another is still another sample: the window follows identity,
+    and what it keeps of an equal sample is what that sample gives too."""
+    rows = _observed_samples(3)
+    twin = _observed_samples(3)[0]
+    assert twin == rows[0] and twin is not rows[0]
+    for window in (rows, [twin, *rows[1:]], [twin, rows[0]], rows):
+        job = _role_job(window)
+        assert observations(job, WORKER) == _plain_observations(job, WORKER)
 
 
+def test_observation_windows_per_job_role_and_gpus(derived: list[str]) -> None:
+    rows = _observed_samples(4)
+    for gpu_num in (1, 2, 1):
+        job = _role_job(rows, gpu_num=gpu_num)
+        assert observations(job, WORKER) == _plain_observations(job, WORKER)
+    other = _role_job(rows).model_copy(update={"job": meta("job-2")})
+    assert observations(other, WORKER) == _plain_observations(other, WORKER)
+    assert observations(other, "ps") == []
+    assert len(derived) == 4 * 3 + 4  # windows of gpu 1, gpu 2, job-2, and ps
+
+
+def test_observation_windows_are_bounded(
+    derived: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gpu, "WINDOW_LIMIT", 2)
+    rows = _observed_samples(2)
+    for uuid_ in ("a", "b", "c", "a"):
+        job = _role_job(rows).model_copy(update={"job": meta(uuid_)})
+        assert observations(job, WORKER) == _plain_observations(job, WORKER)
+        assert len(gpu._WINDOWS) <= 2
+    assert len(derived) == 2 * 4  # "a" again after "c" pushed it out
+
+
+def _scales(obs: list[StepObservation]) -> int:
+    return len({o.gpus for o in obs})
+
+
+@settings(max_examples=60, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.sampled_from(["j", "k"]), st.lists(st.integers(0, 9), max_size=8)),
+    calls=st.lists(
+        st.tuples(
+            st.sampled_from(["j", "k"]),
+            st.lists(st.integers(0, 9), max_size=8),
+            st.sampled_from([0, 2]),
+        ),
         max_size=8,
     )
 )
-def test_sample_window_gives_what_deriving_each_sample_gives(
-    calls: list[tuple[str, list[int]]],
+def test_observation_window_gives_what_each_window_gives(
+    calls: list[tuple[str, list[int], int]],
 ) -> None:
-    """Any order of windows, continuing or not, of two jobs sharing samples."""
-    memo: SampleWindow[str, str] = SampleWindow(_Derive(), limit=2)
-    for job, picks in calls:
-        window = [_POOL[i] for i in picks]
-        assert memo.values(job, window, "x") == _want(window, "x")
+    """Any order of windows, continuing or not, of two jobs sharing samples, some of
+    which need the job's state for their local batch: the observations, and the number
+    of scales goodput reads off the window, are those of the window's samples."""
+    pool = _POOL_OBSERVED
+    for uuid_, picks, gpu_num in calls:
+        job = _role_job([pool[i] for i in picks], gpu_num=gpu_num, batch_size=96).model_copy(
+            update={"job": meta(uuid_)}
+        )
+        want = _plain_observations(job, WORKER)
+        assert observations(job, WORKER) == want
+        window = gpu._window(job, WORKER, max(gpu_num, 1))
+        obs = window.observations(job, max(gpu_num, 1))
+        assert obs == want
+        if not window.pending:
+            assert len(window.gpus) == _scales(want)
 
 
-def test_sample_window_that_starts_like_the_last_but_goes_on_otherwise() -> None:
-    memo: SampleWindow[str, str] = SampleWindow(_Derive())
-    rows = _samples(8)
-    memo.values("j", rows[:5], "x")
-    window = [rows[2], rows[6], rows[7]]
-    assert memo.values("j", window, "x") == _want(window, "x")
+_POOL_OBSERVED = _observed_samples(5) + _observed_samples(5, local_batch=None)
+_SCALING = list(
+    _job(
+        [
+            {"nodes": _workers(*[1.0] * n), "local_batch_size": 32}
+            for n in (1, 1, 2, 2, 2, 4, 1, 3, 3, 4, 4, 4, 2, 1, 1, 1, 5, 5, 2, 2)
+        ]
+    ).samples
+)
 
 
-def test_sample_window_holds_equal_samples_apart() -> None:
-    """Two samples with the same content are two samples: values follow identity only."""
-    rows = _samples(3)
-    twin = _job([{"nodes": []}] * 3).samples[0]
-    assert twin == rows[0] and twin is not rows[0]
-    memo: SampleWindow[str, int] = SampleWindow(lambda s, _: id(s))
-    assert memo.values("j", rows, "x") == [id(s) for s in rows]
-    assert memo.values("j", [twin, *rows[1:]], "x") == [id(twin), id(rows[1]), id(rows[2])]
-
-
-def test_sample_window_gives_the_caller_its_own_list_and_is_bounded() -> None:
-    derive = _Derive()
-    memo: SampleWindow[str, str] = SampleWindow(derive, limit=3)
-    rows = _samples(4)
-    got = memo.values("j0", rows, "x")
-    got.clear()
-    assert memo.values("j0", rows, "x") == _want(rows, "x")
-    for job in ("j1", "j2", "j3"):
-        memo.values(job, rows[:1], "x")
-        assert len(memo) <= 3
-    calls = len(derive.calls)
-    assert memo.values("j0", rows, "x") == _want(rows, "x")  # least recently used: gone
-    assert len(derive.calls) == calls + len(rows)
-    memo.clear()
-    assert len(memo) == 0
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), max_size=12))
+def test_observation_window_sliding_as_folds_slide_it(steps: list[tuple[int, int]]) -> None:
+    """Windows as folds make them (the oldest dropped, new ones appended) over samples
+    whose scales come and go: the scales counted in step are those of the window."""
+    start = end = 0
+    for drop, add in steps:
+        end = min(end + add, len(_SCALING))
+        start = min(start + drop, end)
+        job = _role_job(_SCALING[start:end])
+        want = _plain_observations(job, WORKER)
+        assert observations(job, WORKER) == want
+        window = gpu._window(job, WORKER, 1)
+        assert len(window.gpus) == _scales(want)
+        assert sorted(window.gpus.items()) == sorted(Counter(o.gpus for o in want).items())
 
 
 def test_per_sample_memo_derives_once_per_sample_and_args() -> None:
