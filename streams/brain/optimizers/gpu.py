@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pydantic import Field
@@ -221,9 +220,18 @@ class _Window:
         del self.seen[:count]
         del self.obs[:observed]
 
-    def _add(self, samples: Iterable[Sample], args: tuple[str, int]) -> None:
-        for sample in samples:
-            self._append(sample, _seen(sample, args))
+    def _add(self, samples: list[Sample], args: tuple[str, int]) -> None:
+        ones = [_seen(sample, args) for sample in samples]
+        self.samples.extend(samples)
+        self.ids.extend(map(id, samples))
+        self.seen.extend(ones)
+        gpus = self.gpus
+        for one in ones:
+            if isinstance(one, StepObservation):
+                self.obs.append(one)
+                gpus[one.gpus] = gpus.get(one.gpus, 0) + 1
+            elif one is not None:
+                self.pending += 1
 
     def _append(self, sample: Sample, one: Seen) -> None:
         self.samples.append(sample)
