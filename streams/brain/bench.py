@@ -4,9 +4,10 @@ In one run, over the same pre-loaded events of a fresh env: a plain aiokafka con
 that does nothing (the bus's ceiling), a faust agent that does nothing but take and ack
 (faust's ceiling on this machine), and the brain (state, triggers, optimizers, planner,
 checkpoints). Then, with the brain caught up, events at a controlled rate and the time
-from an event's publication to the ScalePlan it causes, seen by a consumer of
-`<env>.scale.plans`. Ratios between numbers of one run are what to compare: the machine
-and the broker are shared and their absolute speed varies.
+from an event's publication to the publication of the ScalePlan it causes (the plan
+record's create time), and to its arrival at a consumer of `<env>.scale.plans`. Ratios
+between numbers of one run are what to compare: the machine and the broker are shared
+and their absolute speed varies.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
+from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic, topic_of
 from schemas.codec import encode
@@ -175,9 +177,13 @@ async def _preload(settings: Settings, events: Sequence[Event]) -> None:
 
 def _rate(total: int, first_batch: int, first_at: float, last_at: float) -> float:
     """Records per second after the first batch arrived: start-up and group joins are
-    not what is measured."""
+    not what is measured. Too few events for more than one batch time nothing."""
     elapsed = last_at - first_at
-    return (total - first_batch) / elapsed if elapsed > 0 else float("inf")
+    if total <= first_batch or elapsed <= 0:
+        raise UserError(
+            f"all {total} events were read at once: too few to time, give --events more"
+        )
+    return (total - first_batch) / elapsed
 
 
 async def _baseline(settings: Settings, env: str, total: int) -> float:
@@ -273,7 +279,7 @@ async def _brain_phase(brain: Brain, total: int) -> float:
 
 async def _latency_phase(
     settings: Settings, workload: Workload, rate: float, seconds: float, oom_every: int
-) -> tuple[list[float], int]:
+) -> tuple[list[float], list[float], int]:
     """Run the load generator in its own process: in this one it would take the CPU that
     the brain's latency is measured on."""
     spec = {
@@ -299,7 +305,11 @@ async def _latency_phase(
     if proc.returncode != 0:
         raise RuntimeError(f"load generator failed ({proc.returncode}): {err.decode()[-2000:]}")
     result = json.loads(out.decode().strip().splitlines()[-1])
-    return [float(x) for x in result["latencies_ms"]], int(result["sent"])
+    return (
+        [float(x) for x in result["latencies_ms"]],
+        [float(x) for x in result["seen_ms"]],
+        int(result["sent"]),
+    )
 
 
 async def run_bench(
@@ -338,7 +348,9 @@ async def run_bench(
         brain_rate = await _brain_phase(brain, total)
         counters = dict(vars(brain.processor.counters))
         progress(f"latency at {rate:g} events/s for {seconds:g} s")
-        latencies, sent = await _latency_phase(settings, workload, rate, seconds, latency_oom_every)
+        latencies, seen, sent = await _latency_phase(
+            settings, workload, rate, seconds, latency_oom_every
+        )
         result: dict[str, Any] = {
             "events": total,
             "jobs": jobs,
@@ -356,6 +368,9 @@ async def run_bench(
             "plan_latency_p50_ms": round(percentile(latencies, 50), 2),
             "plan_latency_p99_ms": round(percentile(latencies, 99), 2),
             "plan_latency_max_ms": round(max(latencies, default=float("nan")), 2),
+            # to the plan's arrival at a consumer of `<env>.scale.plans`: one fetch more
+            "plan_seen_latency_p50_ms": round(percentile(seen, 50), 2),
+            "plan_seen_latency_p99_ms": round(percentile(seen, 99), 2),
         }
         return result
     finally:

@@ -2,8 +2,10 @@
 
 It publishes a workload's next events at a controlled rate and times each ScalePlan from
 the publication of the event it names as its cause (a ScalePlan's id is derived from that
-event) to its arrival on `<env>.scale.plans`: both ends on this process's clock, and none
-of the work on the brain's CPU. Usage: `python -m streams.brain.loadgen '<json spec>'`;
+event) to the ScalePlan's publication (its record's create time, set by the brain's
+producer: the issue's measure), and to its arrival here on `<env>.scale.plans` (what a
+reader of the plans sees, one more fetch later). All on this machine's wall clock, and
+none of the measuring on the brain's CPU. Usage: `python -m streams.brain.loadgen '<json spec>'`;
 prints one JSON line.
 """
 
@@ -48,14 +50,15 @@ async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
     producer = AIOKafkaProducer(bootstrap_servers=servers, linger_ms=0, acks="all")
     await consumer.start()
     await producer.start()
-    published: dict[str, float] = {}
+    published: dict[str, float] = {}  # plan id -> cause published, wall clock in ms
     latencies: list[float] = []
+    seen: list[float] = []
     stop = asyncio.Event()
 
     async def receive() -> None:
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=20)
-            now = time.perf_counter()
+            now = time.time() * 1000
             for records in batch.values():
                 for record in records:
                     try:
@@ -64,7 +67,8 @@ async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
                         continue
                     sent = published.get(plan.plan_id) if isinstance(plan, ScalePlan) else None
                     if sent is not None:
-                        latencies.append((now - sent) * 1000)
+                        latencies.append(record.timestamp - sent)
+                        seen.append(now - sent)
 
     try:
         await consumer._client.force_metadata_update()
@@ -81,14 +85,19 @@ async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
             delay = t0 + n / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            published[plan_id(key.decode(), str(event.event_id), "scale")] = time.perf_counter()
+            published[plan_id(key.decode(), str(event.event_id), "scale")] = time.time() * 1000
             futures.append(await producer.send(name, value, key=key))
         elapsed = time.perf_counter() - t0
         await asyncio.gather(*futures)
         await asyncio.sleep(drain_s)
         stop.set()
         await receiver
-        return {"sent": count, "send_rate": count / elapsed, "latencies_ms": latencies}
+        return {
+            "sent": count,
+            "send_rate": count / elapsed,
+            "latencies_ms": latencies,
+            "seen_ms": seen,
+        }
     finally:
         await producer.stop()
         await consumer.stop()
