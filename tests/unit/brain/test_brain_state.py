@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas.jobs import (
     JobCompleted,
@@ -115,6 +117,40 @@ def test_a_replayed_sample_is_folded_once() -> None:
     job = fold_all(base(), [event, event])
     assert job is not None
     assert len(job.samples) == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        # (state to fold into, sample): samples 100.. are a history twice the window long,
+        # the first half of it out of the window again
+        st.tuples(st.integers(0, 7), st.one_of(st.integers(0, 40), st.integers(100, 219))),
+        min_size=1,
+        max_size=80,
+    )
+)
+def test_the_duplicate_check_is_exact_whatever_states_are_folded_again(
+    steps: list[tuple[int, int]],
+) -> None:
+    """A sample is a duplicate exactly when its event id is among its state's samples,
+    also when one state is folded twice (branches) and when samples left the window."""
+    events = {i: runtime(i) for i in [*range(41), *range(100, 220)]}
+    start = fold_all(base(), [events[i] for i in range(100, 220)])
+    assert start is not None
+    states = [start]
+    for pick, sample in steps:
+        state = states[pick % len(states)]
+        event = events[sample]
+        before = [s.event_id for s in state.samples]
+        after = fold(state, event)
+        assert after is not None
+        if str(event.event_id) in before:
+            assert [s.event_id for s in after.samples] == before
+        else:
+            assert [s.event_id for s in after.samples] == [*before, str(event.event_id)][
+                -MAX_SAMPLES:
+            ]
+        states.append(after)
 
 
 def test_stages_advance_with_samples() -> None:
