@@ -83,6 +83,18 @@ def settings(broker: Broker, pg_dsn: str) -> Settings:
     )
 
 
+def cli_environ(settings: Settings, pg_dsn: str) -> dict[str, str]:
+    """The environment of a command run in its own process against the test's broker and
+    Postgres, with the test's short group timeouts."""
+    return {
+        **os.environ,
+        "DLROVER_EVENTS_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "DLROVER_EVENTS_PG_DSN": pg_dsn,
+        "DLROVER_EVENTS_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
+        "DLROVER_EVENTS_HEARTBEAT_INTERVAL_MS": str(settings.heartbeat_interval_ms),
+    }
+
+
 def unique_env(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
 

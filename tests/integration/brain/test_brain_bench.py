@@ -6,25 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 
 import pytest
 
 from dlrover_events.settings import Settings
-from tests.conftest import REPO
+from tests.conftest import REPO, cli_environ
 
 pytestmark = pytest.mark.integration
 
 
 async def test_bench_brain_prints_its_measures_last(settings: Settings, pg_dsn: str) -> None:
-    environ = {
-        **os.environ,
-        "DLROVER_EVENTS_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "DLROVER_EVENTS_PG_DSN": pg_dsn,
-        "DLROVER_EVENTS_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
-        "DLROVER_EVENTS_HEARTBEAT_INTERVAL_MS": str(settings.heartbeat_interval_ms),
-    }
+    environ = cli_environ(settings, pg_dsn)
     script = "from dlrover_events.cli import main; main()"
     args = ["bench", "brain", "--events", "8000", "--jobs", "5", "--rate", "200", "--seconds", "2"]
     proc = await asyncio.create_subprocess_exec(

@@ -4,7 +4,6 @@ brain --env E` runs it (its own process, stopped by SIGTERM)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 
@@ -21,7 +20,7 @@ from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import ScalePlan
 from streams.brain.app import Brain, service
 from streams.brain.planner import plan_id
-from tests.conftest import REPO, EnvFactory, unique_env
+from tests.conftest import REPO, EnvFactory, cli_environ, unique_env
 from tests.integration.brain.workload import oom, plans_on, submitted
 
 pytestmark = pytest.mark.integration
@@ -77,13 +76,7 @@ async def test_command_runs_until_sigterm(
 ) -> None:
     env = (await make_env()).name
     want = await _publish_oom_job(settings, env, "job-cmd")
-    environ = {
-        **os.environ,
-        "DLROVER_EVENTS_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "DLROVER_EVENTS_PG_DSN": pg_dsn,
-        "DLROVER_EVENTS_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
-        "DLROVER_EVENTS_HEARTBEAT_INTERVAL_MS": str(settings.heartbeat_interval_ms),
-    }
+    environ = cli_environ(settings, pg_dsn)
     script = "import typer; from streams.brain.app import brain; typer.run(brain)"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -117,11 +110,7 @@ async def test_command_runs_until_sigterm(
 
 
 async def test_command_says_so_when_the_env_is_missing(settings: Settings, pg_dsn: str) -> None:
-    environ = {
-        **os.environ,
-        "DLROVER_EVENTS_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "DLROVER_EVENTS_PG_DSN": pg_dsn,
-    }
+    environ = cli_environ(settings, pg_dsn)
     script = (
         "import sys, typer\n"
         "from dlrover_events.errors import UserError\n"
