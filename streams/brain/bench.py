@@ -5,8 +5,10 @@ that does nothing (the bus's ceiling), a faust agent that does nothing but take 
 (faust's ceiling on this machine), and the brain (state, triggers, optimizers, planner,
 checkpoints). Then, with the brain caught up, events at a controlled rate and the time
 from an event's publication to the publication of the ScalePlan it causes (the plan
-record's create time), and to its arrival at a consumer of `<env>.scale.plans`. Ratios
-between numbers of one run are what to compare: the machine and the broker are shared
+record's create time), and to its arrival at a consumer of `<env>.scale.plans`; beside
+them the bus's own delay from an event's publication to a plain reader fetching as the
+brain does: every plan latency includes such a delay, and tansu's has a tail of its own.
+Ratios between numbers of one run are what to compare: the machine and the broker are shared
 and their absolute speed varies.
 """
 
@@ -279,7 +281,7 @@ async def _brain_phase(brain: Brain, total: int) -> float:
 
 async def _latency_phase(
     settings: Settings, workload: Workload, rate: float, seconds: float, oom_every: int
-) -> tuple[list[float], list[float], int]:
+) -> tuple[list[float], list[float], list[float], int]:
     """Run the load generator in its own process: in this one it would take the CPU that
     the brain's latency is measured on."""
     spec = {
@@ -308,6 +310,7 @@ async def _latency_phase(
     return (
         [float(x) for x in result["latencies_ms"]],
         [float(x) for x in result["seen_ms"]],
+        [float(x) for x in result["bus_ms"]],
         int(result["sent"]),
     )
 
@@ -348,7 +351,7 @@ async def run_bench(
         brain_rate = await _brain_phase(brain, total)
         counters = dict(vars(brain.processor.counters))
         progress(f"latency at {rate:g} events/s for {seconds:g} s")
-        latencies, seen, sent = await _latency_phase(
+        latencies, seen, bus, sent = await _latency_phase(
             settings, workload, rate, seconds, latency_oom_every
         )
         result: dict[str, Any] = {
@@ -371,6 +374,10 @@ async def run_bench(
             # to the plan's arrival at a consumer of `<env>.scale.plans`: one fetch more
             "plan_seen_latency_p50_ms": round(percentile(seen, 50), 2),
             "plan_seen_latency_p99_ms": round(percentile(seen, 99), 2),
+            # a plain aiokafka reader of the job topics (the brain's fetch wait): the bus's
+            # own delay from publication to a reader, which every plan latency includes
+            "bus_latency_p50_ms": round(percentile(bus, 50), 2),
+            "bus_latency_p99_ms": round(percentile(bus, 99), 2),
         }
         return result
     finally:

@@ -20,9 +20,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dlrover_events.topics import SCALE_PLANS, topic, topic_of
+from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic, topic_of
 from schemas.codec import CodecError, decode, encode
 from schemas.plans import ScalePlan
+from streams.brain.app import FETCH_MAX_WAIT_MS
 from streams.brain.bench import Workload
 from streams.brain.planner import plan_id
 
@@ -47,13 +48,36 @@ async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
     consumer = AIOKafkaConsumer(
         bootstrap_servers=servers, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=5
     )
+    # the bus's own delay, as the brain's fetch sees it: the tail the brain cannot beat
+    bus = AIOKafkaConsumer(
+        bootstrap_servers=servers,
+        group_id=None,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+    )
     producer = AIOKafkaProducer(bootstrap_servers=servers, linger_ms=0, acks="all")
     await consumer.start()
+    await bus.start()
     await producer.start()
     published: dict[str, float] = {}  # plan id -> cause published, wall clock in ms
     latencies: list[float] = []
     seen: list[float] = []
+    delivered: list[float] = []
+    since = time.time() * 1000
     stop = asyncio.Event()
+
+    async def receive_events() -> None:
+        while not stop.is_set():
+            batch = await bus.getmany(timeout_ms=20)
+            now = time.time() * 1000
+            # tansu's end offsets lag by a batch: the seek to the end may land before
+            # records of the preload, which were not published in this phase
+            delivered.extend(
+                now - r.timestamp
+                for records in batch.values()
+                for r in records
+                if r.timestamp >= since
+            )
 
     async def receive() -> None:
         while not stop.is_set():
@@ -71,14 +95,21 @@ async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
                         seen.append(now - sent)
 
     try:
-        await consumer._client.force_metadata_update()
-        ids = sorted(consumer.partitions_for_topic(plans_topic) or ())
-        parts = [TopicPartition(plans_topic, p) for p in ids]
-        consumer.assign(parts)
-        await consumer.seek_to_end(*parts)
-        for tp in parts:
-            await consumer.position(tp)
-        receiver = asyncio.create_task(receive())
+        for reader, names in (
+            (consumer, [plans_topic]),
+            (bus, [topic(env, JOB_METRICS), topic(env, JOB_EVENTS)]),
+        ):
+            await reader._client.force_metadata_update()
+            parts = [
+                TopicPartition(name, p)
+                for name in names
+                for p in sorted(reader.partitions_for_topic(name) or ())
+            ]
+            reader.assign(parts)
+            await reader.seek_to_end(*parts)
+            for tp in parts:
+                await reader.position(tp)
+        receivers = [asyncio.create_task(receive()), asyncio.create_task(receive_events())]
         futures = []
         t0 = time.perf_counter()
         for n, (name, value, key, event) in enumerate(payloads):
@@ -91,16 +122,18 @@ async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
         await asyncio.gather(*futures)
         await asyncio.sleep(drain_s)
         stop.set()
-        await receiver
+        await asyncio.gather(*receivers)
         return {
             "sent": count,
             "send_rate": count / elapsed,
             "latencies_ms": latencies,
             "seen_ms": seen,
+            "bus_ms": delivered,
         }
     finally:
         await producer.stop()
         await consumer.stop()
+        await bus.stop()
 
 
 def main(argv: list[str]) -> None:

@@ -43,7 +43,7 @@ async def test_bench_brain_prints_its_measures_last(settings: Settings, pg_dsn: 
     # 2 s at 200 events/s; some of them (OOMs, every tenth event of a job) cause ScalePlans
     assert result["latency_events"] == 400
     assert 0 < result["latency_samples"] <= 400
-    for name in ("plan_latency", "plan_seen_latency"):
+    for name in ("plan_latency", "plan_seen_latency", "bus_latency"):
         assert 0 <= result[f"{name}_p50_ms"] <= result[f"{name}_p99_ms"]
     # a plan is seen after it is published
     assert result["plan_seen_latency_p50_ms"] >= result["plan_latency_p50_ms"]
