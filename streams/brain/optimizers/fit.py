@@ -42,11 +42,18 @@ def nnls(features: Sequence[Sequence[float]], targets: Sequence[float]) -> list[
     if not features or len(features) != len(targets):
         return None
     width = len(features[0])
+    # every subset's normal equations take their entries from these: summed once, in the
+    # order each subset summed them before, so the fits are the same to the last bit
+    gram = [[sum(row[i] * row[j] for row in features) for j in range(width)] for i in range(width)]
+    moments = [
+        sum(row[i] * t for row, t in zip(features, targets, strict=True)) for i in range(width)
+    ]
+    scale = sum(t * t for t in targets) or 1.0
     best: tuple[float, int, list[float]] | None = None
     for size in range(1, width + 1):
         for free in combinations(range(width), size):
-            normal = [[sum(row[i] * row[j] for row in features) for j in free] for i in free]
-            rhs = [sum(row[i] * t for row, t in zip(features, targets, strict=True)) for i in free]
+            normal = [[gram[i][j] for j in free] for i in free]
+            rhs = [moments[i] for i in free]
             solved = _solve(normal, rhs)
             if solved is None or any(v < 0 for v in solved):
                 continue
@@ -57,7 +64,6 @@ def nnls(features: Sequence[Sequence[float]], targets: Sequence[float]) -> list[
                 (sum(c * x for c, x in zip(coef, row, strict=True)) - t) ** 2
                 for row, t in zip(features, targets, strict=True)
             )
-            scale = sum(t * t for t in targets) or 1.0
             key = (round(error / scale, 12), size)
             if best is None or key < (best[0], best[1]):
                 best = (key[0], key[1], coef)

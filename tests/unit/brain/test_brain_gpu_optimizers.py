@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from itertools import combinations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource
-from streams.brain.optimizers.fit import nnls
+from streams.brain.optimizers.fit import _solve, nnls
 from streams.brain.optimizers.gpu import fit_throughput, observations, smaller_micro_batch
 from streams.brain.state import WORKER, JobState, NodeStatus, RoleResources, Sample
 
@@ -105,6 +106,53 @@ def test_nnls_keeps_coefficients_non_negative() -> None:
     assert coef is not None
     assert all(c >= 0 for c in coef)
     assert nnls([], []) is None
+
+
+def _nnls_per_subset(features: list[list[float]], targets: list[float]) -> list[float] | None:
+    """nnls as it was written first: each subset sums its own normal equations."""
+    if not features or len(features) != len(targets):
+        return None
+    width = len(features[0])
+    best: tuple[float, int, list[float]] | None = None
+    for size in range(1, width + 1):
+        for free in combinations(range(width), size):
+            normal = [[sum(row[i] * row[j] for row in features) for j in free] for i in free]
+            rhs = [sum(row[i] * t for row, t in zip(features, targets, strict=True)) for i in free]
+            solved = _solve(normal, rhs)
+            if solved is None or any(v < 0 for v in solved):
+                continue
+            coef = [0.0] * width
+            for i, v in zip(free, solved, strict=True):
+                coef[i] = v
+            error = sum(
+                (sum(c * x for c, x in zip(coef, row, strict=True)) - t) ** 2
+                for row, t in zip(features, targets, strict=True)
+            )
+            scale = sum(t * t for t in targets) or 1.0
+            key = (round(error / scale, 12), size)
+            if best is None or key < (best[0], best[1]):
+                best = (key[0], key[1], coef)
+    return best[2] if best is not None else None
+
+
+_values = st.floats(min_value=0, max_value=1e4, allow_nan=False, allow_infinity=False)
+
+
+@given(
+    st.integers(1, 3).flatmap(
+        lambda width: st.lists(
+            st.tuples(st.lists(_values, min_size=width, max_size=width), _values),
+            min_size=1,
+            max_size=60,
+        )
+    )
+)
+def test_nnls_sums_once_and_fits_to_the_last_bit_as_per_subset(
+    rows: list[tuple[list[float], float]],
+) -> None:
+    features = [list(x) for x, _ in rows]
+    targets = [t for _, t in rows]
+    assert nnls(features, targets) == _nnls_per_subset(features, targets)
 
 
 # -- GPU OOM --------------------------------------------------------------------------
