@@ -216,7 +216,8 @@ class JobState(Model):
     # -- views optimizers share -------------------------------------------------------
 
     def role(self, name: str) -> RoleResources:
-        return self.roles.get(name, RoleResources())
+        found = self.roles.get(name)
+        return found if found is not None else RoleResources()  # built only when missing
 
     def alive_nodes(self, role: str) -> list[NodeState]:
         return sorted(
