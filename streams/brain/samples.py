@@ -147,27 +147,35 @@ def _sample_fields(sample: Sample) -> dict[str, Any]:
 
 def sample_of(event: RuntimeSample) -> Sample:
     """The sample of a validated pydantic RuntimeSample (events not read by `read_sample`)."""
+    nodes = tuple(
+        NodeUse(
+            type=n.type,
+            id=n.id,
+            cpu=n.cpu,
+            memory=n.memory,
+            gpu_util=n.gpu_util,
+            gpu_memory=n.gpu_memory,
+            step_time=n.step_time,
+        )
+        for n in event.nodes
+    )
+    return _sample(event, str(event.event_id), event.occurred_at, nodes)
+
+
+def _sample(
+    of: RuntimeSample | SampleReport, event_id: str, at: datetime, nodes: tuple[NodeUse, ...]
+) -> Sample:
+    """The sample fields, which the pydantic event and the struct read name alike."""
     return Sample(
-        event_id=str(event.event_id),
-        at=event.occurred_at,
-        global_step=event.global_step,
-        speed=event.speed,
-        samples_per_s=event.samples_per_s,
-        batch_size=event.batch_size,
-        local_batch_size=event.local_batch_size,
-        accumulation_steps=event.accumulation_steps,
-        nodes=tuple(
-            NodeUse(
-                type=n.type,
-                id=n.id,
-                cpu=n.cpu,
-                memory=n.memory,
-                gpu_util=n.gpu_util,
-                gpu_memory=n.gpu_memory,
-                step_time=n.step_time,
-            )
-            for n in event.nodes
-        ),
+        event_id=event_id,
+        at=at,
+        global_step=of.global_step,
+        speed=of.speed,
+        samples_per_s=of.samples_per_s,
+        batch_size=of.batch_size,
+        local_batch_size=of.local_batch_size,
+        accumulation_steps=of.accumulation_steps,
+        nodes=nodes,
     )
 
 
@@ -260,15 +268,5 @@ def read_sample(value: bytes | None) -> SampleRead | None:
         env=report.env,
         job=report.job,
         occurred_at=at,
-        sample=Sample(
-            event_id=report.event_id,
-            at=at,
-            global_step=report.global_step,
-            speed=report.speed,
-            samples_per_s=report.samples_per_s,
-            batch_size=report.batch_size,
-            local_batch_size=report.local_batch_size,
-            accumulation_steps=report.accumulation_steps,
-            nodes=report.nodes,
-        ),
+        sample=_sample(report, report.event_id, at, report.nodes),
     )
