@@ -10,9 +10,9 @@ msgspec decodes the same JSON into structs in about 4 us, and structs made with
 The contract stays `schemas.jobs.RuntimeSample`: `read_sample` takes only what that model
 accepts, with the same values, and returns None for anything else, which then goes the
 pydantic way (and to the dead-letter queue with pydantic's reason if it is invalid). It
-may refuse valid samples (a number given as a string, a timestamp as a number, more
-than six fractional digits, an id that is not lowercase canonical), never accept an
-invalid one; a property test holds it to that.
+may refuse valid samples (a number given as a string, a timestamp as a number, an id
+that is not lowercase canonical), never accept an invalid one; timestamps are parsed by
+pydantic's own parser. A property test holds it to that.
 """
 
 from __future__ import annotations
@@ -147,18 +147,7 @@ def _sample_fields(sample: Sample) -> dict[str, Any]:
 
 def sample_of(event: RuntimeSample) -> Sample:
     """The sample of a validated pydantic RuntimeSample (events not read by `read_sample`)."""
-    nodes = tuple(
-        NodeUse(
-            type=n.type,
-            id=n.id,
-            cpu=n.cpu,
-            memory=n.memory,
-            gpu_util=n.gpu_util,
-            gpu_memory=n.gpu_memory,
-            step_time=n.step_time,
-        )
-        for n in event.nodes
-    )
+    nodes = msgspec.convert(event.nodes, tuple[NodeUse, ...], from_attributes=True)
     return _sample(event, str(event.event_id), event.occurred_at, nodes)
 
 

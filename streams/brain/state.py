@@ -38,11 +38,10 @@ from schemas.jobs import (
 )
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan, ScaleResult, ScaleStatus
 
-# NodeUse, Sample, sample_memo: re-exported, optimizers read samples through this module
+# NodeUse, Sample: re-exported, optimizers read samples through this module
 from streams.brain.samples import NodeUse as NodeUse
 from streams.brain.samples import Sample as Sample
 from streams.brain.samples import SampleRead, sample_of
-from streams.brain.samples import sample_memo as sample_memo
 
 GiB = 1024**3
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
+
 from schemas.jobs import JobMeta, NodeUsage, OOMKind
 from streams.brain.optimizers import REGISTRY, OptimizeContext, Proposal
 from streams.brain.state import (
@@ -76,7 +78,7 @@ def sample(
         speed=speed,
         local_batch_size=local_batch,
         accumulation_steps=accumulation,
-        nodes=tuple(NodeUse(**n.model_dump()) for n in nodes),
+        nodes=msgspec.convert(nodes, tuple[NodeUse, ...], from_attributes=True),
     )
 
 

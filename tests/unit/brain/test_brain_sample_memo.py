@@ -42,19 +42,6 @@ from .builders import ENV, T0, meta, node, nodes, state
 # -- straightforward computations, as the optimizers read samples without memos --------
 
 
-def _plain_local_batch(job: JobState, sample: Sample, replicas: int) -> int:
-    if sample.local_batch_size is not None:
-        return sample.local_batch_size
-    known = job.training.get("local_batch_size")
-    if isinstance(known, int) and known > 0:
-        return known
-    batch = sample.batch_size or job.batch_size
-    per_replica = replicas * sample.accumulation_steps
-    if batch is not None and per_replica > 0 and batch % per_replica == 0:
-        return batch // per_replica
-    return 1
-
-
 def _plain_observations(job: JobState, role: str) -> list[StepObservation]:
     per_gpu = max(job.role(role).gpu_num, 1)
     found = []
@@ -73,7 +60,8 @@ def _plain_observations(job: JobState, role: str) -> list[StepObservation]:
             StepObservation(
                 replicas=len(usages),
                 gpus=len(usages) * per_gpu,
-                local_batch=_plain_local_batch(job, sample, len(usages)),
+                # what the window leaves out of its memo; not itself under test
+                local_batch=gpu._local_batch(job, sample, len(usages)),
                 accumulation=sample.accumulation_steps,
                 step_time=step_time,
             )
