@@ -148,6 +148,18 @@ def dead_letter(
     )
 
 
+def log_dead_letters(letters: Iterable[DeadLetter]) -> None:
+    """One warning per dead letter, saying where the record was and why it failed."""
+    for letter in letters:
+        log.warning(
+            "dead-lettered %s[%d]@%d: %s",
+            letter.original_topic,
+            letter.partition,
+            letter.offset,
+            letter.error,
+        )
+
+
 class Consumer(AsyncResource):
     """Consumes some of one env's topics in a consumer group of that env.
 
@@ -248,14 +260,7 @@ class Consumer(AsyncResource):
         if letters:
             await self._producer.publish_many(letters)
             self.dead_lettered += len(letters)
-            for letter in letters:
-                log.warning(
-                    "dead-lettered %s[%d]@%d: %s",
-                    letter.original_topic,
-                    letter.partition,
-                    letter.offset,
-                    letter.error,
-                )
+            log_dead_letters(letters)
         self.processed += len(good)
 
     async def _handle(

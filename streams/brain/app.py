@@ -41,7 +41,7 @@ from faust.sensors import Sensor
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus import Producer, log_dead_letters
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
@@ -400,14 +400,7 @@ class Brain:
             await self._deliver(
                 [_Record(plans, None, encode(ack), p) for ack in out.acks for p in parts]
             )
-        for letter in out.letters:
-            log.warning(
-                "dead-lettered %s[%d]@%d: %s",
-                letter.original_topic,
-                letter.partition,
-                letter.offset,
-                letter.error,
-            )
+        log_dead_letters(out.letters)
 
     async def _deliver(self, todo: list[_Record]) -> None:
         """The batch is not done (and no checkpoint can cover it) until the broker has
