@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
 
 from schemas.jobs import NodeRef
 from schemas.plans import (
@@ -66,10 +65,6 @@ class Limits:
 #: The limits of a planner not given any (every decision of the stream processor's
 #: default policy): made once, never changed.
 DEFAULT_LIMITS = Limits()
-
-
-#: The plan's stage, asked at every decision: the spellings of stages are few.
-_stage_of = lru_cache(maxsize=256)(normalize_stage)
 
 
 @dataclass(frozen=True)
@@ -207,7 +202,7 @@ def plan_scale(
     limits = limits or DEFAULT_LIMITS
     notes: list[str] = []
     urgent = bool(set(plan.optimizer.split("+")) & limits.urgent)
-    stage = _stage_of(plan.stage, state.distribution)
+    stage = normalize_stage(plan.stage, state.distribution)
     if not urgent and stage == Stage.RUNNING:
         since = _seconds(state.last_running_plan_at, now)
         if since is not None and since < limits.running_cooldown_s:

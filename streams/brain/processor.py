@@ -330,8 +330,8 @@ class BrainProcessor:
             self.counters.optimize_plans += 1
         if outcome.scale_plan is not None:
             self.counters.scale_plans += 1
-        plans = outcome.plans
-        if plans:
+        if outcome.optimize_plan is not None or outcome.scale_plan is not None:
+            plans = outcome.plans
             out.plans.extend(plans)
             self._unsaved_plans.extend(plans)
         if outcome.state.status in FINISHED and (state is None or state.status not in FINISHED):
@@ -369,6 +369,8 @@ class BrainProcessor:
     def _history_for(
         self, state: JobState | None, event: SampleRead | JobEvent
     ) -> Sequence[JobState]:
+        if not self._history:
+            return ()  # no job has completed yet (this costs every event a lookup)
         scenario = (state.job if state is not None else event.job).scenario
         found = self._history.get(scenario) if scenario else None
         return found if found else ()  # read only while deciding this event

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import lru_cache
 from typing import Any, Literal
 
 from schemas.jobs import OOMKind
@@ -159,13 +158,8 @@ def route(
         return RouteError("invalid_config", f"routing failed: {type(exc).__name__}: {exc}")
 
 
-#: A job's stage as routed, asked at every decision of every job: the spellings of stages
-#: are few, and normalizing one is string work.
-_stage_of = lru_cache(maxsize=256)(normalize_stage)
-
-
 def _route(state: JobState, optimizer: str | None, registry: Registry) -> Route | RouteError:
-    stage = _stage_of(state.stage, state.distribution)
+    stage = normalize_stage(state.stage, state.distribution)
     if stage is None:
         known = ", ".join(s.value for s in Stage)
         return RouteError("unknown_stage", f"unknown stage {state.stage!r}; known: {known}")

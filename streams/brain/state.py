@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterable
 from datetime import datetime
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError
@@ -65,11 +66,14 @@ class Stage(StrEnum):
     RUNNING = "running"
 
 
+@lru_cache(maxsize=256)
 def normalize_stage(raw: str, distribution: Distribution = "allreduce") -> Stage | None:
     """Accept the spellings masters actually send (DLRover's `job_stage_ps_initial`,
     `ps_initial`, ...) so that no stage the master sends goes unrouted; None when unknown.
 
     A bare `initial` means the PS stage for PS jobs and the worker stage for the others.
+    Cached: it is asked at every runtime sample and several times per decision, and the
+    spellings are few (a bounded cache, as a request may name any stage).
     """
     name = raw.strip().lower().replace("_", "-")
     name = name.removeprefix("job-stage-")

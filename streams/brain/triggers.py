@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from msgspec import Struct
 from pydantic import Field, ValidationError
 
 from schemas.envelope import Event, Model
@@ -122,10 +123,12 @@ class Trigger:
     optimizer: str | None = None
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(Struct, frozen=True):
     """The job's new state and what to publish; `error` is the user's to fix (bad config,
-    unknown optimizer), never a reason to stop."""
+    unknown optimizer), never a reason to stop.
+
+    A struct: every event makes one, and a frozen dataclass cost ten times as much to
+    make (0.76 against 0.08 us)."""
 
     state: JobState
     trigger: Trigger | None = None
@@ -232,9 +235,10 @@ def step(
 
 
 def _same_diff(plan: ScalePlan, pending: ScalePlan | None) -> bool:
-    return pending is not None and plan.model_dump(include=_DIFF) == pending.model_dump(
-        include=_DIFF
+    # the models compare by their fields' values, as their dumps would, without dumping
+    return pending is not None and all(
+        getattr(plan, name) == getattr(pending, name) for name in _DIFF
     )
 
 
-_DIFF = {"node_group_resources", "launch_nodes", "remove_nodes", "migrate_nodes", "training"}
+_DIFF = ("node_group_resources", "launch_nodes", "remove_nodes", "migrate_nodes", "training")

@@ -110,6 +110,20 @@ def test_the_same_change_is_not_asked_again_while_pending() -> None:
     assert all(r.handled for r in again.state.ooms["worker-1"])
 
 
+def test_a_pending_plan_read_back_from_a_checkpoint_is_still_the_same_change() -> None:
+    events: list[Event] = [submitted(), JobStarted(env=ENV, job=JOB, occurred_at=T0), oom(1)]
+    before = run(events)[-1].state
+    # as a restarted brain has it: from the checkpoint's JSON (ints of floats and all)
+    restored = JobState.model_validate_json(before.model_dump_json())
+    assert restored.pending_scale_plan == before.pending_scale_plan
+    again = step(restored, oom(1), Policy())
+    assert again is not None and again.trigger is not None and again.scale_plan is None
+    # another change (a second node) is asked for although one is pending
+    other = step(restored, oom(0), Policy())
+    assert other is not None and other.scale_plan is not None
+    assert other.scale_plan != restored.pending_scale_plan
+
+
 def test_finished_jobs_are_not_decided_for() -> None:
     events: list[Event] = [submitted(), JobCompleted(env=ENV, job=JOB, occurred_at=T0), oom(0)]
     assert [o.trigger for o in run(events)[1:]] == [None, None]
