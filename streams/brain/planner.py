@@ -283,6 +283,18 @@ def plan_scale(
     if not (groups or launch or remove or migrate or training):
         notes.append("nothing changes")
         return Planned(None, tuple(notes))
+    migrating = [migrate[k] for k in sorted(migrate)]
+    pending = state.pending_scale_plan
+    if pending is not None and (groups, launch, remove, migrating, training) == (
+        pending.node_group_resources,
+        pending.launch_nodes,
+        pending.remove_nodes,
+        pending.migrate_nodes,
+        pending.training,
+    ):
+        # the operator has not answered the same change yet: asking again adds nothing
+        notes.append(f"the same change is pending (plan {pending.plan_id})")
+        return Planned(None, tuple(notes))
     caused_by = plan.caused_by or state.last_event_id or plan.plan_id
     scale_id = plan_id(state.job.uuid, caused_by, "scale")
     scale = ScalePlan(
@@ -296,7 +308,7 @@ def plan_scale(
         node_group_resources=groups,
         launch_nodes=launch,
         remove_nodes=remove,
-        migrate_nodes=[migrate[k] for k in sorted(migrate)],
+        migrate_nodes=migrating,
         training=training,
     )
     return Planned(scale, tuple(notes))

@@ -224,21 +224,7 @@ def step(
         return Outcome(after, why, error=result)
     if isinstance(result, NoDecision):
         return Outcome(after, why)
-    scale = result.scale_plan
-    if scale is not None and _same_diff(scale, after.pending_scale_plan):
-        # the operator has not answered the same change yet: asking again adds nothing
-        scale = None
-        result = replace(result, scale_plan=None)
+    scale = result.scale_plan  # (none while the operator has not answered the same one)
     recorded = record_decision(after, result.optimize_plan, scale, result.handled_ooms, now)
     plan = result.optimize_plan if _worth_publishing(after, result) else None
     return Outcome(recorded, why, plan, scale)
-
-
-def _same_diff(plan: ScalePlan, pending: ScalePlan | None) -> bool:
-    # the models compare by their fields' values, as their dumps would, without dumping
-    return pending is not None and all(
-        getattr(plan, name) == getattr(pending, name) for name in _DIFF
-    )
-
-
-_DIFF = ("node_group_resources", "launch_nodes", "remove_nodes", "migrate_nodes", "training")

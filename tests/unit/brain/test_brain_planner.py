@@ -67,6 +67,18 @@ def test_nothing_changes_no_plan() -> None:
     assert "nothing changes" in planned.notes
 
 
+def test_the_change_pending_with_the_operator_is_not_planned_again() -> None:
+    first = scale(job(), optimize_plan(count(6), caused_by="event-1"))
+    assert first is not None
+    waiting = job(pending_scale_plan=first)
+    planned = plan_scale(waiting, optimize_plan(count(6), caused_by="event-2"), T0)
+    assert planned.scale_plan is None
+    assert f"the same change is pending (plan {first.plan_id})" in planned.notes
+    # another change is planned although one is pending
+    other = scale(waiting, optimize_plan(count(7), caused_by="event-2"))
+    assert other is not None and other.node_group_resources[WORKER].count == 7
+
+
 def test_scale_up_launches_after_the_highest_known_id() -> None:
     j = job()
     gone = j.nodes | {"worker-9": node(WORKER, 9, status=NodeStatus.REMOVED)}
