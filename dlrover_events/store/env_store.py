@@ -86,30 +86,47 @@ class EnvStore:
 
     async def save_plan(self, plan: OptimizePlan) -> bool:
         """Record an OptimizePlan; False when that plan_id was already recorded."""
+        return await self.save_plans([plan]) == 1
+
+    async def save_plans(self, plans: Sequence[OptimizePlan]) -> int:
+        """Record OptimizePlans in one statement, each once; how many were new. One
+        statement, not one per plan: a brain checkpoints hundreds at a time, and a round
+        trip each cost it more than deciding them."""
+        if not plans:
+            return 0
         status = await self.pool.execute(
             "INSERT INTO plans (plan_id, job_uuid, optimizer, stage, reason, resource, caused_by)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (plan_id) DO NOTHING",
-            plan.plan_id,
-            plan.job.uuid,
-            plan.optimizer,
-            plan.stage,
-            plan.reason,
-            plan.resource.model_dump(mode="json"),
-            plan.caused_by,
+            " SELECT p, j, o, s, r, res::jsonb, c FROM unnest("
+            "$1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]"
+            ") AS t(p, j, o, s, r, res, c) ON CONFLICT (plan_id) DO NOTHING",
+            [plan.plan_id for plan in plans],
+            [plan.job.uuid for plan in plans],
+            [plan.optimizer for plan in plans],
+            [plan.stage for plan in plans],
+            [plan.reason for plan in plans],
+            [plan.resource.model_dump_json() for plan in plans],
+            [plan.caused_by for plan in plans],
         )
-        return bool(status.endswith(" 1"))
+        return _inserted(status)
 
     async def save_scale_plan(self, plan: ScalePlan) -> bool:
         """Record a ScalePlan once; False when that plan_id was already recorded."""
+        return await self.save_scale_plans([plan]) == 1
+
+    async def save_scale_plans(self, plans: Sequence[ScalePlan]) -> int:
+        """Record ScalePlans in one statement, each once; how many were new."""
+        if not plans:
+            return 0
         status = await self.pool.execute(
             "INSERT INTO scale_plans (plan_id, job_uuid, source_plan, body)"
-            " VALUES ($1, $2, $3, $4) ON CONFLICT (plan_id) DO NOTHING",
-            plan.plan_id,
-            plan.job.uuid,
-            plan.source_plan,
-            plan.model_dump(mode="json"),
+            " SELECT p, j, s, b::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])"
+            " AS t(p, j, s, b) ON CONFLICT (plan_id) DO NOTHING",
+            [plan.plan_id for plan in plans],
+            [plan.job.uuid for plan in plans],
+            [plan.source_plan for plan in plans],
+            [plan.model_dump_json() for plan in plans],
         )
-        return bool(status.endswith(" 1"))
+        return _inserted(status)
 
     async def save_evaluation(self, report: EvaluationReport) -> bool:
         """Record an evaluation report once per event_id."""
@@ -129,3 +146,8 @@ class EnvStore:
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
         rows: list[asyncpg.Record] = await self.pool.fetch(query, *args)
         return rows
+
+
+def _inserted(status: str) -> int:
+    """The rows an `INSERT 0 n` status says were inserted."""
+    return int(status.rsplit(" ", 1)[1])

@@ -48,9 +48,8 @@ class BrainStore:
     """Reads and writes the checkpoint through the env's store (plans via EnvStore, so
     they land in the same `plans` and `scale_plans` tables as anyone else's)."""
 
-    def __init__(self, store: EnvStore, *, plan_writers: int = 4) -> None:
+    def __init__(self, store: EnvStore) -> None:
         self.store = store
-        self._plan_writers = asyncio.Semaphore(plan_writers)
 
     async def load(self, partitions: Iterable[int], topics: Iterable[str]) -> Loaded:
         """The states of the jobs in `partitions` and the offsets of `topics` there."""
@@ -125,14 +124,8 @@ class BrainStore:
                 )
 
     async def save_plans(self, plans: Sequence[OptimizePlan | ScalePlan]) -> None:
-        async def one(plan: OptimizePlan | ScalePlan) -> None:
-            async with self._plan_writers:
-                if isinstance(plan, OptimizePlan):
-                    await self.store.save_plan(plan)
-                else:
-                    await self.store.save_scale_plan(plan)
-
-        await asyncio.gather(*(one(p) for p in plans))
+        await self.store.save_plans([p for p in plans if isinstance(p, OptimizePlan)])
+        await self.store.save_scale_plans([p for p in plans if isinstance(p, ScalePlan)])
 
 
 def merge_offsets(into: Offsets, more: Mapping[tuple[str, int], int]) -> None:

@@ -42,6 +42,53 @@ async def test_plans_are_recorded_once_per_plan_id(pg_dsn: str, make_env: EnvFac
     assert rows[0]["body"]["plan_id"] == "p-1"
 
 
+async def test_plans_are_recorded_in_one_statement_each_once(
+    pg_dsn: str, make_env: EnvFactory
+) -> None:
+    env = (await make_env()).name
+    job = JobMeta(uuid="job-1")
+
+    def plan(n: int, caused_by: str | None) -> OptimizePlan:
+        return OptimizePlan(
+            env=env,
+            job=job,
+            plan_id=f"p-{n}",
+            stage="running",
+            optimizer="goodput",
+            reason=f"reason {n}",
+            resource=ResourcePlan(node_group_resources={"worker": NodeGroupResource(count=n)}),
+            caused_by=caused_by,
+        )
+
+    plans = [plan(1, "e-1"), plan(2, None), plan(1, "e-1")]  # p-1 twice in one batch
+    scales = [ScalePlan(env=env, job=job, plan_id=f"s-{n}", source_plan=f"p-{n}") for n in (1, 2)]
+    store = await EnvStore.open(pg_dsn, env)
+    async with store:
+        assert await store.save_plans([]) == 0
+        assert await store.save_plans(plans) == 2
+        assert await store.save_plans([plan(2, None), plan(3, "e-3")]) == 1
+        assert await store.save_scale_plans([*scales, scales[0]]) == 2
+        assert await store.save_scale_plans(scales) == 0
+        rows = await store.fetch(
+            "SELECT plan_id, optimizer, reason, resource, caused_by FROM plans ORDER BY plan_id"
+        )
+        bodies = await store.fetch("SELECT plan_id, source_plan, body FROM scale_plans")
+    assert [(r["plan_id"], r["reason"], r["caused_by"]) for r in rows] == [
+        ("p-1", "reason 1", "e-1"),
+        ("p-2", "reason 2", None),
+        ("p-3", "reason 3", "e-3"),
+    ]
+    assert [ResourcePlan.model_validate(r["resource"]) for r in rows] == [
+        plan(n, None).resource for n in (1, 2, 3)
+    ]
+    assert sorted((r["plan_id"], r["source_plan"]) for r in bodies) == [
+        ("s-1", "p-1"),
+        ("s-2", "p-2"),
+    ]
+    by_id = sorted(bodies, key=lambda r: r["plan_id"])
+    assert [ScalePlan.model_validate(r["body"]) for r in by_id] == scales
+
+
 async def test_migrations_are_applied_once(pg_dsn: str, make_env: EnvFactory) -> None:
     env = (await make_env()).name
     conn = await connect(pg_dsn)
