@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from dlrover_events.store import EnvStore
 from schemas.plans import OptimizePlan, ScalePlan
-from streams.brain.state import JobState
+from streams.brain.state import JobState, state_json
 
 #: (topic, partition) -> next offset to process
 Offsets = dict[tuple[str, int], int]
@@ -87,7 +87,7 @@ class BrainStore:
             return
         docs: list[tuple[str, int, str]] = []
         for job_uuid, (partition, state) in snapshot.states.items():
-            docs.append((job_uuid, partition, state.model_dump_json()))
+            docs.append((job_uuid, partition, state_json(state)))
             await asyncio.sleep(0)  # ~0.5 ms per running job: let the stream go on between
         async with self.store.pool.acquire() as conn, conn.transaction():
             if docs:

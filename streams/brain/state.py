@@ -19,6 +19,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any, Literal
 
+import msgspec
 from pydantic import Field, TypeAdapter, ValidationError
 
 from schemas.envelope import EnvName, Event, Model
@@ -245,6 +246,20 @@ class JobState(Model):
 
     def current_training(self, key: str) -> Any:
         return self.training.get(key)
+
+
+_SAMPLES_JSON = msgspec.json.Encoder()
+_NO_SAMPLES = {"samples"}
+
+
+def state_json(state: JobState) -> str:
+    """`state.model_dump_json()`, the same JSON value (key order aside) in a fifth of the
+    time: a checkpoint writes every running job's state, and pydantic wrote each of the
+    60 samples through a dict of it (90 of 160 ms of CPU for 100 states, measured).
+    msgspec writes the sample structs directly."""
+    rest = state.model_dump_json(exclude=_NO_SAMPLES)
+    samples = _SAMPLES_JSON.encode(state.samples).decode()
+    return f'{rest[:-1]},"samples":{samples}}}'
 
 
 # -- folds ----------------------------------------------------------------------------

@@ -1,0 +1,61 @@
+"""A checkpoint writes job states with `state_json`: the same JSON value as pydantic's
+`model_dump_json`, and it reads back as the same state."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas.jobs import JobMeta
+from streams.brain.samples import JobRef, SampleRead
+from streams.brain.state import JobState, NodeUse, Sample, fold, state_json
+
+floats = st.floats(min_value=0, max_value=1e15, allow_nan=False, allow_infinity=False)
+zones = st.sampled_from(
+    [UTC, timezone(timedelta(hours=8)), timezone(timedelta(hours=-5, minutes=-30))]
+)
+uses = st.builds(
+    NodeUse,
+    type=st.sampled_from(["worker", "ps", "chief"]),
+    id=st.integers(min_value=0, max_value=64),
+    cpu=floats,
+    memory=st.integers(min_value=0, max_value=2**62),
+    gpu_util=st.one_of(st.none(), st.floats(min_value=0, max_value=1)),
+    gpu_memory=st.one_of(st.none(), st.integers(min_value=0, max_value=2**62)),
+    step_time=st.one_of(st.none(), floats),
+)
+samples = st.builds(
+    Sample,
+    event_id=st.uuids().map(str),
+    at=st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=zones),
+    global_step=st.integers(min_value=0, max_value=10**12),
+    speed=floats,
+    samples_per_s=floats,
+    batch_size=st.one_of(st.none(), st.integers(1, 4096)),
+    local_batch_size=st.one_of(st.none(), st.integers(1, 512)),
+    accumulation_steps=st.integers(1, 16),
+    nodes=st.lists(uses, max_size=4).map(tuple),
+)
+
+
+@given(st.lists(samples, max_size=8), st.text(max_size=8))
+def test_state_json_is_pydantics_json_and_reads_back(items: list[Sample], scenario: str) -> None:
+    state = JobState(env="prod", job=JobMeta(uuid="job-1", scenario=scenario))
+    for sample in items:
+        read = SampleRead(
+            env="prod", job=JobRef(uuid="job-1"), occurred_at=sample.at, sample=sample
+        )
+        folded = fold(state, read)
+        assert folded is not None
+        state = folded
+    written = state_json(state)
+    assert json.loads(written) == json.loads(state.model_dump_json())
+    assert JobState.model_validate_json(written) == state
+
+
+def test_a_state_without_samples() -> None:
+    state = JobState(env="prod", job=JobMeta(uuid="job-1"))
+    assert json.loads(state_json(state)) == json.loads(state.model_dump_json())
