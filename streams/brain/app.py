@@ -5,11 +5,13 @@ from faust's fetcher straight to the BrainProcessor in the batches the broker re
 faust's own path from fetcher to agent (a Message, an Event, two tasks per record for its
 flow control, a queue and an ack each) cost more per record than deciding it, and capped
 the brain below the speed it must keep up with (`bench brain` shows both). The processor
-decides a batch, the plans and dead letters are published and acked by the broker, and
-only then is the next batch taken: backpressure reaches the fetcher.
+decides a batch and hands its plans and dead letters to a courier task, which publishes
+them, batch after batch in order, while the next batch is decided; at most
+`OUTBOX_BATCHES` decided batches wait for it, so backpressure reaches the fetcher.
 
-A checkpoint task writes the changed job states and the offsets they include to Postgres
-every few seconds, and only then commits those offsets to the group. So the committed
+A checkpoint task waits until the courier has published every batch decided so far,
+writes the changed job states and the offsets they include to Postgres every few
+seconds, and only then commits those offsets to the group. So the committed
 offset never gets ahead of a durable checkpoint, and a restart reads again, at worst, what
 the last checkpoint covers, which the processor skips by offset. The events after the
 checkpoint are decided again and give the same plan ids (derived from their cause), so a
@@ -171,6 +173,12 @@ GC_THRESHOLDS = (50_000, 50, 1_000)
 #: How long a starting brain waits for the env's config documents.
 CONFIGS_WAIT_S = 30.0
 
+#: Decided batches whose plans wait to be published while the next batch is decided. A
+#: batch's plans wait for the broker's acks (acks=all): deciding the next batch only after
+#: them left the brain idle a tenth of its time, and made each batch's events wait for the
+#: previous batch's acks. One courier publishes the batches in order, as before.
+OUTBOX_BATCHES = 2
+
 
 @dataclass(frozen=True)
 class _Record:
@@ -269,6 +277,9 @@ class Brain:
         #: input offsets checkpointed but not yet committed to the group
         self._to_commit: dict[TP, int] = {}
         self._store: BrainStore | None = None
+        #: decided batches' output, published in order by the courier
+        self._outbox: asyncio.Queue[Output] = asyncio.Queue(maxsize=OUTBOX_BATCHES)
+        self._courier: asyncio.Task[None] | None = None
         self._checkpointer: asyncio.Task[None] | None = None
         self._stopping = False
         self.checkpoints = 0
@@ -289,8 +300,10 @@ class Brain:
             await self.configs.caught_up(CONFIGS_WAIT_S)
             env_store = await EnvStore.open(self.pg_dsn, self.env, max_size=4)
             self._store = BrainStore(env_store)
+            self._courier = asyncio.create_task(self._courier_loop(), name="brain-courier")
             await self.app.start()
         except BaseException as exc:
+            await self._stop_courier()
             await self.configs.stop()
             if isinstance(exc, TimeoutError) and self._store is None:
                 raise UserError(
@@ -321,6 +334,7 @@ class Brain:
             self._stopping = True
             await self.app.stop()
         finally:
+            await self._stop_courier()
             if self._store is not None:
                 await self._store.store.close()
             await self.configs.stop()
@@ -342,8 +356,8 @@ class Brain:
     # -- records in, plans out ----------------------------------------------------------
 
     async def _handle(self, records: list[Any]) -> None:
-        """One fetched batch: decided, and its plans acked by the broker, before the
-        fetcher hands over the next."""
+        """One fetched batch: decided, and its output handed to the courier (waiting while
+        the outbox is full), before the fetcher hands over the next."""
         async with self._batch_lock:
             if self._stopping:
                 return  # not checkpointed: the next start reads them again
@@ -358,7 +372,8 @@ class Brain:
             if new:
                 await self._load(new)
             out = self.processor.process(mine)
-            await self._publish(out)
+            if out.plans or out.letters or out.acks:
+                await self._until_courier_done(self._outbox.put(out))
 
     async def _load(self, partitions: set[int]) -> None:
         """Resume partitions from their checkpoint, and learn which plans were published
@@ -375,6 +390,42 @@ class Brain:
                 log.exception("loading brain state of %s (attempt %d)", sorted(partitions), attempt)
                 await asyncio.sleep(min(0.2 * attempt, 5.0))
         self.processor.install(partitions, loaded)
+
+    # -- publishing ---------------------------------------------------------------------
+
+    async def _courier_loop(self) -> None:
+        """Publish the decided batches in the order they were decided. A failure here is
+        not retried (`_deliver` retries sends for ever): it stops the courier, and with
+        it the brain (`_until_courier_done`), before a checkpoint can cover the batch."""
+        while True:
+            out = await self._outbox.get()
+            try:
+                await self._publish(out)
+            finally:
+                self._outbox.task_done()
+
+    async def _until_courier_done(self, work: Awaitable[None]) -> None:
+        """`work`, unless the courier stops first: then its error, not a wait for ever."""
+        courier = self._courier
+        assert courier is not None, "the brain is not started"
+        task = asyncio.ensure_future(work)
+        await asyncio.wait({task, courier}, return_when=asyncio.FIRST_COMPLETED)
+        if courier.done():
+            task.cancel()
+            error = None if courier.cancelled() else courier.exception()
+            raise RuntimeError(f"the brain of {self.env} stopped publishing") from error
+        await task
+
+    async def _published_all(self) -> None:
+        """Wait until every batch decided so far is published and acked (call it holding
+        the batch lock, so that none is added meanwhile)."""
+        await self._until_courier_done(self._outbox.join())
+
+    async def _stop_courier(self) -> None:
+        if self._courier is not None:
+            self._courier.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._courier
 
     async def _publish(self, out: Output) -> None:
         """Plans and dead letters, acked by the broker before the batch counts as done;
@@ -454,6 +505,7 @@ class Brain:
         """Write what changed, then ack the batches it covers (faust commits them)."""
         async with self._checkpoint_lock:
             async with self._batch_lock:
+                await self._published_all()  # the offsets must not get ahead of the plans
                 snap = self._snapshot()
             await self._save(snap)
 
@@ -466,8 +518,9 @@ class Brain:
         async with self._checkpoint_lock, self._batch_lock:  # same order as checkpoint()
             if stopping:
                 self._stopping = True  # batches taken from now on are left unacked
-            snap = self._snapshot()
             try:
+                await self._published_all()  # the offsets must not get ahead of the plans
+                snap = self._snapshot()
                 # no commit while partitions are revoked: faust's consumer thread waits
                 # for this handler, and a commit would wait for that thread
                 await self._save(snap, commit=drop is None)

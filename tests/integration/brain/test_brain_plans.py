@@ -4,6 +4,8 @@ restarted brain that resumes from its checkpoint instead of starting over."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from dlrover_events.bus import Producer, read_topic
@@ -17,6 +19,7 @@ from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.app import Brain
 from streams.brain.planner import plan_id
+from streams.brain.processor import Output
 from streams.brain.state import GiB, JobState, JobStatus
 from tests.conftest import EnvFactory
 from tests.integration.brain.workload import oom, plans_on, sample, submitted, wait_for
@@ -183,3 +186,42 @@ async def test_the_config_service_names_a_jobs_optimizer(
     )
     # both were decided on: bob's without an error
     assert brain.processor.counters.decisions >= 4 and brain.processor.counters.errors >= 1
+
+
+class _BrokenCourier(Brain):
+    """A brain whose publishing fails for good once the OOM's plans are due (`_publish`
+    raising what `_deliver`'s retries would not: a bug, the producer gone)."""
+
+    async def _publish(self, out: Output) -> None:
+        if out.plans:
+            raise RuntimeError("the producer is gone")
+        await super()._publish(out)
+
+
+async def test_plans_not_published_are_never_checkpointed_and_stop_the_brain(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    env = (await make_env()).name
+    job = JobMeta(uuid="job-courier")
+    async with Producer(settings) as producer:
+        await producer.publish_many(
+            [submitted(env, job, workers=2), JobStarted(env=env, job=job), oom(env, job, 1, node=0)]
+        )
+    brain = _BrokenCourier(settings, env, pg_dsn, checkpoint_every_s=3600)
+    await brain.start()
+    try:
+        await wait_for(lambda: brain.processor.counters.scale_plans >= 1, what="the OOM's plans")
+        with pytest.raises(RuntimeError, match="stopped publishing"):
+            await brain.checkpoint()
+        # more input: the brain stops rather than decide on without publishing
+        async with Producer(settings) as producer:
+            await producer.publish(sample(env, job, 5, workers=2))
+        with pytest.raises(RuntimeError, match="crashed"):
+            await asyncio.wait_for(brain.run_until(asyncio.Event()), timeout=60)
+    finally:
+        await brain.stop()
+    async with await EnvStore.open(pg_dsn, env) as store:
+        # nothing covers the batch with the plans: a restart decides it again
+        assert await store.fetch("SELECT * FROM brain_offsets") == []
+        assert await store.fetch("SELECT plan_id FROM scale_plans") == []
+    assert await plans_on(settings, topic(env, SCALE_PLANS)) == []
