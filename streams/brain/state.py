@@ -609,12 +609,15 @@ def record_decision(
 ) -> JobState:
     """Remember what the brain decided: the OOMs it addressed (never again), the plan and
     when (for cooldowns), and the ScalePlan whose result will update the resources."""
+    update: dict[str, Any] = {"last_plan": plan, "last_plan_at": now}
     handled = set(handled_ooms)
-    ooms = {
-        key: [r.model_copy(update={"handled": True}) if r.event_id in handled else r for r in rs]
-        for key, rs in state.ooms.items()
-    }
-    update: dict[str, Any] = {"ooms": ooms, "last_plan": plan, "last_plan_at": now}
+    if handled:  # most decisions answer no OOM: the records stay as they are
+        update["ooms"] = {
+            key: [
+                r.model_copy(update={"handled": True}) if r.event_id in handled else r for r in rs
+            ]
+            for key, rs in state.ooms.items()
+        }
     if scale_plan is not None:
         update["pending_scale_plan"] = scale_plan
         if normalize_stage(state.stage, state.distribution) == Stage.RUNNING:
