@@ -178,6 +178,8 @@ CONFIGS_WAIT_S = 30.0
 #: them left the brain idle a tenth of its time, and made each batch's events wait for the
 #: previous batch's acks. One courier publishes the batches in order, as before.
 OUTBOX_BATCHES = 2
+#: How long a checkpoint waits for the courier to catch up before it holds the stream.
+CATCH_UP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -504,8 +506,13 @@ class Brain:
     async def checkpoint(self) -> None:
         """Write what changed, then ack the batches it covers (faust commits them)."""
         async with self._checkpoint_lock:
+            # Most of the wait for the courier with the stream going on, then, held, only
+            # for what was decided meanwhile: the offsets must not get ahead of the plans,
+            # and the events that arrive while the stream is held wait with it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._published_all(), CATCH_UP_S)
             async with self._batch_lock:
-                await self._published_all()  # the offsets must not get ahead of the plans
+                await self._published_all()
                 snap = self._snapshot()
             await self._save(snap)
 
