@@ -411,16 +411,18 @@ class Brain:
         courier = self._courier
         assert courier is not None, "the brain is not started"
         task = asyncio.ensure_future(work)
-        await asyncio.wait({task, courier}, return_when=asyncio.FIRST_COMPLETED)
-        if courier.done():
-            task.cancel()
-            error = None if courier.cancelled() else courier.exception()
-            raise RuntimeError(f"the brain of {self.env} stopped publishing") from error
-        await task
+        try:
+            await asyncio.wait({task, courier}, return_when=asyncio.FIRST_COMPLETED)
+            if courier.done():
+                error = None if courier.cancelled() else courier.exception()
+                raise RuntimeError(f"the brain of {self.env} stopped publishing") from error
+            await task
+        finally:
+            task.cancel()  # (done already, unless the courier stopped or we were cancelled)
 
     async def _published_all(self) -> None:
-        """Wait until every batch decided so far is published and acked (call it holding
-        the batch lock, so that none is added meanwhile)."""
+        """Wait until the outbox is empty: every batch decided so far published and
+        acked. Only a caller holding the batch lock knows that no batch was added since."""
         await self._until_courier_done(self._outbox.join())
 
     async def _stop_courier(self) -> None:
