@@ -37,6 +37,7 @@ from streams.brain.state import (
     Pinned,
     RoleResources,
     Stage,
+    node_from_role,
     normalize_stage,
     parse_node_key,
 )
@@ -175,18 +176,7 @@ def _alive(state: JobState, spec: RoleResources, role: str) -> tuple[list[NodeSt
     are planned."""
     if state.nodes:
         return state.alive_nodes(role), True
-    nodes = [
-        NodeState(
-            type=role,
-            id=i,
-            status=NodeStatus.PENDING,
-            cpu=spec.cpu,
-            memory=spec.memory,
-            gpu_num=spec.gpu_num,
-            gpu_memory=spec.gpu_memory,
-        )
-        for i in range(spec.replicas)
-    ]
+    nodes = [node_from_role(state, role, i, NodeStatus.PENDING) for i in range(spec.replicas)]
     return nodes, False
 
 

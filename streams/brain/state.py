@@ -398,7 +398,7 @@ def _fold_sample(state: JobState, sample: Sample) -> JobState:
             if nodes is state.nodes:
                 nodes = dict(nodes)
             nodes[key] = (
-                _node_from_role(state, usage.type, usage.id, NodeStatus.RUNNING)
+                node_from_role(state, usage.type, usage.id, NodeStatus.RUNNING)
                 if node is None
                 else node.model_copy(update={"status": NodeStatus.RUNNING})
             )
@@ -429,7 +429,8 @@ def _fold_sample(state: JobState, sample: Sample) -> JobState:
     return state.model_copy(update=update)
 
 
-def _node_from_role(state: JobState, role: str, node_id: int, status: NodeStatus) -> NodeState:
+def node_from_role(state: JobState, role: str, node_id: int, status: NodeStatus) -> NodeState:
+    """A node the brain has not seen yet, as its role's spec launches it."""
     spec = state.role(role)
     return NodeState(
         type=role,
@@ -447,7 +448,7 @@ def _with_node_status(state: JobState, role: str, node_id: int, status: NodeStat
     nodes = dict(state.nodes)
     node = nodes.get(key)
     nodes[key] = (
-        _node_from_role(state, role, node_id, status)
+        node_from_role(state, role, node_id, status)
         if node is None
         else node.model_copy(update={"status": status})
     )
@@ -524,7 +525,7 @@ def apply_scale_plan(state: JobState, plan: ScalePlan) -> JobState:
         )
     for migrated in plan.migrate_nodes:
         key = node_key(migrated.node.type, migrated.node.id)
-        old = nodes.get(key) or _node_from_role(
+        old = nodes.get(key) or node_from_role(
             state, migrated.node.type, migrated.node.id, NodeStatus.PENDING
         )
         res = migrated.resource
