@@ -539,6 +539,8 @@ class Brain:
                 ok = False
             if drop:
                 self.processor.drop(drop)
+                if self._store is not None:
+                    self._store.forget(drop)
                 # their next owner resumes from the checkpoint, whatever was committed
                 self._to_commit = {tp: o for tp, o in self._to_commit.items() if tp[1] not in drop}
             return ok

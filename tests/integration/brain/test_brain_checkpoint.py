@@ -1,0 +1,119 @@
+"""The brain's checkpoint on real Postgres: a job's samples go apart from its state, as
+chunks of what is new, and read back as the job's window whoever wrote them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from dlrover_events.store import EnvStore
+from schemas.jobs import JobMeta
+from streams.brain.checkpoint import BrainStore, Snapshot
+from streams.brain.samples import JobRef, SampleRead
+from streams.brain.state import MAX_SAMPLES, JobState, Sample, fold, state_json
+from tests.conftest import EnvFactory
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+JOB = "job-1"
+PARTITION = 1
+TOPICS = ["t"]
+
+
+def _more(state: JobState, count: int) -> JobState:
+    """`count` more runtime samples of the job, folded as the processor folds them."""
+    seen = len(state.samples) and int(state.samples[-1].event_id.split("-")[1]) + 1
+    for n in range(seen, seen + count):
+        at = T0 + timedelta(seconds=15 * n)
+        sample = Sample(event_id=f"s-{n}", at=at, global_step=n)
+        read = SampleRead(env=state.env, job=JobRef(uuid=JOB), occurred_at=at, sample=sample)
+        folded = fold(state, read)
+        assert folded is not None
+        state = folded
+    return state
+
+
+async def _loaded(store: EnvStore) -> JobState:
+    loaded = await BrainStore(store).load([PARTITION], TOPICS)
+    partition, state = loaded.states[JOB]
+    assert partition == PARTITION
+    return state
+
+
+async def _chunk_sizes(store: EnvStore) -> list[int]:
+    rows = await store.fetch(
+        "SELECT jsonb_array_length(samples) AS n FROM job_sample_chunks ORDER BY seq"
+    )
+    return [r["n"] for r in rows]
+
+
+def _snapshot(state: JobState, offset: int = 0) -> Snapshot:
+    return Snapshot(states={JOB: (PARTITION, state)}, offsets={("t", PARTITION): offset})
+
+
+async def test_each_checkpoint_writes_only_the_new_samples(
+    pg_dsn: str, make_env: EnvFactory
+) -> None:
+    env = (await make_env()).name
+    state = JobState(env=env, job=JobMeta(uuid=JOB))
+    async with await EnvStore.open(pg_dsn, env) as store:
+        brain = BrainStore(store)
+        for count, chunks in (
+            (5, [5]),
+            (0, [5]),  # nothing new: nothing written
+            (30, [5, 30]),
+            (MAX_SAMPLES - 35, [5, 30, MAX_SAMPLES - 35]),
+            (1, [5, 30, MAX_SAMPLES - 35, 1]),  # the window still needs 4 of the first
+            (4, [30, MAX_SAMPLES - 35, 1, 4]),  # ... and now none of them
+            (MAX_SAMPLES + 7, [MAX_SAMPLES]),  # more than the window: written whole
+        ):
+            state = _more(state, count)
+            await brain.save(_snapshot(state))
+            assert await _chunk_sizes(store) == chunks
+            assert await _loaded(store) == state
+        assert len(state.samples) == MAX_SAMPLES
+        inline = await store.pool.fetchval("SELECT state ? 'samples' FROM job_states")
+        assert inline is False
+
+
+async def test_a_checkpoint_from_before_chunks_reads_back_and_moves_to_chunks(
+    pg_dsn: str, make_env: EnvFactory
+) -> None:
+    env = (await make_env()).name
+    state = _more(JobState(env=env, job=JobMeta(uuid=JOB)), 10)
+    async with await EnvStore.open(pg_dsn, env) as store:
+        await store.pool.execute(
+            "INSERT INTO job_states (job_uuid, partition, state) VALUES ($1, $2, $3::text::jsonb)",
+            JOB,
+            PARTITION,
+            state_json(state),
+        )
+        brain = BrainStore(store)
+        assert (await brain.load([PARTITION], TOPICS)).states[JOB][1] == state
+        state = _more(state, 2)
+        await brain.save(_snapshot(state))
+        assert await _chunk_sizes(store) == [12]
+        assert await _loaded(store) == state
+
+
+async def test_instances_taking_turns_at_a_job_keep_its_window(
+    pg_dsn: str, make_env: EnvFactory
+) -> None:
+    """A partition that moves to another brain and back: each resumes from what
+    Postgres holds, not from what it wrote itself the last time it had the job."""
+    env = (await make_env()).name
+    state = JobState(env=env, job=JobMeta(uuid=JOB))
+    async with await EnvStore.open(pg_dsn, env) as store:
+        first, second = BrainStore(store), BrainStore(store)
+        state = _more(state, 20)
+        await first.save(_snapshot(state))
+        for owner, count in ((second, 25), (first, 3), (second, 50), (first, 1)):
+            first.forget([PARTITION])  # revoked from the one, assigned to the other
+            resumed = (await owner.load([PARTITION], TOPICS)).states[JOB][1]
+            assert resumed == state
+            state = _more(resumed, count)
+            await owner.save(_snapshot(state))
+        assert await _loaded(store) == state
+        assert sum(await _chunk_sizes(store)) < len(state.samples) + MAX_SAMPLES
