@@ -10,16 +10,21 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.bus import Producer
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
+from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.model import ANN_PLANS, LABEL_JOB, LABEL_RANK, LABEL_ROLE
 from handlers.operator.kube.quantity import Resources
 from handlers.operator.kube.reconciler import ALREADY_APPLIED, RESUMED
+from handlers.operator.kube.trainingjob import TRAINING_JOB
 from schemas.jobs import JobSubmitted, NodeOOM, NodeRef, NodeStarted, OOMKind
 from schemas.plans import (
     MigrateNode,
@@ -336,3 +341,51 @@ async def test_an_operator_restarted_mid_plan_finishes_it_without_duplicating_po
     assert job is not None
     assert job.roles["worker"].replicas == 5
     assert job.last_plan_id == "to-5"
+
+
+class _ResumedTooLate(KubeApi):
+    """The first watch of the TrainingJobs resumes from a version the API server has let
+    go ("1", older than its watch cache), as a watch resumed after a long disconnect
+    does; the 410 Gone is the server's own answer."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster.api, TRAINING_JOB, cluster.namespace)
+        self.job_lists = 0
+        self.answers: Counter[int] = Counter()
+        self._resumed = False
+
+    async def list_jobs(self) -> tuple[list[dict[str, Any]], str]:
+        self.job_lists += 1
+        return await super().list_jobs()
+
+    async def watch(
+        self, kind: str, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        if kind == "jobs" and not self._resumed:
+            self._resumed = True
+            resource_version = "1"
+        try:
+            async for event in super().watch(kind, resource_version, timeout_s):
+                yield event
+        except ApiException as e:
+            self.answers[e.status] += 1
+            raise
+
+
+async def test_a_watch_the_server_expired_lists_again_and_goes_on(
+    cluster: Cluster, env: str
+) -> None:
+    kube = _ResumedTooLate(cluster)
+    cluster.kube = kube
+    before = await cluster.create_job({"worker": role(1)})  # seen by the first list
+    await cluster.start(env)
+
+    async def listed_again() -> bool:
+        return kube.answers[410] == 1 and kube.job_lists >= 2
+
+    await until(listed_again, "a 410 Gone for the jobs' watch, then a second list")
+    # the informer watches again from what it listed: a job made now is reconciled
+    after = await cluster.create_job({"worker": role(2)})
+    await until(lambda: cluster.workers_running(after, 2), "2 running workers of the new job")
+    await until(lambda: cluster.workers_running(before, 1), "the running worker of the first")
+    assert kube.answers == Counter({410: 1})
