@@ -5,9 +5,11 @@ restarted brain that resumes from its checkpoint instead of starting over."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
+import streams.brain.app as brain_app
 from dlrover_events.bus import Producer, read_topic
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
@@ -225,3 +227,59 @@ async def test_plans_not_published_are_never_checkpointed_and_stop_the_brain(
         assert await store.fetch("SELECT * FROM brain_offsets") == []
         assert await store.fetch("SELECT plan_id FROM scale_plans") == []
     assert await plans_on(settings, topic(env, SCALE_PLANS)) == []
+
+
+class _HeldCourier(Brain):
+    """A brain whose courier holds the first plans it has until let go (a broker slow
+    to ack them)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.holding = asyncio.Event()
+        self.let_go = asyncio.Event()
+
+    async def _publish(self, out: Output) -> None:
+        if out.plans:
+            self.holding.set()
+            await self.let_go.wait()
+        await super()._publish(out)
+
+
+async def test_a_checkpoint_holds_the_stream_until_the_courier_has_published(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catch-up wait gives up (at once here); the checkpoint then holds the stream and
+    waits for the courier, however long: its offsets never cover plans not published."""
+    monkeypatch.setattr(brain_app, "CATCH_UP_S", 0.01)
+    env = (await make_env()).name
+    job = JobMeta(uuid="job-held")
+    async with Producer(settings) as producer:
+        await producer.publish_many(
+            [submitted(env, job, workers=2), JobStarted(env=env, job=job), oom(env, job, 1, node=0)]
+        )
+    brain = _HeldCourier(settings, env, pg_dsn, checkpoint_every_s=3600)
+    await brain.start()
+    try:
+        await asyncio.wait_for(brain.holding.wait(), timeout=60)
+        before = brain.checkpoints
+        checkpoint = asyncio.create_task(brain.checkpoint())
+        await asyncio.sleep(0.5)  # far longer than the catch-up wait, and than a save
+        assert not checkpoint.done()
+        async with await EnvStore.open(pg_dsn, env) as store:
+            assert await store.fetch("SELECT * FROM brain_offsets") == []
+        brain.let_go.set()
+        await asyncio.wait_for(checkpoint, timeout=60)
+        assert brain.checkpoints == before + 1
+        async with await EnvStore.open(pg_dsn, env) as store:
+            offsets = await store.fetch(
+                "SELECT sum(next_offset) AS n FROM brain_offsets WHERE topic = $1",
+                topic(env, JOB_EVENTS),
+            )
+            assert offsets[0]["n"] == 3  # submitted, started, the OOM
+            recorded = {r["plan_id"] for r in await store.fetch("SELECT plan_id FROM plans")}
+        # every plan the checkpoint recorded was on the topic before it
+        published = {p.plan_id for p in await plans_on(settings, topic(env, BRAIN_PLANS))}
+        assert recorded and recorded <= published
+    finally:
+        brain.let_go.set()
+        await brain.stop()
