@@ -65,7 +65,7 @@ from schemas.codec import CodecError, decode, encode
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import BrainStore, Offsets, Snapshot
 from streams.brain.configs import ConfigFollower
-from streams.brain.processor import BrainProcessor, Output
+from streams.brain.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
 from streams.brain.triggers import Policy
 
 log = logging.getLogger(__name__)
@@ -384,7 +384,9 @@ class Brain:
         assert self._store is not None
         for attempt in range(1, 1_000_000):
             try:
-                loaded = await self._store.load(partitions, self._inputs)
+                loaded = await self._store.load(
+                    partitions, self._inputs, history_per_scenario=HISTORY_PER_SCENARIO
+                )
                 since = await self._store.offsets(self._outputs)
                 self._published |= await published_since(self.settings, self._outputs, since)
                 break

@@ -52,8 +52,13 @@ class Snapshot:
 
 @dataclass
 class Loaded:
+    """What a checkpoint gives back of some partitions: the states of the jobs that still
+    run and of those the history-based optimizers read, the next offsets, and the
+    partition of every finished job (whose late events are ignored)."""
+
     states: dict[str, tuple[int, JobState]]
     offsets: Offsets
+    finished: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,26 @@ class StoredSamples:
     chunks: tuple[tuple[int, int], ...]
     last_id: str
 
+
+#: The states a load reads whole: jobs not finished, and the newest completed jobs of each
+#: scenario (what a brain keeps as history), oldest first, as they were remembered. Every
+#: other finished job is only named: finished jobs pile up for as long as the env lives,
+#: and reading all their states made every start and rebalance slower than the last.
+_STATES = """
+SELECT job_uuid, partition, state::text AS state FROM job_states
+WHERE partition = ANY($1::int[])
+  AND (state->>'status' NOT IN ('completed', 'failed') OR job_uuid IN (
+    SELECT job_uuid FROM (
+      SELECT job_uuid, row_number() OVER (
+        PARTITION BY state->'job'->>'scenario'
+        ORDER BY (state->>'completed_at')::timestamptz DESC NULLS LAST, job_uuid DESC
+      ) AS newest
+      FROM job_states
+      WHERE partition = ANY($1::int[]) AND state->>'status' = 'completed'
+        AND coalesce(state->'job'->>'scenario', '') <> ''
+    ) ranked WHERE newest <= $2))
+ORDER BY (state->>'completed_at')::timestamptz NULLS FIRST, job_uuid
+"""
 
 #: `SampleWrite.keep_from` that deletes every chunk of the job
 ALL_CHUNKS = 2**62
@@ -145,19 +170,22 @@ class BrainStore:
         gone = set(partitions)
         self._stored = {u: s for u, s in self._stored.items() if s.partition not in gone}
 
-    async def load(self, partitions: Iterable[int], topics: Iterable[str]) -> Loaded:
-        """The states of the jobs in `partitions` and the offsets of `topics` there."""
+    async def load(
+        self, partitions: Iterable[int], topics: Iterable[str], *, history_per_scenario: int
+    ) -> Loaded:
+        """The jobs of `partitions` (see `Loaded`; `history_per_scenario`: how many
+        completed jobs of each scenario to read whole) and the offsets of `topics` there."""
         parts = sorted(set(partitions))
         async with self.store.pool.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT job_uuid, partition, state::text AS state FROM job_states"
-                " WHERE partition = ANY($1::int[])",
-                parts,
-            )
+            rows = await conn.fetch(_STATES, parts, history_per_scenario)
             chunk_rows = await conn.fetch(
-                "SELECT c.job_uuid, c.seq, c.samples::text AS samples"
-                " FROM job_sample_chunks c JOIN job_states s USING (job_uuid)"
-                " WHERE s.partition = ANY($1::int[]) ORDER BY c.job_uuid, c.seq",
+                "SELECT job_uuid, seq, samples::text AS samples FROM job_sample_chunks"
+                " WHERE job_uuid = ANY($1::text[]) ORDER BY job_uuid, seq",
+                [r["job_uuid"] for r in rows],
+            )
+            finished = await conn.fetch(
+                "SELECT job_uuid, partition FROM job_states WHERE partition = ANY($1::int[])"
+                " AND state->>'status' IN ('completed', 'failed')",
                 parts,
             )
             offsets = await conn.fetch(
@@ -179,7 +207,11 @@ class BrainStore:
             states[job_uuid] = (partition, state)
             if stored is not None and state.status not in FINISHED:
                 self._stored[job_uuid] = stored
-        return Loaded(states, {(r["topic"], r["partition"]): r["next_offset"] for r in offsets})
+        return Loaded(
+            states,
+            {(r["topic"], r["partition"]): r["next_offset"] for r in offsets},
+            {r["job_uuid"]: r["partition"] for r in finished},
+        )
 
     async def offsets(self, topics: Iterable[str]) -> Offsets:
         """Checkpointed offsets of whole topics (the brain's outputs, whatever partition)."""

@@ -155,7 +155,9 @@ class BrainProcessor:
     # -- partitions ---------------------------------------------------------------------
 
     def install(self, partitions: Iterable[int], loaded: Loaded) -> None:
-        """Take over partitions with their checkpointed states and offsets."""
+        """Take over partitions with their checkpointed states and offsets (finished
+        jobs' states in the order they finished: the newest are remembered)."""
+        self.finished.update(loaded.finished)
         for job_uuid, (partition, state) in loaded.states.items():
             self._remember(state)
             if state.status in FINISHED:

@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dlrover_events.store import EnvStore
-from schemas.jobs import JobMeta
-from streams.brain.checkpoint import BrainStore, Snapshot
+from schemas.jobs import JobCompleted, JobFailed, JobMeta, JobStarted, JobSubmitted
+from streams.brain.checkpoint import BrainStore, Loaded, Snapshot
+from streams.brain.processor import BrainProcessor
 from streams.brain.samples import JobRef, SampleRead
 from streams.brain.state import MAX_SAMPLES, JobState, Sample, fold, state_json
 from tests.conftest import EnvFactory
@@ -20,6 +21,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 JOB = "job-1"
 PARTITION = 1
 TOPICS = ["t"]
+HISTORY = 50
 
 
 def _more(state: JobState, count: int) -> JobState:
@@ -35,9 +37,12 @@ def _more(state: JobState, count: int) -> JobState:
     return state
 
 
+async def _load(brain: BrainStore) -> Loaded:
+    return await brain.load([PARTITION], TOPICS, history_per_scenario=HISTORY)
+
+
 async def _loaded(store: EnvStore) -> JobState:
-    loaded = await BrainStore(store).load([PARTITION], TOPICS)
-    partition, state = loaded.states[JOB]
+    partition, state = (await _load(BrainStore(store))).states[JOB]
     assert partition == PARTITION
     return state
 
@@ -91,7 +96,9 @@ async def test_a_checkpoint_from_before_chunks_reads_back_and_moves_to_chunks(
             state_json(state),
         )
         brain = BrainStore(store)
-        assert (await brain.load([PARTITION], TOPICS)).states[JOB][1] == state
+        assert (await brain.load([PARTITION], TOPICS, history_per_scenario=HISTORY)).states[JOB][
+            1
+        ] == state
         state = _more(state, 2)
         await brain.save(_snapshot(state))
         assert await _chunk_sizes(store) == [12]
@@ -111,9 +118,59 @@ async def test_instances_taking_turns_at_a_job_keep_its_window(
         await first.save(_snapshot(state))
         for owner, count in ((second, 25), (first, 3), (second, 50), (first, 1)):
             first.forget([PARTITION])  # revoked from the one, assigned to the other
-            resumed = (await owner.load([PARTITION], TOPICS)).states[JOB][1]
+            resumed = (await owner.load([PARTITION], TOPICS, history_per_scenario=HISTORY)).states[
+                JOB
+            ][1]
             assert resumed == state
             state = _more(resumed, count)
             await owner.save(_snapshot(state))
         assert await _loaded(store) == state
         assert sum(await _chunk_sizes(store)) < len(state.samples) + MAX_SAMPLES
+
+
+def _ended(env: str, n: int, scenario: str, *, failed: bool = False) -> JobState:
+    """A job of `scenario` that ran and then completed (or failed) `n` minutes after T0."""
+    how = "failed" if failed else "ended"
+    job = JobMeta(uuid=f"{how}-{scenario or 'none'}-{n}", scenario=scenario)
+    state: JobState | None = None
+    end = JobFailed if failed else JobCompleted
+    for event in (
+        JobSubmitted(env=env, job=job, occurred_at=T0),
+        JobStarted(env=env, job=job, occurred_at=T0),
+        end(env=env, job=job, occurred_at=T0 + timedelta(minutes=n)),
+    ):
+        state = fold(state, event)
+    assert state is not None
+    return state
+
+
+async def test_a_load_reads_whole_only_running_jobs_and_the_history(
+    pg_dsn: str, make_env: EnvFactory
+) -> None:
+    """Finished jobs are named, not read, except the newest completed ones of each scenario
+    (the history-based optimizers' history), remembered oldest first as when they ended."""
+    env = (await make_env()).name
+    running = _more(JobState(env=env, job=JobMeta(uuid=JOB, scenario="a")), 3)
+    # completed in an order that is not their end times' order
+    ended = [_ended(env, n, "a") for n in reversed(range(HISTORY + 10))]
+    ended += [_ended(env, n, "b") for n in range(3)]
+    ended += [_ended(env, n, "") for n in range(2)]  # no scenario: no history
+    ended += [_ended(env, n, "a", failed=True) for n in range(4)]
+    states = {s.job.uuid: (PARTITION, s) for s in [running, *ended]}
+    assert len(states) == 1 + len(ended)
+    async with await EnvStore.open(pg_dsn, env) as store:
+        await BrainStore(store).save(Snapshot(states=states))
+        loaded = await _load(BrainStore(store))
+
+    newest_a = [f"ended-a-{n}" for n in range(10, HISTORY + 10)]
+    newest_b = [f"ended-b-{n}" for n in range(3)]
+    assert list(loaded.states) == [JOB, *newest_b, *newest_a]  # running, then by end time
+    assert loaded.states[JOB] == (PARTITION, running)
+    assert loaded.finished == {s.job.uuid: PARTITION for s in ended}
+
+    processor = BrainProcessor(env, "g")
+    processor.install([PARTITION], loaded)
+    assert set(processor.states) == {JOB}
+    assert set(processor.finished) == {s.job.uuid for s in ended}
+    assert [s.job.uuid for s in processor._history["a"]] == newest_a
+    assert [s.job.uuid for s in processor._history["b"]] == newest_b
