@@ -190,6 +190,16 @@ async def test_the_config_service_names_a_jobs_optimizer(
     assert brain.processor.counters.decisions >= 4 and brain.processor.counters.errors >= 1
 
 
+async def _oom_of_a_new_job(settings: Settings, env: str, uuid: str) -> JobMeta:
+    """A job submitted with 2 workers and started, whose worker 0 runs out of memory."""
+    job = JobMeta(uuid=uuid)
+    async with Producer(settings) as producer:
+        await producer.publish_many(
+            [submitted(env, job, workers=2), JobStarted(env=env, job=job), oom(env, job, 1, node=0)]
+        )
+    return job
+
+
 class _BrokenCourier(Brain):
     """A brain whose publishing fails for good once the OOM's plans are due (`_publish`
     raising what `_deliver`'s retries would not: a bug, the producer gone)."""
@@ -204,11 +214,7 @@ async def test_plans_not_published_are_never_checkpointed_and_stop_the_brain(
     settings: Settings, pg_dsn: str, make_env: EnvFactory
 ) -> None:
     env = (await make_env()).name
-    job = JobMeta(uuid="job-courier")
-    async with Producer(settings) as producer:
-        await producer.publish_many(
-            [submitted(env, job, workers=2), JobStarted(env=env, job=job), oom(env, job, 1, node=0)]
-        )
+    job = await _oom_of_a_new_job(settings, env, "job-courier")
     brain = _BrokenCourier(settings, env, pg_dsn, checkpoint_every_s=3600)
     await brain.start()
     try:
@@ -252,11 +258,7 @@ async def test_a_checkpoint_holds_the_stream_until_the_courier_has_published(
     waits for the courier, however long: its offsets never cover plans not published."""
     monkeypatch.setattr(brain_app, "CATCH_UP_S", 0.01)
     env = (await make_env()).name
-    job = JobMeta(uuid="job-held")
-    async with Producer(settings) as producer:
-        await producer.publish_many(
-            [submitted(env, job, workers=2), JobStarted(env=env, job=job), oom(env, job, 1, node=0)]
-        )
+    await _oom_of_a_new_job(settings, env, "job-held")
     brain = _HeldCourier(settings, env, pg_dsn, checkpoint_every_s=3600)
     await brain.start()
     try:
