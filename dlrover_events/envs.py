@@ -80,6 +80,20 @@ class EnvRegistry:
             await conn.close()
         return _record(row) if row else None
 
+    async def migrate(self, name: str) -> EnvRecord | None:
+        """The env's record, its schema given the tables added since the version that made
+        it (a service of the env calls this as it starts); None if there is no such env."""
+        conn = await self._conn()
+        try:
+            async with conn.transaction():
+                # held until migrated: a delete of the env waits, and is not undone here
+                row = await conn.fetchrow("SELECT * FROM envs WHERE name = $1 FOR SHARE", name)
+                if row is not None:
+                    await apply_migrations(conn, env_schema(name), "env")
+        finally:
+            await conn.close()
+        return _record(row) if row else None
+
     async def real(self) -> EnvRecord | None:
         return next((e for e in await self.list() if e.mode == EnvMode.REAL), None)
 

@@ -289,8 +289,9 @@ class Brain:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
+        # an env made by an older version gets the tables this brain writes
+        record = await EnvRegistry(self.settings, self.pg_dsn).migrate(self.env)
         if not self._policy_given:
-            record = await EnvRegistry(self.settings, self.pg_dsn).get(self.env)
             raw = None if record is None else record.settings.get(GROUP)
             try:
                 self.processor.policy = Policy.from_settings(raw)

@@ -7,13 +7,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from dlrover_events.bus import Producer
+from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from schemas.jobs import JobCompleted, JobFailed, JobMeta, JobStarted, JobSubmitted
+from streams.brain.app import Brain
 from streams.brain.checkpoint import BrainStore, Loaded, Snapshot
 from streams.brain.processor import BrainProcessor
 from streams.brain.samples import JobRef, SampleRead
 from streams.brain.state import MAX_SAMPLES, JobState, Sample, fold, state_json
 from tests.conftest import EnvFactory
+from tests.integration.brain.workload import sample, submitted, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -174,3 +178,30 @@ async def test_a_load_reads_whole_only_running_jobs_and_the_history(
     assert set(processor.finished) == {s.job.uuid for s in ended}
     assert [s.job.uuid for s in processor._history["a"]] == newest_a
     assert [s.job.uuid for s in processor._history["b"]] == newest_b
+
+
+async def test_a_brain_gives_an_older_env_the_tables_it_writes(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    """An env made before job_sample_chunks existed gets it when its brain starts, and
+    the brain checkpoints into it."""
+    env = (await make_env()).name
+    async with await EnvStore.open(pg_dsn, env) as store:
+        await store.pool.execute(
+            "DROP TABLE job_sample_chunks; DELETE FROM schema_migrations WHERE version = 4"
+        )
+        assert "job_sample_chunks" not in await store.tables()
+        brain = Brain(settings, env, pg_dsn, checkpoint_every_s=3600)
+        await brain.start()
+        try:
+            assert "job_sample_chunks" in await store.tables()
+            job = JobMeta(uuid=JOB)
+            async with Producer(settings) as producer:
+                await producer.publish_many(
+                    [submitted(env, job), *(sample(env, job, i) for i in range(3))]
+                )
+            await wait_for(lambda: brain.processor.counters.processed >= 4, what="the samples")
+            await brain.checkpoint()
+            assert await _chunk_sizes(store) == [3]
+        finally:
+            await brain.stop()
