@@ -23,6 +23,7 @@ from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.state import (
     MAX_SAMPLES,
     JobState,
+    JobStatus,
     Sample,
     samples_from_json,
     samples_json,
@@ -79,18 +80,21 @@ class StoredSamples:
 _STATES = """
 SELECT job_uuid, partition, state::text AS state FROM job_states
 WHERE partition = ANY($1::int[])
-  AND (state->>'status' NOT IN ('completed', 'failed') OR job_uuid IN (
+  AND (NOT state->>'status' = ANY($3::text[]) OR job_uuid IN (
     SELECT job_uuid FROM (
       SELECT job_uuid, row_number() OVER (
         PARTITION BY state->'job'->>'scenario'
         ORDER BY (state->>'completed_at')::timestamptz DESC NULLS LAST, job_uuid DESC
       ) AS newest
       FROM job_states
-      WHERE partition = ANY($1::int[]) AND state->>'status' = 'completed'
+      WHERE partition = ANY($1::int[]) AND state->>'status' = $4
         AND coalesce(state->'job'->>'scenario', '') <> ''
     ) ranked WHERE newest <= $2))
 ORDER BY (state->>'completed_at')::timestamptz NULLS FIRST, job_uuid
 """
+
+#: the statuses of FINISHED as the state documents hold them
+_FINISHED = sorted(status.value for status in FINISHED)
 
 #: `SampleWrite.keep_from` that deletes every chunk of the job
 ALL_CHUNKS = 2**62
@@ -177,7 +181,9 @@ class BrainStore:
         completed jobs of each scenario to read whole) and the offsets of `topics` there."""
         parts = sorted(set(partitions))
         async with self.store.pool.acquire() as conn:
-            rows = await conn.fetch(_STATES, parts, history_per_scenario)
+            rows = await conn.fetch(
+                _STATES, parts, history_per_scenario, _FINISHED, JobStatus.COMPLETED.value
+            )
             chunk_rows = await conn.fetch(
                 "SELECT job_uuid, seq, samples::text AS samples FROM job_sample_chunks"
                 " WHERE job_uuid = ANY($1::text[]) ORDER BY job_uuid, seq",
@@ -185,8 +191,9 @@ class BrainStore:
             )
             finished = await conn.fetch(
                 "SELECT job_uuid, partition FROM job_states WHERE partition = ANY($1::int[])"
-                " AND state->>'status' IN ('completed', 'failed')",
+                " AND state->>'status' = ANY($2::text[])",
                 parts,
+                _FINISHED,
             )
             offsets = await conn.fetch(
                 "SELECT topic, partition, next_offset FROM brain_offsets"
