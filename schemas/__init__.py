@@ -33,12 +33,14 @@ from schemas.plans import (
     Node,
     NodeGroupResource,
     NodeResource,
+    NotApplied,
     OptimizePlan,
     OptimizeRequest,
     ResourcePlan,
     ScalePlan,
     ScaleResult,
     ScaleStatus,
+    TrainingApplied,
 )
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "NodeOOM",
     "NodeResource",
     "NodeStarted",
+    "NotApplied",
     "OOMKind",
     "OptimizePlan",
     "OptimizeRequest",
@@ -75,6 +78,7 @@ __all__ = [
     "ScalePlan",
     "ScaleResult",
     "ScaleStatus",
+    "TrainingApplied",
     "decode",
     "encode",
     "event_class",

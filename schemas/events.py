@@ -23,7 +23,13 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from schemas.lockstep import Barrier, BarrierAck
-from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan, ScaleResult
+from schemas.plans import (
+    OptimizePlan,
+    OptimizeRequest,
+    ScalePlan,
+    ScaleResult,
+    TrainingApplied,
+)
 
 AnyEvent = Annotated[
     JobSubmitted
@@ -39,6 +45,7 @@ AnyEvent = Annotated[
     | OptimizePlan
     | ScalePlan
     | ScaleResult
+    | TrainingApplied
     | ConfigChange
     | EvaluationReport
     | DeadLetter
@@ -62,6 +69,7 @@ EVENT_CLASSES: tuple[type[Event], ...] = (
     OptimizePlan,
     ScalePlan,
     ScaleResult,
+    TrainingApplied,
     ConfigChange,
     EvaluationReport,
     DeadLetter,

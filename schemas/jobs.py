@@ -140,4 +140,7 @@ class RuntimeSample(JobEvent):
     batch_size: int | None = Field(default=None, ge=1, description="global batch size")
     local_batch_size: int | None = Field(default=None, ge=1)
     accumulation_steps: int = Field(default=1, ge=1)
+    world_size: int | None = Field(
+        default=None, ge=1, description="processes training together when it was taken"
+    )
     nodes: list[NodeUsage] = Field(default_factory=list)

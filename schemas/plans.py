@@ -7,7 +7,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.envelope import Model
 from schemas.jobs import JobEvent, NodeRef
@@ -92,9 +92,29 @@ class ScalePlan(JobEvent):
 
 
 class ScaleStatus(StrEnum):
+    """What became of a plan. ``applied`` only when every part of it was; ``partial`` when
+    the platform applied some parts and lists the others in ``not_applied`` (training knobs
+    await the job's own confirmation, a GPU type the platform cannot express, ...)."""
+
     APPLIED = "applied"
+    PARTIAL = "partial"
     REJECTED = "rejected"
     FAILED = "failed"
+
+
+#: Parts of a plan a result may list as not applied: bounded, a result is one message.
+MAX_NOT_APPLIED = 64
+
+
+class NotApplied(Model):
+    """One part of a plan the platform did not apply, and why.
+
+    ``part`` names it as the plan does: ``training.local_batch_size``,
+    ``worker.gpu_type``, ``worker-2.gpu_memory``, ...
+    """
+
+    part: str = Field(min_length=1, max_length=256)
+    reason: str = Field(min_length=1, max_length=1024)
 
 
 class ScaleResult(JobEvent):
@@ -106,3 +126,37 @@ class ScaleResult(JobEvent):
     observed: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="per role: pending/running/succeeded/failed counts"
     )
+    not_applied: list[NotApplied] = Field(
+        default_factory=list,
+        max_length=MAX_NOT_APPLIED,
+        description="the parts of the plan not applied (status partial), each with why",
+    )
+
+    @model_validator(mode="after")
+    def _partial_names_its_parts(self) -> ScaleResult:
+        if self.status == ScaleStatus.PARTIAL and not self.not_applied:
+            raise ValueError("a partial result must list the parts it did not apply")
+        if self.status == ScaleStatus.APPLIED and self.not_applied:
+            raise ValueError("an applied result applied every part: use status partial")
+        return self
+
+
+#: Training knobs a plan may carry and a job applies itself, at a step boundary.
+TRAINING_KNOBS = ("local_batch_size", "accumulation_steps")
+
+
+class TrainingApplied(JobEvent):
+    """The job's own word that it now trains with a plan's knobs.
+
+    Only the training process can change its micro-batch: the operator reports such a
+    plan ``partial``, and the brain takes the knobs as in force only from this event.
+    """
+
+    topic: ClassVar[str] = "job.events"
+    type: Literal["training.applied"] = "training.applied"
+    plan_id: str = Field(min_length=1, max_length=256)
+    node: NodeRef = Field(description="the process that applied them (rank 0 speaks for all)")
+    training: dict[str, int] = Field(
+        max_length=16, description="the knobs now in force, e.g. local_batch_size"
+    )
+    global_step: int = Field(ge=0, description="the first step trained with them")

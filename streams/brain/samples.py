@@ -64,6 +64,7 @@ class Sample(Struct, frozen=True, gc=False, kw_only=True):
     batch_size: int | None = None
     local_batch_size: int | None = None
     accumulation_steps: int = 1
+    world_size: int | None = None
     nodes: tuple[NodeUse, ...] = ()
 
     def usage(self, role: str) -> tuple[NodeUse, ...]:
@@ -164,6 +165,7 @@ def _sample(
         batch_size=of.batch_size,
         local_batch_size=of.local_batch_size,
         accumulation_steps=of.accumulation_steps,
+        world_size=of.world_size,
         nodes=nodes,
     )
 
@@ -207,6 +209,7 @@ class SampleReport(Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_f
     batch_size: Annotated[int, Meta(ge=1)] | None = None
     local_batch_size: Annotated[int, Meta(ge=1)] | None = None
     accumulation_steps: Annotated[int, Meta(ge=1)] = 1
+    world_size: Annotated[int, Meta(ge=1)] | None = None
     nodes: tuple[NodeUse, ...] = ()
 
     def __post_init__(self) -> None:

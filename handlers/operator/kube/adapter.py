@@ -52,9 +52,17 @@ class WorkloadAdapter(ABC):
 
     @abstractmethod
     def pod_manifest(
-        self, obj: Mapping[str, Any], job: JobView, pod: NewPod, env: str
+        self,
+        obj: Mapping[str, Any],
+        job: JobView,
+        pod: NewPod,
+        env: str,
+        *,
+        rendezvous_host: str | None = None,
     ) -> dict[str, Any]:
-        """A new pod of the job (only called when ``creates_pods``)."""
+        """A new pod of the job (only called when ``creates_pods``); ``rendezvous_host``:
+        where an elastic role's pods find their rendezvous store (None: the platform's
+        default, a per-job Service on a cluster)."""
 
     @abstractmethod
     def status_patch(

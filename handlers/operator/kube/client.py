@@ -37,6 +37,9 @@ async def _merge_patch(method: Callable[..., Awaitable[Any]], *args: Any) -> dic
 
 
 class KubeApi:
+    #: where elastic pods find their rendezvous store: None, the job's headless Service
+    rendezvous_host: str | None = None
+
     def __init__(self, api: client.ApiClient, adapter: WorkloadAdapter, namespace: str) -> None:
         self.api = api
         self.adapter = adapter

@@ -50,6 +50,27 @@ class InvalidJob(ValueError):
     """The job's spec breaks a rule the v1.20 schema cannot express."""
 
 
+#: Where torch's c10d rendezvous store listens when the spec does not say.
+DEFAULT_RENDEZVOUS_PORT = 29400
+
+
+@dataclass(frozen=True)
+class ElasticPolicy:
+    """A role whose pods run under torchrun's elastic agent (spec.roles.R.elastic).
+
+    ``command`` empty: the first container's own command and args are the training
+    command. Rank 0 of the role hosts the rendezvous store, so it is never scaled away.
+    """
+
+    command: tuple[str, ...] = ()
+    rendezvous_port: int = DEFAULT_RENDEZVOUS_PORT
+    nproc_per_node: int = 1
+    max_restarts: int = 100
+
+    #: the pod rank that hosts the rendezvous store
+    host_rank: int = 0
+
+
 @dataclass(frozen=True)
 class RoleView:
     name: str
@@ -59,6 +80,7 @@ class RoleView:
     resources: Resources
     restart_policy: str
     template: Mapping[str, Any]
+    elastic: ElasticPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +184,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
             resources=resources,
             restart_policy=role.get("restartPolicy", "OnFailure"),
             template=role.get("template") or {},
+            elastic=_elastic(name, role.get("elastic")),
         )
     if not roles:
         raise InvalidJob("the job has no roles")
@@ -192,6 +215,30 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
         last_plan_id=status.get("lastPlanId"),
         status=status,
     )
+
+
+def _elastic(role: str, raw: Any) -> ElasticPolicy | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise InvalidJob(f"role {role}: elastic must be an object")
+    command = raw.get("command") or ()
+    if not isinstance(command, (list, tuple)) or not all(isinstance(c, str) for c in command):
+        raise InvalidJob(f"role {role}: elastic.command must be a list of strings")
+    try:
+        policy = ElasticPolicy(
+            command=tuple(command),
+            rendezvous_port=int(raw.get("rendezvousPort") or DEFAULT_RENDEZVOUS_PORT),
+            nproc_per_node=int(raw.get("nprocPerNode") or 1),
+            max_restarts=int(raw.get("maxRestarts", 100)),
+        )
+    except (TypeError, ValueError) as e:
+        raise InvalidJob(f"role {role}: elastic: {e}") from None
+    if not 1 <= policy.rendezvous_port <= 65535:
+        raise InvalidJob(f"role {role}: elastic.rendezvousPort must be 1..65535")
+    if not 1 <= policy.nproc_per_node <= 64 or not 0 <= policy.max_restarts <= 10000:
+        raise InvalidJob(f"role {role}: elastic.nprocPerNode 1..64, maxRestarts 0..10000")
+    return policy
 
 
 def check_bounds(job: JobView) -> None:
@@ -260,6 +307,7 @@ __all__ = [
     "ANN_NODE_RESOURCES",
     "ANN_PLANS",
     "ANN_REMOVE_FIRST",
+    "DEFAULT_RENDEZVOUS_PORT",
     "FAILED",
     "FINAL_PHASES",
     "LABEL_INDEX",
@@ -273,6 +321,7 @@ __all__ = [
     "PLAN_MEMORY",
     "RUNNING",
     "SUCCEEDED",
+    "ElasticPolicy",
     "InvalidJob",
     "JobView",
     "PodView",

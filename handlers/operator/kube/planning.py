@@ -181,6 +181,7 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
                 resources=role_resources[name],
                 restart_policy=role.restart_policy,
                 template=role.template,
+                elastic=role.elastic,
             )
             for name, role in job.roles.items()
         },

@@ -60,7 +60,13 @@ class PyTorchJobAdapter(WorkloadAdapter):
         _missing()
 
     def pod_manifest(
-        self, obj: Mapping[str, Any], job: JobView, pod: NewPod, env: str
+        self,
+        obj: Mapping[str, Any],
+        job: JobView,
+        pod: NewPod,
+        env: str,
+        *,
+        rendezvous_host: str | None = None,
     ) -> dict[str, Any]:
         raise NotImplementedError("the training-operator creates a PyTorchJob's pods")
 

@@ -290,7 +290,9 @@ class EnvReconciler:
         pods = await self._pods_of(job.name)
         actions = planning.diff(job, pods) if self.adapter.creates_pods else planning.Actions()
         for new in actions.create:
-            manifest = self.adapter.pod_manifest(obj, job, new, self.env)
+            manifest = self.adapter.pod_manifest(
+                obj, job, new, self.env, rendezvous_host=self.kube.rendezvous_host
+            )
             if await self.kube.create_pod(manifest):
                 log.info("env %s: created pod %s", self.env, manifest["metadata"]["name"])
         for name in actions.delete:

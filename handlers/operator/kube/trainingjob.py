@@ -34,6 +34,7 @@ from handlers.operator.kube.model import (
     MANAGED_BY,
     JobView,
     PodView,
+    RoleView,
     parse_job,
     parse_pod,
     pod_name,
@@ -67,9 +68,15 @@ class TrainingJobAdapter(WorkloadAdapter):
         return planning.plan_change(job, pods, plan)
 
     def pod_manifest(
-        self, obj: Mapping[str, Any], job: JobView, pod: NewPod, env: str
+        self,
+        obj: Mapping[str, Any],
+        job: JobView,
+        pod: NewPod,
+        env: str,
+        *,
+        rendezvous_host: str | None = None,
     ) -> dict[str, Any]:
-        return pod_manifest(obj, job, pod, env)
+        return pod_manifest(obj, job, pod, env, rendezvous_host=rendezvous_host)
 
     def status_patch(
         self,
@@ -82,8 +89,51 @@ class TrainingJobAdapter(WorkloadAdapter):
         return planning.status_patch(job, pods, last_plan=last_plan, last_plan_time=last_plan_time)
 
 
-def pod_manifest(obj: Mapping[str, Any], job: JobView, pod: NewPod, env: str) -> dict[str, Any]:
-    """The pod of one node of a job (pure: the same inputs give the same pod)."""
+def rendezvous_service(job: JobView) -> str:
+    """The headless Service a job's elastic pods rendezvous at, on a cluster."""
+    return f"{job.name}-rendezvous"
+
+
+def elastic_command(
+    job: JobView, role: RoleView, pod: NewPod, rendezvous_host: str, command: Sequence[str]
+) -> list[str]:
+    """torchrun's elastic agent around the training command: ``--nnodes=MIN:MAX`` and a c10d
+    rendezvous, never a frozen world size. The role's host rank binds the store
+    (``is_host=1``); the others only connect, so the store lives as long as that pod."""
+    policy = role.elastic
+    assert policy is not None
+    low = role.min_replicas if role.min_replicas is not None else role.replicas
+    high = role.max_replicas if role.max_replicas is not None else max(role.replicas, low)
+    is_host = 1 if pod.rank == policy.host_rank else 0
+    return [
+        "torchrun",
+        f"--nnodes={max(1, low)}:{max(1, low, high)}",
+        f"--nproc-per-node={policy.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rendezvous_host}:{policy.rendezvous_port}",
+        f"--rdzv-id={job.uid}",
+        f"--rdzv-conf=is_host={is_host}",
+        f"--max-restarts={policy.max_restarts}",
+        "--monitor-interval=1",
+        "--no-python",
+        *command,
+    ]
+
+
+def pod_manifest(
+    obj: Mapping[str, Any],
+    job: JobView,
+    pod: NewPod,
+    env: str,
+    *,
+    rendezvous_host: str | None = None,
+) -> dict[str, Any]:
+    """The pod of one node of a job (pure: the same inputs give the same pod).
+
+    An elastic role's first container runs its training command under torchrun, which
+    sets RANK and WORLD_SIZE per rendezvous: the pod gets no world size of its own, only
+    its node rank (the brain's node id), which stays the same across re-rendezvous.
+    """
     role = job.roles[pod.role]
     template = copy.deepcopy(dict(role.template))
     tmeta = template.get("metadata") or {}
@@ -102,14 +152,23 @@ def pod_manifest(obj: Mapping[str, Any], job: JobView, pod: NewPod, env: str) ->
         JOB_NAME_ENV: job.name,
         ROLE_ENV: pod.role,
         RANK_ENV: str(pod.rank),
-        WORLD_SIZE_ENV: str(role.replicas),
         ENV_ENV: env,
         NAMESPACE_ENV: job.namespace,
     }
+    if role.elastic is None:
+        identity[WORLD_SIZE_ENV] = str(role.replicas)
     containers = spec.get("containers") or []
     for i, container in enumerate(containers):
         env_vars = [e for e in container.get("env") or [] if e.get("name") not in identity]
         container["env"] = env_vars + [{"name": k, "value": v} for k, v in identity.items()]
+        if i == 0 and role.elastic is not None:
+            training = list(role.elastic.command) or [
+                *(container.get("command") or []),
+                *(container.get("args") or []),
+            ]
+            host = rendezvous_host or rendezvous_service(job)
+            container["command"] = elastic_command(job, role, pod, host, training)
+            container.pop("args", None)
         if i == 0:
             quantities = pod.resources.to_quantities()
             if quantities:
@@ -141,4 +200,14 @@ def pod_manifest(obj: Mapping[str, Any], job: JobView, pod: NewPod, env: str) ->
 
 TRAINING_JOB = register_adapter(TrainingJobAdapter())
 
-__all__ = ["GROUP", "KIND", "PLURAL", "TRAINING_JOB", "VERSION", "TrainingJobAdapter"]
+__all__ = [
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "TRAINING_JOB",
+    "VERSION",
+    "TrainingJobAdapter",
+    "elastic_command",
+    "pod_manifest",
+    "rendezvous_service",
+]
