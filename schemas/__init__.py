@@ -29,6 +29,7 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from schemas.plans import (
+    JobPlan,
     MigrateNode,
     Node,
     NodeGroupResource,
@@ -59,6 +60,7 @@ __all__ = [
     "JobCompleted",
     "JobFailed",
     "JobMeta",
+    "JobPlan",
     "JobStarted",
     "JobSubmitted",
     "MigrateNode",

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from schemas.envelope import Model
-from schemas.jobs import JobEvent, NodeRef
+from schemas.jobs import JobEvent, JobMeta, NodeRef
 
 
 class NodeResource(Model):
@@ -160,3 +160,40 @@ class TrainingApplied(JobEvent):
         max_length=16, description="the knobs now in force, e.g. local_batch_size"
     )
     global_step: int = Field(ge=0, description="the first step trained with them")
+
+
+class JobPlan(Model):
+    """A job's latest plan as the gateway serves it (``GET /v1/jobs/{job}/plan``).
+
+    What a training process needs to follow its plans without reading the bus: the
+    brain's latest OptimizePlan and ScalePlan for the job, the operator's answer to that
+    ScalePlan once it came, and the job's own latest confirmation of training knobs.
+    A job applies a ScalePlan's ``training`` knobs only once ``result`` accepted the plan
+    (applied or partial) and confirms them with a TrainingApplied.
+    """
+
+    job: JobMeta
+    optimize_plan: OptimizePlan | None = None
+    scale_plan: ScalePlan | None = None
+    result: ScaleResult | None = Field(
+        default=None, description="the operator's answer to scale_plan, once it came"
+    )
+    training_applied: TrainingApplied | None = Field(
+        default=None, description="the job's latest confirmation of training knobs"
+    )
+
+    def knobs_to_apply(self) -> tuple[str, dict[str, int]] | None:
+        """(plan_id, knobs) the job should switch to now, None when there is nothing new:
+        an accepted plan with training knobs the job has not confirmed yet."""
+        plan, result = self.scale_plan, self.result
+        if plan is None or not plan.training or result is None:
+            return None
+        if result.plan_id != plan.plan_id or result.status not in (
+            ScaleStatus.APPLIED,
+            ScaleStatus.PARTIAL,
+        ):
+            return None
+        if self.training_applied is not None and self.training_applied.plan_id == plan.plan_id:
+            return None
+        knobs = {k: int(v) for k, v in plan.training.items() if k in TRAINING_KNOBS}
+        return (plan.plan_id, knobs) if knobs else None
