@@ -8,12 +8,15 @@ the reason in ``error``. The outage is logged once when it starts and once when 
 Both clients take the job's attributes (user, group, cluster, job, ``labels.<name>``, ...)
 as the gateway's query parameters. ``from_env`` reads DLROVER_EVENTS_GATEWAY_URL and
 DLROVER_EVENTS_GATEWAY_TOKEN, which is how an operator hands them to a job's pods.
+
+The blocking side (one GET, a long-poll thread with back-off, outage logged once) is
+``SyncPoller`` over a ``GatewayResource``, so the SDK's plan follower reads its job's plan
+through the same code as the config, not through a second HTTP loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -27,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 import aiohttp
 
@@ -59,6 +62,35 @@ class ConfigSnapshot:
         return not self.stale
 
 
+class Outage:
+    """Says an outage once when it starts and once when it ends, not once per retry: a
+    job long-polling for days must not fill its log with one line per back-off."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.down = False
+
+    def failed(self, reason: str, keeping: str) -> None:
+        if not self.down:
+            self.down = True
+            log.warning("%s gateway unavailable (%s); keeping %s", self.what, reason, keeping)
+
+    def recovered(self) -> None:
+        if self.down:
+            self.down = False
+            log.warning("%s gateway reachable again", self.what)
+
+
+def gateway_headers(token: str | None, etag: str | None) -> dict[str, str]:
+    """Bearer token and, for an ETag the gateway gave, ``If-None-Match`` (a 304 then)."""
+    h = {"Accept": "application/json"}
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    if etag:
+        h["If-None-Match"] = etag
+    return h
+
+
 class _Core:
     """The state both clients share: last good snapshot, cache file, outage logging."""
 
@@ -79,7 +111,7 @@ class _Core:
         self.last = self._load_cache() or ConfigSnapshot(
             dict(default or {}), error="not fetched yet"
         )
-        self._down = False
+        self._outage = Outage("config")
 
     def url(self, wait_s: float | None) -> str:
         params = list(self.params)
@@ -88,13 +120,9 @@ class _Core:
         return f"{self.base}/v1/config?{urllib.parse.urlencode(params)}"
 
     def headers(self, conditional: bool) -> dict[str, str]:
-        h = {"Accept": "application/json"}
-        if self.token:
-            h["Authorization"] = f"Bearer {self.token}"
         # Only an ETag the gateway gave (now or before a restart, via the cache file).
-        if conditional and self.last.etag and self.last.fetched_at is not None:
-            h["If-None-Match"] = self.last.etag
-        return h
+        given = conditional and self.last.fetched_at is not None
+        return gateway_headers(self.token, self.last.etag if given else None)
 
     def got(self, status: int, body: bytes, etag: str | None) -> ConfigSnapshot:
         now = time.time()
@@ -117,23 +145,17 @@ class _Core:
         return self.failed(f"the gateway answered {status}: {_message(body)}")
 
     def failed(self, reason: str) -> ConfigSnapshot:
-        if not self._down:
-            self._down = True
-            age = (
-                f"from {time.ctime(self.last.fetched_at)}"
-                if self.last.fetched_at
-                else "never fetched: defaults"
-            )
-            log.warning(
-                "config gateway unavailable (%s); keeping the last good config (%s)", reason, age
-            )
+        age = (
+            f"from {time.ctime(self.last.fetched_at)}"
+            if self.last.fetched_at
+            else "never fetched: defaults"
+        )
+        self._outage.failed(reason, f"the last good config ({age})")
         self.last = replace(self.last, stale=True, error=reason)
         return self.last
 
     def _good(self, snap: ConfigSnapshot) -> ConfigSnapshot:
-        if self._down:
-            self._down = False
-            log.warning("config gateway reachable again")
+        self._outage.recovered()
         self.last = snap
         return snap
 
@@ -267,6 +289,109 @@ class ConfigClient:
         await self.close()
 
 
+class GatewayAnswer(Protocol):
+    """What a ``SyncPoller`` needs to know of an answer: whether it is the gateway's own."""
+
+    @property
+    def stale(self) -> bool: ...
+
+    @property
+    def etag(self) -> str | None: ...
+
+
+A = TypeVar("A", bound=GatewayAnswer)
+A_co = TypeVar("A_co", bound=GatewayAnswer, covariant=True)
+
+
+class GatewayResource(Protocol[A_co]):
+    """One thing a job reads from the gateway: where it is, and what an answer means.
+
+    ``got`` and ``failed`` keep the last good answer and return what the caller should
+    use now; they must not raise (a bad body is a failure, said in the answer).
+    """
+
+    def url(self, wait_s: float | None) -> str: ...
+
+    def headers(self, conditional: bool) -> dict[str, str]: ...
+
+    def got(self, status: int, body: bytes, etag: str | None) -> A_co: ...
+
+    def failed(self, reason: str) -> A_co: ...
+
+
+class SyncPoller(Generic[A]):
+    """Blocking GETs and a long-poll thread for one gateway resource (standard library).
+
+    The thread fetches, then long-polls while the gateway answers, and backs off (fetching
+    again) while it does not; ``on_change`` gets the first answer, each changed one, and
+    the first one after an outage. Nothing it meets stops the thread but ``stop_watching``.
+    """
+
+    def __init__(self, resource: GatewayResource[A], *, timeout_s: float, name: str) -> None:
+        self.resource = resource
+        self._timeout_s = timeout_s
+        self._name = name
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def get(self, wait_s: float | None) -> A:
+        # The lock guards the shared state, not the request: a fetch from the training
+        # loop must not wait behind the watcher's 30 s long-poll.
+        res = self.resource
+        with self._lock:
+            request = urllib.request.Request(res.url(wait_s), headers=res.headers(True))
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout_s + (wait_s or 0)) as r:
+                status, body, etag = r.status, r.read(), r.headers.get("ETag")
+        except urllib.error.HTTPError as err:
+            status, etag = err.code, err.headers.get("ETag")
+            body = err.read() if err.fp is not None else b""
+        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as err:
+            with self._lock:
+                return res.failed(f"{type(err).__name__}: {err}")
+        with self._lock:
+            return res.got(status, body, etag)
+
+    def start_watching(self, on_change: Callable[[A], None], wait_s: float = 30.0) -> None:
+        if self._thread is not None:
+            raise RuntimeError("already watching")
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._watch, args=(on_change, wait_s), name=self._name, daemon=True
+        )
+        self._thread.start()
+
+    def stop_watching(self, timeout_s: float | None = None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def _watch(self, on_change: Callable[[A], None], wait_s: float) -> None:
+        failures = 0
+        before: str | None = None
+        first = True
+        while not self._stop.is_set():
+            try:
+                snap = self.get(wait_s) if not first and failures == 0 else self.get(None)
+            except Exception:  # a bug of ours must not end the watch: retry later
+                log.exception("%s: polling the gateway failed", self._name)
+                failures += 1
+                self._stop.wait(_backoff(failures))
+                continue
+            if snap.stale:
+                failures += 1
+                self._stop.wait(_backoff(failures))
+                continue
+            if first or failures or snap.etag != before:
+                try:
+                    on_change(snap)
+                except Exception:
+                    log.exception("%s: the change callback failed", self._name)
+            first, failures, before = False, 0, snap.etag
+
+
 class SyncConfigClient:
     """Blocking client (standard library only), for training scripts without an event loop.
 
@@ -286,10 +411,7 @@ class SyncConfigClient:
         self._core = _Core(
             url, token, attributes, Path(cache_path) if cache_path else None, default
         )
-        self._timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poller = SyncPoller(self._core, timeout_s=timeout_s, name="dlrover-config")
 
     @classmethod
     def from_env(cls, attributes: Attributes, **kwargs: Any) -> SyncConfigClient:
@@ -305,62 +427,29 @@ class SyncConfigClient:
         return self._core.last
 
     def fetch(self) -> ConfigSnapshot:
-        return self._get(None)
+        return self._poller.get(None)
 
     def wait_for_change(self, wait_s: float = 30.0) -> ConfigSnapshot:
-        return self._get(wait_s)
+        return self._poller.get(wait_s)
 
     def start_watching(
         self, on_change: Callable[[ConfigSnapshot], None], wait_s: float = 30.0
     ) -> None:
         """Call ``on_change`` with each new config (from a background thread)."""
-        if self._thread is not None:
-            raise RuntimeError("already watching")
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._watch, args=(on_change, wait_s), name="dlrover-config", daemon=True
-        )
-        self._thread.start()
+        self._poller.start_watching(on_change, wait_s)
 
     def stop_watching(self, timeout_s: float | None = None) -> None:
         """Stops after the long-poll in flight returns (at most ``wait_s`` later)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
-
-    def _watch(self, on_change: Callable[[ConfigSnapshot], None], wait_s: float) -> None:
-        failures = 0
-        before: str | None = None
-        first = True
-        while not self._stop.is_set():
-            snap = self.wait_for_change(wait_s) if not first and failures == 0 else self.fetch()
-            if snap.stale:
-                failures += 1
-                self._stop.wait(_backoff(failures))
-                continue
-            if first or failures or snap.etag != before:
-                with contextlib.suppress(Exception):
-                    on_change(snap)
-            first, failures, before = False, 0, snap.etag
-
-    def _get(self, wait_s: float | None) -> ConfigSnapshot:
-        # The lock guards the shared state, not the request: a fetch from the training
-        # loop must not wait behind the watcher's 30 s long-poll.
-        core = self._core
-        with self._lock:
-            request = urllib.request.Request(core.url(wait_s), headers=core.headers(True))
-        try:
-            with urllib.request.urlopen(request, timeout=self._timeout_s + (wait_s or 0)) as r:
-                status, body, etag = r.status, r.read(), r.headers.get("ETag")
-        except urllib.error.HTTPError as err:
-            status, etag = err.code, err.headers.get("ETag")
-            body = err.read() if err.fp is not None else b""
-        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as err:
-            with self._lock:
-                return core.failed(f"{type(err).__name__}: {err}")
-        with self._lock:
-            return core.got(status, body, etag)
+        self._poller.stop_watching(timeout_s)
 
 
-__all__ = ["ConfigClient", "ConfigSnapshot", "SyncConfigClient"]
+__all__ = [
+    "ConfigClient",
+    "ConfigSnapshot",
+    "GatewayAnswer",
+    "GatewayResource",
+    "Outage",
+    "SyncConfigClient",
+    "SyncPoller",
+    "gateway_headers",
+]
