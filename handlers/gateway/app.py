@@ -6,6 +6,7 @@ an unavailable dependency (503), never bad input. Reads are answered from memory
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -16,6 +17,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiokafka.errors import KafkaError
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -27,18 +29,30 @@ from prometheus_client import (
 from pydantic import ValidationError
 
 from dlrover_events.config_matching import MAX_KEY, Job, make_job, problems
-from dlrover_events.errors import StoreUnavailable
+from dlrover_events.errors import BusUnavailable, StoreUnavailable
 from handlers.gateway.auth import Scope, Tokens
-from handlers.gateway.openapi import IF_MATCH, INT32, MAX_ETAGS, MAX_VALUE, openapi_document
+from handlers.gateway.openapi import (
+    IF_MATCH,
+    INT32,
+    MAX_ETAGS,
+    MAX_OPTIMIZE_BODY,
+    MAX_OPTIMIZE_TIMEOUT_S,
+    MAX_VALUE,
+    MAX_WAIT_S,
+    OPTIMIZE_TIMEOUT_S,
+    openapi_document,
+)
+from handlers.gateway.plan_state import Busy, PlanBook
+from handlers.gateway.plans import MAX_JOB, OptimizeBody, has_nul
 from handlers.gateway.state import GatewayState
 from handlers.gateway.store import ConfigStore, StoreError
 from schemas.config import ConfigDocument
+from schemas.envelope import Event
+from schemas.plans import OptimizeRequest
 
 log = logging.getLogger(__name__)
 
 API = "/v1"
-#: Longest long-poll a client may ask for; proxies commonly cut idle requests at 60 s.
-MAX_WAIT_S = 60.0
 MAX_ATTRS = 64
 #: The whole query line and each header may be this long (aiohttp's default is 8 KiB).
 MAX_LINE = 64 * 1024
@@ -52,6 +66,8 @@ _DATE_TIME = re.compile(
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Publishes an event and returns once the broker has it.
+Publish = Callable[[Event], Awaitable[None]]
 
 
 @dataclass
@@ -63,6 +79,8 @@ class Gateway:
     store: ConfigStore
     tokens: Tokens
     registry: CollectorRegistry
+    plans: PlanBook
+    publish: Publish
 
 
 GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)
@@ -111,7 +129,7 @@ def json_response(
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry, state: GatewayState) -> None:
+    def __init__(self, registry: CollectorRegistry, state: GatewayState, plans: PlanBook) -> None:
         self.requests = Counter(
             "gateway_requests",
             "HTTP requests by route and status",
@@ -136,6 +154,22 @@ class Metrics:
         applied.set_function(lambda: state.applied)
         ready = Gauge("gateway_ready", "1 once the index has caught up", registry=registry)
         ready.set_function(lambda: 1 if state.ready.is_set() else 0)
+        jobs = Gauge("gateway_plan_jobs", "jobs whose plan is tracked", registry=registry)
+        jobs.set_function(lambda: len(plans))
+        plan_waiting = Gauge(
+            "gateway_plan_waiters",
+            "plan long-polls and optimize requests waiting",
+            registry=registry,
+        )
+        plan_waiting.set_function(lambda: plans.waiting)
+        evicted = Gauge(
+            "gateway_plan_jobs_evicted", "jobs forgotten to keep within the cap", registry=registry
+        )
+        evicted.set_function(lambda: plans.evicted)
+        plans_ready = Gauge(
+            "gateway_plans_ready", "1 once the job and plan topics were read", registry=registry
+        )
+        plans_ready.set_function(lambda: 1 if plans.ready.is_set() else 0)
 
 
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
@@ -192,6 +226,9 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         )
     except StoreUnavailable as err:
         response = error_response(503, "store_unavailable", str(err))
+    except (BusUnavailable, KafkaError) as err:
+        log.warning("bus unavailable on %s %s: %s", request.method, request.path, err)
+        response = error_response(503, "bus_unavailable", f"the bus is unavailable: {err}")
     except (OSError, ConnectionError) as err:
         log.warning("dependency unavailable on %s %s: %s", request.method, request.path, err)
         response = error_response(503, "unavailable", f"a dependency is unavailable: {err}")
@@ -293,9 +330,11 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 
 
 async def readyz(request: web.Request) -> web.StreamResponse:
-    state = request.app[GATEWAY].state
-    body = {"ready": state.ready.is_set(), "documents": len(state.index)}
-    return json_response(body, 200 if state.ready.is_set() else 503)
+    """Ready once the config feed and the job and plan topics were read to their end."""
+    gw = request.app[GATEWAY]
+    ready = gw.state.ready.is_set() and gw.plans.ready.is_set()
+    body = {"ready": ready, "documents": len(gw.state.index), "jobs": len(gw.plans)}
+    return json_response(body, 200 if ready else 503)
 
 
 async def metrics_route(request: web.Request) -> web.StreamResponse:
@@ -439,6 +478,162 @@ async def document_history(request: web.Request) -> web.StreamResponse:
     )
 
 
+# --- jobs' plans --------------------------------------------------------------------------
+
+
+def _job(request: web.Request) -> str:
+    job = request.match_info["job"]
+    if len(job) > MAX_JOB:
+        raise ApiError(400, "bad_job", f"a job uuid is at most {MAX_JOB} characters")
+    return job
+
+
+def _only(query: Any, allowed: frozenset[str]) -> dict[str, str]:
+    """The query's parameters, each at most once; an unknown one is a typo worth a 400
+    (a misspelt ``wait`` would otherwise silently not wait)."""
+    out: dict[str, str] = {}
+    for key, value in query.items():
+        if key not in allowed:
+            names = ", ".join(sorted(allowed))
+            raise ApiError(400, "bad_query", f"unknown query parameter {key!r}; known: {names}")
+        if key in out:
+            raise ApiError(400, "bad_query", f"{key!r} is given more than once")
+        out[key] = value
+    return out
+
+
+def _plans_ready(gw: Gateway) -> PlanBook:
+    if not gw.plans.ready.is_set():
+        raise ApiError(503, "not_ready", "the gateway is still reading the job and plan topics")
+    return gw.plans
+
+
+def _unknown_job(gw: Gateway, job: str) -> ApiError:
+    return ApiError(
+        404,
+        "unknown_job",
+        f"no job {job[:MAX_JOB]!r} is known to env {gw.env!r}: a job is known once its"
+        " job.submitted, or a plan for it, is on the env's topics",
+    )
+
+
+async def get_plan(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    job = _job(request)
+    query = _only(request.query, frozenset({"wait"}))
+    wait = _parse_wait(query["wait"]) if "wait" in query else 0.0
+    if_none_match = request.headers.get("If-None-Match")
+    if if_none_match is not None and len(if_none_match) > MAX_ETAGS:
+        raise ApiError(400, "bad_header", f"If-None-Match is longer than {MAX_ETAGS} characters")
+    plans = _plans_ready(gw)
+    seen = _etags(if_none_match)
+    answer = plans.answer(job)
+    if answer is not None and wait > 0 and answer.etag in seen:
+        try:
+            with plans.admit():
+                answer = await plans.wait_for_change(job, seen, wait)
+        except Busy as err:
+            message = f"{err}; retry without wait, or later"
+            raise ApiError(503, "too_many_waiters", message) from None
+    if answer is None:
+        raise _unknown_job(gw, job)
+    headers = {"ETag": answer.etag, "Cache-Control": "no-cache"}
+    if answer.etag in seen or "*" in seen:
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=answer.body, content_type="application/json", headers=headers)
+
+
+def _parse_timeout(query: dict[str, str]) -> float:
+    raw = query.get("timeout")
+    if raw is None:
+        return OPTIMIZE_TIMEOUT_S
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = math.nan
+    if not 0 < timeout <= MAX_OPTIMIZE_TIMEOUT_S:
+        raise ApiError(
+            400,
+            "bad_query",
+            f"timeout must be a number of seconds above 0, at most {MAX_OPTIMIZE_TIMEOUT_S:g}",
+        )
+    return timeout
+
+
+async def _optimize_body(request: web.Request) -> OptimizeBody:
+    raw = await request.read()
+    if len(raw) > MAX_OPTIMIZE_BODY:
+        raise ApiError(413, "request_entity_too_large", f"the body is over {MAX_OPTIMIZE_BODY} B")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise ApiError(400, "bad_json", f"the body is not valid JSON: {err}") from None
+    if not isinstance(obj, dict):
+        raise ApiError(422, "invalid_request", 'the body must be a JSON object: {"stage": ...}')
+    if has_nul(obj):
+        raise ApiError(422, "invalid_request", "the body holds a NUL character (\\u0000)")
+    try:
+        return OptimizeBody.model_validate(obj, strict=True)
+    except ValidationError as err:
+        details = [
+            {"loc": [str(p) for p in e["loc"]], "message": e["msg"]}
+            for e in err.errors(include_url=False)
+        ]
+        raise ApiError(422, "invalid_request", "the request does not validate", details) from None
+
+
+async def optimize(request: web.Request) -> web.StreamResponse:
+    """Publish an OptimizeRequest for the job and answer with the OptimizePlan the brain
+    makes of it (its ``caused_by`` is the request's event id), or 504 after ``timeout``."""
+    gw = request.app[GATEWAY]
+    job = _job(request)
+    timeout = _parse_timeout(_only(request.query, frozenset({"timeout"})))
+    body = await _optimize_body(request)
+    plans = _plans_ready(gw)
+    view = plans.view(job)
+    if view is None:
+        raise _unknown_job(gw, job)
+    if view.finished:
+        raise ApiError(409, "job_finished", f"job {job!r} has finished; the brain plans no more")
+    try:
+        event = OptimizeRequest(
+            env=gw.env,
+            job=view.job,
+            source="gateway",
+            stage=body.stage,
+            optimizer=body.optimizer,
+            config=body.config,
+        )
+    except ValidationError as err:
+        raise ApiError(422, "invalid_request", f"the request does not validate: {err}") from None
+    request_id = str(event.event_id)
+    try:
+        with plans.admit():
+            future = plans.expect(request_id)
+            try:
+                await gw.publish(event)
+                plan = await asyncio.wait_for(future, timeout)
+            finally:
+                plans.forget(request_id)
+    except Busy as err:
+        raise ApiError(503, "too_many_waiters", f"{err}; nothing was published") from None
+    except TimeoutError:
+        raise ApiError(
+            504,
+            "no_plan_yet",
+            f"no OptimizePlan for request {request_id} within {timeout:g} s. The request"
+            f" stays published on {gw.env}.job.events and the brain may still answer it"
+            f" (GET {API}/jobs/{job}/plan shows it); it publishes none when the"
+            " optimizers propose no change or the same one as last time, and dead-letters"
+            " a request it cannot route (unknown stage or optimizer, invalid config) to"
+            f" {gw.env}.dlq",
+            {"event_id": request_id, "job": job},
+        ) from None
+    return json_response(
+        plan.model_dump(mode="json", by_alias=True), headers={"X-Request-Event-Id": request_id}
+    )
+
+
 def build_app(gateway: Gateway, *, client_max_size: int = 1 << 20) -> web.Application:
     app = web.Application(
         middlewares=[guard],
@@ -446,7 +641,7 @@ def build_app(gateway: Gateway, *, client_max_size: int = 1 << 20) -> web.Applic
         handler_args={"max_line_size": MAX_LINE, "max_field_size": MAX_LINE},
     )
     app[GATEWAY] = gateway
-    app[METRICS] = Metrics(gateway.registry, gateway.state)
+    app[METRICS] = Metrics(gateway.registry, gateway.state, gateway.plans)
     r = app.router
     r.add_get("/healthz", healthz, allow_head=False)
     r.add_get("/readyz", readyz, allow_head=False)
@@ -459,4 +654,6 @@ def build_app(gateway: Gateway, *, client_max_size: int = 1 << 20) -> web.Applic
     r.add_put(f"{ADMIN_PREFIX}/{{name}}", update_document)
     r.add_delete(f"{ADMIN_PREFIX}/{{name}}", delete_document)
     r.add_get(f"{HISTORY_PREFIX}/{{name}}", document_history, allow_head=False)
+    r.add_get(f"{API}/jobs/{{job}}/plan", get_plan, allow_head=False)
+    r.add_post(f"{API}/jobs/{{job}}/optimize", optimize)
     return app

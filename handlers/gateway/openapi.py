@@ -10,14 +10,25 @@ import copy
 from functools import cache
 from typing import Any
 
+from pydantic.json_schema import models_json_schema
+
 from dlrover_events.config_matching import MAX_KEY
+from handlers.gateway.plans import MAX_JOB, OptimizeBody
 from schemas.config import ConfigDocument
+from schemas.plans import JobPlan, OptimizePlan
 
 #: Limits the handlers enforce, stated here so the document says them too.
 INT32 = 2**31 - 1
 MAX_VALUE = 256
 MAX_ETAGS = 1024
 IF_MATCH = r'^(W/)?"?[1-9][0-9]{0,8}"?$'
+#: Longest long-poll (?wait=) of /v1/config and a job's plan; proxies commonly cut idle
+#: requests at 60 s.
+MAX_WAIT_S = 60.0
+#: POST /v1/jobs/{job}/optimize: the body's bound, and how long it waits for the plan.
+MAX_OPTIMIZE_BODY = 64 * 1024
+OPTIMIZE_TIMEOUT_S = 10.0
+MAX_OPTIMIZE_TIMEOUT_S = 60.0
 
 _REF = "#/components/schemas/{model}"
 
@@ -35,12 +46,13 @@ def _errors(*codes: int) -> dict[str, Any]:
         400: "bad input (query, JSON or version)",
         401: "no token, or an unknown or revoked one",
         403: "a token of another env, or without the needed scope",
-        404: "no such document",
+        404: "no such document (or job)",
         409: "the version is not the current one, or the name exists",
         413: "body too large",
         422: "the document does not validate",
         428: "the version being changed was not given",
         503: "a dependency (bus, Postgres) is unavailable, or the index is not ready",
+        504: "no answer in time",
     }
     return {str(c): {**_json(_ref("Error"), why[c])} for c in codes}
 
@@ -69,6 +81,20 @@ def _document_schemas() -> dict[str, Any]:
         " `updated_at` are assigned by the server."
     )
     return {"ConfigDocument": doc, "DocumentUpdate": update}
+
+
+def _plan_schemas() -> dict[str, Any]:
+    """JobPlan and OptimizePlan as they are sent (serialization), OptimizeBody as it is
+    taken (validation); the models they share (JobMeta, ScalePlan, ...) are components."""
+    _, top = models_json_schema(
+        [
+            (JobPlan, "serialization"),
+            (OptimizePlan, "serialization"),
+            (OptimizeBody, "validation"),
+        ],
+        ref_template=_REF,
+    )
+    return dict(top["$defs"])
 
 
 ATTRIBUTES = ("user", "group", "cluster", "namespace", "app", "scenario", "job")
@@ -111,7 +137,7 @@ def openapi_document() -> dict[str, Any]:
             "in": "query",
             "required": False,
             "description": "with If-None-Match: wait up to this many seconds for a change",
-            "schema": {"type": "number", "minimum": 0, "maximum": 60},
+            "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S},
         },
         {
             "name": "If-None-Match",
@@ -127,6 +153,14 @@ def openapi_document() -> dict[str, Any]:
         "content": {"application/json": {"schema": _ref("ConfigDocument")}},
     }
     admin: dict[str, Any] = {"security": [{"bearer": []}]}
+    job_param = {
+        "name": "job",
+        "in": "path",
+        "required": True,
+        "description": "the job's uuid (its key on the bus)",
+        "schema": {"type": "string", "minLength": 1, "maxLength": MAX_JOB},
+    }
+    etag_header = {"ETag": {"schema": {"type": "string"}, "description": "a strong tag"}}
     return {
         "openapi": "3.1.0",
         "info": {
@@ -151,7 +185,8 @@ def openapi_document() -> dict[str, Any]:
             },
             "/readyz": {
                 "get": {
-                    "summary": "readiness: the index has caught up with the feed",
+                    "summary": "readiness: the index has caught up with the feed, and the"
+                    " job and plan topics were read to their end",
                     "security": [],
                     "responses": {
                         "200": _json(_ref("Ready"), "ready"),
@@ -197,6 +232,87 @@ def openapi_document() -> dict[str, Any]:
                         **_errors(400, 401, 403, 503),
                     },
                 }
+            },
+            "/v1/jobs/{job}/plan": {
+                "parameters": [job_param],
+                "get": {
+                    "summary": "the job's latest plan: its OptimizePlan, ScalePlan, the"
+                    " operator's result of that ScalePlan and its latest TrainingApplied",
+                    "parameters": [
+                        {
+                            "name": "wait",
+                            "in": "query",
+                            "required": False,
+                            "description": "with If-None-Match: wait up to this many seconds"
+                            " for the job's plan to change",
+                            "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S},
+                        },
+                        {
+                            "name": "If-None-Match",
+                            "in": "header",
+                            "required": False,
+                            "description": "the ETag of the plan the job has",
+                            "schema": {"type": "string", "maxLength": MAX_ETAGS},
+                        },
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "the job's plan",
+                            "headers": etag_header,
+                            "content": {"application/json": {"schema": _ref("JobPlan")}},
+                        },
+                        "304": {
+                            "description": "unchanged (If-None-Match), also after a wait",
+                            "headers": etag_header,
+                        },
+                        **_errors(400, 401, 403, 404, 503),
+                    },
+                },
+            },
+            "/v1/jobs/{job}/optimize": {
+                "parameters": [job_param],
+                "post": {
+                    "summary": "ask the brain for a plan now; answered with its OptimizePlan",
+                    "description": (
+                        "Publishes an OptimizeRequest for the job (its meta as its"
+                        " job.submitted says) to <env>.job.events and waits for the"
+                        " OptimizePlan whose caused_by is the request's event id. The"
+                        " brain publishes none when the optimizers propose no change or"
+                        " the same as last time: then 504, the request staying published."
+                    ),
+                    "parameters": [
+                        {
+                            "name": "timeout",
+                            "in": "query",
+                            "required": False,
+                            "description": "how long to wait for the plan, in seconds"
+                            f" (default {OPTIMIZE_TIMEOUT_S:g})",
+                            "schema": {
+                                "type": "number",
+                                "exclusiveMinimum": 0,
+                                "maximum": MAX_OPTIMIZE_TIMEOUT_S,
+                            },
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("OptimizeBody")}},
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "the brain's plan for the request",
+                            "headers": {
+                                "X-Request-Event-Id": {
+                                    "schema": {"type": "string"},
+                                    "description": "the OptimizeRequest's event id",
+                                }
+                            },
+                            "content": {"application/json": {"schema": _ref("OptimizePlan")}},
+                        },
+                        "409": _json(_ref("Error"), "the job has finished"),
+                        **_errors(400, 401, 403, 404, 413, 422, 503, 504),
+                    },
+                },
             },
             "/v1/documents": {
                 "get": {
@@ -266,6 +382,7 @@ def openapi_document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 **doc_schemas,
+                **_plan_schemas(),
                 "Error": {
                     "type": "object",
                     "required": ["error"],
@@ -289,10 +406,11 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "Ready": {
                     "type": "object",
-                    "required": ["ready", "documents"],
+                    "required": ["ready", "documents", "jobs"],
                     "properties": {
                         "ready": {"type": "boolean"},
                         "documents": {"type": "integer"},
+                        "jobs": {"type": "integer", "description": "jobs whose plan is kept"},
                     },
                 },
                 "ConfigAnswer": {

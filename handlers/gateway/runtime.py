@@ -14,25 +14,34 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from aiohttp import web
+from aiokafka import ConsumerRecord
 from prometheus_client import CollectorRegistry
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.bus import Producer
+from dlrover_events.compacted import CompactedFollower
 from dlrover_events.config_feed import ConfigFeed
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.store import apply_migrations, connect, create_pool, env_schema
+from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
 from handlers.gateway.app import Gateway, build_app
 from handlers.gateway.auth import Scope, Tokens, hash_token
+from handlers.gateway.plan_state import MAX_JOBS, MAX_WAITERS, PlanBook
+from handlers.gateway.plans import read_record
 from handlers.gateway.state import GatewayState
 from handlers.gateway.store import ConfigStore
+from schemas.jobs import JobEvent
 
 if TYPE_CHECKING:
     from handlers.gateway.configmaps_runner import ConfigMapWatcher
 
 log = logging.getLogger(__name__)
+
+#: What a job's plan view is folded from, each read whole from the beginning.
+PLAN_TOPICS = (JOB_EVENTS, BRAIN_PLANS, SCALE_PLANS, SCALE_RESULTS)
 
 
 class GatewaySettings(BaseSettings):
@@ -58,6 +67,15 @@ class GatewaySettings(BaseSettings):
     context: str | None = Field(default=None, description="kubeconfig context")
     configmap_key: str = Field(default="document.yaml", description="data key of the document")
     watch_timeout_s: int = Field(default=60, ge=1, description="server-side watch timeout")
+    plan_jobs: int = Field(
+        default=MAX_JOBS, ge=1, description="jobs whose plan is kept; finished ones go first"
+    )
+    plan_waiters: int = Field(
+        default=MAX_WAITERS, ge=0, description="plan long-polls and optimize requests waiting"
+    )
+    plan_poll_ms: int = Field(
+        default=100, ge=10, le=5000, description="longest fetch wait on the plan topics"
+    )
 
 
 async def prepare_env(dsn: str, env: str) -> None:
@@ -90,12 +108,14 @@ class GatewayServer(AsyncResource):
         self.dsn = dsn
         self.conf = gateway_settings or GatewaySettings()
         self.state = GatewayState(env)
+        self.plans = PlanBook(env, max_jobs=self.conf.plan_jobs, max_waiters=self.conf.plan_waiters)
         self.port = 0
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self._producer: Producer | None = None
         self._follower: ConfigFeed | None = None
+        self._plan_feeds: list[CompactedFollower] = []
         self._pool: asyncpg.Pool | None = None
         self.gateway: Gateway | None = None
         #: the ConfigMap watch, when ``configmaps`` is on
@@ -123,12 +143,27 @@ class GatewayServer(AsyncResource):
                 caught_up=self.state.ready,
             )
             await self._follower.start()
+            await self._start_plan_feeds()
             tokens = Tokens(pool, self.env, ttl_s=self.conf.token_cache_s)
             if self.settings.admin_token is not None:
                 await self._bootstrap_admin(tokens, self.settings.admin_token.get_secret_value())
             store = ConfigStore(pool, self.env, self._producer)
-            self.gateway = Gateway(self.env, self.state, store, tokens, CollectorRegistry())
+            producer = self._producer
+            self.gateway = Gateway(
+                self.env,
+                self.state,
+                store,
+                tokens,
+                CollectorRegistry(),
+                self.plans,
+                producer.publish,
+            )
             self._tasks.append(asyncio.create_task(self._follow(), name="gateway-follow"))
+            for feed in self._plan_feeds:
+                self._tasks.append(
+                    asyncio.create_task(feed.run(self._stop), name=f"gateway-{feed.topic}")
+                )
+            self._tasks.append(asyncio.create_task(self._plans_caught_up(), name="gateway-plans"))
             self._tasks.append(asyncio.create_task(self._reconcile(store), name="gateway-sync"))
             if self.conf.configmaps:
                 await self._start_configmaps(store)
@@ -143,7 +178,9 @@ class GatewayServer(AsyncResource):
             raise
 
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
-        await asyncio.wait_for(self.state.ready.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await self.state.ready.wait()
+            await self.plans.ready.wait()
 
     async def stop(self) -> None:
         self._stop.set()
@@ -162,12 +199,48 @@ class GatewayServer(AsyncResource):
         if self._follower is not None:
             await self._follower.stop()
             self._follower = None
+        for feed in self._plan_feeds:
+            await feed.stop()
+        self._plan_feeds.clear()
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+
+    async def _start_plan_feeds(self) -> None:
+        """One reader per topic (the config feed's plumbing): each caught up at the end
+        offsets of the start, so /readyz can wait for all four."""
+        for name in PLAN_TOPICS:
+            feed = CompactedFollower(
+                self.settings,
+                topic(self.env, name),
+                self._take,
+                client_id=f"gateway-{name}",
+                poll_ms=self.conf.plan_poll_ms,
+                missing=f"is env {self.env!r} created? (`dlrover-events env list`)",
+            )
+            await feed.start()
+            self._plan_feeds.append(feed)
+
+    def _take(self, records: list[ConsumerRecord]) -> None:
+        events: list[JobEvent] = []
+        for r in records:
+            got = read_record(self.env, r)
+            if isinstance(got, str):
+                self.plans.rejected += 1
+                log.debug("skipped %s[%d]@%d: %s", r.topic, r.partition, r.offset, got)
+            elif got is not None:
+                events.append(got)
+        if events:
+            self.plans.apply(events)
+
+    async def _plans_caught_up(self) -> None:
+        for feed in self._plan_feeds:
+            await feed.caught_up.wait()
+        self.plans.ready.set()
+        log.info("gateway of env %s: %d jobs' plans read", self.env, len(self.plans))
 
     async def _follow(self) -> None:
         assert self._follower is not None
