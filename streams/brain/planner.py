@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from schemas.jobs import NodeRef
 from schemas.plans import (
@@ -184,6 +185,18 @@ def _seconds(since: datetime | None, now: datetime) -> float | None:
     return None if since is None else (now - since).total_seconds()
 
 
+def _training_change(state: JobState, wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The knobs that differ from what the job trains with, less those an accepted plan
+    already asked for and the job has not confirmed yet: asking again would only churn
+    (the job applies them at its next step boundary, or never, and says which)."""
+    awaited = state.awaiting_training.training if state.awaiting_training is not None else {}
+    return {
+        k: v
+        for k, v in wanted.items()
+        if state.training.get(k) != v and (k not in awaited or awaited[k] != v)
+    }
+
+
 def plan_scale(
     state: JobState, plan: OptimizePlan, now: datetime, limits: Limits | None = None
 ) -> Planned:
@@ -269,7 +282,7 @@ def plan_scale(
             continue
         migrate[key] = MigrateNode(node=NodeRef(type=node.type, id=node.id), resource=new)
 
-    training = {k: v for k, v in plan.resource.training.items() if state.training.get(k) != v}
+    training = _training_change(state, plan.resource.training)
     if not (groups or launch or remove or migrate or training):
         notes.append("nothing changes")
         return Planned(None, tuple(notes))

@@ -13,7 +13,7 @@ state.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from functools import lru_cache
@@ -38,7 +38,15 @@ from schemas.jobs import (
     RoleSpec,
     RuntimeSample,
 )
-from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan, ScaleResult, ScaleStatus
+from schemas.plans import (
+    NodeResource,
+    OptimizePlan,
+    OptimizeRequest,
+    ScalePlan,
+    ScaleResult,
+    ScaleStatus,
+    TrainingApplied,
+)
 
 # NodeUse, Sample: re-exported, optimizers read samples through this module
 from streams.brain.samples import NodeUse as NodeUse
@@ -183,6 +191,14 @@ class Pinned(Model):
 _PINNED = TypeAdapter(dict[str, Pinned])
 
 
+class AwaitedTraining(Model):
+    """Training knobs of a plan the operator accepted but only the job can apply: until
+    the job confirms them (training.applied), the planner must not ask for them again."""
+
+    plan_id: str = Field(min_length=1)
+    training: dict[str, Any] = Field(default_factory=dict)
+
+
 class JobState(Model):
     """Everything the brain knows about one job."""
 
@@ -215,6 +231,9 @@ class JobState(Model):
     last_running_plan_at: datetime | None = None
     last_ps_change_at: datetime | None = None
     pending_scale_plan: ScalePlan | None = None
+    awaiting_training: AwaitedTraining | None = Field(
+        default=None, description="knobs an accepted plan asked for, not confirmed by the job"
+    )
     last_event_id: str | None = None
 
     # -- views optimizers share -------------------------------------------------------
@@ -495,64 +514,111 @@ def _fold_request(state: JobState, event: OptimizeRequest) -> JobState:
     return state.model_copy(update=update)
 
 
+#: A ScaleResult that says the operator took the plan on (some or all of it).
+ACCEPTED = frozenset({ScaleStatus.APPLIED, ScaleStatus.PARTIAL})
+
+
 def _fold_result(state: JobState, event: ScaleResult) -> JobState:
+    """The pending plan's resources, less the parts the operator says it did not apply.
+
+    Training knobs are never taken from a result: only the training process changes its
+    micro-batch, so they wait (``awaiting_training``) for its own TrainingApplied. An
+    operator that says it applied them speaks for a process it does not run.
+    """
     pending = state.pending_scale_plan
     if pending is None or pending.plan_id != event.plan_id:
         return state
-    if event.status != ScaleStatus.APPLIED:
+    if event.status not in ACCEPTED:
         return state.model_copy(update={"pending_scale_plan": None})
-    return apply_scale_plan(state, pending).model_copy(update={"pending_scale_plan": None})
+    skipped = [part.part for part in event.not_applied]
+    applied = apply_scale_plan(state, pending, not_applied=skipped)
+    update: dict[str, Any] = {"pending_scale_plan": None}
+    if pending.training:
+        # a later accepted plan's knobs supersede what an earlier one left awaiting
+        update["awaiting_training"] = AwaitedTraining(
+            plan_id=pending.plan_id, training=dict(pending.training)
+        )
+    return applied.model_copy(update=update)
 
 
-def apply_scale_plan(state: JobState, plan: ScalePlan) -> JobState:
+def _fold_training_applied(state: JobState, event: TrainingApplied) -> JobState:
+    """The job's own word on the knobs it trains with: they are in force from now on."""
+    update: dict[str, Any] = {"training": {**state.training, **event.training}}
+    awaited = state.awaiting_training
+    if awaited is not None and awaited.plan_id == event.plan_id:
+        update["awaiting_training"] = None
+    return state.model_copy(update=update)
+
+
+#: The resources a plan sets on a role or node that the brain's state keeps.
+_NODE_FIELDS = ("cpu", "memory", "gpu_num", "gpu_memory")
+
+
+def _left_out(not_applied: Collection[str], name: str, field: str) -> bool:
+    """Whether a part the operator did not apply covers ``name``'s ``field``: the whole
+    role or node (``worker``, ``worker-2``) or that one field (``worker.gpu_memory``)."""
+    return name in not_applied or f"{name}.{field}" in not_applied
+
+
+def _fields(
+    not_applied: Collection[str], name: str, res: NodeResource, current: Any
+) -> dict[str, Any]:
+    """``res`` over ``current`` (a plan's 0 meaning unchanged), less the fields not applied."""
+    return {
+        field: getattr(current, field)
+        if _left_out(not_applied, name, field)
+        else getattr(res, field) or getattr(current, field)
+        for field in _NODE_FIELDS
+    }
+
+
+def apply_scale_plan(
+    state: JobState, plan: ScalePlan, not_applied: Collection[str] = ()
+) -> JobState:
     """The job's resources once the operator applied `plan`: what the next plan diffs
-    against."""
+    against. Parts named in `not_applied` (as a ScaleResult names them) stay as they
+    were; the plan's training knobs are left to the job's confirmation."""
+    skip = frozenset(not_applied)
     roles = dict(state.roles)
     for role, group in plan.node_group_resources.items():
+        if role in skip:
+            continue
         current = roles.get(role, RoleResources())
         res = group.node_resource
-        roles[role] = current.model_copy(
-            update={
-                "replicas": group.count or current.replicas,
-                "cpu": res.cpu or current.cpu,
-                "memory": res.memory or current.memory,
-                "gpu_num": res.gpu_num or current.gpu_num,
-                "gpu_memory": res.gpu_memory or current.gpu_memory,
-            }
-        )
+        update = _fields(skip, role, res, current)
+        if not _left_out(skip, role, "count"):
+            update["replicas"] = group.count or current.replicas
+        roles[role] = current.model_copy(update=update)
     nodes = dict(state.nodes)
     for ref in plan.remove_nodes:
         key = node_key(ref.type, ref.id)
-        if key in nodes:
+        if key in nodes and key not in skip and ref.type not in skip:
             nodes[key] = nodes[key].model_copy(update={"status": NodeStatus.REMOVED})
     for launched in plan.launch_nodes:
+        key = node_key(launched.type, launched.id)
+        if key in skip or launched.type in skip:
+            continue
         res = launched.resource
-        nodes[node_key(launched.type, launched.id)] = NodeState(
-            type=launched.type,
-            id=launched.id,
-            cpu=res.cpu,
-            memory=res.memory,
-            gpu_num=res.gpu_num,
-            gpu_memory=res.gpu_memory,
+        # a field not applied is what the role launches with, not what the plan asked
+        spec = node_from_role(state, launched.type, launched.id, NodeStatus.PENDING)
+        nodes[key] = spec.model_copy(
+            update={
+                name: getattr(spec if _left_out(skip, key, name) else res, name)
+                for name in _NODE_FIELDS
+            }
         )
     for migrated in plan.migrate_nodes:
         key = node_key(migrated.node.type, migrated.node.id)
+        if key in skip or migrated.node.type in skip:
+            continue
         old = nodes.get(key) or node_from_role(
             state, migrated.node.type, migrated.node.id, NodeStatus.PENDING
         )
         res = migrated.resource
-        nodes[key] = old.model_copy(
-            update={
-                "status": NodeStatus.PENDING,
-                "cpu": res.cpu or old.cpu,
-                "memory": res.memory or old.memory,
-                "gpu_num": res.gpu_num or old.gpu_num,
-                "gpu_memory": res.gpu_memory or old.gpu_memory,
-                "relaunches": old.relaunches + 1,
-            }
-        )
-    training = {**state.training, **plan.training}
-    return state.model_copy(update={"roles": roles, "nodes": nodes, "training": training})
+        update = _fields(skip, key, res, old)
+        update.update(status=NodeStatus.PENDING, relaunches=old.relaunches + 1)
+        nodes[key] = old.model_copy(update=update)
+    return state.model_copy(update={"roles": roles, "nodes": nodes})
 
 
 def fold(state: JobState | None, event: Event | SampleRead) -> JobState | None:
@@ -594,6 +660,8 @@ def fold(state: JobState | None, event: Event | SampleRead) -> JobState | None:
             state = _fold_request(state, event)
         case ScaleResult():
             state = _fold_result(state, event)
+        case TrainingApplied():
+            state = _fold_training_applied(state, event)
         case JobCompleted():
             state = state.model_copy(
                 update={"status": JobStatus.COMPLETED, "completed_at": event.occurred_at}

@@ -253,7 +253,14 @@ def test_applied_scale_result_updates_resources() -> None:
     assert done.nodes["worker-0"].relaunches == 1
     assert done.nodes["worker-1"].status == NodeStatus.REMOVED
     assert done.nodes["worker-2"].status == NodeStatus.PENDING
-    assert done.training["local_batch_size"] == 16
+    # An operator's "applied" does not speak for the training process: the knobs wait
+    # for the job's own confirmation (they used to be folded here).
+    assert done.training["local_batch_size"] == 32  # what the job's sample said
+    assert done.awaiting_training is not None
+    assert (done.awaiting_training.plan_id, done.awaiting_training.training) == (
+        "p1",
+        {"local_batch_size": 16},
+    )
 
 
 def test_rejected_or_unknown_scale_result_changes_no_resources() -> None:
