@@ -8,6 +8,7 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas import encode
 from schemas.jobs import JobSubmitted, NodeRef, RoleSpec, RuntimeSample
 from schemas.plans import (
     MigrateNode,
@@ -23,6 +24,7 @@ from schemas.plans import (
     TrainingApplied,
 )
 from streams.brain.planner import plan_scale
+from streams.brain.processor import BrainProcessor
 from streams.brain.state import (
     WORKER,
     AwaitedTraining,
@@ -33,7 +35,7 @@ from streams.brain.state import (
 )
 from streams.brain.triggers import Policy, step
 
-from .builders import ENV, T0, GiB, meta, use
+from .builders import ENV, T0, GiB, Rec, meta, use
 
 JOB = meta()
 AWAITING = "awaiting the job's confirmation (training.applied)"
@@ -304,3 +306,23 @@ def test_a_state_checkpointed_before_awaiting_training_still_loads() -> None:
 def test_fold_of_a_confirmation_for_a_new_job_starts_its_state() -> None:
     job = fold(None, confirmed("p1", local_batch_size=4))
     assert job is not None and job.training == {"local_batch_size": 4}
+
+
+def test_the_processor_folds_a_confirmation_read_off_job_events() -> None:
+    lifecycle = [
+        JobSubmitted(
+            env=ENV,
+            job=JOB,
+            occurred_at=T0,
+            roles={WORKER: RoleSpec(replicas=2, cpu=4, memory=8 * GiB)},
+        ),
+        confirmed("p9", local_batch_size=24),
+    ]
+    p = BrainProcessor(ENV, f"{ENV}.brain")
+    topic = f"{ENV}.job.events"
+    out = p.process(
+        [Rec(topic, 0, i, JOB.uuid.encode(), encode(e)) for i, e in enumerate(lifecycle)]
+    )
+    assert not out.letters
+    assert p.states[JOB.uuid].training == {"local_batch_size": 24}
+    assert p.counters.decisions == 1  # the submission; the confirmation decides nothing
