@@ -55,10 +55,17 @@ def operator(
     namespace: str = typer.Option(
         None, "--namespace", "-n", help="real cluster: namespace of the TrainingJobs"
     ),
+    platform: str = typer.Option(
+        None,
+        "--platform",
+        help="real env: where its TrainingJobs run, kubernetes (default) or local "
+        "(processes on this machine)",
+    ),
 ) -> None:
     """Apply an env's ScalePlans: on the cluster when the env is real (only that operator
     loads cluster credentials), on the simulated cluster when it is virtual."""
     given: dict[str, Any] = {
+        "platform": platform,
         "follow_real": follow_real,
         "kubeconfig": kubeconfig,
         "namespace": namespace,

@@ -16,6 +16,7 @@ from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.services import ServiceContext
 from dlrover_events.topics import check_env_name
+from handlers.operator.platform import DEFAULT_PLATFORM, PLATFORMS
 from schemas.control import EnvMode
 
 #: (context, options given on the command line) -> runs until ctx.stop is set.
@@ -39,8 +40,20 @@ def follows_real(options: Mapping[str, Any]) -> bool:
     return str(given).strip().lower() in ("1", "true", "yes", "on")
 
 
-def runner_for(mode: EnvMode) -> Runner:
-    target = RUNNERS.get(mode)
+#: Option (or DLROVER_EVENTS_OPERATOR_PLATFORM) naming where the real env's jobs run.
+PLATFORM = "platform"
+
+
+def platform_of(options: Mapping[str, Any]) -> str:
+    given = options.get(PLATFORM) or os.environ.get("DLROVER_EVENTS_OPERATOR_PLATFORM", "")
+    name = str(given).strip().lower() or DEFAULT_PLATFORM
+    if name not in PLATFORMS:
+        raise UserError(f"unknown platform {name!r}; known: {', '.join(sorted(PLATFORMS))}")
+    return name
+
+
+def runner_for(mode: EnvMode, platform: str = DEFAULT_PLATFORM) -> Runner:
+    target = PLATFORMS[platform] if mode == EnvMode.REAL else RUNNERS.get(mode)
     if target is None:
         raise UserError(
             f"no operator for {mode.value} envs is installed; the virtual operator runs only "
@@ -59,5 +72,14 @@ async def run_operator(ctx: ServiceContext, options: Mapping[str, Any] | None = 
         raise UserError(
             f"no env named {ctx.env!r}; create it with `dlrover-events env create {ctx.env}`"
         )
-    options = options or {}
-    await runner_for(EnvMode.REAL if follows_real(options) else record.mode)(ctx, options)
+    options = dict(options or {})
+    platform = platform_of(options)
+    mode = EnvMode.REAL if follows_real(options) else record.mode
+    if mode != EnvMode.REAL and PLATFORM in options:
+        raise UserError(
+            f"env {ctx.env} is virtual: its operator is the simulator, on no platform "
+            "(--platform is for the real env)"
+        )
+    if platform == DEFAULT_PLATFORM:
+        options.pop(PLATFORM, None)
+    await runner_for(mode, platform)(ctx, options)

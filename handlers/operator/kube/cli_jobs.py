@@ -29,6 +29,9 @@ from handlers.operator.kube.model import InvalidJob, check_bounds
 from handlers.operator.kube.podevents import job_meta
 from handlers.operator.kube.runner import KubeSettings, connect
 from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator.local.cluster import ANN_WORKDIR, LocalCluster
+from handlers.operator.local.runner import platform_root
+from handlers.operator.platform import Platform
 from schemas.plans import NodeGroupResource, ScalePlan
 
 T = TypeVar("T")
@@ -41,17 +44,46 @@ KUBECONFIG = typer.Option(None, "--kubeconfig", help="default: $KUBECONFIG, ~/.k
 NAMESPACE = typer.Option(None, "--namespace", "-n", help="default: the context's")
 
 
+PLATFORM = typer.Option(
+    "kubernetes", "--platform", help="where the jobs run: kubernetes, or local (this machine)"
+)
+ENV = typer.Option(None, "--env", "-e", help="default: the real env")
+
+
+async def _real_env(env: str | None) -> str:
+    if env is not None:
+        return env
+    settings = load_settings()
+    real = await EnvRegistry(settings, (await resolve_postgres(settings)).dsn).real()
+    if real is None:
+        raise UserError("no env is real; name one with --env")
+    return real.name
+
+
 def _run(
-    kubeconfig: Path | None, namespace: str | None, work: Callable[[KubeApi], Awaitable[T]]
+    kubeconfig: Path | None,
+    namespace: str | None,
+    work: Callable[[Platform], Awaitable[T]],
+    *,
+    platform: str = "kubernetes",
+    env: str | None = None,
 ) -> T:
+    """``work`` against the platform's jobs: the cluster with the user's kubeconfig, or
+    the local platform's job objects of the env (the real one unless named)."""
+
     async def go() -> T:
-        conf = KubeSettings(kubeconfig=kubeconfig, namespace=namespace)
-        api, ns = await connect(conf)
-        async with api:
-            try:
+        try:
+            if platform == "local":
+                root = platform_root(load_settings(), await _real_env(env))
+                return await work(LocalCluster(root, TRAINING_JOB))
+            if platform != "kubernetes":
+                raise UserError(f"unknown platform {platform!r}; known: kubernetes, local")
+            conf = KubeSettings(kubeconfig=kubeconfig, namespace=namespace)
+            api, ns = await connect(conf)
+            async with api:
                 return await work(KubeApi(api, TRAINING_JOB, ns))
-            except ApiException as e:
-                raise UserError(api_error(e)) from None
+        except ApiException as e:
+            raise UserError(api_error(e)) from None
 
     return asyncio.run(go())
 
@@ -66,9 +98,17 @@ def submit(
     file: Path = typer.Argument(..., exists=True, dir_okay=False, help="a TrainingJob YAML"),
     kubeconfig: Path | None = KUBECONFIG,
     namespace: str | None = NAMESPACE,
+    platform: str = PLATFORM,
+    env: str | None = ENV,
 ) -> None:
-    """Create the TrainingJob of FILE (checked first for what the schema cannot check)."""
-    docs = [d for d in yaml.safe_load_all(file.read_text()) if d]
+    """Create the TrainingJob of FILE (checked first for what the schema cannot check).
+    On the local platform its commands run in the current directory."""
+    try:
+        docs = [d for d in yaml.safe_load_all(file.read_text()) if d]
+    except yaml.YAMLError as e:
+        raise UserError(f"{file} is not YAML: {str(e).splitlines()[0]}") from None
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise UserError(f"{file} must hold one {TRAINING_JOB.kind}")
     if len(docs) != 1 or docs[0].get("kind") != TRAINING_JOB.kind:
         raise UserError(f"{file} must hold one {TRAINING_JOB.kind}")
     body: dict[str, Any] = docs[0]
@@ -79,22 +119,31 @@ def submit(
     except InvalidJob as e:
         raise UserError(f"{file}: {e}") from None
     del body["metadata"]["uid"]
+    if platform == "local":
+        annotations = body["metadata"].setdefault("annotations", {})
+        annotations.setdefault(ANN_WORKDIR, str(Path.cwd()))
 
-    async def work(kube: KubeApi) -> dict[str, Any]:
+    async def work(kube: Platform) -> dict[str, Any]:
         return await kube.create_job(body)
 
-    got = _run(kubeconfig, namespace, work)
+    got = _run(kubeconfig, namespace, work, platform=platform, env=env)
     typer.echo(f"trainingjob {got['metadata']['namespace']}/{got['metadata']['name']} created")
 
 
 @job_app.command("list")
-def list_jobs(kubeconfig: Path | None = KUBECONFIG, namespace: str | None = NAMESPACE) -> None:
+def list_jobs(
+    kubeconfig: Path | None = KUBECONFIG,
+    namespace: str | None = NAMESPACE,
+    platform: str = PLATFORM,
+    env: str | None = ENV,
+) -> None:
     """The TrainingJobs of the namespace: phase, replicas per role, last plan."""
 
-    async def work(kube: KubeApi) -> list[dict[str, Any]]:
+    async def work(kube: Platform) -> list[dict[str, Any]]:
         return (await kube.list_jobs())[0]
 
-    for obj in sorted(_run(kubeconfig, namespace, work), key=lambda o: o["metadata"]["name"]):
+    found = _run(kubeconfig, namespace, work, platform=platform, env=env)
+    for obj in sorted(found, key=lambda o: o["metadata"]["name"]):
         status = obj.get("status") or {}
         roles = " ".join(
             f"{name}={(status.get('roles') or {}).get(name, {}).get('running', 0)}/"
@@ -112,17 +161,19 @@ def describe(
     name: str,
     kubeconfig: Path | None = KUBECONFIG,
     namespace: str | None = NAMESPACE,
+    platform: str = PLATFORM,
+    env: str | None = ENV,
 ) -> None:
     """One job: roles (desired, resources, pod counts), status and its pods."""
 
-    async def work(kube: KubeApi) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def work(kube: Platform) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         obj = await kube.get_job(name)
         if obj is None:
             raise UserError(f"no trainingjob {name!r} in namespace {kube.namespace}")
         pods, _ = await kube.list_pods(f"{TRAINING_JOB.pod_selector()}={name}")
         return obj, pods
 
-    obj, pods = _run(kubeconfig, namespace, work)
+    obj, pods = _run(kubeconfig, namespace, work, platform=platform, env=env)
     meta, status = obj["metadata"], obj.get("status") or {}
     typer.echo(f"name:      {meta['namespace']}/{meta['name']} (uid {meta['uid']})")
     typer.echo(f"phase:     {status.get('phase', '-')}")
@@ -146,19 +197,20 @@ def scale(
     name: str,
     role: str = typer.Option("worker", "--role", "-r"),
     replicas: int = typer.Option(..., "--replicas", min=1, help="a plan cannot say 0"),
-    env: str | None = typer.Option(None, "--env", "-e", help="default: the real env"),
+    env: str | None = ENV,
     kubeconfig: Path | None = KUBECONFIG,
     namespace: str | None = NAMESPACE,
+    platform: str = PLATFORM,
 ) -> None:
     """Publish a ScalePlan for one role of the job; the env's operator applies it once."""
 
-    async def work(kube: KubeApi) -> dict[str, Any]:
+    async def work(kube: Platform) -> dict[str, Any]:
         obj = await kube.get_job(name)
         if obj is None:
             raise UserError(f"no trainingjob {name!r} in namespace {kube.namespace}")
         return obj
 
-    obj = _run(kubeconfig, namespace, work)
+    obj = _run(kubeconfig, namespace, work, platform=platform, env=env)
     try:
         job = TRAINING_JOB.parse(obj)
     except InvalidJob as e:
@@ -169,12 +221,7 @@ def scale(
     settings = load_settings()
 
     async def publish() -> str:
-        target = env
-        if target is None:
-            real = await EnvRegistry(settings, (await resolve_postgres(settings)).dsn).real()
-            if real is None:
-                raise UserError("no env is real; name one with --env")
-            target = real.name
+        target = await _real_env(env)
         plan = ScalePlan(
             env=target,
             source="cli",
@@ -195,13 +242,15 @@ def delete(
     name: str,
     kubeconfig: Path | None = KUBECONFIG,
     namespace: str | None = NAMESPACE,
+    platform: str = PLATFORM,
+    env: str | None = ENV,
 ) -> None:
     """Delete the job; the operator deletes its pods."""
 
-    async def work(kube: KubeApi) -> bool:
+    async def work(kube: Platform) -> bool:
         return await kube.delete_job(name)
 
-    if not _run(kubeconfig, namespace, work):
+    if not _run(kubeconfig, namespace, work, platform=platform, env=env):
         raise UserError(f"no trainingjob {name!r}")
     typer.echo(f"trainingjob {name} deleted")
 

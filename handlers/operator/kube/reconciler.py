@@ -31,11 +31,12 @@ from dlrover_events.store import EnvStore
 from dlrover_events.topics import SCALE_PLANS
 from handlers.operator.kube import planning
 from handlers.operator.kube.adapter import WorkloadAdapter
-from handlers.operator.kube.client import KubeApi, api_error
+from handlers.operator.kube.client import api_error
 from handlers.operator.kube.model import LABEL_JOB, InvalidJob, JobView, PodView
 from handlers.operator.kube.planning import PlanRejected
 from handlers.operator.kube.podevents import SOURCE, job_events, job_meta, node_events, submitted
 from handlers.operator.ledger import PlanLedger
+from handlers.operator.platform import Platform
 from schemas.envelope import Event
 from schemas.jobs import JobMeta
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
@@ -70,7 +71,7 @@ class EnvReconciler:
         settings: Settings,
         env: str,
         dsn: str,
-        api: KubeApi,
+        api: Platform,
         *,
         resync_s: float = 30.0,
         watch_timeout_s: int = 60,

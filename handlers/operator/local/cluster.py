@@ -1,0 +1,430 @@
+"""The local platform as the reconciler sees a cluster: jobs, pods, watches.
+
+``LocalCluster`` answers the same calls as ``KubeApi`` (list, get, patch, create and
+delete jobs and pods, watch them), so the one reconciler drives both platforms: plan ids
+applied once through the same ledger and job annotations, pods made to match the job,
+node and job events derived from pod states, ScaleResults. The brain cannot tell the two
+apart. What differs is underneath: job objects are files (``store.JobStore``), and a pod
+is a process on this machine, a shim (``shim.py``) around the node's command, whose pid
+file lets a restarted operator adopt it and whose ``exit.json`` says how it ended.
+
+A watch here starts with every current object (as MODIFIED) and then follows changes a
+poller sees; the reconciler's handling is level-triggered and its events keyed by facts,
+so a repeated object costs a look, never a duplicate effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from kubernetes_asyncio.client.rest import ApiException
+
+from handlers.operator.kube.adapter import WorkloadAdapter
+from handlers.operator.kube.model import LABEL_JOB
+from handlers.operator.kube.quantity import QuantityError, Resources
+from handlers.operator.local import shim
+from handlers.operator.local.memory import Enforcement
+from handlers.operator.local.store import (
+    NAMESPACE,
+    JobStore,
+    StoreConflict,
+    StoreInvalid,
+    StoreNotFound,
+)
+
+log = logging.getLogger(__name__)
+
+#: The directory a job's commands run in (set by `job submit`: where it was submitted).
+ANN_WORKDIR = "dlrover-events.io/workdir"
+POD = "pod.json"
+PID = "pid"
+DEFAULT_GRACE_S = 30.0
+_WATCH_QUEUE = 10_000
+_OVERFLOW = object()
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _api_error(status: int, reason: str, message: str) -> ApiException:
+    """The store's refusal as the API error the reconciler already handles."""
+    err = ApiException(status=status, reason=reason)
+    err.body = json.dumps({"message": message}).encode()
+    return err
+
+
+def _matches(labels: Mapping[str, str], selector: str | None) -> bool:
+    """A label selector of ``k=v`` and ``k`` (exists) terms, comma-separated."""
+    for term in (selector or "").split(","):
+        term = term.strip()
+        if not term:
+            continue
+        key, sep, value = term.partition("=")
+        if sep and labels.get(key) != value:
+            return False
+        if not sep and key not in labels:
+            return False
+    return True
+
+
+def _alive(record: Mapping[str, Any]) -> bool:
+    """The process of a pid file is still the one we started (pids are reused)."""
+    try:
+        proc = psutil.Process(int(record["pid"]))
+        if abs(proc.create_time() - float(record["create_time"])) > 0.05:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
+
+class LocalCluster:
+    """One env's TrainingJobs on this machine.
+
+    ``runs_pods``: this instance is the platform's node agent (the operator): it starts
+    pending pods, follows their processes and feeds watches. The `job` commands use an
+    instance that only reads and writes job objects.
+    """
+
+    rendezvous_host: str | None = "127.0.0.1"
+
+    def __init__(
+        self,
+        root: Path,
+        adapter: WorkloadAdapter,
+        *,
+        runs_pods: bool = False,
+        base_env: Mapping[str, str] | None = None,
+        enforcement: Enforcement = Enforcement.NONE,
+        poll_s: float = 0.25,
+        python: str = sys.executable,
+    ) -> None:
+        self.store = JobStore(root)
+        self.adapter = adapter
+        self.namespace = NAMESPACE
+        self.runs_pods = runs_pods
+        self.base_env = dict(base_env or {})
+        self.enforcement = enforcement
+        self.poll_s = poll_s
+        self.python = python
+        self._shims: dict[str, subprocess.Popen[bytes]] = {}
+        self._seen: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {"jobs": {}, "pods": {}}
+        self._subs: dict[str, set[asyncio.Queue[Any]]] = {"jobs": set(), "pods": set()}
+        self._poller: asyncio.Task[None] | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.runs_pods and self._poller is None:
+            adopted = [n for n, r in self._pid_records().items() if _alive(r)]
+            if adopted:
+                log.warning("local platform: adopted %d running node(s): %s", len(adopted), adopted)
+            self._scan()
+            self._poller = asyncio.create_task(self._poll(), name="local.poller")
+
+    async def stop(self, *, end_pods: bool) -> None:
+        """Stop following; with ``end_pods`` end every node's processes and forget the pods
+        (the job objects stay: a later operator starts their pods again, and a job that
+        checkpoints resumes)."""
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        if end_pods:
+            await self._end_all()
+
+    async def __aenter__(self) -> LocalCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(end_pods=False)
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    async def list_jobs(self) -> tuple[list[dict[str, Any]], str]:
+        return self.store.list(), "0"
+
+    async def get_job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.store.get(name)
+        except StoreInvalid:
+            return None
+
+    async def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.store.create(body)
+        except StoreConflict as e:
+            raise _api_error(409, "Conflict", str(e)) from None
+        except StoreInvalid as e:
+            raise _api_error(422, "Invalid", str(e)) from None
+
+    async def patch_job(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._patch(name, body, status=False)
+
+    async def patch_job_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._patch(name, body, status=True)
+
+    def _patch(self, name: str, body: dict[str, Any], *, status: bool) -> dict[str, Any]:
+        try:
+            return self.store.patch(name, body, status=status)
+        except StoreConflict as e:
+            raise _api_error(409, "Conflict", str(e)) from None
+        except StoreNotFound as e:
+            raise _api_error(404, "NotFound", str(e)) from None
+
+    async def delete_job(self, name: str) -> bool:
+        try:
+            return self.store.delete(name)
+        except StoreInvalid:
+            return False
+
+    # -- pods -----------------------------------------------------------------------------
+
+    def _pod_dir(self, name: str) -> Path:
+        return self.store.pods_dir / name
+
+    async def list_pods(self, selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        pods = [p for p in self._pods().values() if _matches(p["metadata"]["labels"], selector)]
+        return pods, "0"
+
+    async def create_pod(self, manifest: dict[str, Any]) -> bool:
+        """False when the pod exists: names are decided, so a repeat is the same pod."""
+        meta = manifest["metadata"]
+        name = meta["name"]
+        pod_dir = self._pod_dir(name)
+        try:
+            pod_dir.mkdir(parents=True)
+        except FileExistsError:
+            return False
+        pod = json.loads(json.dumps(manifest))
+        pod["metadata"].update(uid=str(uuid.uuid4()), namespace=NAMESPACE, creationTimestamp=_now())
+        try:
+            (pod_dir / shim.SPEC).write_text(json.dumps(self._shim_spec(pod)))
+        except (QuantityError, ValueError, KeyError) as e:
+            shutil.rmtree(pod_dir, ignore_errors=True)
+            raise _api_error(422, "Invalid", f"pod {name}: {e}") from None
+        _write_json(pod_dir / POD, pod)
+        if self.runs_pods:
+            self._start(name)
+        return True
+
+    async def delete_pod(self, name: str) -> bool:
+        pod_dir = self._pod_dir(name)
+        pod = _read_json(pod_dir / POD)
+        if pod is None:
+            return False
+        if not pod["metadata"].get("deletionTimestamp"):
+            pod["metadata"]["deletionTimestamp"] = _now()
+            _write_json(pod_dir / POD, pod)
+        self._terminate(name)
+        return True
+
+    def _shim_spec(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """What the shim runs: the first container's command, its env on top of the
+        platform's, in the job's directory, with the node's memory as its limit."""
+        container = pod["spec"]["containers"][0]
+        command = [*(container.get("command") or []), *(container.get("args") or [])]
+        if not command:
+            raise ValueError("its first container has no command: nothing to run locally")
+        env = dict(self.base_env)
+        for c in pod["spec"]["containers"]:
+            for var in c.get("env") or []:
+                if "value" in var:
+                    env[var["name"]] = str(var["value"])
+        job = self.store.get(pod["metadata"]["labels"][LABEL_JOB]) or {}
+        workdir = ((job.get("metadata") or {}).get("annotations") or {}).get(ANN_WORKDIR)
+        memory = Resources.from_container(container).memory
+        grace = pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
+        return {
+            "name": pod["metadata"]["name"],
+            "command": command,
+            "env": env,
+            "cwd": workdir or os.getcwd(),
+            "memory": memory,
+            "enforcement": self.enforcement.value,
+            "grace_s": float(grace),
+        }
+
+    def _start(self, name: str) -> None:
+        pod_dir = self._pod_dir(name)
+        proc = subprocess.Popen(
+            [self.python, "-m", "handlers.operator.local.shim", str(pod_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(pod_dir / "shim.log", "ab"),  # noqa: SIM115 - the shim's own
+            start_new_session=True,  # a node outlives the operator; it is re-adopted
+        )
+        try:
+            created = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            created = 0.0
+        _write_json(pod_dir / PID, {"pid": proc.pid, "create_time": created})
+        self._shims[name] = proc
+        log.info("local platform: started pod %s (pid %d)", name, proc.pid)
+
+    def _terminate(self, name: str) -> None:
+        record = _read_json(self._pod_dir(name) / PID)
+        if record is not None and _alive(record):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(record["pid"]), signal.SIGTERM)
+
+    def _pid_records(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for pod_dir in self.store.pods_dir.iterdir():
+            record = _read_json(pod_dir / PID)
+            if record is not None:
+                out[pod_dir.name] = record
+        return out
+
+    def _pods(self) -> dict[str, dict[str, Any]]:
+        """Every pod with its status as its process tells it now."""
+        out: dict[str, dict[str, Any]] = {}
+        for pod_dir in sorted(self.store.pods_dir.iterdir()):
+            pod = _read_json(pod_dir / POD)
+            if pod is not None:
+                pod["status"] = self._status(pod_dir)
+                out[pod_dir.name] = pod
+        return out
+
+    def _status(self, pod_dir: Path) -> dict[str, Any]:
+        ended = _read_json(pod_dir / shim.EXIT)
+        record = _read_json(pod_dir / PID)
+        name = "main"
+        if ended is not None:
+            phase = "Succeeded" if ended["exitCode"] == 0 else "Failed"
+            state = {
+                "terminated": {"exitCode": ended["exitCode"], "reason": ended.get("reason", "")}
+            }
+            return {"phase": phase, "containerStatuses": [{"name": name, "state": state}]}
+        if record is None:
+            return {"phase": "Pending"}
+        if not _alive(record):
+            # The shim itself was killed: the node's ending is unknown, and its
+            # processes were ended with it or by it.
+            state = {"terminated": {"exitCode": 255, "reason": "NodeLost"}}
+            return {"phase": "Failed", "containerStatuses": [{"name": name, "state": state}]}
+        status: dict[str, Any] = {"name": name, "state": {"running": {}}}
+        if (pod_dir / shim.OOM).exists():
+            status["lastState"] = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+        return {"phase": "Running", "containerStatuses": [status]}
+
+    # -- watches --------------------------------------------------------------------------
+
+    async def watch(
+        self, kind: str, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Every current object, then the changes the poller sees, until ``timeout_s``.
+        A watcher that falls too far behind gets a 410, as on a cluster: list again."""
+        queue: asyncio.Queue[Any] = asyncio.Queue(_WATCH_QUEUE)
+        self._subs[kind].add(queue)
+        try:
+            current = self.store.list() if kind == "jobs" else list(self._pods().values())
+            for obj in current:
+                yield "MODIFIED", obj
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    item = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    return
+                if item is _OVERFLOW:
+                    raise _api_error(410, "Gone", "the watch fell behind; list again")
+                yield item
+        finally:
+            self._subs[kind].discard(queue)
+
+    def _emit(self, kind: str, typ: str, obj: dict[str, Any]) -> None:
+        for queue in self._subs[kind]:
+            try:
+                queue.put_nowait((typ, obj))
+            except asyncio.QueueFull:
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    queue.get_nowait()
+                queue.put_nowait(_OVERFLOW)
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                self._scan()
+            except Exception:  # a half-written file, a vanished dir: look again soon
+                log.exception("local platform: scan failed")
+            await asyncio.sleep(self.poll_s)
+
+    def _scan(self) -> None:
+        """Start pending pods, remove deleted ones that ended, tell watches what changed."""
+        for name, proc in list(self._shims.items()):
+            if proc.poll() is not None:
+                del self._shims[name]
+        jobs = {o["metadata"]["name"]: o for o in self.store.list()}
+        self._diff("jobs", jobs, lambda o: str(o["metadata"]["resourceVersion"]))
+        pods = self._pods()
+        for name, pod in list(pods.items()):
+            phase = pod["status"]["phase"]
+            deleting = bool(pod["metadata"].get("deletionTimestamp"))
+            if deleting and phase != "Running":
+                self._terminate(name)  # not started yet, or already ended: nothing runs
+                shutil.rmtree(self._pod_dir(name), ignore_errors=True)
+                del pods[name]
+            elif phase == "Pending" and not deleting and self.runs_pods:
+                self._start(name)
+                pods[name]["status"] = self._status(self._pod_dir(name))
+        self._diff("pods", pods, lambda o: json.dumps(o, sort_keys=True))
+
+    def _diff(self, kind: str, now: dict[str, dict[str, Any]], version: Any) -> None:
+        seen = self._seen[kind]
+        current = {name: (version(obj), obj) for name, obj in now.items()}
+        for name, (ver, obj) in current.items():
+            if name not in seen or seen[name][0] != ver:
+                self._emit(kind, "ADDED" if name not in seen else "MODIFIED", obj)
+        for name in set(seen) - set(current):
+            self._emit(kind, "DELETED", seen[name][1])
+        self._seen[kind] = current
+
+    async def _end_all(self, timeout_s: float = 60.0) -> None:
+        names = list(self._pid_records())
+        for name in names:
+            self._terminate(name)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if not any(_alive(r) for r in self._pid_records().values()):
+                break
+            await asyncio.sleep(0.2)
+        for name in names:
+            shutil.rmtree(self._pod_dir(name), ignore_errors=True)
+        log.warning("local platform: ended %d node(s) on shutdown", len(names))
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        got: dict[str, Any] = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return got
+
+
+def _write_json(path: Path, value: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+__all__ = ["ANN_WORKDIR", "LocalCluster"]

@@ -1,0 +1,137 @@
+"""`dlrover-events operator --env E --platform local`: the real env's TrainingJobs as
+processes on this machine, and the `local` service of `dlrover-events up`.
+
+The reconciler is the Kubernetes one (plans applied once through the env's ledger and the
+job objects, node and job events, ScaleResults); only the platform under it differs. The
+local platform runs real jobs, so it serves only the real env: a virtual env's operator is
+the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from dlrover_events.envs import EnvRegistry
+from dlrover_events.errors import UserError
+from dlrover_events.services import Service, ServiceContext
+from dlrover_events.settings import Settings
+from handlers.operator.kube.reconciler import EnvReconciler
+from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator.local.cluster import LocalCluster
+from handlers.operator.local.memory import available
+from schemas.control import EnvMode
+
+log = logging.getLogger(__name__)
+
+#: What a node's process inherits from the operator's environment besides its own env.
+_PASSED = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "DLROVER_EVENTS_GATEWAY_URL")
+
+
+class LocalSettings(BaseSettings):
+    """The local platform's knobs (DLROVER_EVENTS_LOCAL_*), options on top."""
+
+    model_config = SettingsConfigDict(env_prefix="DLROVER_EVENTS_LOCAL_", extra="ignore")
+
+    end_jobs_on_exit: bool = Field(
+        default=True,
+        description="a clean stop ends the jobs' processes (a restart starts them again); "
+        "a killed operator leaves them running for the next one to adopt",
+    )
+    poll_s: float = Field(default=0.25, gt=0, le=10)
+    resync_seconds: float = Field(default=30.0, gt=0)
+
+
+def platform_root(settings: Settings, env: str) -> Path:
+    """Where the env's local jobs and nodes live: the data dir, shared with `job`."""
+    return settings.data_dir.expanduser().resolve() / "local" / env
+
+
+def node_env(settings: Settings) -> dict[str, str]:
+    """What every node's process starts with: this Python's tools first on PATH (so
+    `torchrun` and `python` are the project's), and where the bus is."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {k: os.environ[k] for k in _PASSED if k in os.environ}
+    env["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "/usr/bin:/bin")])
+    env["PYTHONUNBUFFERED"] = "1"
+    env["DLROVER_EVENTS_BOOTSTRAP_SERVERS"] = settings.bootstrap_servers
+    return env
+
+
+def local_settings(options: Mapping[str, Any]) -> LocalSettings:
+    known = set(LocalSettings.model_fields)
+    unknown = sorted(set(options) - known - {"platform"})
+    if unknown:
+        raise UserError(
+            f"option(s) {', '.join(unknown)} do not apply to the local platform; it takes: "
+            f"{', '.join(sorted(known))}"
+        )
+    try:
+        return LocalSettings(**{k: v for k, v in options.items() if k in known})
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise UserError(f"local platform option {first['loc'][0]}: {first['msg']}") from None
+
+
+async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
+    conf = local_settings(options)
+    record = await EnvRegistry(ctx.settings, ctx.pg_dsn).get(ctx.env)
+    if record is None or record.mode != EnvMode.REAL:
+        raise UserError(
+            f"env {ctx.env} is not the real env: the local platform runs real training "
+            "processes, so only the real env's operator uses it (a virtual env's operator is "
+            "the simulator)"
+        )
+    enforcement = available()
+    root = platform_root(ctx.settings, ctx.env)
+    cluster = LocalCluster(
+        root,
+        TRAINING_JOB,
+        runs_pods=True,
+        base_env=node_env(ctx.settings),
+        enforcement=enforcement,
+        poll_s=conf.poll_s,
+    )
+    log.warning(
+        "local platform of env %s: jobs under %s; node memory limits by %s",
+        ctx.env,
+        root,
+        enforcement.value,
+    )
+    ctx.endpoints["local platform"] = f"{root} (memory limits: {enforcement.value})"
+    reconciler = EnvReconciler(
+        ctx.settings, ctx.env, ctx.pg_dsn, cluster, resync_s=conf.resync_seconds
+    )
+    await cluster.start()
+    try:
+        running = asyncio.create_task(reconciler.run(ctx.stop), name=f"{ctx.env}.local")
+        ready = asyncio.create_task(reconciler.ready.wait())
+        await asyncio.wait([running, ready], return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            ctx.ready.set()
+        else:
+            ready.cancel()
+        await running
+    finally:
+        await cluster.stop(end_pods=conf.end_jobs_on_exit)
+
+
+async def _serve(ctx: ServiceContext) -> None:
+    await run(ctx, {})
+
+
+service = Service(
+    name="local",
+    description="the local platform: the real env's TrainingJobs as torchrun processes here",
+    run=_serve,
+)
+
+__all__ = ["LocalSettings", "node_env", "platform_root", "run", "service"]

@@ -1,0 +1,144 @@
+"""One node (pod) of the local platform: ``python -m handlers.operator.local.shim POD_DIR``.
+
+The operator starts this small process per node instead of the node's command itself, so
+that a node outlives the operator (a restarted operator re-adopts it from its pid file)
+and still leaves its ending behind: the shim waits for the command, and writes how it
+ended (exit code, signal, OOM kill) to ``exit.json``, which any later operator reads.
+It also owns the node's memory limit and its grace period: SIGTERM is passed on to the
+command (torchrun's agent then stops its workers), and whatever of the node still runs
+after the grace period is killed, so no process of a node survives its pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from handlers.operator.local.memory import Enforcement, NodeMemory
+
+SPEC = "spec.json"
+EXIT = "exit.json"
+OOM = "oom.json"
+LOG = "log"
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _signal_all(procs: list[psutil.Process], sig: int) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(sig)
+
+
+def _become_subreaper() -> None:
+    """Processes the node's command leaves behind (torchrun's workers, when the agent
+    dies first) become ours instead of init's, so the shim can end them."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(pod_dir: Path) -> int:
+    _become_subreaper()
+    spec = json.loads((pod_dir / SPEC).read_text())
+    memory = NodeMemory.prepare(
+        spec["name"], spec.get("memory"), Enforcement(spec.get("enforcement", "none"))
+    )
+    grace_s = float(spec.get("grace_s", 30))
+    log = open(pod_dir / LOG, "ab", buffering=0)  # noqa: SIM115 - the child writes to it
+    child = subprocess.Popen(
+        spec["command"],
+        cwd=spec.get("cwd") or None,
+        env=spec["env"],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=memory.enter,
+    )
+    stopping = threading.Event()
+
+    def stop(signum: int, _frame: Any) -> None:
+        if stopping.is_set():
+            return
+        stopping.set()
+        # The agent stops its workers on SIGTERM; whatever is left after the grace
+        # period is killed, the whole tree.
+        _signal_all(_tree(child.pid), signal.SIGTERM)
+
+        def kill_late() -> None:
+            if child.poll() is None:
+                time.sleep(grace_s)
+            _signal_all(_tree(child.pid), signal.SIGKILL)
+
+        threading.Thread(target=kill_late, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    seen_ooms = 0
+    while True:
+        try:
+            code = child.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            kills = memory.oom_kills()
+            if kills > seen_ooms:
+                # A process of the node was killed for the node's limit while the node
+                # goes on (torchrun restarts its worker): the operator reports it.
+                seen_ooms = kills
+                _write_json(pod_dir / OOM, {"oom_kills": kills, "at": time.time()})
+    # Nothing of the node survives it: workers torchrun left behind go too.
+    leftovers = psutil.Process().children(recursive=True)
+    _signal_all(leftovers, signal.SIGKILL)
+    psutil.wait_procs(leftovers, timeout=5)
+    oom_kills = memory.oom_kills()
+    signum = -code if code < 0 else None
+    exit_code = 128 + signum if signum is not None else code
+    reason = "Completed" if exit_code == 0 else "Error"
+    if oom_kills > seen_ooms or (exit_code == 137 and oom_kills):
+        reason = "OOMKilled"
+    elif stopping.is_set():
+        reason = "Terminated"
+    _write_json(
+        pod_dir / EXIT,
+        {
+            "exitCode": exit_code,
+            "signal": signum,
+            "reason": reason,
+            "oomKills": oom_kills,
+            "memoryLimit": memory.how.value,
+            "finishedAt": time.time(),
+        },
+    )
+    memory.remove()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,54 @@
+"""Where an env's real TrainingJobs run: the platform interface and its registry.
+
+One reconciler (handlers.operator.kube.reconciler) applies ScalePlans, makes a job's
+nodes match its spec and reports node and job events, on any platform that answers these
+calls: jobs and their nodes ("pods") listed, read, created, patched, deleted and watched,
+as JSON objects of the Kubernetes shape. Kubernetes answers them with its API server
+(``KubeApi``); the local platform with files and processes on this machine
+(``LocalCluster``). The brain cannot tell them apart: both emit the same events and
+results. The `job` commands use the same calls (submit, list, describe, delete; scale goes
+through the env's scale.plans as the brain's plans do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+from handlers.operator.kube.adapter import WorkloadAdapter
+
+
+class Platform(Protocol):
+    """The calls the reconciler and the `job` commands make of a platform."""
+
+    adapter: WorkloadAdapter
+    namespace: str
+    #: where an elastic job's nodes find their rendezvous store (None: the platform's
+    #: per-job default, a headless Service on Kubernetes)
+    rendezvous_host: str | None
+
+    async def list_jobs(self) -> tuple[list[dict[str, Any]], str]: ...
+    async def get_job(self, name: str) -> dict[str, Any] | None: ...
+    async def create_job(self, body: dict[str, Any]) -> dict[str, Any]: ...
+    async def patch_job(self, name: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    async def patch_job_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    async def delete_job(self, name: str) -> bool: ...
+    async def list_pods(self, selector: str | None = None) -> tuple[list[dict[str, Any]], str]: ...
+    async def create_pod(self, manifest: dict[str, Any]) -> bool: ...
+    async def delete_pod(self, name: str) -> bool: ...
+    def watch(
+        self, kind: str, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+
+
+#: platform name -> "module:function" of its operator runner (ServiceContext, options).
+#: Imported only once chosen: a process on the local platform never loads cluster
+#: credentials, and a virtual env's operator imports neither.
+PLATFORMS: Mapping[str, str] = {
+    "kubernetes": "handlers.operator.kube.runner:run",
+    "local": "handlers.operator.local.runner:run",
+}
+DEFAULT_PLATFORM = "kubernetes"
+
+
+__all__ = ["DEFAULT_PLATFORM", "PLATFORMS", "Platform"]
