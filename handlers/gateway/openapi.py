@@ -22,6 +22,8 @@ INT32 = 2**31 - 1
 MAX_VALUE = 256
 MAX_ETAGS = 1024
 IF_MATCH = r'^(W/)?"?[1-9][0-9]{0,8}"?$'
+#: The job uuid the document shows as an example (the schemathesis run has that job).
+JOB_EXAMPLE = "0b9e7d2c-5f4a-4c61-9a57-3d2f8e1b6a40"
 #: Longest long-poll (?wait=) of /v1/config and a job's plan; proxies commonly cut idle
 #: requests at 60 s.
 MAX_WAIT_S = 60.0
@@ -158,6 +160,7 @@ def openapi_document() -> dict[str, Any]:
         "in": "path",
         "required": True,
         "description": "the job's uuid (its key on the bus)",
+        "example": JOB_EXAMPLE,
         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_JOB},
     }
     etag_header = {"ETag": {"schema": {"type": "string"}, "description": "a strong tag"}}
