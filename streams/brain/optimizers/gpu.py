@@ -112,6 +112,10 @@ def _step_time(sample: Sample, role: str) -> tuple[int, float] | None:
                 times.append(t)
     if not replicas:
         return None
+    if sample.world_size is not None and sample.world_size > replicas:
+        # One process of an elastic job reports only itself; the world it trained in
+        # that step is what its step time was measured at.
+        replicas = sample.world_size
     if times:
         return replicas, median(times)
     if sample.speed > 0:

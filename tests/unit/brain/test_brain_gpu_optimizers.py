@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from itertools import combinations
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -313,3 +314,23 @@ def test_straggler_needs_three_nodes_and_enough_samples() -> None:
 def test_straggler_equal_times_are_not_outliers() -> None:
     rows = [sample([use(WORKER, i, step_time=1.0) for i in range(5)], j) for j in range(3)]
     assert run("straggler", state(samples=rows)) is None
+
+
+def test_goodput_counts_an_elastic_process_sample_at_its_world_size() -> None:
+    """Each process of an elastic job reports only its own node, with the world size it
+    trained in: the fit must see that scale, not one worker per sample."""
+    rows = [
+        msgspec.structs.replace(
+            sample([use(WORKER, 0, step_time=_step_time(n))], j, local_batch=32),
+            world_size=n,
+        )
+        for j, n in enumerate([1, 2, 4, 8, 4])
+    ]
+    job = state(
+        roles={WORKER: RoleResources(replicas=4, min_replicas=1, max_replicas=16)},
+        samples=rows,
+    )
+    assert [o.replicas for o in observations(job, WORKER)] == [1, 2, 4, 8, 4]
+    proposal = run("goodput", job)
+    assert proposal is not None
+    assert proposal.resource.node_group_resources == {WORKER: NodeGroupResource(count=9)}
