@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from multidict import CIMultiDict
+from yarl import URL
 
 from dlrover_events.bus import Producer, read_topic
 from dlrover_events.settings import Settings
@@ -338,3 +340,20 @@ async def test_long_poll_latency_after_a_scale_plan_and_its_result(
         "ScalePlan+ScaleResult to long-poll: "
         f"median {statistics.median(took):.1f} ms, all {[round(t, 1) for t in took]}"
     )
+
+
+async def test_a_job_uuid_with_any_characters_is_found_when_quoted(
+    gw: Running, producer: Producer
+) -> None:
+    job = JobMeta(uuid=f"ns/a b%2F\u00e9-{uuid.uuid4().hex[:6]}")
+    await publish(producer, ps_job(gw.env, job))
+    path = f"/v1/jobs/{urllib.parse.quote(job.uuid, safe='')}/plan"
+    deadline = time.monotonic() + 10
+    while True:
+        async with gw.http.get(URL(gw.url + path, encoded=True), headers=gw.as_reader) as resp:
+            body = await resp.json()
+            if resp.status == 200 or time.monotonic() > deadline:
+                break
+        await asyncio.sleep(0.05)
+    assert resp.status == 200, body
+    assert body["job"]["uuid"] == job.uuid
