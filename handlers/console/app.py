@@ -15,10 +15,10 @@ import orjson
 from aiohttp import web
 
 from dlrover_events.tail import Filter, Line, summary
+from dlrover_events.tokens import Scope, Tokens
 from dlrover_events.topics import ENV_TOPIC_NAMES
 from handlers.console.hub import Hub, Subscription
 from handlers.console.page import PAGE
-from handlers.gateway.auth import Scope, Tokens
 from schemas.jobs import JobEvent
 
 HUB: web.AppKey[Hub] = web.AppKey("hub", Hub)

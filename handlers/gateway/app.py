@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from dlrover_events.config_matching import MAX_KEY, Job, make_job, problems
 from dlrover_events.errors import BusUnavailable, StoreUnavailable
-from handlers.gateway.auth import Scope, Tokens
+from dlrover_events.tokens import Scope, Tokens
 from handlers.gateway.openapi import (
     IF_MATCH,
     INT32,

@@ -28,7 +28,7 @@ from dlrover_events.embedded import Broker, free_port, port_open, resolve_postgr
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import create_pool, env_schema
-from handlers.gateway.auth import Scope, Tokens
+from dlrover_events.tokens import Scope, Tokens
 from handlers.gateway.runtime import GatewayServer, GatewaySettings, prepare_env
 from handlers.gateway.store import ConfigStore
 from schemas.config import ConfigDocument

@@ -16,7 +16,7 @@ from dlrover_events.embedded import resolve_postgres
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import create_pool, env_schema
-from handlers.gateway.auth import Scope, TokenInfo, Tokens
+from dlrover_events.tokens import Scope, TokenInfo, Tokens
 from handlers.gateway.runtime import GatewayServer, GatewaySettings, prepare_env
 
 

@@ -26,9 +26,9 @@ from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.store import apply_migrations, connect, create_pool, env_schema
+from dlrover_events.tokens import Scope, Tokens, hash_token
 from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
 from handlers.gateway.app import Gateway, build_app
-from handlers.gateway.auth import Scope, Tokens, hash_token
 from handlers.gateway.plan_state import MAX_JOBS, MAX_WAITERS, PlanBook
 from handlers.gateway.plans import read_record
 from handlers.gateway.state import GatewayState

@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -168,6 +169,7 @@ class LocalCluster:
             return None
 
     async def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        body = with_rendezvous_ports(body)
         try:
             return self.store.create(body)
         except StoreConflict as e:
@@ -411,6 +413,20 @@ class LocalCluster:
         for name in names:
             shutil.rmtree(self._pod_dir(name), ignore_errors=True)
         log.warning("local platform: ended %d node(s) on shutdown", len(names))
+
+
+def with_rendezvous_ports(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Every job shares this machine's ports: an elastic role that names no rendezvous
+    port gets a free one now, kept in its spec (on a cluster each job has its own
+    Service, so the default port never collides there)."""
+    out = json.loads(json.dumps(body))
+    for role in ((out.get("spec") or {}).get("roles") or {}).values():
+        elastic = role.get("elastic") if isinstance(role, dict) else None
+        if isinstance(elastic, dict) and not elastic.get("rendezvousPort"):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                elastic["rendezvousPort"] = sock.getsockname()[1]
+    return out
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -9,8 +9,8 @@ import pytest
 
 from dlrover_events.bus import Producer
 from dlrover_events.settings import Settings
+from dlrover_events.tokens import Scope
 from handlers.console.runtime import ConsoleServer, ConsoleSettings
-from handlers.gateway.auth import Scope
 from tests.conftest import EnvFactory
 from tests.integration.gateway.conftest import mint
 

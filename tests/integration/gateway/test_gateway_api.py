@@ -10,7 +10,7 @@ import pytest
 from multidict import CIMultiDict
 
 from dlrover_events.settings import Settings
-from handlers.gateway.auth import Scope
+from dlrover_events.tokens import Scope
 from tests.conftest import EnvFactory
 from tests.integration.gateway.conftest import Running, mint
 

@@ -17,8 +17,8 @@ from dlrover_events.envs import EnvRegistry
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import connect, env_schema
+from dlrover_events.tokens import Scope
 from dlrover_events.topics import CONFIG_CHANGES, topic
-from handlers.gateway.auth import Scope
 from handlers.gateway.runtime import GatewayServer
 from handlers.gateway.service import service
 from schemas.codec import decode

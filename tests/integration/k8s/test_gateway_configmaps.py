@@ -14,7 +14,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from dlrover_events.settings import Settings
-from handlers.gateway.auth import Scope
+from dlrover_events.tokens import Scope
 from handlers.gateway.configmaps import ENV_LABEL, LABEL, document_name
 from handlers.gateway.configmaps_runner import ConfigMapWatcher
 from handlers.gateway.runtime import GatewayServer, GatewaySettings

@@ -1,4 +1,4 @@
-"""Bearer tokens per env, with scopes: ``read`` (jobs fetch configs) and ``admin``
+"""Bearer tokens per env, with scopes: ``read`` (jobs fetch configs and plans) and ``admin``
 (documents are changed; admin includes read).
 
 A token reads ``dle.<env>.<id>.<secret>``. The env in clear lets a gateway tell "a token
