@@ -2,14 +2,33 @@
 
 The simulated cluster lives in memory and a consumer re-reads what it had not committed,
 so "each plan_id at most once" has to hold in Postgres, across restarts: a row whose
-``applied_at`` is set is final, and no write below ever changes it.
+``applied_at`` is set is final, and no write below ever changes it. A partial result
+applied the plan too (some parts of it): it is as final as an applied one.
 """
 
 from __future__ import annotations
 
-import asyncpg
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from schemas.plans import ScalePlan, ScaleStatus
+import asyncpg
+from pydantic import TypeAdapter
+
+from schemas.plans import NotApplied, ScalePlan, ScaleStatus
+
+#: The answers that applied a plan (all of it or some): never changed afterwards.
+APPLIED_ONCE = frozenset({ScaleStatus.APPLIED, ScaleStatus.PARTIAL})
+
+_PARTS: TypeAdapter[list[NotApplied]] = TypeAdapter(list[NotApplied])
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What became of a plan, as its first result said it."""
+
+    status: ScaleStatus
+    reason: str
+    not_applied: tuple[NotApplied, ...] = ()
 
 
 class PlanLedger:
@@ -22,7 +41,29 @@ class PlanLedger:
         )
         return bool(found)
 
-    async def record(self, plan: ScalePlan, status: ScaleStatus, reason: str) -> bool:
+    async def answer(self, plan_id: str) -> Answer | None:
+        """The answer the plan got when it applied (applied or partial); None while it has
+        not applied."""
+        row = await self._pool.fetchrow(
+            "SELECT status, reason, not_applied FROM scale_plans"
+            " WHERE plan_id = $1 AND applied_at IS NOT NULL",
+            plan_id,
+        )
+        if row is None:
+            return None
+        return Answer(
+            ScaleStatus(row["status"]),
+            row["reason"],
+            tuple(_PARTS.validate_python(row["not_applied"] or [])),
+        )
+
+    async def record(
+        self,
+        plan: ScalePlan,
+        status: ScaleStatus,
+        reason: str,
+        not_applied: Sequence[NotApplied] = (),
+    ) -> bool:
         """Record what became of a plan; False when it was already applied (left as is).
 
         The brain may have stored the plan as pending first; a rejected plan may be tried
@@ -31,11 +72,13 @@ class PlanLedger:
         row = await self._pool.fetchval(
             """
             INSERT INTO scale_plans (plan_id, job_uuid, source_plan, body, status, reason,
-                                     applied_at)
-            VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $5 = 'applied' THEN now() END)
+                                     not_applied, applied_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb,
+                    CASE WHEN $5 = ANY($8::text[]) THEN now() END)
             ON CONFLICT (plan_id) DO UPDATE
                 SET status = EXCLUDED.status,
                     reason = EXCLUDED.reason,
+                    not_applied = EXCLUDED.not_applied,
                     applied_at = EXCLUDED.applied_at
                 WHERE scale_plans.applied_at IS NULL
             RETURNING plan_id
@@ -46,5 +89,10 @@ class PlanLedger:
             plan.model_dump(mode="json"),
             status.value,
             reason,
+            [p.model_dump(mode="json") for p in not_applied],
+            sorted(s.value for s in APPLIED_ONCE),
         )
         return row is not None
+
+
+__all__ = ["APPLIED_ONCE", "Answer", "PlanLedger"]

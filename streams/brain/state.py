@@ -554,19 +554,20 @@ def _fold_training_applied(state: JobState, event: TrainingApplied) -> JobState:
 _NODE_FIELDS = ("cpu", "memory", "gpu_num", "gpu_memory")
 
 
-def _left_out(not_applied: Collection[str], name: str, field: str) -> bool:
-    """Whether a part the operator did not apply covers ``name``'s ``field``: the whole
-    role or node (``worker``, ``worker-2``) or that one field (``worker.gpu_memory``)."""
-    return name in not_applied or f"{name}.{field}" in not_applied
+def _left_out(not_applied: Collection[str], field: str, *names: str) -> bool:
+    """Whether a part the operator did not apply covers ``field`` of the first of
+    ``names``: that field of it or of the others (a node's role: a part named for a role
+    covers its nodes in the same plan), or all of it (``worker``, ``worker-2``)."""
+    return names[0] in not_applied or any(f"{name}.{field}" in not_applied for name in names)
 
 
 def _fields(
-    not_applied: Collection[str], name: str, res: NodeResource, current: Any
+    not_applied: Collection[str], res: NodeResource, current: Any, *names: str
 ) -> dict[str, Any]:
     """``res`` over ``current`` (a plan's 0 meaning unchanged), less the fields not applied."""
     return {
         field: getattr(current, field)
-        if _left_out(not_applied, name, field)
+        if _left_out(not_applied, field, *names)
         else getattr(res, field) or getattr(current, field)
         for field in _NODE_FIELDS
     }
@@ -585,8 +586,8 @@ def apply_scale_plan(
             continue
         current = roles.get(role, RoleResources())
         res = group.node_resource
-        update = _fields(skip, role, res, current)
-        if not _left_out(skip, role, "count"):
+        update = _fields(skip, res, current, role)
+        if not _left_out(skip, "count", role):
             update["replicas"] = group.count or current.replicas
         roles[role] = current.model_copy(update=update)
     nodes = dict(state.nodes)
@@ -603,7 +604,7 @@ def apply_scale_plan(
         spec = node_from_role(state, launched.type, launched.id, NodeStatus.PENDING)
         nodes[key] = spec.model_copy(
             update={
-                name: getattr(spec if _left_out(skip, key, name) else res, name)
+                name: getattr(spec if _left_out(skip, name, key, launched.type) else res, name)
                 for name in _NODE_FIELDS
             }
         )
@@ -615,7 +616,7 @@ def apply_scale_plan(
             state, migrated.node.type, migrated.node.id, NodeStatus.PENDING
         )
         res = migrated.resource
-        update = _fields(skip, key, res, old)
+        update = _fields(skip, res, old, key, migrated.node.type)
         update.update(status=NodeStatus.PENDING, relaunches=old.relaunches + 1)
         nodes[key] = old.model_copy(update=update)
     return state.model_copy(update={"roles": roles, "nodes": nodes})

@@ -7,11 +7,16 @@ operator that dies half-way through a plan loses nothing: the object already say
 the plan wanted, and the next look at the pods finishes the work without doing any twice.
 
 Rules (issue 4): scaling down removes the ranks a plan named first, then pending pods
-before running ones, highest rank first; scaling up fills the lowest free ranks; a
+before running ones, highest rank first, and an elastic role's rendezvous host (its rank
+0) only when the role goes to 0 replicas; scaling up fills the lowest free ranks; a
 migrated node gets a new pod with the new resources, and the old pod goes once the new one
 runs (at once when the old one was not running anyway). Ranks are node ids towards the
 brain; launch_nodes add replicas at the lowest free ranks (their ids are not honoured:
 ranks stay dense), each launched node's resources going to the rank it gets.
+
+What a TrainingJob cannot express is not applied, and the result says so part by part
+(``partial``): training knobs (the job applies them and confirms, training.applied), and
+a GPU type, GPU memory size or priority (a pod asks for cpu, memory and nvidia.com/gpu).
 """
 
 from __future__ import annotations
@@ -38,11 +43,27 @@ from handlers.operator.kube.model import (
     RoleView,
     check_bounds,
 )
-from handlers.operator.kube.quantity import Resources
-from schemas.plans import ScalePlan
+from handlers.operator.kube.quantity import GPU, Resources
+from handlers.plan_parts import not_applied
+from schemas.plans import NotApplied, ScalePlan
 
 #: Roles whose pods finishing means the job finished, first match wins.
 COMPLETION_ROLES = ("worker", "chief", "master")
+
+_POD_ASKS = f"a TrainingJob's pods ask only for cpu, memory and {GPU}"
+
+#: Resource fields a plan may set that a TrainingJob's pod spec cannot express.
+UNSUPPORTED = {
+    "gpu_type": f"{_POD_ASKS}: no GPU type",
+    "gpu_memory": f"{_POD_ASKS}: no GPU memory size",
+    "priority": f"{_POD_ASKS}: no priority",
+}
+
+
+def plan_not_applied(plan: ScalePlan) -> tuple[NotApplied, ...]:
+    """The parts of ``plan`` no TrainingJob change applies, whatever the job: a function
+    of the plan alone, so a plan finished after a restart is answered the same way."""
+    return not_applied(plan, UNSUPPORTED)
 
 
 class PlanRejected(ValueError):
@@ -73,6 +94,8 @@ class PlanChange:
     patch: dict[str, Any] | None
     summary: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the plan's parts the change does not apply (the result is then partial)
+    not_applied: tuple[NotApplied, ...] = field(default_factory=tuple)
 
 
 # -- plan -> job change -----------------------------------------------------------------
@@ -112,6 +135,7 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
         raise PlanRejected(
             f"job {job.name} has no role {', '.join(unknown)} (roles: {', '.join(job.roles)})"
         )
+    _keep_rendezvous_hosts(job, plan)
     both = {n.type for n in plan.launch_nodes} & {n.type for n in plan.remove_nodes}
     if both:
         # Replicas are counts: removing and adding in one role would not say which stays.
@@ -194,7 +218,6 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
         if n != job.roles[role].replicas:
             done.insert(0, f"{role} {job.roles[role].replicas}->{n}")
 
-    notes = ("training settings are not applied by the operator",) if plan.training else ()
     roles_patch: dict[str, Any] = {}
     for role in job.roles:
         entry: dict[str, Any] = {}
@@ -220,7 +243,24 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
     }
     if roles_patch:
         patch["spec"] = {"roles": roles_patch}
-    return PlanChange(patch, "; ".join(done) or "nothing to change", notes)
+    return PlanChange(
+        patch, "; ".join(done) or "nothing to change", not_applied=plan_not_applied(plan)
+    )
+
+
+def _keep_rendezvous_hosts(job: JobView, plan: ScalePlan) -> None:
+    """An elastic role's host rank runs the c10d store every other pod of the job meets
+    at: removing or replacing it would restart the whole job's rendezvous, so no plan may
+    name it (scaling down by count never picks it, see ``diff``)."""
+    named = [("remove", ref.type, ref.id) for ref in plan.remove_nodes]
+    named += [("migrate", m.node.type, m.node.id) for m in plan.migrate_nodes]
+    for verb, role, rank in named:
+        elastic = job.roles[role].elastic
+        if elastic is not None and rank == elastic.host_rank:
+            raise PlanRejected(
+                f"cannot {verb} {role}-{rank}: it hosts the job's rendezvous (the c10d "
+                f"store of elastic role {role}); scale the role by count instead"
+            )
 
 
 # -- job -> pods ------------------------------------------------------------------------
@@ -239,9 +279,12 @@ def replaces(policy: str, pod: PodView) -> bool:
     return False
 
 
-def _removal_order(rank: int, pods: list[PodView], named: Sequence[int]) -> tuple[int, int, int]:
-    """Named ranks first, then ranks with no running pod, then the highest rank."""
-    return (rank not in named, any(p.running for p in pods), -rank)
+def _removal_order(
+    rank: int, pods: list[PodView], named: Sequence[int], host: int | None = None
+) -> tuple[bool, bool, bool, int]:
+    """Named ranks first, then ranks with no running pod, then the highest rank; an
+    elastic role's rendezvous host last of all, whatever else is said of it."""
+    return (rank == host, rank not in named, any(p.running for p in pods), -rank)
 
 
 def _keeper(pods: list[PodView]) -> PodView:
@@ -269,7 +312,8 @@ def diff(job: JobView, pods: Sequence[PodView]) -> Actions:
         named = job.remove_first.get(name, ())
         excess = len(by_rank) - role.replicas
         if excess > 0:
-            order = sorted(by_rank, key=lambda r: _removal_order(r, by_rank[r], named))
+            host = role.elastic.host_rank if role.elastic is not None else None
+            order = sorted(by_rank, key=lambda r: _removal_order(r, by_rank[r], named, host))
             for rank in order[:excess]:
                 delete.extend(p.name for p in by_rank.pop(rank))
 
@@ -386,6 +430,7 @@ def status_patch(
 
 __all__ = [
     "COMPLETION_ROLES",
+    "UNSUPPORTED",
     "Actions",
     "NewPod",
     "PlanChange",
@@ -397,6 +442,7 @@ __all__ = [
     "outcome",
     "phase",
     "plan_change",
+    "plan_not_applied",
     "replaces",
     "status_patch",
 ]

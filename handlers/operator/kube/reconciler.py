@@ -6,7 +6,10 @@ node/job events out. A thin adapter around planning.py and podevents.py.
   under the same ids, so nothing is lost and nothing duplicated.
 - A plan is applied at most once: its id is written on the job object in the same patch
   as its change (a restarted operator finds the change made and only finishes the pods),
-  in the env's ledger (scale_plans) and on the status (lastPlanId).
+  in the env's ledger (scale_plans) and on the status (lastPlanId). A plan delivered
+  again after it applied is answered as it was then (status, reason, parts not applied).
+- ``applied`` only when every part of the plan was; ``partial`` lists the parts that were
+  not (training knobs await the job's own confirmation; see planning.UNSUPPORTED).
 - A plan that cannot apply gets a rejected or failed result with the reason; the consumer
   goes on. Pod decisions are re-made from a fresh list each time, never from a cache.
 """
@@ -35,11 +38,11 @@ from handlers.operator.kube.client import api_error
 from handlers.operator.kube.model import LABEL_JOB, InvalidJob, JobView, PodView
 from handlers.operator.kube.planning import PlanRejected
 from handlers.operator.kube.podevents import SOURCE, job_events, job_meta, node_events, submitted
-from handlers.operator.ledger import PlanLedger
+from handlers.operator.ledger import Answer, PlanLedger
 from handlers.operator.platform import Platform
 from schemas.envelope import Event
 from schemas.jobs import JobMeta
-from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
+from schemas.plans import NotApplied, ScalePlan, ScaleResult, ScaleStatus
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,21 @@ class Outcome:
     status: ScaleStatus
     reason: str
     observed: dict[str, dict[str, int]]
+    not_applied: tuple[NotApplied, ...] = ()
+
+
+def answered_again(earlier: Answer, observed: dict[str, dict[str, int]]) -> Outcome:
+    """A plan that already applied, answered as it was the first time, and saying so."""
+    reason = f"{ALREADY_APPLIED}: {earlier.reason}" if earlier.reason else ALREADY_APPLIED
+    return Outcome(earlier.status, reason, observed, earlier.not_applied)
+
+
+def accepted(
+    reason: str, observed: dict[str, dict[str, int]], not_applied: tuple[NotApplied, ...]
+) -> Outcome:
+    """Applied when every part was, partial (with the parts) when some were not."""
+    status = ScaleStatus.PARTIAL if not_applied else ScaleStatus.APPLIED
+    return Outcome(status, reason, observed, not_applied)
 
 
 def _now() -> str:
@@ -322,8 +340,9 @@ class EnvReconciler:
 
     async def _answer(self, plan: ScalePlan) -> None:
         assert self._ledger is not None
-        if await self._ledger.applied(plan.plan_id):
-            outcome = Outcome(ScaleStatus.APPLIED, ALREADY_APPLIED, await self._observed(plan))
+        earlier = await self._ledger.answer(plan.plan_id)
+        if earlier is not None:
+            outcome = answered_again(earlier, await self._observed(plan))
         else:
             try:
                 outcome = await self._apply(plan)
@@ -332,8 +351,16 @@ class EnvReconciler:
             except Exception as e:
                 log.exception("env %s: plan %s", self.env, plan.plan_id)
                 outcome = Outcome(ScaleStatus.FAILED, f"operator error: {e!r}", {})
-            if not await self._ledger.record(plan, outcome.status, outcome.reason):
-                outcome = Outcome(ScaleStatus.APPLIED, ALREADY_APPLIED, outcome.observed)
+            if not await self._ledger.record(
+                plan, outcome.status, outcome.reason, outcome.not_applied
+            ):
+                # another delivery recorded it first: answer as that one was answered
+                earlier = await self._ledger.answer(plan.plan_id)
+                outcome = (
+                    answered_again(earlier, outcome.observed)
+                    if earlier is not None
+                    else Outcome(ScaleStatus.APPLIED, ALREADY_APPLIED, outcome.observed)
+                )
         log.info(
             "env %s: plan %s of job %s %s: %s",
             self.env,
@@ -357,6 +384,7 @@ class EnvReconciler:
                     status=outcome.status,
                     reason=outcome.reason,
                     observed=outcome.observed,
+                    not_applied=list(outcome.not_applied),
                 )
             ],
             dedupe=False,
@@ -405,6 +433,8 @@ class EnvReconciler:
         obj, job = found
         async with self._lock(job.name):
             reason = RESUMED
+            # what no change of the job applies; the same if the change was made before
+            left_out = planning.plan_not_applied(plan)
             for _ in range(10):
                 if plan.plan_id in job.applied_plans:
                     break
@@ -430,6 +460,7 @@ class EnvReconciler:
                     raise
                 job = self.adapter.parse(obj)
                 reason = "; ".join([change.summary, *change.notes])
+                left_out = change.not_applied
                 break
             else:
                 return Outcome(ScaleStatus.FAILED, "the job kept changing under the plan", {})
@@ -441,7 +472,7 @@ class EnvReconciler:
                     return Outcome(ScaleStatus.FAILED, f"pods: {api_error(e)}", {})
                 raise
             await self._step("pods", plan)
-            return Outcome(ScaleStatus.APPLIED, reason, planning.counts(job, pods))
+            return accepted(reason, planning.counts(job, pods), left_out)
 
     async def _step(self, name: str, plan: ScalePlan) -> None:
         if self.on_step is not None:
@@ -462,4 +493,13 @@ class EnvReconciler:
             self._sent.popitem(last=False)
 
 
-__all__ = ["ALREADY_APPLIED", "GROUP", "RESUMED", "EnvReconciler", "Outcome", "StepHook"]
+__all__ = [
+    "ALREADY_APPLIED",
+    "GROUP",
+    "RESUMED",
+    "EnvReconciler",
+    "Outcome",
+    "StepHook",
+    "accepted",
+    "answered_again",
+]

@@ -22,9 +22,11 @@ from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.model import ANN_PLANS, LABEL_JOB, LABEL_RANK, LABEL_ROLE
+from handlers.operator.kube.planning import UNSUPPORTED
 from handlers.operator.kube.quantity import Resources
 from handlers.operator.kube.reconciler import ALREADY_APPLIED, RESUMED
 from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.plan_parts import AWAITING_JOB
 from schemas.jobs import JobSubmitted, NodeOOM, NodeRef, NodeStarted, OOMKind
 from schemas.plans import (
     MigrateNode,
@@ -217,13 +219,56 @@ async def test_the_same_plan_twice_applies_once(
     first, second = await result_of(tap, "plus-2", 2)
     assert (first.status, second.status) == (ScaleStatus.APPLIED, ScaleStatus.APPLIED)
     assert first.reason != ALREADY_APPLIED
-    assert second.reason == ALREADY_APPLIED
+    # the second delivery says it was a repeat, and what the first answer said
+    assert second.reason == f"{ALREADY_APPLIED}: {first.reason}"
     pods = await until(lambda: cluster.workers_running(name, 3), "3 running workers")
     assert ranks(pods) == [0, 1, 2]
     job = await cluster.job(name)
     assert job is not None
     assert job.roles["worker"].replicas == 3  # not 5
     assert job.applied_plans.count("plus-2") == 1
+
+
+async def test_a_plan_with_training_knobs_is_partial_and_stays_so(
+    cluster: Cluster, env: str, tap: Tap, producer: Producer, pg_dsn: str
+) -> None:
+    """The operator cannot change a job's micro-batch nor ask for a GPU memory size: it
+    applies the rest and says which parts it left, now and when the plan comes again."""
+    await cluster.start(env)
+    name = await cluster.create_job({"worker": role(1)})
+    await until(lambda: cluster.workers_running(name, 1), "1 running worker")
+    meta = await cluster.meta(name)
+    plan = cluster.plan(
+        env,
+        meta,
+        "knobs",
+        node_group_resources={
+            "worker": NodeGroupResource(count=2, node_resource=NodeResource(gpu_memory=GiB))
+        },
+        training={"local_batch_size": 16},
+    )
+    await producer.publish(plan)
+    (first,) = await result_of(tap, "knobs")
+    assert first.status is ScaleStatus.PARTIAL, first.reason
+    assert [(p.part, p.reason) for p in first.not_applied] == [
+        ("worker.gpu_memory", UNSUPPORTED["gpu_memory"]),
+        ("training.local_batch_size", AWAITING_JOB),
+    ]
+    pods = await until(lambda: cluster.workers_running(name, 2), "2 running workers")
+    assert ranks(pods) == [0, 1]
+    row = await ledger_row(pg_dsn, env, "knobs")
+    assert row is not None
+    assert row["status"] == "partial"
+    assert row["applied_at"] is not None  # partial applied: at most once, as applied
+
+    await producer.publish(plan.model_copy(update={"event_id": uuid.uuid4()}))
+    _, again = await result_of(tap, "knobs", 2)
+    assert again.status is ScaleStatus.PARTIAL
+    assert again.not_applied == first.not_applied
+    assert again.reason == f"{ALREADY_APPLIED}: {first.reason}"
+    job = await cluster.job(name)
+    assert job is not None
+    assert job.roles["worker"].replicas == 2
 
 
 async def test_an_oom_killed_pod_becomes_a_host_oom_event(
