@@ -16,6 +16,10 @@ from pydantic import TypeAdapter
 
 from schemas.plans import NotApplied, ScalePlan, ScaleStatus
 
+#: The reason of an answer to a plan delivered again after it applied (then the first
+#: answer's reason).
+ALREADY_APPLIED = "already applied"
+
 #: The answers that applied a plan (all of it or some): never changed afterwards.
 APPLIED_ONCE = frozenset({ScaleStatus.APPLIED, ScaleStatus.PARTIAL})
 
@@ -29,6 +33,12 @@ class Answer:
     status: ScaleStatus
     reason: str
     not_applied: tuple[NotApplied, ...] = ()
+
+    def repeated(self) -> Answer:
+        """The answer to the plan delivered again: the same status and parts (a partial
+        plan is no more applied the second time), the reason saying it is a repeat."""
+        reason = f"{ALREADY_APPLIED}: {self.reason}" if self.reason else ALREADY_APPLIED
+        return Answer(self.status, reason, self.not_applied)
 
 
 class PlanLedger:
@@ -95,4 +105,4 @@ class PlanLedger:
         return row is not None
 
 
-__all__ = ["APPLIED_ONCE", "Answer", "PlanLedger"]
+__all__ = ["ALREADY_APPLIED", "APPLIED_ONCE", "Answer", "PlanLedger"]

@@ -43,7 +43,7 @@ from dlrover_events.topics import (
     topic,
 )
 from handlers.operator.clock import SimClock
-from handlers.operator.ledger import PlanLedger
+from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
 from handlers.operator.settings import VirtualSettings, virtual_settings
 from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.job import PlanOutcome
@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 
 GROUP = "operator"
 SOURCE = "virtual-operator"
-ALREADY_APPLIED = "already applied"
 
 #: Events the clock makes before publishing them, when it runs as fast as possible.
 FAST_BATCH = 500
@@ -234,9 +233,12 @@ class VirtualOperator:
         self.clock.start(0.0)
 
     async def _apply(self, fleet: VirtualCluster, plan: ScalePlan) -> None:
+        """Apply the plan once and answer it: a plan delivered again after it applied gets
+        its first answer again (a partial one with its parts), saying it is a repeat."""
         assert self._ledger is not None
-        if await self._ledger.applied(plan.plan_id):
-            status, reason = ScaleStatus.APPLIED, ALREADY_APPLIED
+        earlier = await self._ledger.answer(plan.plan_id)
+        if earlier is not None:
+            answer = earlier.repeated()
         else:
             try:
                 outcome = fleet.apply(plan)
@@ -245,9 +247,17 @@ class VirtualOperator:
                 log.exception("plan %s of job %s", plan.plan_id, plan.job.uuid)
                 outcome = PlanOutcome(ScaleStatus.FAILED, f"simulator error: {e!r}")
             self._outbox.extend(outcome.events)
-            status, reason = outcome.status, outcome.reason
-            if not await self._ledger.record(plan, status, reason):
-                status, reason = ScaleStatus.APPLIED, ALREADY_APPLIED
+            answer = Answer(outcome.status, outcome.reason, outcome.not_applied)
+            if not await self._ledger.record(
+                plan, answer.status, answer.reason, answer.not_applied
+            ):
+                earlier = await self._ledger.answer(plan.plan_id)
+                answer = (
+                    earlier.repeated()
+                    if earlier is not None
+                    else Answer(ScaleStatus.APPLIED, ALREADY_APPLIED)
+                )
+        status, reason = answer.status, answer.reason
         self._outbox.append(
             ScaleResult(
                 env=self.env,
@@ -263,6 +273,7 @@ class VirtualOperator:
                 status=status,
                 reason=reason,
                 observed=fleet.observed(plan.job.uuid),
+                not_applied=list(answer.not_applied),
             )
         )
 

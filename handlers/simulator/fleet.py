@@ -176,7 +176,7 @@ class VirtualCluster:
         if earlier is not None:
             return replace(earlier, events=[])
         outcome = job.update(plan)
-        if outcome.status is not ScaleStatus.APPLIED:
+        if outcome.status not in (ScaleStatus.APPLIED, ScaleStatus.PARTIAL):
             return outcome
         self._outcomes[plan.plan_id] = outcome
         # A smaller gang may have left room for jobs that wait.

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from handlers.plan_parts import not_applied
 from handlers.simulator.cluster import Allocation, Cluster, GiB, PodRequest
 from handlers.simulator.throughput import Application, OutOfTraceError, StepTime
 from schemas.jobs import (
@@ -36,7 +37,14 @@ from schemas.jobs import (
     OOMKind,
     RuntimeSample,
 )
-from schemas.plans import NodeResource, ScalePlan, ScaleStatus
+from schemas.plans import (
+    TRAINING_KNOBS,
+    NodeResource,
+    NotApplied,
+    ScalePlan,
+    ScaleStatus,
+    TrainingApplied,
+)
 
 MiB = 1024**2
 
@@ -53,6 +61,14 @@ _EVENT_NAMESPACE = uuid.UUID("6f1c1d3e-4b5a-4f0e-9a7c-5d8e2b1a0c93")
 
 #: Slack when the clock lands on an epoch boundary computed along another path (float sums).
 _EPS = 1e-6
+
+#: What a plan may ask that the simulated cluster does not model: its pods have GPUs,
+#: cores and memory, and a GPU out of memory is a micro-batch beyond the traced one.
+UNSUPPORTED = {
+    "gpu_type": "the simulated cluster has no GPU types",
+    "gpu_memory": "the simulated cluster does not model GPU memory sizes",
+    "priority": "the simulated cluster has no priorities",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +140,13 @@ class JobStatus:
 
 @dataclass(frozen=True, slots=True)
 class PlanOutcome:
-    """What the operator reports back for a plan: a ScaleResult's status and reason."""
+    """What the operator reports back for a plan: a ScaleResult's status, reason and the
+    parts it did not apply (then the status is partial)."""
 
     status: ScaleStatus
     reason: str
     events: list[JobEvent] = field(default_factory=list)
+    not_applied: tuple[NotApplied, ...] = ()
 
 
 class JobSimulator:
@@ -180,8 +198,11 @@ class JobSimulator:
         self._started_at: float | None = None
         self._completed_at: float | None = None
         self._next_sample = math.inf
-        self._applied: set[str] = set()
+        self._applied: dict[str, PlanOutcome] = {}
         self._eta: float | None = None
+        # The plan whose knobs the job trains with from its next start, and confirms then
+        # (training.applied), as a real training process would.
+        self._to_confirm: str | None = None
 
     # -- what the job is doing ------------------------------------------------------------
 
@@ -328,8 +349,9 @@ class JobSimulator:
         """
         if plan.job.uuid != self.job.uuid:
             return PlanOutcome(ScaleStatus.REJECTED, f"plan is for job {plan.job.uuid}")
-        if plan.plan_id in self._applied:
-            return PlanOutcome(ScaleStatus.APPLIED, "already applied")
+        earlier = self._applied.get(plan.plan_id)
+        if earlier is not None:
+            return replace(earlier, reason="already applied", events=[])
         if self._state in (JobState.COMPLETED, JobState.FAILED):
             return PlanOutcome(ScaleStatus.REJECTED, f"job is {self._state.value}")
         try:
@@ -343,19 +365,35 @@ class JobSimulator:
             )
         if not self.cluster.can_ever_fit(list(desired.values())):
             return PlanOutcome(ScaleStatus.REJECTED, "the job's pods cannot fit on the cluster")
-        self._applied.add(plan.plan_id)
         pods_changed = desired != self._desired or self._allocation is None
         self._desired = desired
+        events: list[JobEvent] = []
+        if any(knob in plan.training for knob in TRAINING_KNOBS):
+            self._to_confirm = plan.plan_id
         if override != self._batch_override:
             self._batch_override = override
             self._eta = None
             if self._allocation is not None and not pods_changed:
                 # The training script re-reads its batch settings on restart from checkpoint.
                 self._state, self._resume_at = JobState.RESTARTING, self._clock + self.restart_delay
-        events = self.try_admit() if pods_changed else []
-        if self._desired != dict(self._running_pods()):
-            return PlanOutcome(ScaleStatus.APPLIED, f"waiting for {self._waiting_for}", events)
-        return PlanOutcome(ScaleStatus.APPLIED, "", events)
+        elif (
+            self._to_confirm == plan.plan_id
+            and self._state is JobState.RUNNING
+            and not pods_changed
+        ):
+            events.extend(self._confirm())  # it trains with them already
+        if pods_changed:
+            events.extend(self.try_admit())
+        left_out = not_applied(plan, UNSUPPORTED)
+        status = ScaleStatus.PARTIAL if left_out else ScaleStatus.APPLIED
+        reason = (
+            f"waiting for {self._waiting_for}"
+            if self._desired != dict(self._running_pods())
+            else ""
+        )
+        outcome = PlanOutcome(status, reason, events, left_out)
+        self._applied[plan.plan_id] = replace(outcome, events=[])
+        return outcome
 
     def _desired_after(self, plan: ScalePlan) -> dict[tuple[str, int], PodRequest]:
         pods = dict(self._desired)
@@ -392,6 +430,27 @@ class JobSimulator:
                 raise ValueError(f"cannot migrate {move.node.type}-{move.node.id}: no such node")
             pods[key] = _with_resource(pods[key], move.resource)
         return pods
+
+    def _confirm(self) -> list[JobEvent]:
+        """training.applied for the plan whose knobs the job now trains with: said by its
+        first training replica, for all of them, at the step it starts from."""
+        plan_id, self._to_confirm = self._to_confirm, None
+        training = sorted(
+            (p for p in self._running_pods().values() if p.role in TRAINING_ROLES),
+            key=lambda p: (p.role, p.index),
+        )
+        if plan_id is None or not training:
+            return []
+        local_bsz, accumulation = self._batch(self._replicas(self._running_pods()))
+        return [
+            TrainingApplied(
+                **self._meta("training.applied"),
+                plan_id=plan_id,
+                node=self._node(training[0]),
+                training={"local_batch_size": local_bsz, "accumulation_steps": accumulation},
+                global_step=int(self._steps + _EPS),
+            )
+        ]
 
     def _override_after(self, training: Mapping[str, Any]) -> tuple[int, int] | None:
         if "local_batch_size" not in training and "accumulation_steps" not in training:
@@ -498,6 +557,7 @@ class JobSimulator:
             self._eta = None
             return events
         self._state = JobState.RUNNING
+        events.extend(self._confirm())
         if self.sample_interval:
             self._next_sample = (
                 math.floor(self._clock / self.sample_interval) + 1

@@ -534,9 +534,12 @@ def _fold_result(state: JobState, event: ScaleResult) -> JobState:
     applied = apply_scale_plan(state, pending, not_applied=skipped)
     update: dict[str, Any] = {"pending_scale_plan": None}
     if pending.training:
-        # a later accepted plan's knobs supersede what an earlier one left awaiting
-        update["awaiting_training"] = AwaitedTraining(
-            plan_id=pending.plan_id, training=dict(pending.training)
+        # A later accepted plan's knobs supersede what an earlier one left awaiting. Those
+        # the job already said it trains with (its confirmation and the result come on two
+        # topics, in either order) await nothing.
+        left = {k: v for k, v in pending.training.items() if state.training.get(k) != v}
+        update["awaiting_training"] = (
+            AwaitedTraining(plan_id=pending.plan_id, training=left) if left else None
         )
     return applied.model_copy(update=update)
 

@@ -38,7 +38,7 @@ from handlers.operator.kube.client import api_error
 from handlers.operator.kube.model import LABEL_JOB, InvalidJob, JobView, PodView
 from handlers.operator.kube.planning import PlanRejected
 from handlers.operator.kube.podevents import SOURCE, job_events, job_meta, node_events, submitted
-from handlers.operator.ledger import Answer, PlanLedger
+from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
 from handlers.operator.platform import Platform
 from schemas.envelope import Event
 from schemas.jobs import JobMeta
@@ -47,7 +47,6 @@ from schemas.plans import NotApplied, ScalePlan, ScaleResult, ScaleStatus
 log = logging.getLogger(__name__)
 
 GROUP = "operator"  # the env's operator group, whichever mode: one logical operator
-ALREADY_APPLIED = "already applied"
 RESUMED = "finished after a restart: the job already had the plan's change"
 _RESULT_NAMESPACE = uuid.UUID("0d6f2a8c-5b1e-4c3a-9f7d-2e4b6a8c0e1f")
 _SENT_MEMORY = 20000
@@ -67,8 +66,8 @@ class Outcome:
 
 def answered_again(earlier: Answer, observed: dict[str, dict[str, int]]) -> Outcome:
     """A plan that already applied, answered as it was the first time, and saying so."""
-    reason = f"{ALREADY_APPLIED}: {earlier.reason}" if earlier.reason else ALREADY_APPLIED
-    return Outcome(earlier.status, reason, observed, earlier.not_applied)
+    again = earlier.repeated()
+    return Outcome(again.status, again.reason, observed, again.not_applied)
 
 
 def accepted(

@@ -21,6 +21,7 @@ from handlers.operator import virtual
 from handlers.operator.cli import operator
 from handlers.operator.settings import VirtualSettings
 from handlers.operator.virtual import ALREADY_APPLIED, SOURCE, VirtualOperator
+from handlers.plan_parts import AWAITING_JOB
 from handlers.simulator.cluster import GiB
 from schemas.control import EnvMode
 from schemas.jobs import (
@@ -31,7 +32,13 @@ from schemas.jobs import (
     OOMKind,
     RuntimeSample,
 )
-from schemas.plans import NodeGroupResource, NodeResource, ScaleResult, ScaleStatus
+from schemas.plans import (
+    NodeGroupResource,
+    NodeResource,
+    ScaleResult,
+    ScaleStatus,
+    TrainingApplied,
+)
 from tests.conftest import REPO, EnvFactory
 from tests.integration.operator.conftest import Sim
 
@@ -44,6 +51,10 @@ def results(sim: Sim, plan_id: str) -> list[ScaleResult]:
 
 def samples(sim: Sim, job: str, workers: int) -> list[RuntimeSample]:
     return [s for s in sim.tap.of(RuntimeSample, job) if len(s.nodes) == workers]
+
+
+def repeat_of(first: ScaleResult) -> str:
+    return f"{ALREADY_APPLIED}: {first.reason}" if first.reason else ALREADY_APPLIED
 
 
 async def plan_row(sim: Sim, plan_id: str) -> dict[str, object] | None:
@@ -107,7 +118,8 @@ async def test_the_same_plan_applies_once_even_across_a_restart(sim: Sim) -> Non
     )
     assert [r.status for r in answers] == [ScaleStatus.APPLIED, ScaleStatus.APPLIED]
     assert answers[0].reason != ALREADY_APPLIED
-    assert answers[1].reason == ALREADY_APPLIED
+    # a repeat says so, and what the first answer said
+    assert answers[1].reason == repeat_of(answers[0])
     row = await plan_row(sim, "twice")
     assert row is not None
     assert row["status"] == "applied"
@@ -123,12 +135,48 @@ async def test_the_same_plan_applies_once_even_across_a_restart(sim: Sim) -> Non
         lambda: results(sim, "twice")[2:] and results(sim, "twice"), "3rd result"
     )
     assert answers[2].status is ScaleStatus.APPLIED
-    assert answers[2].reason == ALREADY_APPLIED
+    assert answers[2].reason == repeat_of(answers[0])
     row = await plan_row(sim, "twice")
     assert row is not None
     assert row["applied_at"] == applied_at
     started = [e.node.id for e in sim.tap.of(NodeStarted, "job-c")]
     assert sorted(started) == [0, 1]  # worker-1 started once: the plan took effect once
+
+
+async def test_training_knobs_are_partial_until_the_job_confirms_them(sim: Sim) -> None:
+    """The simulated operator cannot change a micro-batch either: it answers partial, and
+    the simulated job says itself, on job.events, when it trains with the knobs."""
+    await sim.start()
+    await sim.submit("job-k")
+    await sim.tap.until(lambda: samples(sim, "job-k", 1) or None, "1-worker sample")
+    knobs = {"local_batch_size": 64, "accumulation_steps": 2}
+    plan = sim.plan("job-k", "knobs", training=knobs)
+    await sim.producer.publish(plan)
+    (result,) = await sim.tap.until(lambda: results(sim, "knobs") or None, "scale result")
+    assert result.status is ScaleStatus.PARTIAL
+    assert [(p.part, p.reason) for p in result.not_applied] == [
+        ("training.accumulation_steps", AWAITING_JOB),
+        ("training.local_batch_size", AWAITING_JOB),
+    ]
+    (confirmed,) = await sim.tap.until(
+        lambda: sim.tap.of(TrainingApplied, "job-k") or None, "training.applied"
+    )
+    assert (confirmed.plan_id, confirmed.training) == ("knobs", knobs)
+    assert confirmed.source == SOURCE
+    after = await sim.tap.until(
+        lambda: [s for s in samples(sim, "job-k", 1) if s.local_batch_size == 64] or None,
+        "a sample trained with the knobs",
+    )
+    assert after[0].occurred_at >= confirmed.occurred_at
+    row = await plan_row(sim, "knobs")
+    assert row is not None
+    assert row["status"] == "partial" and row["applied_at"] is not None
+
+    await sim.producer.publish(plan.model_copy(update={"event_id": uuid.uuid4()}))
+    answers = await sim.tap.until(lambda: results(sim, "knobs")[1:] and results(sim, "knobs"), "2")
+    assert answers[1].status is ScaleStatus.PARTIAL
+    assert answers[1].not_applied == result.not_applied
+    assert answers[1].reason == repeat_of(result)
 
 
 async def test_a_plan_for_an_unknown_job_is_rejected_with_a_reason(sim: Sim) -> None:

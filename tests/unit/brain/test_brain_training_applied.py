@@ -328,3 +328,10 @@ def test_the_processor_folds_a_confirmation_read_off_job_events() -> None:
     assert not out.letters
     assert p.states[JOB.uuid].training == {"local_batch_size": 24}
     assert p.counters.decisions == 1  # the submission; the confirmation decides nothing
+
+
+def test_a_confirmation_read_before_the_result_leaves_nothing_awaiting() -> None:
+    job = pending(running(), scale_plan(training=KNOBS))
+    job = after(job, confirmed("p1", **KNOBS), result("p1", ScaleStatus.APPLIED))
+    assert job.training == KNOBS
+    assert job.awaiting_training is None

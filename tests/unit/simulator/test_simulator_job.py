@@ -23,7 +23,14 @@ from schemas.jobs import (
     RoleSpec,
     RuntimeSample,
 )
-from schemas.plans import MigrateNode, NodeGroupResource, NodeResource, ScalePlan, ScaleStatus
+from schemas.plans import (
+    MigrateNode,
+    NodeGroupResource,
+    NodeResource,
+    ScalePlan,
+    ScaleStatus,
+    TrainingApplied,
+)
 
 JOB = JobMeta(uuid="cifar10-0", name="cifar10-0", app="cifar10")
 
@@ -106,8 +113,17 @@ def test_gradient_accumulation_costs_compute_per_extra_micro_step() -> None:
     job = new_job()
     job.try_admit()
     outcome = job.update(plan("p1", training={"local_batch_size": 256, "accumulation_steps": 2}))
-    assert outcome.status is ScaleStatus.APPLIED
-    job.advance(60.0)
+    # the knobs are the job's to apply: the plan is partial until it confirms them (the
+    # simulator used to answer "applied")
+    assert outcome.status is ScaleStatus.PARTIAL
+    assert [p.part for p in outcome.not_applied] == [
+        "training.accumulation_steps",
+        "training.local_batch_size",
+    ]
+    events = job.advance(60.0)
+    (confirmed,) = of(events, TrainingApplied)
+    assert confirmed.plan_id == "p1"
+    assert confirmed.training == {"local_batch_size": 256, "accumulation_steps": 2}
     status = job.status()
     assert (status.local_batch_size, status.accumulation_steps, status.batch_size) == (256, 2, 2048)
     step = load_application("cifar10").step_time((4,), 256)
