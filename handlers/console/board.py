@@ -2,8 +2,8 @@
 
 Pure and synchronous, like every fold in the project: the hub feeds it events in topic
 order and the page asks for a snapshot. "Current resources" are what the job asked for
-at submission, updated by every scale plan the operator reported as applied; the usage
-is the last runtime sample's.
+at submission, updated by every scale plan the operator reported as applied (or partial:
+then less the parts it did not apply); the usage is the last runtime sample's.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ class JobView:
     last_scale: dict[str, Any] | None = None
     updated_at: datetime | None = None
     open_plans: dict[str, dict[str, NodeGroupResource]] = field(default_factory=dict)
-    #: plans reported applied before the plan itself was read.
-    applied: dict[str, bool] = field(default_factory=dict)
+    #: plans reported applied (or partial) before the plan itself was read, with the parts
+    #: the result did not apply.
+    applied: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @property
     def resources(self) -> dict[str, dict[str, float]]:
@@ -161,9 +162,10 @@ def _fold(view: JobView, event: JobEvent) -> None:
             }
         case ScalePlan():
             groups = dict(event.node_group_resources)
-            if view.applied.pop(event.plan_id, False):
+            left_out = view.applied.pop(event.plan_id, None)
+            if left_out is not None:
                 # Plans and results are on two topics: the result may be read first.
-                _apply_groups(view, groups)
+                _apply_groups(view, groups, left_out)
                 return
             view.open_plans[event.plan_id] = groups
             _bound(view.open_plans)
@@ -172,16 +174,19 @@ def _fold(view: JobView, event: JobEvent) -> None:
                 "plan_id": event.plan_id,
                 "status": event.status.value,
                 "reason": event.reason,
+                "not_applied": [p.model_dump() for p in event.not_applied],
                 "at": event.occurred_at.isoformat(),
             }
             planned = view.open_plans.pop(event.plan_id, None)
-            if event.status != ScaleStatus.APPLIED:
+            if event.status not in (ScaleStatus.APPLIED, ScaleStatus.PARTIAL):
                 return
+            # partial: accepted and applied but for the parts it names
+            left_out = frozenset(p.part for p in event.not_applied)
             if planned is None:
-                view.applied[event.plan_id] = True
+                view.applied[event.plan_id] = left_out
                 _bound(view.applied)
             else:
-                _apply_groups(view, planned)
+                _apply_groups(view, planned, left_out)
 
 
 def _advance(view: JobView, status: str) -> None:
@@ -195,9 +200,12 @@ def _bound(plans: dict[str, Any]) -> None:
         plans.pop(next(iter(plans)))
 
 
-def _apply_groups(view: JobView, groups: dict[str, NodeGroupResource]) -> None:
+def _apply_groups(
+    view: JobView, groups: dict[str, NodeGroupResource], left_out: frozenset[str] = frozenset()
+) -> None:
     for role, g in groups.items():
-        _apply(view.scaled.setdefault(role, {}), g)
+        if role not in left_out:
+            _apply(view.scaled.setdefault(role, {}), role, g, left_out)
 
 
 def _group(g: NodeGroupResource) -> dict[str, Any]:
@@ -207,12 +215,15 @@ def _group(g: NodeGroupResource) -> dict[str, Any]:
     return out
 
 
-def _apply(current: dict[str, float], g: NodeGroupResource) -> None:
-    """A plan's zero means "unchanged", as in DLRover's ResourcePlan."""
-    if g.count:
+def _apply(
+    current: dict[str, float], role: str, g: NodeGroupResource, left_out: frozenset[str]
+) -> None:
+    """A plan's zero means "unchanged", as in DLRover's ResourcePlan; so does a part the
+    result names as not applied (``worker.gpu_memory``)."""
+    if g.count and f"{role}.count" not in left_out:
         current["replicas"] = g.count
     r = g.node_resource
     for name in ("cpu", "memory", "gpu_num", "gpu_memory"):
         value = getattr(r, name)
-        if value:
+        if value and f"{role}.{name}" not in left_out:
             current[name] = value

@@ -32,11 +32,24 @@ def gpus_of(allocation: Allocation) -> int:
     return sum(replicas * gpus for replicas, gpus in allocation.values())
 
 
-def _apply(allocation: Allocation, plan: ScalePlan) -> Allocation:
+#: Results that say the operator took the plan on: all of it, or (partial) some parts.
+ACCEPTED = frozenset({ScaleStatus.APPLIED, ScaleStatus.PARTIAL})
+
+
+def _apply(
+    allocation: Allocation, plan: ScalePlan, left_out: frozenset[str] = frozenset()
+) -> Allocation:
+    """The allocation after ``plan``, less the parts its result says were not applied."""
     out = dict(allocation)
     for role, group in plan.node_group_resources.items():
+        if role in left_out:
+            continue
         replicas, gpus = out.get(role, (0, 0))
-        out[role] = (group.count or replicas, group.node_resource.gpu_num or gpus)
+        if group.count and f"{role}.count" not in left_out:
+            replicas = group.count
+        if group.node_resource.gpu_num and f"{role}.gpu_num" not in left_out:
+            gpus = group.node_resource.gpu_num
+        out[role] = (replicas, gpus)
     return out
 
 
@@ -48,8 +61,10 @@ class JobRecord:
     finished_at: datetime | None = None
     failed: bool = False
     requested: Allocation = field(default_factory=dict)
-    #: (applied at, plan) for every applied ScalePlan, in any order
+    #: (applied at, plan) for every applied ScalePlan (partial ones too), in any order
     applied: list[tuple[datetime, ScalePlan]] = field(default_factory=list)
+    #: plan_id -> the parts a partial result said were not applied
+    left_out: dict[str, frozenset[str]] = field(default_factory=dict)
     samples: list[tuple[datetime, float]] = field(default_factory=list)  # (at, samples/s)
     ooms: list[str] = field(default_factory=list)  # node keys, one per OOM event
     optimize_plans: int = 0
@@ -79,7 +94,7 @@ class JobRecord:
         out = [(_EPOCH, gpus_of(self.requested))]
         allocation = self.requested
         for at, plan in sorted(self.applied, key=lambda ap: (ap[0], ap[1].plan_id)):
-            allocation = _apply(allocation, plan)
+            allocation = _apply(allocation, plan, self.left_out.get(plan.plan_id, frozenset()))
             out.append((at, gpus_of(allocation)))
         return out
 
@@ -108,6 +123,8 @@ class Ledger:
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     plans: dict[str, ScalePlan] = field(default_factory=dict)
     applied_at: dict[str, datetime] = field(default_factory=dict)  # plan_id -> when
+    #: plan_id -> parts a partial result did not apply
+    left_out: dict[str, frozenset[str]] = field(default_factory=dict)
     last_event_at: datetime | None = None
 
     def job(self, uuid: str) -> JobRecord:
@@ -147,17 +164,23 @@ class Ledger:
             self._settle(event.plan_id)
         elif (
             isinstance(event, ScaleResult)
-            and event.status == ScaleStatus.APPLIED
+            and event.status in ACCEPTED
             and event.plan_id not in self.applied_at
         ):
+            # partial is accepted too: the plan changed the job, only not all of it
             self.applied_at[event.plan_id] = at
+            if event.not_applied:
+                self.left_out[event.plan_id] = frozenset(p.part for p in event.not_applied)
             self._settle(event.plan_id)
 
     def _settle(self, plan_id: str) -> None:
         """Once both the plan and its applied result are known, the job's allocation moves."""
         plan, at = self.plans.get(plan_id), self.applied_at.get(plan_id)
         if plan is not None and at is not None:
-            self.job(plan.job.uuid).applied.append((at, plan))
+            rec = self.job(plan.job.uuid)
+            rec.applied.append((at, plan))
+            if plan_id in self.left_out:
+                rec.left_out[plan_id] = self.left_out[plan_id]
 
     def in_window(self, start: datetime | None, end: datetime | None) -> list[JobRecord]:
         """Jobs submitted in [start, end); jobs never seen submitted are left out."""
