@@ -30,7 +30,11 @@ APP_ENV = "DLROVER_EVENTS_APP"
 #: ``k1=v1,k2=v2``: the job's labels, which config documents may target (``labels.k1``).
 LABELS_ENV = "DLROVER_EVENTS_LABELS"
 
-#: torchrun and most launchers set these; they are the fallback for rank and world size.
+#: torchrun and most launchers set these per rendezvous. RANK is the process's rank in the
+#: torch world (``process_rank``), and the node id only when the operator gave none: under
+#: torchrun it changes at each re-rendezvous, while DLROVER_EVENTS_RANK (the pod's node
+#: rank) stays. WORLD_SIZE is the torch world of this rendezvous, so it wins over
+#: DLROVER_EVENTS_WORLD_SIZE (the operator's replica count, for roles without torchrun).
 LAUNCHER_RANK_ENV = "RANK"
 LAUNCHER_WORLD_SIZE_ENV = "WORLD_SIZE"
 
@@ -44,7 +48,13 @@ class IdentityError(ValueError):
 
 @dataclass(frozen=True)
 class JobIdentity:
-    """One process of one job: the job, its role (node type) and its rank (node id)."""
+    """One process of one job: the job, its role (node type) and its rank (node id).
+
+    ``rank`` is the node id the brain knows the pod by; ``process_rank`` and
+    ``world_size`` are this process's place in the torch world, which an elastic job
+    changes at each re-rendezvous (torchrun starts new worker processes then, so a process
+    reads them once).
+    """
 
     job: JobMeta
     env: str = DEFAULT_ENV
@@ -52,6 +62,7 @@ class JobIdentity:
     rank: int = 0
     world_size: int = 1
     extra_attributes: Mapping[str, str] = field(default_factory=dict)
+    process_rank: int = 0
 
     def __post_init__(self) -> None:
         try:
@@ -64,6 +75,8 @@ class JobIdentity:
             raise IdentityError(f"{RANK_ENV} must be >= 0, got {self.rank}")
         if self.world_size < 1:
             raise IdentityError(f"{WORLD_SIZE_ENV} must be >= 1, got {self.world_size}")
+        if self.process_rank < 0:
+            raise IdentityError(f"{LAUNCHER_RANK_ENV} must be >= 0, got {self.process_rank}")
 
     @property
     def node(self) -> NodeRef:
@@ -113,7 +126,8 @@ class JobIdentity:
             env=env.get(ENV_ENV, "").strip() or DEFAULT_ENV,
             role=env.get(ROLE_ENV, "").strip() or DEFAULT_ROLE,
             rank=_int(env, (RANK_ENV, LAUNCHER_RANK_ENV), 0),
-            world_size=_int(env, (WORLD_SIZE_ENV, LAUNCHER_WORLD_SIZE_ENV), 1),
+            world_size=_int(env, (LAUNCHER_WORLD_SIZE_ENV, WORLD_SIZE_ENV), 1),
+            process_rank=_int(env, (LAUNCHER_RANK_ENV,), 0),
         )
 
 

@@ -110,8 +110,9 @@ class Reporter:
         self._buffer_size = buffer_size
         self._max_batch = max_batch
         self.batch_size = batch_size
-        self.local_batch_size = local_batch_size
-        self.accumulation_steps = accumulation_steps
+        #: (local_batch_size, accumulation_steps): one tuple, so the reporter thread never
+        #: reads one knob of a switch without the other.
+        self._batch: tuple[int | None, int] = (local_batch_size, accumulation_steps)
         self._probes: list[Probe] = list(probes) if probes is not None else [HostProbe()]
         self._send_timeout_s = send_timeout_s
         self._backoff_max_s = retry_backoff_max_s
@@ -203,6 +204,26 @@ class Reporter:
         self._flush_waiters.append(done)
         self._kick()
         return done.wait(timeout_s) and self.dropped == dropped
+
+    @property
+    def local_batch_size(self) -> int | None:
+        return self._batch[0]
+
+    @local_batch_size.setter
+    def local_batch_size(self, value: int | None) -> None:
+        self._batch = (value, self._batch[1])
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self._batch[1]
+
+    @accumulation_steps.setter
+    def accumulation_steps(self, value: int) -> None:
+        self._batch = (self._batch[0], value)
+
+    def set_training(self, local_batch_size: int | None, accumulation_steps: int) -> None:
+        """Switch both knobs at once (a step boundary): the next samples report them."""
+        self._batch = (local_batch_size, accumulation_steps)
 
     def add_probe(self, probe: Probe) -> None:
         """Measure more per sample (the torch hook adds GPU memory); read in our thread."""
@@ -412,14 +433,13 @@ class Reporter:
             return None
         ident = self.identity
         speed = window.speed
+        local_batch_size, accumulation_steps = self._batch
         if self.batch_size is not None:
             samples_per_s = speed * self.batch_size
         elif window.samples_per_step is not None:
             samples_per_s = window.samples_per_step * speed * ident.world_size
-        elif self.local_batch_size is not None:
-            samples_per_s = (
-                self.local_batch_size * self.accumulation_steps * speed * ident.world_size
-            )
+        elif local_batch_size is not None:
+            samples_per_s = local_batch_size * accumulation_steps * speed * ident.world_size
         else:
             samples_per_s = 0.0
         try:
@@ -431,8 +451,9 @@ class Reporter:
                 speed=speed,
                 samples_per_s=samples_per_s,
                 batch_size=self.batch_size,
-                local_batch_size=self.local_batch_size,
-                accumulation_steps=self.accumulation_steps,
+                local_batch_size=local_batch_size,
+                accumulation_steps=accumulation_steps,
+                world_size=ident.world_size,
                 nodes=[self._usage(window.step_time)],
             )
         except ValidationError as err:
