@@ -89,6 +89,23 @@ class TrainingJobAdapter(WorkloadAdapter):
         return planning.status_patch(job, pods, last_plan=last_plan, last_plan_time=last_plan_time)
 
 
+#: Seconds a rendezvous waits for more nodes once it has its minimum (torch's default is
+#: 30): a resize is one node more or fewer, and every second here is a second the whole
+#: job does not train.
+LAST_CALL_S = 3
+#: A removed node's agent leaves without a word; the others wait for its heartbeat to
+#: lapse (torch's default 5 s x 3) before they re-rendezvous smaller: 2 s x 3 here.
+KEEP_ALIVE_S = 2
+KEEP_ALIVE_MISSES = 3
+
+
+#: torchrun's agents otherwise share the rendezvous store with the workers, and then a
+#: node that joins a running job waits for ever for a worker-store address the old rank-0
+#: agent never publishes again (torch 2.13: RendezvousStoreInfo.build in the new round's
+#: prefix); a scale-up hung, measured on the local platform, until the store timed out.
+ELASTIC_AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def rendezvous_service(job: JobView) -> str:
     """The headless Service a job's elastic pods rendezvous at, on a cluster."""
     return f"{job.name}-rendezvous"
@@ -112,7 +129,8 @@ def elastic_command(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rendezvous_host}:{policy.rendezvous_port}",
         f"--rdzv-id={job.uid}",
-        f"--rdzv-conf=is_host={is_host}",
+        f"--rdzv-conf=is_host={is_host},last_call_timeout={LAST_CALL_S},"
+        f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_MISSES}",
         f"--max-restarts={policy.max_restarts}",
         "--monitor-interval=1",
         "--no-python",
@@ -157,6 +175,8 @@ def pod_manifest(
     }
     if role.elastic is None:
         identity[WORLD_SIZE_ENV] = str(role.replicas)
+    else:
+        identity.update(ELASTIC_AGENT_ENV)
     containers = spec.get("containers") or []
     for i, container in enumerate(containers):
         env_vars = [e for e in container.get("env") or [] if e.get("name") not in identity]

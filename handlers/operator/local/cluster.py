@@ -287,6 +287,15 @@ class LocalCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(record["pid"]), signal.SIGTERM)
 
+    def _remove(self, name: str) -> None:
+        """A pod goes; its log stays (``logs/<pod>.log``), as a user wants after a failure."""
+        pod_dir = self._pod_dir(name)
+        logs = self.store.root / "logs"
+        logs.mkdir(exist_ok=True)
+        with contextlib.suppress(OSError):
+            os.replace(pod_dir / shim.LOG, logs / f"{name}.log")
+        shutil.rmtree(pod_dir, ignore_errors=True)
+
     def _pid_records(self) -> dict[str, dict[str, Any]]:
         out = {}
         for pod_dir in self.store.pods_dir.iterdir():
@@ -383,7 +392,7 @@ class LocalCluster:
             deleting = bool(pod["metadata"].get("deletionTimestamp"))
             if deleting and phase != "Running":
                 self._terminate(name)  # not started yet, or already ended: nothing runs
-                shutil.rmtree(self._pod_dir(name), ignore_errors=True)
+                self._remove(name)
                 del pods[name]
             elif phase == "Pending" and not deleting and self.runs_pods:
                 self._start(name)
@@ -411,7 +420,7 @@ class LocalCluster:
                 break
             await asyncio.sleep(0.2)
         for name in names:
-            shutil.rmtree(self._pod_dir(name), ignore_errors=True)
+            self._remove(name)
         log.warning("local platform: ended %d node(s) on shutdown", len(names))
 
 

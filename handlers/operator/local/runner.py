@@ -20,10 +20,13 @@ from typing import Any
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dlrover_events.config_client import TOKEN_ENV, URL_ENV
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings
+from dlrover_events.store import EnvStore
+from dlrover_events.tokens import Scope, Tokens
 from handlers.operator.kube.reconciler import EnvReconciler
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import LocalCluster
@@ -33,7 +36,8 @@ from schemas.control import EnvMode
 log = logging.getLogger(__name__)
 
 #: What a node's process inherits from the operator's environment besides its own env.
-_PASSED = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "DLROVER_EVENTS_GATEWAY_URL")
+_PASSED = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER")
+DEFAULT_GATEWAY_URL = "http://127.0.0.1:8470"
 
 
 class LocalSettings(BaseSettings):
@@ -66,6 +70,25 @@ def node_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+async def gateway_access(settings: Settings, env: str, dsn: str, root: Path) -> dict[str, str]:
+    """Where a node's SDK finds the gateway, with a read-scoped token of the env (minted
+    once and kept, owner-only, in the platform's dir): enough to follow its plans and read
+    its config, nothing more."""
+    url = os.environ.get(URL_ENV) or DEFAULT_GATEWAY_URL
+    path = root / "gateway-token"
+    if path.exists():
+        token = path.read_text().strip()
+    else:
+        store = await EnvStore.open(dsn, env, max_size=1)
+        try:
+            _, token = await Tokens(store.pool, env).mint("local-platform", [Scope.READ])
+        finally:
+            await store.close()
+        path.touch(mode=0o600)
+        path.write_text(token)
+    return {URL_ENV: url, TOKEN_ENV: token}
+
+
 def local_settings(options: Mapping[str, Any]) -> LocalSettings:
     known = set(LocalSettings.model_fields)
     unknown = sorted(set(options) - known - {"platform"})
@@ -92,11 +115,13 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
         )
     enforcement = available()
     root = platform_root(ctx.settings, ctx.env)
+    root.mkdir(parents=True, exist_ok=True)
+    access = await gateway_access(ctx.settings, ctx.env, ctx.pg_dsn, root)
     cluster = LocalCluster(
         root,
         TRAINING_JOB,
         runs_pods=True,
-        base_env=node_env(ctx.settings),
+        base_env={**node_env(ctx.settings), **access},
         enforcement=enforcement,
         poll_s=conf.poll_s,
     )
