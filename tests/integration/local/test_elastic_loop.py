@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,10 @@ def example_job(name: str, replicas: int = 2) -> dict[str, Any]:
         f"--checkpoint-every={CHECKPOINT_EVERY}",
     ]
     return body
+
+
+def of_plan(plan_id: str) -> Callable[[ScalePlan | ScaleResult], bool]:
+    return lambda e: e.plan_id == plan_id
 
 
 def memberships(local: Local) -> list[dict[str, Any]]:
@@ -115,11 +119,9 @@ async def test_job_scale_resizes_a_running_elastic_job_2_3_1(local: Local, tmp_p
         timings = {}
         for target in (3, 1):
             plan_id = scale_cli(local, "elastic-a", target)
-            plan = await local.tap.first(
-                ScalePlan, uid, lambda e, p=plan_id: e.plan_id == p, f"plan {plan_id}"
-            )
+            plan = await local.tap.first(ScalePlan, uid, of_plan(plan_id), f"plan {plan_id}")
             result = await local.tap.first(
-                ScaleResult, uid, lambda e, p=plan_id: e.plan_id == p, f"result of {plan_id}"
+                ScaleResult, uid, of_plan(plan_id), f"result of {plan_id}"
             )
             assert result.status == ScaleStatus.APPLIED, result
             first = await wait_for(
@@ -144,4 +146,3 @@ async def test_job_scale_resizes_a_running_elastic_job_2_3_1(local: Local, tmp_p
     finally:
         ctx.stop.set()
         await asyncio.wait_for(task, DEADLINE_S)
-    _ = os

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from schemas.jobs import JobSubmitted, NodeExited, NodeStarted
@@ -58,6 +59,10 @@ async def until(what: str, check: Any) -> Any:
     raise AssertionError(f"no {what} within {DEADLINE_S:.0f}s")
 
 
+def node_is(n: int) -> Callable[[NodeStarted], bool]:
+    return lambda e: e.node.id == n
+
+
 def running(pods: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {
         int(p["metadata"]["labels"]["dlrover-events.io/rank"]): p
@@ -75,7 +80,7 @@ async def test_a_plan_resizes_a_local_job_once_and_its_nodes_are_processes(local
         pods = await until("2 running nodes", lambda: _running_count(local, "sleepy", 2))
         assert sorted(pods) == [0, 1]
         for n in (0, 1):
-            await local.tap.first(NodeStarted, uid, lambda e, n=n: e.node.id == n, "node.started")
+            await local.tap.first(NodeStarted, uid, node_is(n), "node.started")
 
         meta = local.tap.of(JobSubmitted, uid)[0].job
         grow = ScalePlan(
