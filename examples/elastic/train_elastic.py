@@ -225,10 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         while step < args.steps:
             while simulated and rank == 0 and step >= simulated[0][0]:
                 knobs.offer(simulated.pop(0)[1])
-            switch = knobs.at_step_boundary(step)
-            if switch is not None:
-                _said(switch)
+            # The knob check is a collective too (every few steps): a peer lost there
+            # saves the same state as one lost in backward.
             with hook.guard(), ckpt.on_peer_failure() if ckpt else contextlib.nullcontext():
+                switch = knobs.at_step_boundary(step)
+                if switch is not None:
+                    _said(switch)
                 loss = train_step(model, optimizer, data, step, rank, knobs)
             step += 1
             hook.step(samples=knobs.local_batch_size * knobs.accumulation_steps, global_step=step)
