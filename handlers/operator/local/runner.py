@@ -27,7 +27,7 @@ from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.tokens import Scope, Tokens
-from handlers.operator.kube.reconciler import EnvReconciler
+from handlers.operator.kube.reconciler import EnvReconciler, StepHook
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import LocalCluster
 from handlers.operator.local.memory import available
@@ -104,7 +104,9 @@ def local_settings(options: Mapping[str, Any]) -> LocalSettings:
         raise UserError(f"local platform option {first['loc'][0]}: {first['msg']}") from None
 
 
-async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
+async def run(
+    ctx: ServiceContext, options: Mapping[str, Any], *, on_step: StepHook | None = None
+) -> None:
     conf = local_settings(options)
     record = await EnvRegistry(ctx.settings, ctx.pg_dsn).get(ctx.env)
     if record is None or record.mode != EnvMode.REAL:
@@ -133,7 +135,7 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     )
     ctx.endpoints["local platform"] = f"{root} (memory limits: {enforcement.value})"
     reconciler = EnvReconciler(
-        ctx.settings, ctx.env, ctx.pg_dsn, cluster, resync_s=conf.resync_seconds
+        ctx.settings, ctx.env, ctx.pg_dsn, cluster, resync_s=conf.resync_seconds, on_step=on_step
     )
     await cluster.start()
     try:
