@@ -12,11 +12,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from schemas.jobs import JobSubmitted
 from schemas.plans import Node, ScalePlan, ScaleResult, ScaleStatus
 from tests.conftest import cli_environ
 from tests.integration.local.conftest import Local, shims
+from tests.integration.local.test_elastic_loop import of_plan
 from tests.integration.local.test_local_platform import running, sleeper_job, until
 from tests.integration.tap import DEADLINE_S
 
@@ -92,9 +94,7 @@ async def test_a_killed_local_operator_applies_nothing_twice_and_leaves_no_orpha
             op.wait(timeout=30)
         op = start_operator(local, log)
         for plan in plans:
-            result = await local.tap.first(
-                ScaleResult, uid, lambda e, p=plan.plan_id: e.plan_id == p, plan.plan_id
-            )
+            result = await local.tap.first(ScaleResult, uid, of_plan(plan.plan_id), plan.plan_id)
             assert result.status == ScaleStatus.APPLIED, result
         # Every launch added exactly one node: 1 + len(KILLS), never more.
         want = 1 + len(KILLS)
@@ -118,6 +118,6 @@ async def test_a_killed_local_operator_applies_nothing_twice_and_leaves_no_orpha
     assert op.returncode == 0, log.read_text()[-2000:]
 
 
-async def _count(local: Local, job: str, n: int) -> dict[int, object] | None:
+async def _count(local: Local, job: str, n: int) -> dict[int, dict[str, Any]] | None:
     found = running(await local.pods(job))
     return found if len(found) == n else None
