@@ -10,6 +10,10 @@
 It never blocks a step and never raises into training when the bus is down: it buffers
 (bounded), counts what it drops and says so. The torch hook (``dlrover_events.sdk.torch``)
 adds GPU memory and OOM events; importing this package does not import torch.
+
+A job following the brain's plans adds ``PlanFollower`` (its plan from the gateway) and
+``StepKnobs`` (local batch size and accumulation switched at a step boundary); an elastic
+torch job adds ``dlrover_events.sdk.torch.ElasticCheckpoint``.
 """
 
 from dlrover_events.sdk.identity import (
@@ -21,6 +25,8 @@ from dlrover_events.sdk.identity import (
     IdentityError,
     JobIdentity,
 )
+from dlrover_events.sdk.knobs import BatchKnobs, StepKnobs, Switch
+from dlrover_events.sdk.plans import PlanFollower, PlanSnapshot
 from dlrover_events.sdk.probes import HostProbe, Probe, rss_bytes
 from dlrover_events.sdk.reporter import INTERVAL_ENV, Reporter, ReporterStats
 
@@ -31,11 +37,16 @@ __all__ = [
     "RANK_ENV",
     "ROLE_ENV",
     "WORLD_SIZE_ENV",
+    "BatchKnobs",
     "HostProbe",
     "IdentityError",
     "JobIdentity",
+    "PlanFollower",
+    "PlanSnapshot",
     "Probe",
     "Reporter",
     "ReporterStats",
+    "StepKnobs",
+    "Switch",
     "rss_bytes",
 ]

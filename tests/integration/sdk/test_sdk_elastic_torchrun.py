@@ -208,11 +208,21 @@ def test_workers_re_rendezvous_as_nodes_come_and_go(agents: Agents) -> None:
     final = agents.events("exit", t3)
     assert final and all(e["step"] > resumed2 for e in final)  # it went on at world size 2
 
+    up_exit = max(e["time"] for e in agents.events("exit", t1) if e["time"] < joined)
+    down_exit = max(e["time"] for e in agents.events("exit", t2) if e["world_size"] == 3)
+    back = max(e["time"] for e in again)
     print(
         json.dumps(
             {
+                # from starting the third agent / SIGTERM to it, to the first step at 3 / 2
                 "scale_up_s": round(joined - t1, 2),
-                "scale_down_s": round(max(e["time"] for e in again) - t2, 2),
+                "scale_down_s": round(back - t2, 2),
+                # of which: until the last old worker exited, then until the new ones train
+                "up_old_exited_s": round(up_exit - t1, 2),
+                "up_new_training_s": round(joined - up_exit, 2),
+                "down_old_exited_s": round(down_exit - t2, 2),
+                "down_new_training_s": round(back - down_exit, 2),
+                "worker_start_to_train_s": max(e["since_start_s"] for e in three + again),
                 "steps_lost_up": before3 - resumed3,
                 "steps_lost_down": before2 - resumed2,
                 "total_s": round(time.time() - t0, 1),
