@@ -51,6 +51,11 @@ class LocalSettings(BaseSettings):
         "a killed operator leaves them running for the next one to adopt",
     )
     poll_s: float = Field(default=0.25, gt=0, le=10)
+    gateway_url: str | None = Field(
+        default=None,
+        description="where the nodes' SDK follows its plans; unset: "
+        "DLROVER_EVENTS_GATEWAY_URL, else the gateway `up` starts (127.0.0.1:8470)",
+    )
     resync_seconds: float = Field(default=30.0, gt=0)
 
 
@@ -70,11 +75,11 @@ def node_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-async def gateway_access(settings: Settings, env: str, dsn: str, root: Path) -> dict[str, str]:
+async def gateway_access(env: str, dsn: str, root: Path, url: str | None = None) -> dict[str, str]:
     """Where a node's SDK finds the gateway, with a read-scoped token of the env (minted
     once and kept, owner-only, in the platform's dir): enough to follow its plans and read
     its config, nothing more."""
-    url = os.environ.get(URL_ENV) or DEFAULT_GATEWAY_URL
+    url = url or os.environ.get(URL_ENV) or DEFAULT_GATEWAY_URL
     path = root / "gateway-token"
     if path.exists():
         token = path.read_text().strip()
@@ -118,7 +123,7 @@ async def run(
     enforcement = available()
     root = platform_root(ctx.settings, ctx.env)
     root.mkdir(parents=True, exist_ok=True)
-    access = await gateway_access(ctx.settings, ctx.env, ctx.pg_dsn, root)
+    access = await gateway_access(ctx.env, ctx.pg_dsn, root, conf.gateway_url)
     cluster = LocalCluster(
         root,
         TRAINING_JOB,

@@ -55,9 +55,11 @@ class Local:
             )
         return await self.cluster().create_job(body)
 
-    async def start_operator(self) -> tuple[ServiceContext, asyncio.Task[None]]:
+    async def start_operator(self, **options: Any) -> tuple[ServiceContext, asyncio.Task[None]]:
         ctx = ServiceContext(self.settings, self.env, self.pg_dsn)
-        task = asyncio.create_task(run_operator(ctx, {"platform": "local", "poll_s": 0.1}))
+        task = asyncio.create_task(
+            run_operator(ctx, {"platform": "local", "poll_s": 0.1, **options})
+        )
         ready = asyncio.create_task(ctx.ready.wait())
         await asyncio.wait([task, ready], timeout=DEADLINE_S, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
