@@ -156,13 +156,17 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
             done.append(f"{role} resources {new_res.to_spec()}")
         if group.count:
             replicas[role] = group.count
+    # A role the plan gives a count (the brain's plans do) has that many replicas; the
+    # nodes it launches or removes by name say which ranks come and go within it.
+    counted = {role for role, group in plan.node_group_resources.items() if group.count}
     for ref in plan.remove_nodes:
         ranks = _ranks(live(pods, job, ref.type))
         if ref.id not in ranks:
             raise PlanRejected(f"cannot remove {ref.type}-{ref.id}: no such node")
         if ref.id not in remove_first[ref.type]:
             remove_first[ref.type].append(ref.id)
-            replicas[ref.type] -= 1
+            if ref.type not in counted:
+                replicas[ref.type] -= 1
             overrides.get(ref.type, {}).pop(ref.id, None)
     launched: dict[str, int] = defaultdict(int)
     before_launch = dict(replicas)
@@ -171,10 +175,15 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
         taken = set(_ranks(live(pods, job, role))) - set(remove_first[role])
         bound = len(taken) + before_launch[role] + len(plan.launch_nodes) + 1
         free = [r for r in range(bound) if r not in taken]
-        # Ranks the spec already wants filled come first; launched nodes take the next.
-        rank = free[max(0, before_launch[role] - len(taken)) + launched[role]]
+        if role in counted:
+            # The plan's count is the role's size; its launched nodes are the ranks that
+            # count adds, not more on top of it.
+            rank = free[launched[role]]
+        else:
+            # Ranks the spec already wants filled come first; launched nodes take the next.
+            rank = free[max(0, before_launch[role] - len(taken)) + launched[role]]
+            replicas[role] += 1
         launched[role] += 1
-        replicas[role] += 1
         wanted = role_resources[role].updated(node.resource)
         if wanted != role_resources[role]:
             overrides.setdefault(role, {})[rank] = wanted

@@ -417,3 +417,23 @@ def test_a_scale_request_has_one_plan_id_per_job_version() -> None:
     assert same == scale_plan_id(UID, 3, "worker", 4)
     assert same != scale_plan_id(UID, 4, "worker", 4)
     assert same != scale_plan_id(UID, 3, "worker", 5)
+
+
+def test_a_brains_plan_names_the_nodes_its_count_adds_or_removes_not_more() -> None:
+    """The brain's planner says the role's new count and names the nodes that make the
+    difference (as DLRover's ScalePlan does): 2 -> 3 launching worker-2 is three replicas,
+    and 3 -> 2 removing worker-1 is two, worker-1 going first."""
+    j = job(2)
+    pods = [pod(0), pod(1)]
+    grow = plan(node_group_resources=group(3), launch_nodes=[Node(type="worker", id=2)])
+    change = plan_change(j, pods, grow)
+    assert change.patch is not None
+    assert change.patch["spec"]["roles"]["worker"]["replicas"] == 3
+    assert "worker 2->3" in change.summary
+
+    j3, pods3 = job(3), [pod(0), pod(1), pod(2)]
+    shrink = plan(node_group_resources=group(2), remove_nodes=[NodeRef(type="worker", id=1)])
+    change = plan_change(j3, pods3, shrink)
+    assert change.patch is not None
+    assert change.patch["spec"]["roles"]["worker"]["replicas"] == 2
+    assert diff(applied(j3, change.patch), pods3).delete == ("j-worker-1",)
