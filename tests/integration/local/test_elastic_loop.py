@@ -19,6 +19,9 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from schemas.jobs import JobSubmitted, RuntimeSample
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
+from streams.brain.app import Brain
+from streams.brain.planner import Limits
+from streams.brain.triggers import Policy
 from tests.conftest import cli_environ
 from tests.integration.local.conftest import Local
 
@@ -26,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "elastic" / "job.yaml"
 CHECKPOINT_EVERY = 10
 DEADLINE_S = 240.0
+PLAN_PARTS = {"node_group_resources", "launch_nodes", "remove_nodes", "migrate_nodes", "training"}
 
 
 def example_job(name: str, replicas: int = 2) -> dict[str, Any]:
@@ -146,3 +150,75 @@ async def test_job_scale_resizes_a_running_elastic_job_2_3_1(local: Local, tmp_p
     finally:
         ctx.stop.set()
         await asyncio.wait_for(task, DEADLINE_S)
+
+
+async def test_the_brains_goodput_plans_resize_the_running_job_2_3_1(
+    local: Local, tmp_path: Path
+) -> None:
+    """No plan by hand: the goodput optimizer explores one worker more (2 -> 3), then fits
+    the step times it saw at 2 and 3 and, asked for 99.9 % per-worker efficiency (which
+    only one worker has on a machine whose cores the workers share), shrinks to 1."""
+    policy = Policy(
+        sample_every=2,
+        running_every=2,
+        limits=Limits(running_cooldown_s=5),
+        job_config={
+            "optimizer": "goodput",
+            "optimizer_params": {
+                "goodput": {"max_workers": 3, "min_samples": 4, "min_efficiency": 0.999}
+            },
+        },
+    )
+    brain = Brain(local.settings, local.env, local.pg_dsn, policy=policy, checkpoint_every_s=1)
+    await brain.start()
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "examples").symlink_to(ROOT / "examples")
+    ctx, task = await local.start_operator()
+    try:
+        job = await local.submit(example_job("elastic-b"), workdir)
+        uid = job["metadata"]["uid"]
+        for target in (3, 1):
+            plan = await local.tap.first(
+                ScalePlan,
+                uid,
+                lambda e, t=target: (
+                    e.source != "cli"
+                    and e.node_group_resources.get("worker") is not None
+                    and e.node_group_resources["worker"].count == t
+                ),
+                f"the brain's plan to {target} workers",
+            )
+            result = await local.tap.first(
+                ScaleResult, uid, of_plan(plan.plan_id), f"result of {plan.plan_id}"
+            )
+            assert result.status == ScaleStatus.APPLIED, result
+            await wait_for(
+                f"a membership at world size {target}",
+                lambda t=target, after=plan.occurred_at.timestamp(): [
+                    m for m in memberships(local) if m["world_size"] == t and m["time"] > after
+                ],
+            )
+    finally:
+        for p in local.tap.of(ScalePlan, uid):
+            print(
+                "plan",
+                p.occurred_at,
+                p.plan_id,
+                p.model_dump_json(
+                    include={
+                        "node_group_resources",
+                        "launch_nodes",
+                        "remove_nodes",
+                        "migrate_nodes",
+                        "training",
+                    }
+                ),
+            )
+        for r in local.tap.of(ScaleResult, uid):
+            print("result", r.occurred_at, r.plan_id, r.status, r.reason)
+        for m in memberships(local):
+            print("membership", m)
+        ctx.stop.set()
+        await asyncio.wait_for(task, DEADLINE_S)
+        await brain.stop()
