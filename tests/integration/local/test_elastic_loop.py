@@ -54,6 +54,14 @@ def of_plan(plan_id: str) -> Callable[[ScalePlan | ScaleResult], bool]:
     return lambda e: e.plan_id == plan_id
 
 
+def to_workers(count: int) -> Callable[[ScalePlan], bool]:
+    def matches(plan: ScalePlan) -> bool:
+        group = plan.node_group_resources.get("worker")
+        return group is not None and group.count == count
+
+    return matches
+
+
 def memberships(local: Local) -> list[dict[str, Any]]:
     """The `membership` lines every worker printed: one per rendezvous it trained in."""
     out = []
@@ -182,11 +190,7 @@ async def test_the_brains_goodput_plans_resize_the_running_job_2_3_1(
             plan = await local.tap.first(
                 ScalePlan,
                 uid,
-                lambda e, t=target: (
-                    e.source != "cli"
-                    and e.node_group_resources.get("worker") is not None
-                    and e.node_group_resources["worker"].count == t
-                ),
+                to_workers(target),
                 f"the brain's plan to {target} workers",
             )
             result = await local.tap.first(
