@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dlrover_events.config_matching import job_attributes
 from schemas.envelope import _check_env
@@ -37,6 +38,21 @@ LABELS_ENV = "DLROVER_EVENTS_LABELS"
 #: DLROVER_EVENTS_WORLD_SIZE (the operator's replica count, for roles without torchrun).
 LAUNCHER_RANK_ENV = "RANK"
 LAUNCHER_WORLD_SIZE_ENV = "WORLD_SIZE"
+
+#: A directory the platform gives a job's processes for their checkpoints (the local
+#: platform sets it); a job's file there is named after the job, so a resubmitted job
+#: (a new uuid) does not resume another's training.
+CHECKPOINT_DIR_ENV = "DLROVER_EVENTS_CHECKPOINT_DIR"
+
+
+def default_checkpoint_path(job_uuid: str, environ: Mapping[str, str] | None = None) -> Path | None:
+    """``$DLROVER_EVENTS_CHECKPOINT_DIR/<job uuid>.pt``, None when no directory is given."""
+    directory = (os.environ if environ is None else environ).get(CHECKPOINT_DIR_ENV, "")
+    if not directory:
+        return None
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_uuid)
+    return Path(directory) / f"{safe}.pt"
+
 
 DEFAULT_ENV = "prod"
 DEFAULT_ROLE = "worker"

@@ -43,9 +43,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dlrover_events.sdk import JobIdentity, Reporter
+from dlrover_events.sdk.identity import default_checkpoint_path
 from dlrover_events.sdk.knobs import StepKnobs, Switch
 from dlrover_events.sdk.plans import PlanFollower
-from dlrover_events.sdk.torch import ElasticCheckpoint, TorchHook, is_peer_failure, step_knobs
+from dlrover_events.sdk.torch import (
+    ElasticCheckpoint,
+    TorchHook,
+    is_peer_failure,
+    step_knobs,
+)
 from schemas.plans import JobPlan, NotApplied, ScalePlan, ScaleResult, ScaleStatus
 
 FEATURES = 32
@@ -145,7 +151,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="global batch to keep (default: batch size x accumulation x the first world size)",
     )
     p.add_argument("--interval-s", type=float, default=1.0, help="seconds per runtime sample")
-    p.add_argument("--checkpoint", default=None, help="checkpoint file (default: none)")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="checkpoint file (default: $DLROVER_EVENTS_CHECKPOINT_DIR/<job>.pt, else none)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
     p.add_argument("--step-sleep-s", type=float, default=0.0, help="added to each step")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -189,11 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     model: nn.Module = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    path = args.checkpoint or default_checkpoint_path(identity.job.uuid)
     ckpt = (
-        ElasticCheckpoint(
-            args.checkpoint, model, optimizer, every=args.checkpoint_every, knobs=knobs
-        )
-        if args.checkpoint
+        ElasticCheckpoint(path, model, optimizer, every=args.checkpoint_every, knobs=knobs)
+        if path
         else None
     )
     step = ckpt.restore() if ckpt is not None else 0

@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from dlrover_events.config_client import TOKEN_ENV, URL_ENV
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
@@ -124,6 +125,8 @@ async def run(
     root = platform_root(ctx.settings, ctx.env)
     root.mkdir(parents=True, exist_ok=True)
     access = await gateway_access(ctx.env, ctx.pg_dsn, root, conf.gateway_url)
+    # The SDK's checkpoint helper keeps each job's file here unless the job says otherwise.
+    access[CHECKPOINT_DIR_ENV] = str(root / "checkpoints")
     cluster = LocalCluster(
         root,
         TRAINING_JOB,
