@@ -24,15 +24,14 @@ from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.settings import load_settings
+from handlers.operator.jobs import JobRequestError, scale_plan, scale_plan_id, submission
 from handlers.operator.kube.client import KubeApi, api_error
-from handlers.operator.kube.model import InvalidJob, check_bounds
-from handlers.operator.kube.podevents import job_meta
+from handlers.operator.kube.model import InvalidJob
 from handlers.operator.kube.runner import KubeSettings, connect
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import ANN_WORKDIR, LocalCluster
 from handlers.operator.local.runner import platform_root
 from handlers.operator.platform import Platform
-from schemas.plans import NodeGroupResource, ScalePlan
 
 T = TypeVar("T")
 
@@ -88,11 +87,6 @@ def _run(
     return asyncio.run(go())
 
 
-def scale_plan_id(uid: str, generation: int, role: str, replicas: int) -> str:
-    """The same request on the same version of the job: the same plan."""
-    return "cli-" + str(uuid.uuid5(_PLAN_NAMESPACE, f"{uid}/{generation}/{role}/{replicas}"))
-
-
 @job_app.command("submit")
 def submit(
     file: Path = typer.Argument(..., exists=True, dir_okay=False, help="a TrainingJob YAML"),
@@ -107,21 +101,16 @@ def submit(
         docs = [d for d in yaml.safe_load_all(file.read_text()) if d]
     except yaml.YAMLError as e:
         raise UserError(f"{file} is not YAML: {str(e).splitlines()[0]}") from None
-    if len(docs) != 1 or not isinstance(docs[0], dict):
+    if len(docs) != 1:
         raise UserError(f"{file} must hold one {TRAINING_JOB.kind}")
-    if len(docs) != 1 or docs[0].get("kind") != TRAINING_JOB.kind:
-        raise UserError(f"{file} must hold one {TRAINING_JOB.kind}")
-    body: dict[str, Any] = docs[0]
-    body.setdefault("apiVersion", TRAINING_JOB.api_version)
-    body.setdefault("metadata", {}).setdefault("uid", "")
     try:
-        check_bounds(TRAINING_JOB.parse(body))
-    except InvalidJob as e:
+        body = submission(
+            docs[0],
+            workdir=str(Path.cwd()) if platform == "local" else None,
+            annotation=ANN_WORKDIR,
+        )
+    except JobRequestError as e:
         raise UserError(f"{file}: {e}") from None
-    del body["metadata"]["uid"]
-    if platform == "local":
-        annotations = body["metadata"].setdefault("annotations", {})
-        annotations.setdefault(ANN_WORKDIR, str(Path.cwd()))
 
     async def work(kube: Platform) -> dict[str, Any]:
         return await kube.create_job(body)
@@ -215,25 +204,19 @@ def scale(
         job = TRAINING_JOB.parse(obj)
     except InvalidJob as e:
         raise UserError(f"trainingjob {name}: {e}") from None
-    if role not in job.roles:
-        raise UserError(f"trainingjob {name} has no role {role!r} (roles: {', '.join(job.roles)})")
-    plan_id = scale_plan_id(job.uid, job.generation, role, replicas)
     settings = load_settings()
 
-    async def publish() -> str:
+    async def publish() -> tuple[str, str]:
         target = await _real_env(env)
-        plan = ScalePlan(
-            env=target,
-            source="cli",
-            job=job_meta(job),
-            plan_id=plan_id,
-            node_group_resources={role: NodeGroupResource(count=replicas)},
-        )
+        try:
+            plan = scale_plan(target, job, role, replicas, source="cli")
+        except JobRequestError as e:
+            raise UserError(str(e)) from None
         async with Producer(settings) as producer:
             await producer.publish(plan)
-        return target
+        return target, plan.plan_id
 
-    target = asyncio.run(publish())
+    target, plan_id = asyncio.run(publish())
     typer.echo(f"plan {plan_id} published to {target}.scale.plans: {name} {role}={replicas}")
 
 

@@ -17,9 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dlrover_events.bus import Producer
 from dlrover_events.config_client import TOKEN_ENV, URL_ENV
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
@@ -28,9 +30,10 @@ from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.tokens import Scope, Tokens
+from handlers.operator.api import jobs_app
 from handlers.operator.kube.reconciler import EnvReconciler, StepHook
 from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.local.cluster import LocalCluster
+from handlers.operator.local.cluster import ANN_WORKDIR, LocalCluster
 from handlers.operator.local.memory import available
 from schemas.control import EnvMode
 
@@ -58,6 +61,10 @@ class LocalSettings(BaseSettings):
         "DLROVER_EVENTS_GATEWAY_URL, else the gateway `up` starts (127.0.0.1:8470)",
     )
     resync_seconds: float = Field(default=30.0, gt=0)
+    api_host: str = Field(default="127.0.0.1", description="the jobs API (admin token)")
+    api_port: int | None = Field(
+        default=8490, ge=0, le=65535, description="the jobs API's port; unset: no API"
+    )
 
 
 def platform_root(settings: Settings, env: str) -> Path:
@@ -146,16 +153,38 @@ async def run(
         ctx.settings, ctx.env, ctx.pg_dsn, cluster, resync_s=conf.resync_seconds, on_step=on_step
     )
     await cluster.start()
+    store = await EnvStore.open(ctx.pg_dsn, ctx.env, max_size=2)
+    api: web.AppRunner | None = None
     try:
-        running = asyncio.create_task(reconciler.run(ctx.stop), name=f"{ctx.env}.local")
-        ready = asyncio.create_task(reconciler.ready.wait())
-        await asyncio.wait([running, ready], return_when=asyncio.FIRST_COMPLETED)
-        if ready.done():
-            ctx.ready.set()
-        else:
-            ready.cancel()
-        await running
+        async with Producer(ctx.settings) as producer:
+            if conf.api_port is not None:
+                app = jobs_app(
+                    cluster,
+                    Tokens(store.pool, ctx.env),
+                    producer,
+                    ctx.env,
+                    (ANN_WORKDIR, os.getcwd()),
+                )
+                api = web.AppRunner(app, access_log=None)
+                await api.setup()
+                site = web.TCPSite(api, conf.api_host, conf.api_port)
+                await site.start()
+                port = api.addresses[0][1] if api.addresses else conf.api_port
+                ctx.endpoints["local jobs API"] = (
+                    f"http://{conf.api_host}:{port}/v1/jobs  (admin token)"
+                )
+            running = asyncio.create_task(reconciler.run(ctx.stop), name=f"{ctx.env}.local")
+            ready = asyncio.create_task(reconciler.ready.wait())
+            await asyncio.wait([running, ready], return_when=asyncio.FIRST_COMPLETED)
+            if ready.done():
+                ctx.ready.set()
+            else:
+                ready.cancel()
+            await running
     finally:
+        if api is not None:
+            await api.cleanup()
+        await store.close()
         await cluster.stop(end_pods=conf.end_jobs_on_exit)
 
 

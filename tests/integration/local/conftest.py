@@ -58,7 +58,7 @@ class Local:
     async def start_operator(self, **options: Any) -> tuple[ServiceContext, asyncio.Task[None]]:
         ctx = ServiceContext(self.settings, self.env, self.pg_dsn)
         task = asyncio.create_task(
-            run_operator(ctx, {"platform": "local", "poll_s": 0.1, **options})
+            run_operator(ctx, {"platform": "local", "poll_s": 0.1, "api_port": 0, **options})
         )
         ready = asyncio.create_task(ctx.ready.wait())
         await asyncio.wait([task, ready], timeout=DEADLINE_S, return_when=asyncio.FIRST_COMPLETED)

@@ -26,7 +26,7 @@ async def main(env: str, plan_id: str, step: str) -> None:
             await asyncio.Event().wait()  # until SIGKILL
 
     ctx = ServiceContext(settings, env, settings.pg_dsn)
-    await run(ctx, {"poll_s": 0.1}, on_step=pause)
+    await run(ctx, {"poll_s": 0.1, "api_port": 0}, on_step=pause)
 
 
 if __name__ == "__main__":

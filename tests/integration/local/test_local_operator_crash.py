@@ -36,6 +36,7 @@ def _environ(local: Local) -> dict[str, str]:
         **cli_environ(local.settings, local.pg_dsn),
         "DLROVER_EVENTS_DATA_DIR": str(local.settings.data_dir),
         "DLROVER_EVENTS_LOCAL_POLL_S": "0.1",
+        "DLROVER_EVENTS_LOCAL_API_PORT": "0",
     }
 
 

@@ -1,0 +1,165 @@
+"""The platform over HTTP (admin token): what `dlrover-events job` does, for a notebook
+or a CI pipeline: ``POST /v1/jobs`` (a TrainingJob as JSON), ``GET /v1/jobs``,
+``GET /v1/jobs/{job}``, ``POST /v1/jobs/{job}/scale`` (``{"role", "replicas"}``: published
+to the env's scale.plans, as the brain's plans are) and ``DELETE /v1/jobs/{job}``.
+
+Served by the operator that owns the platform, on 127.0.0.1 unless configured; the
+decisions are handlers.operator.jobs', shared with the commands. Every answer that is not
+a 2xx is JSON with a message; nothing a client sends reaches a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from kubernetes_asyncio.client.rest import ApiException
+
+from dlrover_events.bus import Producer
+from dlrover_events.tokens import Scope, Tokens
+from handlers.operator.jobs import JobRequestError, scale_plan, submission, summary
+from handlers.operator.kube.client import api_error
+from handlers.operator.kube.model import InvalidJob
+from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator.platform import Platform
+
+#: A job spec is a few KiB; a body past this is refused before it is read whole.
+MAX_BODY = 256 * 1024
+PLATFORM_KEY = web.AppKey("platform", Platform)
+TOKENS_KEY = web.AppKey("tokens", Tokens)
+PRODUCER_KEY = web.AppKey("producer", Producer)
+ENV_KEY = web.AppKey("env", str)
+#: (annotation, directory): where a platform that runs commands here runs a job's
+WORKDIR_KEY = web.AppKey("workdir", tuple[str, str | None])
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def _admin_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    verdict = await request.app[TOKENS_KEY].verify(
+        request.headers.get("Authorization"), Scope.ADMIN
+    )
+    if verdict.status != 200:
+        return _error(verdict.status, verdict.message)
+    try:
+        return await handler(request)
+    except ApiException as e:
+        status = e.status if isinstance(e.status, int) and 400 <= e.status < 500 else 502
+        return _error(status, api_error(e))
+
+
+async def _json(request: web.Request) -> Any:
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=request.content_length)
+    try:
+        return json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _Bad(400, f"the body is not JSON: {e}") from None
+
+
+class _Bad(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _guarded(handler: Handler) -> Handler:
+    async def run(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except _Bad as e:
+            return _error(e.status, str(e))
+        except JobRequestError as e:
+            return _error(422, str(e))
+
+    return run
+
+
+async def _submit(request: web.Request) -> web.StreamResponse:
+    annotation, workdir = request.app[WORKDIR_KEY]
+    body = submission(await _json(request), workdir=workdir, annotation=annotation)
+    got = await request.app[PLATFORM_KEY].create_job(body)
+    return web.json_response(summary(got), status=201)
+
+
+async def _list(request: web.Request) -> web.StreamResponse:
+    items, _ = await request.app[PLATFORM_KEY].list_jobs()
+    return web.json_response({"jobs": [summary(o) for o in items]})
+
+
+async def _found(request: web.Request) -> dict[str, Any]:
+    name = request.match_info["job"]
+    obj = await request.app[PLATFORM_KEY].get_job(name)
+    if obj is None:
+        raise _Bad(404, f"no trainingjob {name!r}")
+    return obj
+
+
+async def _get(request: web.Request) -> web.StreamResponse:
+    obj = await _found(request)
+    platform = request.app[PLATFORM_KEY]
+    pods, _ = await platform.list_pods(f"{TRAINING_JOB.pod_selector()}={obj['metadata']['name']}")
+    nodes = [
+        {
+            "name": p["metadata"]["name"],
+            "phase": (p.get("status") or {}).get("phase", "Pending"),
+            "deleting": bool(p["metadata"].get("deletionTimestamp")),
+        }
+        for p in sorted(pods, key=lambda p: p["metadata"]["name"])
+    ]
+    return web.json_response({**summary(obj), "spec": obj.get("spec"), "nodes": nodes})
+
+
+async def _scale(request: web.Request) -> web.StreamResponse:
+    obj = await _found(request)
+    body = await _json(request)
+    if not isinstance(body, dict) or not isinstance(body.get("replicas"), int):
+        raise _Bad(422, 'the body must be {"role": "worker", "replicas": N}')
+    role = body.get("role", "worker")
+    if not isinstance(role, str):
+        raise _Bad(422, "role must be a string")
+    try:
+        job = TRAINING_JOB.parse(obj)
+    except InvalidJob as e:
+        raise _Bad(409, f"trainingjob {obj['metadata']['name']}: {e}") from None
+    plan = scale_plan(request.app[ENV_KEY], job, role, body["replicas"], source="api")
+    await request.app[PRODUCER_KEY].publish(plan)
+    return web.json_response({"plan_id": plan.plan_id, "env": plan.env}, status=202)
+
+
+async def _delete(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["job"]
+    if not await request.app[PLATFORM_KEY].delete_job(name):
+        return _error(404, f"no trainingjob {name!r}")
+    return web.json_response({"deleted": name})
+
+
+def jobs_app(
+    platform: Platform,
+    tokens: Tokens,
+    producer: Producer,
+    env: str,
+    workdir: tuple[str, str | None] = ("", None),
+) -> web.Application:
+    app = web.Application(middlewares=[_admin_only], client_max_size=MAX_BODY)
+    app[PLATFORM_KEY] = platform
+    app[TOKENS_KEY] = tokens
+    app[PRODUCER_KEY] = producer
+    app[ENV_KEY] = env
+    app[WORKDIR_KEY] = workdir
+    app.router.add_post("/v1/jobs", _guarded(_submit))
+    app.router.add_get("/v1/jobs", _guarded(_list))
+    app.router.add_get("/v1/jobs/{job}", _guarded(_get))
+    app.router.add_post("/v1/jobs/{job}/scale", _guarded(_scale))
+    app.router.add_delete("/v1/jobs/{job}", _guarded(_delete))
+    return app
+
+
+__all__ = ["MAX_BODY", "jobs_app"]

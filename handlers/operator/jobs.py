@@ -1,0 +1,96 @@
+"""What the `job` commands and the operator's HTTP API decide, pure: a submission checked
+before it reaches a platform, a job as a row, a scale request as a ScalePlan.
+
+One copy for both doors, so a job submitted from a terminal and one POSTed by a notebook
+are refused for the same reasons, in the same words, and a scale is the same plan (its
+id derived from the request and the job's generation: repeated, it is applied once).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from handlers.operator.kube.model import InvalidJob, JobView, check_bounds
+from handlers.operator.kube.podevents import job_meta
+from handlers.operator.kube.trainingjob import TRAINING_JOB
+from schemas.plans import NodeGroupResource, ScalePlan
+
+_PLAN_NAMESPACE = uuid.UUID("7a2d9e4b-1c3f-4b6a-8d0e-5f7a9c1b3d2e")
+#: What a submission may carry in its metadata; the platform sets the rest.
+_SUBMITTED_META = ("name", "labels", "annotations")
+
+
+class JobRequestError(ValueError):
+    """The request is the user's to fix; the message says how."""
+
+
+def submission(body: Any, *, workdir: str | None = None, annotation: str = "") -> dict[str, Any]:
+    """A TrainingJob body ready to create: one TrainingJob, valid as the schema cannot
+    check (bounds, role names, elastic policy), stripped of what the platform owns."""
+    if not isinstance(body, Mapping) or body.get("kind") != TRAINING_JOB.kind:
+        raise JobRequestError(f"the request must hold one {TRAINING_JOB.kind}")
+    meta = body.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        raise JobRequestError(f"a {TRAINING_JOB.kind} needs metadata.name")
+    out: dict[str, Any] = {
+        "apiVersion": body.get("apiVersion") or TRAINING_JOB.api_version,
+        "kind": TRAINING_JOB.kind,
+        "metadata": {k: meta[k] for k in _SUBMITTED_META if k in meta},
+        "spec": body.get("spec"),
+    }
+    try:
+        check_bounds(TRAINING_JOB.parse({**out, "metadata": {**out["metadata"], "uid": ""}}))
+    except InvalidJob as e:
+        raise JobRequestError(str(e)) from None
+    except (AttributeError, TypeError, ValueError) as e:
+        raise JobRequestError(f"invalid {TRAINING_JOB.kind}: {e}") from None
+    if workdir is not None and annotation:
+        annotations = dict(out["metadata"].get("annotations") or {})
+        annotations.setdefault(annotation, workdir)
+        out["metadata"]["annotations"] = annotations
+    return out
+
+
+def summary(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A job as a row: name, uid, phase, pods running / wanted per role, last plan."""
+    status = obj.get("status") or {}
+    roles = (obj.get("spec") or {}).get("roles") or {}
+    return {
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"].get("uid", ""),
+        "phase": status.get("phase") or "Pending",
+        "roles": {
+            name: {
+                "replicas": role.get("replicas", 0),
+                "running": ((status.get("roles") or {}).get(name) or {}).get("running", 0),
+            }
+            for name, role in sorted(roles.items())
+        },
+        "last_plan": status.get("lastPlanId"),
+    }
+
+
+def scale_plan_id(uid: str, generation: int, role: str, replicas: int) -> str:
+    """The same request on the same version of the job: the same plan."""
+    return "cli-" + str(uuid.uuid5(_PLAN_NAMESPACE, f"{uid}/{generation}/{role}/{replicas}"))
+
+
+def scale_plan(env: str, job: JobView, role: str, replicas: int, source: str) -> ScalePlan:
+    if role not in job.roles:
+        raise JobRequestError(
+            f"trainingjob {job.name} has no role {role!r} (roles: {', '.join(job.roles)})"
+        )
+    if replicas < 1:
+        raise JobRequestError("replicas must be at least 1: a plan cannot say 0")
+    return ScalePlan(
+        env=env,
+        source=source,
+        job=job_meta(job),
+        plan_id=scale_plan_id(job.uid, job.generation, role, replicas),
+        node_group_resources={role: NodeGroupResource(count=replicas)},
+    )
+
+
+__all__ = ["JobRequestError", "scale_plan", "scale_plan_id", "submission", "summary"]
