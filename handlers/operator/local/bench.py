@@ -54,10 +54,11 @@ def _reachable(bootstrap_servers: str) -> bool:
 def memberships(root: Path) -> list[dict[str, Any]]:
     """What the workers printed: `membership` and `exit` lines, from live and kept logs."""
     out = []
-    for log in [*root.glob("pods/*/log"), *root.glob("logs/*.log")]:
+    for log in sorted([*root.glob("pods/*/log"), *root.glob("logs/*.log")]):
+        pod = log.parent.name if log.name == "log" else log.stem
         for line in log.read_text(errors="replace").splitlines():
             if line.startswith('{"event": "membership"') or line.startswith('{"event": "exit"'):
-                out.append(json.loads(line))
+                out.append({**json.loads(line), "pod": pod})
     return out
 
 

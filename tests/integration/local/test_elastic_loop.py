@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
+from handlers.operator.local.bench import memberships as worker_lines
 from schemas.jobs import JobSubmitted, RuntimeSample
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
 from streams.brain.app import Brain
@@ -64,14 +65,7 @@ def to_workers(count: int) -> Callable[[ScalePlan], bool]:
 
 def memberships(local: Local) -> list[dict[str, Any]]:
     """The `membership` lines every worker printed: one per rendezvous it trained in."""
-    out = []
-    logs = [*(local.root / "pods").glob("*/log"), *(local.root / "logs").glob("*.log")]
-    for log in sorted(logs):
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith('{"event": "membership"'):
-                pod = log.parent.name if log.name == "log" else log.stem
-                out.append({**json.loads(line), "pod": pod})
-    return out
+    return [m for m in worker_lines(local.root) if m["event"] == "membership"]
 
 
 async def wait_for(what: str, check: Any, deadline_s: float = DEADLINE_S) -> Any:
