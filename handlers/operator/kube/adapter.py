@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dlrover_events.errors import UserError
-from handlers.operator.kube.model import JobView, PodView
+from handlers.operator.kube import planning
+from handlers.operator.kube.model import LABEL_JOB, JobView, PodView
 from handlers.operator.kube.planning import NewPod, PlanChange
-from schemas.plans import ScalePlan
+from schemas.plans import NotApplied, ScalePlan
 
 
 class WorkloadAdapter(ABC):
@@ -45,6 +46,21 @@ class WorkloadAdapter(ABC):
     @abstractmethod
     def pod_selector(self) -> str:
         """Label selector of the pods of every job of this kind."""
+
+    def job_pod_selector(self, name: str) -> str:
+        """Label selector of one job's pods: another controller labels them its own way."""
+        return f"{self.pod_selector()},{LABEL_JOB}={name}"
+
+    def outcome(self, job: JobView, pods: Sequence[PodView]) -> tuple[str | None, str]:
+        """(Succeeded | Failed | None, reason): whether the job ended. From its pods by
+        default, by this operator's rules; a workload whose own controller decides when
+        its job ended (PyTorchJob) says it from the job's status instead."""
+        return planning.outcome(job, pods)
+
+    def plan_not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
+        """The parts of ``plan`` no change of a job of this kind applies: a function of
+        the plan alone, so a plan finished after a restart is answered the same way."""
+        return planning.plan_not_applied(plan)
 
     @abstractmethod
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
@@ -103,12 +119,8 @@ def adapters() -> dict[str, WorkloadAdapter]:
 
 
 def _load_builtin() -> None:
-    """The built-in adapters register on import; imported here, late, to avoid a cycle.
-
-    PyTorchJob (handlers.operator.kube.pytorchjob) is a documented skeleton and is not
-    registered: the operator must not claim a workload it cannot drive.
-    """
-    from handlers.operator.kube import trainingjob  # noqa: F401
+    """The built-in adapters register on import; imported here, late, to avoid a cycle."""
+    from handlers.operator.kube import pytorchjob, trainingjob  # noqa: F401
 
 
 __all__ = ["WorkloadAdapter", "adapter_for", "adapters", "register_adapter"]

@@ -35,7 +35,7 @@ from dlrover_events.topics import SCALE_PLANS
 from handlers.operator.kube import planning
 from handlers.operator.kube.adapter import WorkloadAdapter
 from handlers.operator.kube.client import api_error
-from handlers.operator.kube.model import LABEL_JOB, InvalidJob, JobView, PodView
+from handlers.operator.kube.model import InvalidJob, JobView, PodView
 from handlers.operator.kube.planning import PlanRejected
 from handlers.operator.kube.podevents import SOURCE, job_events, job_meta, node_events, submitted
 from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
@@ -273,7 +273,7 @@ class EnvReconciler:
         return self._locks.setdefault(name, asyncio.Lock())
 
     async def _pods_of(self, name: str) -> list[PodView]:
-        items, _ = await self.kube.list_pods(f"{self.adapter.pod_selector()},{LABEL_JOB}={name}")
+        items, _ = await self.kube.list_pods(self.adapter.job_pod_selector(name))
         return [p for p in map(self.adapter.parse_pod, items) if p is not None]
 
     async def reconcile(self, name: str) -> None:
@@ -292,7 +292,10 @@ class EnvReconciler:
 
     async def _clean_up(self, name: str) -> None:
         """A deleted job's pods go too (a cluster's garbage collector would do it through
-        the owner reference; this does not wait for one)."""
+        the owner reference; this does not wait for one). Only pods this operator made:
+        another controller's pods (a PyTorchJob's) are that controller's to delete."""
+        if not self.adapter.creates_pods:
+            return
         for pod in await self._pods_of(name):
             if not pod.deleting:
                 await self.kube.delete_pod(pod.name)
@@ -327,7 +330,7 @@ class EnvReconciler:
             except ApiException as e:
                 if e.status != 404:
                     raise
-        await self._publish(job_events(self.env, job, pods, planning.outcome(job, pods)))
+        await self._publish(job_events(self.env, job, pods, self.adapter.outcome(job, pods)))
         return pods
 
     # -- plans ----------------------------------------------------------------------------
@@ -433,7 +436,7 @@ class EnvReconciler:
         async with self._lock(job.name):
             reason = RESUMED
             # what no change of the job applies; the same if the change was made before
-            left_out = planning.plan_not_applied(plan)
+            left_out = self.adapter.plan_not_applied(plan)
             for _ in range(10):
                 if plan.plan_id in job.applied_plans:
                     break

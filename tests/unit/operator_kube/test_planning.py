@@ -33,6 +33,7 @@ from handlers.operator.kube.planning import (
     status_patch,
 )
 from handlers.operator.kube.podevents import event_id, job_events, node_events, submitted
+from handlers.operator.kube.pytorchjob import PYTORCH_JOB
 from handlers.operator.kube.quantity import Resources, format_cpu, parse_quantity
 from handlers.operator.kube.trainingjob import TRAINING_JOB, pod_manifest
 from schemas.jobs import NodeExited, NodeFailed, NodeOOM, NodeRef, NodeStarted, OOMKind
@@ -407,9 +408,10 @@ def test_the_pod_manifest_carries_identity_resources_and_owner() -> None:
 
 
 def test_only_working_adapters_are_registered() -> None:
-    assert adapters() == {"TrainingJob": TRAINING_JOB}
-    with pytest.raises(UserError, match="no workload adapter for kind 'PyTorchJob'"):
-        adapter_for("PyTorchJob")
+    assert adapters() == {"TrainingJob": TRAINING_JOB, "PyTorchJob": PYTORCH_JOB}
+    assert adapter_for("PyTorchJob") is PYTORCH_JOB
+    with pytest.raises(UserError, match="no workload adapter for kind 'TFJob'"):
+        adapter_for("TFJob")
 
 
 def test_a_scale_request_has_one_plan_id_per_job_version() -> None:
