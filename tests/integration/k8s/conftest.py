@@ -20,7 +20,15 @@ from kubernetes_asyncio import client, config
 from dlrover_events.settings import Settings
 from tests.conftest import EnvFactory
 
-from .kube import APISERVER, FakeKubelet, apply_crd, create_namespace, create_node, run_script
+from .kube import (
+    APISERVER,
+    PYTORCHJOB_CRD_FILE,
+    FakeKubelet,
+    apply_crd,
+    create_namespace,
+    create_node,
+    run_script,
+)
 from .test_reconciler_support import Cluster, KubeletLoop
 
 HERE = Path(__file__).resolve().parent
@@ -67,6 +75,15 @@ async def api(kube: Path) -> AsyncIterator[client.ApiClient]:
 async def trainingjob_crd(api: client.ApiClient) -> str:
     """The TrainingJob CRD of deploy/crds, applied and Established. Returns its name."""
     crd = await apply_crd(api)
+    name: str = crd["metadata"]["name"]
+    return name
+
+
+@pytest.fixture
+async def pytorchjob_crd(api: client.ApiClient) -> str:
+    """The PyTorchJob CRD of deploy/crds (kubeflow.org/v1), applied and Established: the
+    training-operator's resource, without a training-operator. Returns its name."""
+    crd = await apply_crd(api, PYTORCHJOB_CRD_FILE)
     name: str = crd["metadata"]["name"]
     return name
 

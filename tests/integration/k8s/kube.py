@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
 SCRIPT = DEPLOY / "testenv" / "kube-testenv.sh"
 CRD_FILE = DEPLOY / "crds" / "trainingjobs.yaml"
+PYTORCHJOB_CRD_FILE = DEPLOY / "crds" / "pytorchjobs.yaml"
 # Where kube-testenv.sh keeps what it builds and extracts (same defaults as the script).
 CACHE = Path(
     os.environ.get("KUBE_TESTENV_CACHE", Path.home() / ".cache" / "dlrover-events")
