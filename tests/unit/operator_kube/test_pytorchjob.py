@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from handlers.operator.kube.adapter import adapter_for
 from handlers.operator.kube.model import ANN_PLANS, FAILED, PENDING, RUNNING, SUCCEEDED, InvalidJob
 from handlers.operator.kube.planning import NewPod, PlanRejected
 from handlers.operator.kube.podevents import job_meta, node_events
@@ -25,6 +26,7 @@ from handlers.operator.kube.pytorchjob import (
     parse_pytorchjob,
 )
 from handlers.operator.kube.quantity import Resources
+from handlers.operator.kube.runner import kube_settings
 from handlers.plan_parts import AWAITING_JOB
 from schemas.jobs import NodeFailed, NodeRef, NodeStarted
 from schemas.plans import MigrateNode, Node, NodeGroupResource, NodeResource, ScalePlan
@@ -420,3 +422,11 @@ def test_parts_a_pytorchjob_cannot_express_are_named_in_its_own_words() -> None:
     ]
     assert "PyTorchJob" in UNSUPPORTED["gpu_memory"]
     assert PYTORCH_JOB.plan_not_applied(p) == change.not_applied
+
+
+def test_the_operator_is_started_for_pytorchjobs_by_its_workload_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert adapter_for(kube_settings({"workload": "PyTorchJob"}).workload) is PYTORCH_JOB
+    monkeypatch.setenv("DLROVER_EVENTS_OPERATOR_WORKLOAD", "PyTorchJob")
+    assert adapter_for(kube_settings({}).workload) is PYTORCH_JOB
