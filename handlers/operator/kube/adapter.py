@@ -62,6 +62,20 @@ class WorkloadAdapter(ABC):
         the plan alone, so a plan finished after a restart is answered the same way."""
         return planning.plan_not_applied(plan)
 
+    def configured(self, *, gpu_type_label: str | None) -> WorkloadAdapter:
+        """This adapter for a cluster whose nodes name their GPU type with
+        ``gpu_type_label`` (None: none does); a workload that does not select GPU types
+        is the same adapter."""
+        return self
+
+    def services(
+        self, obj: Mapping[str, Any], job: JobView, *, rendezvous_host: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The Services the job's pods need, made before them and deleted with the job
+        (only called when ``creates_pods``): none, unless its pods rendezvous at one
+        (``rendezvous_host`` None: the platform has no other place for them to meet)."""
+        return []
+
     @abstractmethod
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
         """The plan as one merge patch of the job object (PlanRejected: why it cannot)."""

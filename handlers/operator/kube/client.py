@@ -116,9 +116,46 @@ class KubeApi:
             raise
         return True
 
-    async def delete_pod(self, name: str) -> bool:
+    async def delete_pod(self, name: str, grace_period_s: int | None = None) -> bool:
+        """``grace_period_s``: how long its containers have after SIGTERM (None: the
+        pod's own terminationGracePeriodSeconds)."""
+        options: dict[str, Any] = {}
+        if grace_period_s is not None:
+            options["grace_period_seconds"] = grace_period_s
         try:
-            await self.core.delete_namespaced_pod(name, self.namespace)
+            delete: Callable[..., Awaitable[Any]] = self.core.delete_namespaced_pod
+            await delete(name, self.namespace, **options)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    # -- services -------------------------------------------------------------------------
+
+    async def list_services(self, selector: str) -> list[dict[str, Any]]:
+        raw: Callable[..., Awaitable[Any]] = self.core.list_namespaced_service
+        resp = await raw(self.namespace, label_selector=selector, _preload_content=False)
+        try:
+            got = json.loads(await resp.read())
+        finally:
+            resp.release()
+        return list(got.get("items") or [])
+
+    async def create_service(self, manifest: dict[str, Any]) -> bool:
+        """False when a Service of that name exists already (decided names, as pods)."""
+        try:
+            create: Callable[..., Awaitable[Any]] = self.core.create_namespaced_service
+            await create(self.namespace, manifest)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+    async def delete_service(self, name: str) -> bool:
+        try:
+            await self.core.delete_namespaced_service(name, self.namespace)
         except ApiException as e:
             if e.status == 404:
                 return False

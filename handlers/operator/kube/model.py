@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from handlers.operator.kube.quantity import QuantityError, Resources
@@ -28,6 +28,19 @@ LABEL_RANK = f"{DOMAIN}/rank"
 LABEL_INDEX = f"{DOMAIN}/index"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "dlrover-events-operator"
+
+#: Who a job is, as config documents and the brain's history target it (JobMeta's user,
+#: group, cluster, scenario, app): labels of the job object, so that ``kubectl get tj -l
+#: dlrover-events.io/user=alice`` finds them, a PyTorchJob carries them the same way, and
+#: the CRD's schema need not change. The pods get them as DLROVER_EVENTS_<NAME> variables.
+IDENTITY_LABELS = {
+    attr: f"{DOMAIN}/{attr}" for attr in ("user", "group", "cluster", "scenario", "app")
+}
+
+#: On a pod: the container that has the node's resources and runs the training command
+#: (the role's ``container``; absent: the first), and the GPU type its node selector asks.
+ANN_CONTAINER = f"{DOMAIN}/container"
+ANN_GPU_TYPE = f"{DOMAIN}/gpu-type"
 
 #: JSON list of the last plan ids applied to the job's spec, written in the same patch as
 #: the spec change: a plan delivered again after a crash finds its change already made.
@@ -81,6 +94,8 @@ class RoleView:
     restart_policy: str
     template: Mapping[str, Any]
     elastic: ElasticPolicy | None = None
+    #: the template's container that gets the node's resources (None: the first)
+    container: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,10 @@ class JobView:
     def wanted(self, role: str, rank: int) -> Resources:
         """The resources a new pod of that node gets."""
         return self.node_resources.get(role, {}).get(rank) or self.roles[role].resources
+
+    def identity(self) -> dict[str, str]:
+        """user, group, cluster, scenario, app from the job's labels (absent: not set)."""
+        return {a: self.labels[k] for a, k in IDENTITY_LABELS.items() if self.labels.get(k)}
 
 
 @dataclass(frozen=True)
@@ -176,6 +195,15 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
             resources = Resources.from_spec(role.get("resources"))
         except QuantityError as e:
             raise InvalidJob(f"role {name}: {e}") from None
+        template = role.get("template") or {}
+        container = role.get("container")
+        if container is not None:
+            names = [c.get("name") for c in (template.get("spec") or {}).get("containers") or []]
+            if container not in names:
+                raise InvalidJob(
+                    f"role {name}: container {container!r} is not in its template "
+                    f"(containers: {', '.join(map(str, names)) or 'none'})"
+                )
         roles[name] = RoleView(
             name=name,
             replicas=replicas,
@@ -183,8 +211,9 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
             max_replicas=high,
             resources=resources,
             restart_policy=role.get("restartPolicy", "OnFailure"),
-            template=role.get("template") or {},
+            template=template,
             elastic=_elastic(name, role.get("elastic")),
+            container=container,
         )
     if not roles:
         raise InvalidJob("the job has no roles")
@@ -282,11 +311,16 @@ def parse_pod(obj: Mapping[str, Any]) -> PodView | None:
         return None
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
+    annotations = meta.get("annotations") or {}
     containers = spec.get("containers") or [{}]
+    named = annotations.get(ANN_CONTAINER)
+    container = next((c for c in containers if named and c.get("name") == named), containers[0])
     try:
-        resources = Resources.from_container(containers[0])
+        resources = Resources.from_container(container)
     except QuantityError:
         resources = Resources()
+    if annotations.get(ANN_GPU_TYPE):
+        resources = replace(resources, gpu_type=annotations[ANN_GPU_TYPE])
     return PodView(
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
@@ -304,12 +338,15 @@ def parse_pod(obj: Mapping[str, Any]) -> PodView | None:
 
 
 __all__ = [
+    "ANN_CONTAINER",
+    "ANN_GPU_TYPE",
     "ANN_NODE_RESOURCES",
     "ANN_PLANS",
     "ANN_REMOVE_FIRST",
     "DEFAULT_RENDEZVOUS_PORT",
     "FAILED",
     "FINAL_PHASES",
+    "IDENTITY_LABELS",
     "LABEL_INDEX",
     "LABEL_JOB",
     "LABEL_JOB_UID",

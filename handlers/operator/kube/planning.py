@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from handlers.operator.kube.model import (
@@ -52,18 +52,35 @@ COMPLETION_ROLES = ("worker", "chief", "master")
 
 _POD_ASKS = f"a TrainingJob's pods ask only for cpu, memory and {GPU}"
 
-#: Resource fields a plan may set that a TrainingJob's pod spec cannot express.
+#: Resource fields a plan may set that a TrainingJob's pod spec cannot express. A GPU
+#: type can be, as a node selector, where the operator knows the node label that names
+#: GPU types (DLROVER_EVENTS_OPERATOR_GPU_TYPE_LABEL); GPU memory never: Kubernetes has
+#: no resource for it, a pod asks for whole GPUs.
 UNSUPPORTED = {
-    "gpu_type": f"{_POD_ASKS}: no GPU type",
-    "gpu_memory": f"{_POD_ASKS}: no GPU memory size",
+    "gpu_type": f"{_POD_ASKS}: no GPU type (the operator has no GPU type node label)",
+    "gpu_memory": (
+        f"{_POD_ASKS}: no GPU memory size (a pod cannot request GPU memory, only whole GPUs)"
+    ),
     "priority": f"{_POD_ASKS}: no priority",
 }
 
+#: Seconds a removed pod has to stop when its template says none: Kubernetes' own
+#: default, time for an elastic agent to pass SIGTERM on and a worker to checkpoint.
+DEFAULT_GRACE_S = 30
 
-def plan_not_applied(plan: ScalePlan) -> tuple[NotApplied, ...]:
+
+def unsupported(gpu_type_label: str | None) -> dict[str, str]:
+    """What a TrainingJob's pods cannot express on a cluster with this GPU type label."""
+    if gpu_type_label:
+        return {k: v for k, v in UNSUPPORTED.items() if k != "gpu_type"}
+    return dict(UNSUPPORTED)
+
+
+def plan_not_applied(plan: ScalePlan, gpu_type_label: str | None = None) -> tuple[NotApplied, ...]:
     """The parts of ``plan`` no TrainingJob change applies, whatever the job: a function
-    of the plan alone, so a plan finished after a restart is answered the same way."""
-    return not_applied(plan, UNSUPPORTED)
+    of the plan (and the operator's GPU type label) alone, so a plan finished after a
+    restart is answered the same way."""
+    return not_applied(plan, unsupported(gpu_type_label))
 
 
 class PlanRejected(ValueError):
@@ -118,10 +135,14 @@ def _ranks(pods: Iterable[PodView]) -> dict[int, list[PodView]]:
     return dict(by_rank)
 
 
-def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
+def plan_change(
+    job: JobView, pods: Sequence[PodView], plan: ScalePlan, *, gpu_type_label: str | None = None
+) -> PlanChange:
     """What ``plan`` changes in ``job``, given its pods as observed now; PlanRejected
     says why it cannot apply. The patch carries the job's resourceVersion, so it fails
-    (409) rather than apply on top of a change it did not see."""
+    (409) rather than apply on top of a change it did not see. A GPU type is taken into
+    the job only with a ``gpu_type_label`` (else it is a part not applied)."""
+    gpu_types = bool(gpu_type_label)
     if job.phase in FINAL_PHASES:
         raise PlanRejected(f"job {job.name} has {job.phase.lower()}")
     touched = (
@@ -150,7 +171,7 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
     done: list[str] = []
 
     for role, group in plan.node_group_resources.items():
-        new_res = role_resources[role].updated(group.node_resource)
+        new_res = role_resources[role].updated(group.node_resource, gpu_type=gpu_types)
         if new_res != role_resources[role]:
             role_resources[role] = new_res
             done.append(f"{role} resources {new_res.to_spec()}")
@@ -184,7 +205,7 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
             rank = free[max(0, before_launch[role] - len(taken)) + launched[role]]
             replicas[role] += 1
         launched[role] += 1
-        wanted = role_resources[role].updated(node.resource)
+        wanted = role_resources[role].updated(node.resource, gpu_type=gpu_types)
         if wanted != role_resources[role]:
             overrides.setdefault(role, {})[rank] = wanted
     for move in plan.migrate_nodes:
@@ -193,7 +214,7 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
         if not current or rank in remove_first[role]:
             raise PlanRejected(f"cannot migrate {role}-{rank}: no such node")
         base = overrides.get(role, {}).get(rank) or job.wanted(role, rank)
-        overrides.setdefault(role, {})[rank] = base.updated(move.resource)
+        overrides.setdefault(role, {})[rank] = base.updated(move.resource, gpu_type=gpu_types)
         done.append(f"migrate {role}-{rank} to {overrides[role][rank].to_spec()}")
 
     for role, n in replicas.items():
@@ -206,16 +227,7 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
         resource_version=job.resource_version,
         generation=job.generation,
         roles={
-            name: RoleView(
-                name=name,
-                replicas=replicas[name],
-                min_replicas=role.min_replicas,
-                max_replicas=role.max_replicas,
-                resources=role_resources[name],
-                restart_policy=role.restart_policy,
-                template=role.template,
-                elastic=role.elastic,
-            )
+            name: replace(role, replicas=replicas[name], resources=role_resources[name])
             for name, role in job.roles.items()
         },
     )
@@ -253,7 +265,9 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
     if roles_patch:
         patch["spec"] = {"roles": roles_patch}
     return PlanChange(
-        patch, "; ".join(done) or "nothing to change", not_applied=plan_not_applied(plan)
+        patch,
+        "; ".join(done) or "nothing to change",
+        not_applied=plan_not_applied(plan, gpu_type_label),
     )
 
 
@@ -286,6 +300,54 @@ def replaces(policy: str, pod: PodView) -> bool:
     if policy == "ExitCode":
         return pod.termination is not None and pod.termination.exit_code >= 128
     return False
+
+
+def grace_seconds(job: JobView, pod: PodView) -> int | None:
+    """How long a pod the diff removes has to stop: its role template's
+    terminationGracePeriodSeconds, else DEFAULT_GRACE_S; None (the pod's own) for a
+    pod of an earlier job of the same name, whose template is gone. A scaled-down
+    elastic node's agent then has time to leave, and the others to re-rendezvous."""
+    role = job.roles.get(pod.role)
+    if role is None or pod.job_uid != job.uid:
+        return None
+    grace = (role.template.get("spec") or {}).get("terminationGracePeriodSeconds")
+    if isinstance(grace, int) and not isinstance(grace, bool) and grace >= 0:
+        return grace
+    return DEFAULT_GRACE_S
+
+
+@dataclass(frozen=True)
+class ServiceChanges:
+    create: tuple[dict[str, Any], ...] = ()
+    delete: tuple[str, ...] = ()
+
+
+def _service_key(obj: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes a Service the one wanted: its owner, selector and ports."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    owners = tuple(o.get("uid") for o in meta.get("ownerReferences") or [])
+    ports = tuple((p.get("name"), p.get("port")) for p in spec.get("ports") or [])
+    return owners, tuple(sorted((spec.get("selector") or {}).items())), ports
+
+
+def service_changes(
+    wanted: Sequence[Mapping[str, Any]], existing: Sequence[Mapping[str, Any]]
+) -> ServiceChanges:
+    """Services to delete and create so that a job's are the ``wanted`` ones: one of an
+    earlier job of the same name (another owner), or that selects or serves otherwise,
+    is deleted and made again (a selector is not patched under pods that resolve it)."""
+    by_name = {(s.get("metadata") or {}).get("name"): s for s in existing}
+    names = {s["metadata"]["name"] for s in wanted}
+    delete = [n for n, s in by_name.items() if n not in names]
+    create = []
+    for svc in wanted:
+        have = by_name.get(svc["metadata"]["name"])
+        if have is not None and _service_key(have) == _service_key(svc):
+            continue
+        if have is not None:
+            delete.append(svc["metadata"]["name"])
+        create.append(dict(svc))
+    return ServiceChanges(tuple(create), tuple(sorted(n for n in delete if n)))
 
 
 def _removal_order(
@@ -439,19 +501,24 @@ def status_patch(
 
 __all__ = [
     "COMPLETION_ROLES",
+    "DEFAULT_GRACE_S",
     "UNSUPPORTED",
     "Actions",
     "NewPod",
     "PlanChange",
     "PlanRejected",
+    "ServiceChanges",
     "completion_role",
     "counts",
     "diff",
+    "grace_seconds",
     "live",
     "outcome",
     "phase",
     "plan_change",
     "plan_not_applied",
     "replaces",
+    "service_changes",
     "status_patch",
+    "unsupported",
 ]

@@ -10,7 +10,14 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from handlers.operator.kube.model import FAILED, RUNNING, SUCCEEDED, JobView, PodView
+from handlers.operator.kube.model import (
+    FAILED,
+    IDENTITY_LABELS,
+    RUNNING,
+    SUCCEEDED,
+    JobView,
+    PodView,
+)
 from schemas.jobs import (
     JobCompleted,
     JobEvent,
@@ -28,7 +35,7 @@ from schemas.jobs import (
 )
 
 SOURCE = "kube-operator"
-APP_LABEL = "dlrover-events.io/app"
+APP_LABEL = IDENTITY_LABELS["app"]
 
 _EVENT_NAMESPACE = uuid.UUID("4f1c8a2e-93b7-4d05-8e6a-1b2c3d4e5f60")
 
@@ -40,13 +47,16 @@ def event_id(env: str, uid: str, what: str) -> uuid.UUID:
 
 def job_meta(job: JobView) -> JobMeta:
     """The job as the brain knows it: uuid is the TrainingJob's uid, so a job deleted and
-    created again under the same name is a new job, and plans for the old one miss."""
+    created again under the same name is a new job, and plans for the old one miss. Its
+    user, group, cluster, scenario and app (the job's ``dlrover-events.io/<name>``
+    labels) are what config documents target and what history is kept by, so every
+    event of the job carries them."""
     return JobMeta(
         uuid=job.uid,
         name=job.name,
         namespace=job.namespace,
-        app=job.labels.get(APP_LABEL, ""),
         labels=dict(job.labels),
+        **job.identity(),
     )
 
 

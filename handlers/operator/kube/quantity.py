@@ -15,6 +15,9 @@ from typing import Any
 from schemas.plans import NodeResource
 
 GPU = "nvidia.com/gpu"
+#: The resources key of a GPU type (a role's ``resources.gpuType``): not a quantity and not
+#: a container resource; a pod gets it as a node selector (see trainingjob.pod_manifest).
+GPU_TYPE = "gpuType"
 
 _SUFFIX: dict[str, Decimal] = {
     "": Decimal(1),
@@ -70,16 +73,21 @@ class Resources:
     cpu_milli: int | None = None
     memory: int | None = None
     gpu: int | None = None
+    gpu_type: str | None = None
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any] | None) -> Resources:
-        """From the TrainingJob schema's form: ``{cpu, memory, nvidia.com/gpu}``."""
+        """From the TrainingJob schema's form: ``{cpu, memory, nvidia.com/gpu, gpuType}``."""
         spec = spec or {}
         cpu, memory, gpu = spec.get("cpu"), spec.get("memory"), spec.get(GPU)
+        gpu_type = spec.get(GPU_TYPE)
+        if gpu_type is not None and not isinstance(gpu_type, str):
+            raise QuantityError(f"{GPU_TYPE} must be a string, not {gpu_type!r}")
         return cls(
             cpu_milli=None if cpu is None else int(parse_quantity(cpu) * 1000),
             memory=None if memory is None else int(parse_quantity(memory)),
             gpu=None if gpu is None else int(parse_quantity(gpu)),
+            gpu_type=gpu_type or None,
         )
 
     @classmethod
@@ -97,18 +105,23 @@ class Resources:
             out["memory"] = self.memory
         if self.gpu is not None:
             out[GPU] = self.gpu
+        if self.gpu_type is not None:
+            out[GPU_TYPE] = self.gpu_type
         return out
 
     def to_quantities(self) -> dict[str, str]:
-        """requests/limits of a container: strings, as the core API wants them."""
-        return {k: str(v) for k, v in self.to_spec().items()}
+        """requests/limits of a container: strings, as the core API wants them (the GPU
+        type is no container resource)."""
+        return {k: str(v) for k, v in self.to_spec().items() if k != GPU_TYPE}
 
-    def updated(self, change: NodeResource) -> Resources:
-        """``change`` on top; a plan's 0 means unchanged."""
+    def updated(self, change: NodeResource, *, gpu_type: bool = True) -> Resources:
+        """``change`` on top; a plan's 0 (or "") means unchanged. ``gpu_type`` False: the
+        platform cannot select a GPU type, so the plan's is not taken into the job."""
         return Resources(
             cpu_milli=round(change.cpu * 1000) if change.cpu else self.cpu_milli,
             memory=change.memory or self.memory,
             gpu=change.gpu_num or self.gpu,
+            gpu_type=(change.gpu_type if gpu_type else "") or self.gpu_type,
         )
 
     def covers(self, wanted: Resources) -> bool:
@@ -119,8 +132,9 @@ class Resources:
                 (wanted.cpu_milli, self.cpu_milli),
                 (wanted.memory, self.memory),
                 (wanted.gpu, self.gpu),
+                (wanted.gpu_type, self.gpu_type),
             )
         )
 
 
-__all__ = ["GPU", "QuantityError", "Resources", "format_cpu", "parse_quantity"]
+__all__ = ["GPU", "GPU_TYPE", "QuantityError", "Resources", "format_cpu", "parse_quantity"]

@@ -35,7 +35,14 @@ from dlrover_events.topics import SCALE_PLANS
 from handlers.operator.kube import planning
 from handlers.operator.kube.adapter import WorkloadAdapter
 from handlers.operator.kube.client import api_error
-from handlers.operator.kube.model import InvalidJob, JobView, PodView
+from handlers.operator.kube.model import (
+    LABEL_JOB,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    InvalidJob,
+    JobView,
+    PodView,
+)
 from handlers.operator.kube.planning import PlanRejected
 from handlers.operator.kube.podevents import SOURCE, job_events, job_meta, node_events, submitted
 from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
@@ -76,6 +83,11 @@ def accepted(
     """Applied when every part was, partial (with the parts) when some were not."""
     status = ScaleStatus.PARTIAL if not_applied else ScaleStatus.APPLIED
     return Outcome(status, reason, observed, not_applied)
+
+
+def _owned_by(job: str) -> str:
+    """Label selector of what this operator made for a job besides its pods."""
+    return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}={job}"
 
 
 def _now() -> str:
@@ -299,6 +311,25 @@ class EnvReconciler:
         for pod in await self._pods_of(name):
             if not pod.deleting:
                 await self.kube.delete_pod(pod.name)
+        for svc in await self.kube.list_services(_owned_by(name)):
+            if await self.kube.delete_service(svc["metadata"]["name"]):
+                log.info("env %s: deleted service %s", self.env, svc["metadata"]["name"])
+
+    async def _services(self, obj: Mapping[str, Any], job: JobView) -> None:
+        """The job's Services, before its pods: an elastic role's pods find their
+        rendezvous host by one. Listed only for a job that needs some."""
+        wanted = self.adapter.services(obj, job, rendezvous_host=self.kube.rendezvous_host)
+        if not wanted:
+            return
+        changes = planning.service_changes(
+            wanted, await self.kube.list_services(_owned_by(job.name))
+        )
+        for name in changes.delete:
+            if await self.kube.delete_service(name):
+                log.info("env %s: deleted service %s", self.env, name)
+        for svc in changes.create:
+            if await self.kube.create_service(svc):
+                log.info("env %s: created service %s", self.env, svc["metadata"]["name"])
 
     async def _converge(
         self,
@@ -310,15 +341,20 @@ class EnvReconciler:
         """Pods made to match the job, status and job events updated; returns the pods."""
         pods = await self._pods_of(job.name)
         actions = planning.diff(job, pods) if self.adapter.creates_pods else planning.Actions()
+        if self.adapter.creates_pods and planning.outcome(job, pods)[0] is None:
+            await self._services(obj, job)
         for new in actions.create:
             manifest = self.adapter.pod_manifest(
                 obj, job, new, self.env, rendezvous_host=self.kube.rendezvous_host
             )
             if await self.kube.create_pod(manifest):
                 log.info("env %s: created pod %s", self.env, manifest["metadata"]["name"])
+        named = {p.name: p for p in pods}
         for name in actions.delete:
-            if await self.kube.delete_pod(name):
-                log.info("env %s: deleted pod %s", self.env, name)
+            pod = named.get(name)
+            grace = planning.grace_seconds(job, pod) if pod is not None else None
+            if await self.kube.delete_pod(name, grace):
+                log.info("env %s: deleted pod %s (grace %s s)", self.env, name, grace)
         if actions:
             pods = await self._pods_of(job.name)
         patch = self.adapter.status_patch(

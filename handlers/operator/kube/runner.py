@@ -32,6 +32,7 @@ from dlrover_events.settings import Settings
 from handlers.operator.kube.adapter import adapter_for
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.reconciler import EnvReconciler, StepHook
+from handlers.operator.kube.trainingjob import DEFAULT_GPU_TYPE_LABEL
 from schemas.control import EnvAnnouncement, EnvMode
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,11 @@ class KubeSettings(BaseSettings):
         default=False, description="act for whichever env is real, switching on promotion"
     )
     workload: str = Field(default="TrainingJob", description="kind of the jobs (adapter)")
+    gpu_type_label: str = Field(
+        default=DEFAULT_GPU_TYPE_LABEL,
+        description="node label whose value is a node's GPU type: a plan's GPU type "
+        "becomes a node selector on it; empty: GPU types are not applied (said so)",
+    )
     resync_seconds: float = Field(default=30.0, gt=0)
     watch_timeout_seconds: int = Field(default=60, ge=1)
 
@@ -256,7 +262,7 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     """Entry of the mode dispatch (modes.run_operator) for the real env, or any env with
     follow_real."""
     conf = kube_settings(options)
-    adapter = adapter_for(conf.workload)
+    adapter = adapter_for(conf.workload).configured(gpu_type_label=conf.gpu_type_label or None)
     api, namespace = await connect(conf)
     async with api:
         kube = KubeApi(api, adapter, namespace)

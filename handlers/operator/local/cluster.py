@@ -227,7 +227,10 @@ class LocalCluster:
             self._start(name)
         return True
 
-    async def delete_pod(self, name: str) -> bool:
+    async def delete_pod(self, name: str, grace_period_s: int | None = None) -> bool:
+        """The node's shim gets SIGTERM and ends it within the pod's own grace period
+        (its spec's terminationGracePeriodSeconds, which is what ``grace_period_s`` is
+        made of too)."""
         pod_dir = self._pod_dir(name)
         pod = _read_json(pod_dir / POD)
         if pod is None:
@@ -237,6 +240,19 @@ class LocalCluster:
             _write_json(pod_dir / POD, pod)
         self._terminate(name)
         return True
+
+    # -- services -------------------------------------------------------------------------
+    # Nodes here rendezvous at 127.0.0.1 (``rendezvous_host``), so the reconciler asks for
+    # no Service; these answer as a cluster without any would.
+
+    async def list_services(self, selector: str) -> list[dict[str, Any]]:
+        return []
+
+    async def create_service(self, manifest: dict[str, Any]) -> bool:
+        return False
+
+    async def delete_service(self, name: str) -> bool:
+        return False
 
     def _shim_spec(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         """What the shim runs: the first container's command, its env on top of the

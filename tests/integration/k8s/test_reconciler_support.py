@@ -70,6 +70,8 @@ class KubeletLoop:
     kubelet: FakeKubelet
     namespace: str
     hold: set[str] = field(default_factory=set)
+    #: pod -> the grace period its deletion asked for (metadata.deletionGracePeriodSeconds)
+    graces: dict[str, int | None] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -89,6 +91,7 @@ class KubeletLoop:
                 name = pod.metadata.name
                 with contextlib.suppress(ApiException):  # gone meanwhile
                     if pod.metadata.deletion_timestamp is not None:
+                        self.graces[name] = pod.metadata.deletion_grace_period_seconds
                         await self.kubelet.force_delete(self.namespace, name)
                     elif pod.spec.node_name is None:
                         await self.kubelet.bind(self.namespace, name)
