@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import typer
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from kubernetes_asyncio.client.rest import ApiException
@@ -80,7 +81,14 @@ def _run(
             conf = KubeSettings(kubeconfig=kubeconfig, namespace=namespace)
             api, ns = await connect(conf)
             async with api:
-                return await work(KubeApi(api, TRAINING_JOB, ns))
+                try:
+                    return await work(KubeApi(api, TRAINING_JOB, ns))
+                except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                    # the user's kubeconfig or network: say where, in one line
+                    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    raise UserError(
+                        f"cannot reach the cluster at {api.configuration.host}: {why}"
+                    ) from None
         except ApiException as e:
             raise UserError(api_error(e)) from None
 
