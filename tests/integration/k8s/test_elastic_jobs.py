@@ -210,6 +210,11 @@ async def test_an_elastic_job_resizes_2_4_1_around_its_rendezvous_host(
         (host,) = [p for p in pods if p.rank == 0]
         assert host.uid == host_uid  # never the rendezvous host
     removed = {f"{name}-worker-{r}" for r in (1, 2, 3)}
+
+    async def confirmed() -> bool:  # the kubelet loop has seen every deletion
+        return len(await cluster.all_pods(name)) == 1
+
+    await until(confirmed, "the removed pods' deletions confirmed")
     assert {n: g for n, g in loop.graces.items() if n in removed} == dict.fromkeys(removed, GRACE_S)
 
     # Each plan applied once: delivered again, answered as first, nothing moves.
