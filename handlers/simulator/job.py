@@ -21,7 +21,6 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from handlers.plan_parts import not_applied
 from handlers.simulator.cluster import Allocation, Cluster, GiB, PodRequest
 from handlers.simulator.throughput import Application, OutOfTraceError, StepTime
 from schemas.jobs import (
@@ -37,6 +36,7 @@ from schemas.jobs import (
     OOMKind,
     RuntimeSample,
 )
+from schemas.plan_parts import not_applied
 from schemas.plans import (
     TRAINING_KNOBS,
     NodeResource,

@@ -44,7 +44,7 @@ from handlers.operator.kube.model import (
     check_bounds,
 )
 from handlers.operator.kube.quantity import GPU, Resources
-from handlers.plan_parts import not_applied
+from schemas.plan_parts import not_applied
 from schemas.plans import NotApplied, ScalePlan
 
 #: Roles whose pods finishing means the job finished, first match wins.

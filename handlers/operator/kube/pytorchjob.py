@@ -53,7 +53,7 @@ from handlers.operator.kube.model import (
 )
 from handlers.operator.kube.planning import NewPod, PlanChange, PlanRejected
 from handlers.operator.kube.quantity import GPU, QuantityError, Resources
-from handlers.plan_parts import not_applied
+from schemas.plan_parts import not_applied
 from schemas.plans import NotApplied, ScalePlan
 
 GROUP = "kubeflow.org"

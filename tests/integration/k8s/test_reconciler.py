@@ -26,8 +26,8 @@ from handlers.operator.kube.planning import UNSUPPORTED
 from handlers.operator.kube.quantity import Resources
 from handlers.operator.kube.reconciler import ALREADY_APPLIED, RESUMED
 from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.plan_parts import AWAITING_JOB
 from schemas.jobs import JobSubmitted, NodeOOM, NodeRef, NodeStarted, OOMKind
+from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import (
     MigrateNode,
     NodeGroupResource,

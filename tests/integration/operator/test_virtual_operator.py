@@ -21,7 +21,6 @@ from handlers.operator import virtual
 from handlers.operator.cli import operator
 from handlers.operator.settings import VirtualSettings
 from handlers.operator.virtual import ALREADY_APPLIED, SOURCE, VirtualOperator
-from handlers.plan_parts import AWAITING_JOB
 from handlers.simulator.cluster import GiB
 from schemas.control import EnvMode
 from schemas.jobs import (
@@ -32,6 +31,7 @@ from schemas.jobs import (
     OOMKind,
     RuntimeSample,
 )
+from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import (
     NodeGroupResource,
     NodeResource,

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from handlers.operator.kube.planning import PlanRejected, diff, plan_change, plan_not_applied
 from handlers.operator.kube.reconciler import accepted
-from handlers.plan_parts import AWAITING_JOB, UNKNOWN_KNOB, bounded
 from schemas.jobs import NodeRef
+from schemas.plan_parts import AWAITING_JOB, UNKNOWN_KNOB, bounded
 from schemas.plans import (
     MAX_NOT_APPLIED,
     MigrateNode,

@@ -27,8 +27,8 @@ from handlers.operator.kube.pytorchjob import (
 )
 from handlers.operator.kube.quantity import Resources
 from handlers.operator.kube.runner import kube_settings
-from handlers.plan_parts import AWAITING_JOB
 from schemas.jobs import NodeFailed, NodeRef, NodeStarted
+from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import MigrateNode, Node, NodeGroupResource, NodeResource, ScalePlan
 
 GiB = 2**30

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers.plan_parts import AWAITING_JOB
 from handlers.simulator.cluster import Cluster, GiB
 from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.job import DEFAULT_ORIGIN, JobSimulator, JobState
 from handlers.simulator.throughput import load_application
 from schemas.jobs import JobEvent, JobMeta, JobSubmitted, NodeOOM, RoleSpec
+from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import (
     NodeGroupResource,
     NodeResource,
