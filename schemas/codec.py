@@ -2,6 +2,12 @@
 
 ``decode`` never lets an exception other than CodecError escape, whatever the bytes: the
 consumer turns a CodecError into a dead letter and moves on.
+
+Decoding is strict, one rule for every consumer (the bus, the brain, the archiver, the
+tailer, the gateways): a value must have its field's JSON type. No boolean is read as a
+number (``true`` as step 1), no number as a timestamp, no string as a number (``"1"`` as
+schema version 1). Lax coercion let producers send wrong types that each consumer read
+its own way; a strict contract reads the same everywhere, and `schemas/json` says it.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
+from schemas.bounds import MAX_EVENT_BYTES
 from schemas.dlq import FailureKind
 from schemas.envelope import SCHEMA_VERSION, Event
 from schemas.events import EVENT_TYPES, AnyEvent
@@ -52,7 +59,17 @@ def _summarise(err: ValidationError, type_name: str, limit: int = 5) -> str:
 
 
 def decode_obj(obj: Any) -> Event:
-    """Validate an already-parsed JSON value as an event."""
+    """Validate an already-parsed JSON value as an event, by the rule `decode` applies."""
+    try:
+        data = orjson.dumps(obj)
+    except TypeError as err:  # not a JSON value (an integer beyond 64 bits, ...)
+        raise CodecError(FailureKind.MALFORMED, f"not a JSON value: {err}") from None
+    return _validate(obj, data)
+
+
+def _validate(obj: Any, data: bytes | bytearray) -> Event:
+    """`obj`, parsed from `data`, as an event: checked on `obj`, validated (strictly, as
+    JSON) on `data`."""
     if not isinstance(obj, dict):
         raise CodecError(FailureKind.MALFORMED, f"expected a JSON object, got {type(obj).__name__}")
     type_name = obj.get("type")
@@ -65,7 +82,7 @@ def decode_obj(obj: Any) -> Event:
             f"schema_version {version} is newer than this consumer's {SCHEMA_VERSION}",
         )
     try:
-        return _ADAPTER.validate_python(obj)
+        return _ADAPTER.validate_json(data, strict=True)
     except ValidationError as err:
         raise CodecError(
             FailureKind.INVALID, f"{type_name}: {_summarise(err, type_name)}"
@@ -75,8 +92,12 @@ def decode_obj(obj: Any) -> Event:
 def decode(data: bytes | bytearray | memoryview | None) -> Event:
     if data is None:
         raise CodecError(FailureKind.MALFORMED, "empty message (tombstone)")
+    if len(data) > MAX_EVENT_BYTES:
+        raise CodecError(
+            FailureKind.MALFORMED, f"{len(data)} bytes, more than an event's {MAX_EVENT_BYTES}"
+        )
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as err:
         raise CodecError(FailureKind.MALFORMED, f"not JSON: {err}") from None
-    return decode_obj(obj)
+    return _validate(obj, data if isinstance(data, bytes | bytearray) else bytes(data))

@@ -7,10 +7,11 @@ learn the whole registry (and which env is real) by reading the topic from the s
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from schemas.bounds import Document, Text
 from schemas.envelope import EnvName, Event
 
 
@@ -25,9 +26,9 @@ class EnvAnnouncement(Event):
     name: EnvName
     mode: EnvMode
     partitions: int = Field(ge=1)
-    settings: dict[str, Any] = Field(default_factory=dict)
+    settings: Document = Field(default_factory=dict)
     deleted: bool = False
-    reason: str = ""
+    reason: Text = ""
 
     @model_validator(mode="after")
     def _key_is_name(self) -> EnvAnnouncement:

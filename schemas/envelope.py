@@ -14,6 +14,8 @@ from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
+from schemas.bounds import Text
+
 #: Highest envelope/schema version this code understands. A consumer rejects (to the
 #: DLQ) events from a newer producer instead of guessing at fields it does not know.
 SCHEMA_VERSION = 1
@@ -39,9 +41,11 @@ def utcnow() -> datetime:
 
 
 class Model(BaseModel):
-    """Base of every contract model: strict about unknown fields, so typos are caught."""
+    """Base of every contract model: strict about unknown fields, so typos are caught, and
+    about numbers: NaN and infinities are refused (JSON has no such numbers: encoders write
+    them as null, which the next reader refuses)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class Event(Model):
@@ -55,8 +59,8 @@ class Event(Model):
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
     env: EnvName
     occurred_at: AwareDatetime = Field(default_factory=utcnow)
-    source: str = Field(default="", max_length=256, description="Who produced the event")
-    key: str | None = Field(
+    source: Text = Field(default="", max_length=256, description="Who produced the event")
+    key: Text | None = Field(
         default=None,
         max_length=512,
         description="Partition key: the job id for job topics, so one job stays in order",

@@ -6,25 +6,41 @@ Field names follow DLRover's models (JobMeta, Node, RuntimeInfo) where they exis
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from schemas.bounds import (
+    INT64_MAX,
+    MAX_NODES,
+    MAX_ROLES,
+    Bytes,
+    Cpu,
+    Document,
+    Gpus,
+    Int64,
+    Labels,
+    NodeId,
+    Rate,
+    Replicas,
+    Steps,
+    Text,
+)
 from schemas.envelope import Event, Model
 
 
 class JobMeta(Model):
     """Who a job is: the attributes configs and optimizers target."""
 
-    uuid: str = Field(min_length=1, max_length=256)
-    name: str = ""
-    namespace: str = "default"
-    cluster: str = ""
-    user: str = ""
-    group: str = ""
-    scenario: str = Field(default="", description="Jobs of one scenario share history")
-    app: str = ""
-    labels: dict[str, str] = Field(default_factory=dict)
+    uuid: Text = Field(min_length=1, max_length=256)
+    name: Text = ""
+    namespace: Text = "default"
+    cluster: Text = ""
+    user: Text = ""
+    group: Text = ""
+    scenario: Text = Field(default="", description="Jobs of one scenario share history")
+    app: Text = ""
+    labels: Labels = Field(default_factory=dict)
 
 
 class JobEvent(Event):
@@ -45,21 +61,23 @@ class JobEvent(Event):
 class RoleSpec(Model):
     """What a job asks for per role when submitted."""
 
-    replicas: int = Field(ge=0)
-    min_replicas: int | None = Field(default=None, ge=0)
-    max_replicas: int | None = Field(default=None, ge=0)
-    cpu: float = Field(default=0, ge=0)
-    memory: int = Field(default=0, ge=0, description="bytes")
-    gpu_num: int = Field(default=0, ge=0)
+    replicas: Replicas
+    min_replicas: Replicas | None = None
+    max_replicas: Replicas | None = None
+    cpu: Cpu = 0
+    memory: Bytes = Field(default=0, description="bytes")
+    gpu_num: Gpus = 0
 
 
 class JobSubmitted(JobEvent):
     type: Literal["job.submitted"] = "job.submitted"
-    roles: dict[str, RoleSpec] = Field(default_factory=dict)
-    application: str = Field(default="", description="Model/workload kind, e.g. cifar10")
-    batch_size: int | None = Field(default=None, ge=1, description="global batch size")
+    roles: dict[Text, RoleSpec] = Field(default_factory=dict, max_length=MAX_ROLES)
+    application: Text = Field(default="", description="Model/workload kind, e.g. cifar10")
+    batch_size: int | None = Field(
+        default=None, ge=1, le=INT64_MAX, description="global batch size"
+    )
     distribution: Literal["allreduce", "ps", "local", "custom"] = "allreduce"
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: Document = Field(default_factory=dict)
 
 
 class JobStarted(JobEvent):
@@ -72,15 +90,15 @@ class JobCompleted(JobEvent):
 
 class JobFailed(JobEvent):
     type: Literal["job.failed"] = "job.failed"
-    reason: str = ""
+    reason: Text = ""
 
 
 class NodeRef(Model):
     """A node (pod) of a job, named as DLRover names them: a role (type) and an index (id)."""
 
-    type: str = Field(min_length=1, description="role: worker, ps, chief, evaluator, ...")
-    id: int = Field(ge=0)
-    name: str = ""
+    type: Text = Field(min_length=1, description="role: worker, ps, chief, evaluator, ...")
+    id: NodeId
+    name: Text = ""
 
 
 class NodeEvent(JobEvent):
@@ -93,13 +111,13 @@ class NodeStarted(NodeEvent):
 
 class NodeExited(NodeEvent):
     type: Literal["node.exited"] = "node.exited"
-    exit_code: int = 0
+    exit_code: Int64 = 0
 
 
 class NodeFailed(NodeEvent):
     type: Literal["node.failed"] = "node.failed"
-    reason: str = ""
-    exit_code: int | None = None
+    reason: Text = ""
+    exit_code: Int64 | None = None
 
 
 class OOMKind(StrEnum):
@@ -112,21 +130,21 @@ class NodeOOM(NodeEvent):
 
     type: Literal["node.oom"] = "node.oom"
     kind: OOMKind
-    memory: int | None = Field(default=None, ge=0, description="bytes in use or requested")
-    gpu_memory: int | None = Field(default=None, ge=0, description="bytes allocated on GPU")
-    exit_code: int | None = None
+    memory: Bytes | None = Field(default=None, description="bytes in use or requested")
+    gpu_memory: Bytes | None = Field(default=None, description="bytes allocated on GPU")
+    exit_code: Int64 | None = None
 
 
 class NodeUsage(Model):
     """One node's resource use in a runtime sample."""
 
-    type: str = Field(min_length=1, description="role")
-    id: int = Field(ge=0)
-    cpu: float = Field(default=0, ge=0, description="cores used")
-    memory: int = Field(default=0, ge=0, description="bytes used")
+    type: Text = Field(min_length=1, description="role")
+    id: NodeId
+    cpu: Cpu = Field(default=0, description="cores used")
+    memory: Bytes = Field(default=0, description="bytes used")
     gpu_util: float | None = Field(default=None, ge=0, le=1)
-    gpu_memory: int | None = Field(default=None, ge=0, description="bytes used on GPU")
-    step_time: float | None = Field(default=None, ge=0, description="seconds per step")
+    gpu_memory: Bytes | None = Field(default=None, description="bytes used on GPU")
+    step_time: Rate | None = Field(default=None, description="seconds per step")
 
 
 class RuntimeSample(JobEvent):
@@ -134,13 +152,18 @@ class RuntimeSample(JobEvent):
 
     topic: ClassVar[str] = "job.metrics"
     type: Literal["job.runtime_sample"] = "job.runtime_sample"
-    global_step: int = Field(ge=0)
-    speed: float = Field(default=0, ge=0, description="global steps per second")
-    samples_per_s: float = Field(default=0, ge=0)
-    batch_size: int | None = Field(default=None, ge=1, description="global batch size")
-    local_batch_size: int | None = Field(default=None, ge=1)
-    accumulation_steps: int = Field(default=1, ge=1)
-    world_size: int | None = Field(
-        default=None, ge=1, description="processes training together when it was taken"
+    global_step: Steps
+    speed: Rate = Field(default=0, description="global steps per second")
+    samples_per_s: Rate = 0
+    batch_size: int | None = Field(
+        default=None, ge=1, le=INT64_MAX, description="global batch size"
     )
-    nodes: list[NodeUsage] = Field(default_factory=list)
+    local_batch_size: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    accumulation_steps: int = Field(default=1, ge=1, le=INT64_MAX)
+    world_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=INT64_MAX,
+        description="processes training together when it was taken",
+    )
+    nodes: list[NodeUsage] = Field(default_factory=list, max_length=MAX_NODES)

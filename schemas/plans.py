@@ -5,36 +5,50 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from schemas.bounds import (
+    MAX_NODES,
+    MAX_ROLES,
+    Bytes,
+    Cpu,
+    Document,
+    Gpus,
+    Int64,
+    Replicas,
+    Steps,
+    Text,
+)
 from schemas.envelope import Model
 from schemas.jobs import JobEvent, JobMeta, NodeRef
 
 
 class NodeResource(Model):
-    cpu: float = Field(default=0, ge=0, description="cores; 0 = unchanged")
-    memory: int = Field(default=0, ge=0, description="bytes; 0 = unchanged")
-    gpu_num: int = Field(default=0, ge=0)
-    gpu_type: str = ""
-    gpu_memory: int = Field(default=0, ge=0, description="bytes per GPU; 0 = unchanged")
-    priority: str = ""
+    cpu: Cpu = Field(default=0, description="cores; 0 = unchanged")
+    memory: Bytes = Field(default=0, description="bytes; 0 = unchanged")
+    gpu_num: Gpus = 0
+    gpu_type: Text = ""
+    gpu_memory: Bytes = Field(default=0, description="bytes per GPU; 0 = unchanged")
+    priority: Text = ""
 
 
 class NodeGroupResource(Model):
     """Replicas of one role, each with the same resources."""
 
-    count: int = Field(default=0, ge=0, description="replicas; 0 = unchanged")
+    count: Replicas = Field(default=0, description="replicas; 0 = unchanged")
     node_resource: NodeResource = Field(default_factory=NodeResource)
 
 
 class ResourcePlan(Model):
-    node_group_resources: dict[str, NodeGroupResource] = Field(default_factory=dict)
-    node_resources: dict[str, NodeResource] = Field(
-        default_factory=dict, description="per node name"
+    node_group_resources: dict[Text, NodeGroupResource] = Field(
+        default_factory=dict, max_length=MAX_ROLES
     )
-    training: dict[str, Any] = Field(
+    node_resources: dict[Text, NodeResource] = Field(
+        default_factory=dict, max_length=MAX_NODES, description="per node name"
+    )
+    training: Document = Field(
         default_factory=dict,
         description="training knobs such as local_batch_size and accumulation_steps",
     )
@@ -48,9 +62,9 @@ class OptimizeRequest(JobEvent):
 
     topic: ClassVar[str] = "job.events"
     type: Literal["optimize.request"] = "optimize.request"
-    stage: str = Field(min_length=1)
-    optimizer: str | None = None
-    config: dict[str, Any] = Field(default_factory=dict)
+    stage: Text = Field(min_length=1)
+    optimizer: Text | None = None
+    config: Document = Field(default_factory=dict)
 
 
 class OptimizePlan(JobEvent):
@@ -58,12 +72,12 @@ class OptimizePlan(JobEvent):
 
     topic: ClassVar[str] = "brain.plans"
     type: Literal["brain.plan"] = "brain.plan"
-    plan_id: str = Field(min_length=1)
-    stage: str
-    optimizer: str
-    reason: str
+    plan_id: Text = Field(min_length=1)
+    stage: Text
+    optimizer: Text
+    reason: Text
     resource: ResourcePlan
-    caused_by: str | None = Field(default=None, description="event_id of the input")
+    caused_by: Text | None = Field(default=None, description="event_id of the input")
 
 
 class Node(NodeRef):
@@ -82,13 +96,15 @@ class ScalePlan(JobEvent):
 
     topic: ClassVar[str] = "scale.plans"
     type: Literal["scale.plan"] = "scale.plan"
-    plan_id: str = Field(min_length=1)
-    source_plan: str | None = Field(default=None, description="plan_id of the OptimizePlan")
-    node_group_resources: dict[str, NodeGroupResource] = Field(default_factory=dict)
-    launch_nodes: list[Node] = Field(default_factory=list)
-    remove_nodes: list[NodeRef] = Field(default_factory=list)
-    migrate_nodes: list[MigrateNode] = Field(default_factory=list)
-    training: dict[str, Any] = Field(default_factory=dict)
+    plan_id: Text = Field(min_length=1)
+    source_plan: Text | None = Field(default=None, description="plan_id of the OptimizePlan")
+    node_group_resources: dict[Text, NodeGroupResource] = Field(
+        default_factory=dict, max_length=MAX_ROLES
+    )
+    launch_nodes: list[Node] = Field(default_factory=list, max_length=MAX_NODES)
+    remove_nodes: list[NodeRef] = Field(default_factory=list, max_length=MAX_NODES)
+    migrate_nodes: list[MigrateNode] = Field(default_factory=list, max_length=MAX_NODES)
+    training: Document = Field(default_factory=dict)
 
 
 class ScaleStatus(StrEnum):
@@ -113,18 +129,20 @@ class NotApplied(Model):
     ``worker.gpu_type``, ``worker-2.gpu_memory``, ...
     """
 
-    part: str = Field(min_length=1, max_length=256)
-    reason: str = Field(min_length=1, max_length=1024)
+    part: Text = Field(min_length=1, max_length=256)
+    reason: Text = Field(min_length=1, max_length=1024)
 
 
 class ScaleResult(JobEvent):
     topic: ClassVar[str] = "scale.results"
     type: Literal["scale.result"] = "scale.result"
-    plan_id: str = Field(min_length=1)
+    plan_id: Text = Field(min_length=1)
     status: ScaleStatus
-    reason: str = ""
-    observed: dict[str, dict[str, int]] = Field(
-        default_factory=dict, description="per role: pending/running/succeeded/failed counts"
+    reason: Text = ""
+    observed: dict[Text, dict[Text, Int64]] = Field(
+        default_factory=dict,
+        max_length=MAX_ROLES,
+        description="per role: pending/running/succeeded/failed counts",
     )
     not_applied: list[NotApplied] = Field(
         default_factory=list,
@@ -154,12 +172,12 @@ class TrainingApplied(JobEvent):
 
     topic: ClassVar[str] = "job.events"
     type: Literal["training.applied"] = "training.applied"
-    plan_id: str = Field(min_length=1, max_length=256)
+    plan_id: Text = Field(min_length=1, max_length=256)
     node: NodeRef = Field(description="the process that applied them (rank 0 speaks for all)")
-    training: dict[str, int] = Field(
+    training: dict[Text, Int64] = Field(
         max_length=16, description="the knobs now in force, e.g. local_batch_size"
     )
-    global_step: int = Field(ge=0, description="the first step trained with them")
+    global_step: Steps = Field(description="the first step trained with them")
 
 
 class JobPlan(Model):

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from dlrover_events.sdk.knobs import KnobSync, KnobVector, StepKnobs
 from dlrover_events.sdk.probes import rss_bytes
 from dlrover_events.sdk.reporter import Reporter, ReporterStats
+from schemas.bounds import MAX_BYTES
 from schemas.jobs import NodeOOM, OOMKind
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,10 @@ class TorchHook:
             wanted = requested_bytes(err) if err is not None else 0
             gpu = self._gpu_needed(wanted) if kind == OOMKind.GPU_MEMORY else None
             host = rss_bytes() + (wanted if kind == OOMKind.HOST_MEMORY else 0)
+            # a request past the contract's bound (a bug asking for 2^62 bytes) is
+            # reported as the bound: the event must still go, and it says "at least"
+            host = min(host, MAX_BYTES)
+            gpu = None if gpu is None else min(gpu, MAX_BYTES)
             ident = self.reporter.identity
             self.reporter.publish(
                 NodeOOM(

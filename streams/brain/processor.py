@@ -24,6 +24,7 @@ from typing import Protocol
 from pydantic import TypeAdapter, ValidationError
 
 from dlrover_events.bus import dead_letter
+from schemas.bounds import MAX_EVENT_BYTES
 from schemas.codec import CodecError, decode
 from schemas.dlq import DeadLetter, FailureKind
 from schemas.envelope import Event
@@ -69,13 +70,14 @@ def decode_event(value: bytes | None) -> Input:
     """`schemas.decode`, with two faster ways first for the common cases: runtime samples
     read into structs (`streams.brain.samples`), then pydantic's one-pass JSON
     validation (a third less than `decode`). Anything invalid goes through `decode`, so
-    the dead letter says exactly what `decode` says."""
+    the dead letter says exactly what `decode` says; both are strict, as `decode` is
+    (no boolean read as a number, no number as a timestamp)."""
     fast = read_sample(value)
     if fast is not None:
         return fast
-    if value is not None:
+    if value is not None and len(value) <= MAX_EVENT_BYTES:
         try:
-            return _EVENT.validate_json(value)
+            return _EVENT.validate_json(value, strict=True)
         except ValidationError:
             pass
     return decode(value)

@@ -10,9 +10,11 @@ msgspec decodes the same JSON into structs in about 4 us, and structs made with
 The contract stays `schemas.jobs.RuntimeSample`: `read_sample` takes only what that model
 accepts, with the same values, and returns None for anything else, which then goes the
 pydantic way (and to the dead-letter queue with pydantic's reason if it is invalid). It
-may refuse valid samples (a number given as a string, a timestamp as a number, an id
-that is not lowercase canonical), never accept an invalid one; timestamps are parsed by
-pydantic's own parser. A property test holds it to that.
+may refuse valid samples (an id that is not lowercase canonical, a string with an escape
+it does not look into), never accept an invalid one; timestamps are parsed by pydantic's
+own parser. The contract's bounds (`schemas.bounds`) are its constraints too: a sample
+past them (a memory of 10^30 bytes, an infinite cpu, a NUL) must reach the pydantic way
+and its dead letter, never a job's state. A property test holds it to that.
 """
 
 from __future__ import annotations
@@ -26,13 +28,25 @@ from msgspec import Meta, Struct
 from pydantic import AwareDatetime, GetCoreSchemaHandler, GetJsonSchemaHandler, TypeAdapter
 from pydantic_core import core_schema
 
+from schemas.bounds import (
+    INT64_MAX,
+    MAX_BYTES,
+    MAX_CPU,
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    MAX_NODE_ID,
+    MAX_NODES,
+    MAX_RATE,
+)
 from schemas.envelope import ENV_NAME_PATTERN, SCHEMA_VERSION
 from schemas.jobs import JobMeta, RuntimeSample
 
 T = TypeVar("T")
 
-NonNegInt = Annotated[int, Meta(ge=0)]
-NonNegFloat = Annotated[float, Meta(ge=0)]
+NonNegInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+PosInt = Annotated[int, Meta(ge=1, le=INT64_MAX)]
+Rate = Annotated[float, Meta(ge=0, le=MAX_RATE)]
+Bytes = Annotated[int, Meta(ge=0, le=MAX_BYTES)]
 #: what `str(uuid.UUID(...))` gives: such an id reads the same as text and as a UUID
 _CANONICAL_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
 
@@ -41,12 +55,12 @@ class NodeUse(Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields
     """One node's use in a runtime sample (`schemas.jobs.NodeUsage`, as a struct)."""
 
     type: Annotated[str, Meta(min_length=1)]
-    id: NonNegInt
-    cpu: NonNegFloat = 0.0
-    memory: NonNegInt = 0
+    id: Annotated[int, Meta(ge=0, le=MAX_NODE_ID)]
+    cpu: Annotated[float, Meta(ge=0, le=MAX_CPU)] = 0.0
+    memory: Bytes = 0
     gpu_util: Annotated[float, Meta(ge=0, le=1)] | None = None
-    gpu_memory: NonNegInt | None = None
-    step_time: NonNegFloat | None = None
+    gpu_memory: Bytes | None = None
+    step_time: Rate | None = None
 
 
 class Sample(Struct, frozen=True, gc=False, kw_only=True):
@@ -58,14 +72,14 @@ class Sample(Struct, frozen=True, gc=False, kw_only=True):
 
     event_id: str
     at: datetime
-    global_step: int = 0
-    speed: float = 0.0
-    samples_per_s: float = 0.0
-    batch_size: int | None = None
-    local_batch_size: int | None = None
-    accumulation_steps: int = 1
-    world_size: int | None = None
-    nodes: tuple[NodeUse, ...] = ()
+    global_step: NonNegInt = 0
+    speed: Rate = 0.0
+    samples_per_s: Rate = 0.0
+    batch_size: PosInt | None = None
+    local_batch_size: PosInt | None = None
+    accumulation_steps: PosInt = 1
+    world_size: PosInt | None = None
+    nodes: Annotated[tuple[NodeUse, ...], Meta(max_length=MAX_NODES)] = ()
 
     def usage(self, role: str) -> tuple[NodeUse, ...]:
         """The role's nodes."""
@@ -184,7 +198,13 @@ class JobRef(Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=
     group: str = ""
     scenario: str = ""
     app: str = ""
-    labels: dict[str, str] = {}
+    labels: Annotated[
+        dict[
+            Annotated[str, Meta(max_length=MAX_LABEL_CHARS)],
+            Annotated[str, Meta(max_length=MAX_LABEL_CHARS)],
+        ],
+        Meta(max_length=MAX_LABELS),
+    ] = {}
 
     def meta(self) -> JobMeta:
         return JobMeta.model_validate(msgspec.to_builtins(self))
@@ -204,13 +224,13 @@ class SampleReport(Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_f
     key: Annotated[str, Meta(max_length=512)] | None = None
     job: JobRef
     global_step: NonNegInt
-    speed: NonNegFloat = 0.0
-    samples_per_s: NonNegFloat = 0.0
-    batch_size: Annotated[int, Meta(ge=1)] | None = None
-    local_batch_size: Annotated[int, Meta(ge=1)] | None = None
-    accumulation_steps: Annotated[int, Meta(ge=1)] = 1
-    world_size: Annotated[int, Meta(ge=1)] | None = None
-    nodes: tuple[NodeUse, ...] = ()
+    speed: Rate = 0.0
+    samples_per_s: Rate = 0.0
+    batch_size: PosInt | None = None
+    local_batch_size: PosInt | None = None
+    accumulation_steps: PosInt = 1
+    world_size: PosInt | None = None
+    nodes: Annotated[tuple[NodeUse, ...], Meta(max_length=MAX_NODES)] = ()
 
     def __post_init__(self) -> None:
         if self.key is not None and self.key != self.job.uuid:
@@ -249,8 +269,8 @@ class SampleRead(Struct, frozen=True, gc=False):
 def read_sample(value: bytes | None) -> SampleRead | None:
     """The runtime sample in `value`, or None when it is not one this path can read
     exactly as pydantic would (then decode it the pydantic way)."""
-    if value is None:
-        return None
+    if value is None or b"\\u0000" in value or b"\x00" in value:
+        return None  # a NUL, which the contract refuses (or an escaped backslash before u0000)
     try:
         report = _REPORT.decode(value)
         at = _shared_zone(_AWARE.validate_python(report.occurred_at))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import string
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,13 +26,24 @@ from schemas import (
     decode,
     encode,
 )
+from schemas.bounds import (
+    MAX_BYTES,
+    MAX_CPU,
+    MAX_DOCUMENT_VALUES,
+    MAX_EVENT_BYTES,
+    MAX_LABELS,
+    MAX_NODES,
+    MAX_REPLICAS,
+)
+from schemas.codec import decode_obj
 from schemas.dlq import DeadLetter, FailureKind
 from schemas.events import EVENT_TYPES
 from schemas.jobs import NodeRef, NodeUsage
 from schemas.plans import MigrateNode, Node, NodeGroupResource
 
 envs = st.from_regex(r"\A[a-z][a-z0-9-]{0,30}\Z")
-text = st.text(max_size=30)
+#: strings a valid event may hold: any but NUL, which Postgres cannot store
+text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=30)
 ident = st.text(alphabet=string.ascii_letters + string.digits + "-_.", min_size=1, max_size=40)
 when = st.datetimes(
     min_value=datetime(2000, 1, 1),
@@ -38,6 +51,7 @@ when = st.datetimes(
     timezones=st.sampled_from([UTC, timezone(timedelta(hours=8)), timezone(timedelta(hours=-5))]),
 )
 floats = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
+cores = st.floats(min_value=0, max_value=MAX_CPU, allow_nan=False, allow_infinity=False)
 counts = st.integers(min_value=0, max_value=2**40)
 roles = st.sampled_from(["worker", "ps", "chief", "evaluator", "learner", "collector"])
 
@@ -57,13 +71,13 @@ node_usage = st.builds(
     NodeUsage,
     type=roles,
     id=st.integers(0, 1000),
-    cpu=floats,
+    cpu=cores,
     memory=counts,
     gpu_util=st.none() | st.floats(0, 1),
     gpu_memory=st.none() | counts,
     step_time=st.none() | floats,
 )
-resource = st.builds(NodeResource, cpu=floats, memory=counts, gpu_num=st.integers(0, 16))
+resource = st.builds(NodeResource, cpu=cores, memory=counts, gpu_num=st.integers(0, 16))
 
 samples = st.builds(
     RuntimeSample,
@@ -100,7 +114,11 @@ scale_plans = st.builds(
     migrate_nodes=st.lists(st.builds(MigrateNode, node=node_ref, resource=resource), max_size=2),
     **envelope,
 )
-scalars = st.one_of(st.text(max_size=10), st.integers(-1000, 1000), st.booleans())
+scalars = st.one_of(
+    st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=10),
+    st.integers(-1000, 1000),
+    st.booleans(),
+)
 documents = st.builds(
     ConfigDocument,
     name=st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,20}\Z"),
@@ -192,3 +210,109 @@ def test_arbitrary_json_with_a_known_type_decodes_or_fails_cleanly(
         decode(orjson.dumps(obj))
     except CodecError as err:
         assert err.kind in {FailureKind.INVALID, FailureKind.UNSUPPORTED_VERSION}
+
+
+def _numbers(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Paths to the numbers (not booleans) in a JSON value."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _numbers(v, (*path, k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _numbers(v, (*path, i))]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return [path]
+    return []
+
+
+def _set(obj: Any, path: tuple[Any, ...], value: Any) -> None:
+    for step in path[:-1]:
+        obj = obj[step]
+    obj[path[-1]] = value
+
+
+@settings(max_examples=300)
+@given(st.one_of(samples, ooms, scale_plans), st.data())
+def test_no_number_is_read_from_a_boolean_or_a_string(event: Event, data: st.DataObject) -> None:
+    """Strict decoding: `true` is not step 1, `"1"` is not version 1, for every consumer.
+    (Every number of these events is a typed field: no free-form document holds one.)"""
+    obj = orjson.loads(encode(event))
+    path = data.draw(st.sampled_from(_numbers(obj)))
+    value = obj
+    for step in path:
+        value = value[step]
+    _set(obj, path, data.draw(st.sampled_from([True, False, str(value), f"{value}"])))
+    with pytest.raises(CodecError) as caught:
+        decode(orjson.dumps(obj))
+    assert caught.value.kind == FailureKind.INVALID
+    with pytest.raises(CodecError):
+        decode_obj(obj)
+
+
+@given(samples, st.sampled_from([12345, 1.7e9, 0]))
+def test_no_timestamp_is_read_from_a_number(event: Event, when: float) -> None:
+    obj = orjson.loads(encode(event))
+    obj["occurred_at"] = when
+    with pytest.raises(CodecError, match="occurred_at"):
+        decode(orjson.dumps(obj))
+
+
+_SAMPLE = {
+    "type": "job.runtime_sample",
+    "env": "prod",
+    "occurred_at": "2026-01-01T00:00:00Z",
+    "job": {"uuid": "job-1"},
+    "global_step": 1,
+    "nodes": [{"type": "worker", "id": 0, "memory": 1}],
+}
+_SUBMITTED = {
+    "type": "job.submitted",
+    "env": "prod",
+    "job": {"uuid": "job-1"},
+    "roles": {"worker": {"replicas": 2}},
+}
+#: (a valid event, a path in it, a value past the contract, what the reason says)
+_POISON: list[tuple[dict[str, Any], tuple[Any, ...], Any, str]] = [
+    (_SAMPLE, ("nodes", 0, "memory"), 10**30, f"less than or equal to {MAX_BYTES}"),
+    (_SAMPLE, ("nodes", 0, "memory"), MAX_BYTES + 1, f"less than or equal to {MAX_BYTES}"),
+    (_SAMPLE, ("nodes", 0, "gpu_memory"), 2**63, f"less than or equal to {MAX_BYTES}"),
+    (_SAMPLE, ("nodes", 0, "cpu"), 1e300, f"less than or equal to {MAX_CPU:.0f}"),
+    (_SAMPLE, ("global_step",), 2**63, f"less than or equal to {2**63 - 1}"),
+    (_SAMPLE, ("global_step",), True, "valid integer"),
+    (_SAMPLE, ("schema_version",), "1", "valid integer"),
+    (_SAMPLE, ("speed",), -1, "greater than or equal to 0"),
+    (_SAMPLE, ("job", "user"), "a\x00b", "NUL"),
+    (_SAMPLE, ("job", "labels"), {"a\x00": "b"}, "NUL"),
+    (_SAMPLE, ("nodes",), [{"type": "worker", "id": i} for i in range(MAX_NODES + 1)], "10000"),
+    (_SUBMITTED, ("roles", "worker", "replicas"), 10**30, f"less than or equal to {MAX_REPLICAS}"),
+    (_SUBMITTED, ("roles", "worker", "max_replicas"), MAX_REPLICAS + 1, str(MAX_REPLICAS)),
+    (_SUBMITTED, ("config",), {"a": ["b\x00"]}, "NUL"),
+    (_SUBMITTED, ("config",), {"steps": 10**30}, "int64"),
+    (_SUBMITTED, ("config",), {"n": list(range(MAX_DOCUMENT_VALUES))}, "more than"),
+    (_SUBMITTED, ("job", "labels"), {str(i): "" for i in range(MAX_LABELS + 1)}, "at most"),
+]
+
+
+@pytest.mark.parametrize(("valid", "path", "value", "reason"), _POISON)
+def test_a_value_past_the_contract_is_refused_with_the_bound(
+    valid: dict[str, Any], path: tuple[Any, ...], value: Any, reason: str
+) -> None:
+    decode(orjson.dumps(valid))  # valid as it is
+    obj = orjson.loads(orjson.dumps(valid))
+    _set(obj, path, value)
+    raw = json.dumps(obj).encode()  # (orjson holds no integer beyond 64 bits)
+    with pytest.raises(CodecError) as caught:
+        decode(raw)
+    assert caught.value.kind == FailureKind.INVALID
+    assert reason in caught.value.message
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e400"])
+def test_no_number_that_json_cannot_hold_is_accepted(number: bytes) -> None:
+    raw = orjson.dumps(_SAMPLE).replace(b'"global_step":1', b'"global_step":1,"speed":' + number)
+    with pytest.raises(CodecError):
+        decode(raw)
+
+
+def test_an_event_larger_than_the_bus_bound_is_refused() -> None:
+    obj = {**_SAMPLE, "source": "s" * MAX_EVENT_BYTES}
+    with pytest.raises(CodecError, match=str(MAX_EVENT_BYTES)):
+        decode(orjson.dumps(obj))

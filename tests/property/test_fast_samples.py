@@ -13,9 +13,20 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
+from schemas.bounds import (
+    MAX_BYTES,
+    MAX_CPU,
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    MAX_NODE_ID,
+    MAX_NODES,
+    MAX_RATE,
+)
+from schemas.codec import CodecError, decode
 from schemas.events import AnyEvent
 from schemas.jobs import JobMeta, NodeUsage, RuntimeSample
-from streams.brain.samples import read_sample, sample_of
+from streams.brain.processor import decode_event
+from streams.brain.samples import SampleRead, read_sample, sample_of
 from streams.brain.state import JobState
 
 _EVENT: TypeAdapter[Any] = TypeAdapter(AnyEvent)
@@ -24,6 +35,11 @@ numbers: st.SearchStrategy[Any] = st.one_of(
     st.integers(min_value=-5, max_value=2**70),
     st.floats(allow_nan=False, allow_infinity=False),
     st.sampled_from([0, 1, -1, 0.5, 1.0, -0.0, 1e308, 2**63, 2**64]),
+    # at and past the contract's bounds
+    st.sampled_from([MAX_BYTES, MAX_BYTES + 1, MAX_CPU, MAX_CPU * 2, MAX_RATE, MAX_RATE * 2]),
+    st.sampled_from([2**63 - 1, 10**30, MAX_NODE_ID, MAX_NODE_ID + 1]),
+    # json.dumps writes these as NaN, Infinity and -Infinity, which no JSON allows
+    st.sampled_from([float("nan"), float("inf"), float("-inf")]),
 )
 odd: st.SearchStrategy[Any] = st.one_of(
     st.none(),
@@ -77,7 +93,9 @@ envs = st.one_of(
 )
 
 
-valid_numbers = st.floats(min_value=0, max_value=1e15, allow_nan=False, allow_infinity=False)
+#: values within the contract's bounds (`schemas.bounds`)
+valid_numbers = st.floats(min_value=0, max_value=MAX_RATE, allow_nan=False, allow_infinity=False)
+valid_cores = st.floats(min_value=0, max_value=MAX_CPU, allow_nan=False, allow_infinity=False)
 
 
 @st.composite
@@ -87,10 +105,10 @@ def nodes(draw: st.DrawFn) -> dict[str, Any]:
         "id": draw(st.integers(min_value=0, max_value=64)),
     }
     fields: dict[str, st.SearchStrategy[Any]] = {
-        "cpu": valid_numbers,
-        "memory": st.integers(min_value=0, max_value=2**62),
+        "cpu": valid_cores,
+        "memory": st.integers(min_value=0, max_value=MAX_BYTES),
         "gpu_util": st.floats(min_value=0, max_value=1),
-        "gpu_memory": st.integers(min_value=0, max_value=2**62),
+        "gpu_memory": st.integers(min_value=0, max_value=MAX_BYTES),
         "step_time": valid_numbers,
     }
     for name, values in fields.items():
@@ -147,10 +165,22 @@ MUTATIONS: dict[str, st.SearchStrategy[Any]] = {
     "local_batch_size": st.one_of(st.integers(-1, 1), odd),
     "accumulation_steps": st.one_of(st.integers(-1, 1), odd),
     "nodes": st.one_of(odd, st.lists(odd, max_size=2)),
-    "job": st.sampled_from([{"uuid": ""}, {"uuid": "x" * 257}, {"uuid": "j", "labels": 1}, {}]),
+    "job": st.sampled_from(
+        [
+            {"uuid": ""},
+            {"uuid": "x" * 257},
+            {"uuid": "j", "labels": 1},
+            {},
+            {"uuid": "j\x00"},
+            {"uuid": "j", "user": "\x00"},
+            {"uuid": "j", "labels": {"a\x00": "b"}},
+            {"uuid": "j", "labels": {"a": "x" * (MAX_LABEL_CHARS + 1)}},
+            {"uuid": "j", "labels": {str(i): "" for i in range(MAX_LABELS + 1)}},
+        ]
+    ),
 }
 NODE_MUTATIONS: dict[str, st.SearchStrategy[Any]] = {
-    "type": st.sampled_from(["", None, 1]),
+    "type": st.sampled_from(["", None, 1, "worker\x00"]),
     "id": st.one_of(st.integers(min_value=-2, max_value=2**70), odd),
     "cpu": odd,
     "memory": odd,
@@ -182,9 +212,10 @@ def reports(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def _pydantic(raw: bytes) -> Any:
+    """The event as the contract's decoder reads it (strict, bounded), None if refused."""
     try:
-        return _EVENT.validate_json(raw)
-    except ValidationError:
+        return decode(raw)
+    except CodecError:
         return None
 
 
@@ -265,6 +296,24 @@ _BASE: dict[str, Any] = {
     "nodes": [{"type": "worker", "id": 0, "cpu": 1, "gpu_util": 0.5, "step_time": 0.2}],
 }
 _ODD_VALUES: list[Any] = [None, True, "1", 1.0, -1, 0, 1.5, 2**64, 2**70, [], {}, ""]
+_NON_FINITE: list[Any] = [float("nan"), float("inf"), float("-inf")]
+#: past the contract's bounds: the poison pills of issue 15
+_PILLS: list[tuple[str, Any]] = [
+    *((name, v) for name in ("speed", "samples_per_s") for v in _NON_FINITE),
+    *(("global_step", v) for v in [-1, 2**63, float("nan"), True]),
+    ("speed", -0.5),
+    ("speed", MAX_RATE * 10),
+    ("nodes", [{"type": "worker", "id": i} for i in range(MAX_NODES + 1)]),
+    ("source", "s\x00"),
+    ("job", {"uuid": "job-1\x00"}),
+    ("job", {"uuid": "job-1", "name": "\x00"}),
+    ("job", {"uuid": "job-1", "labels": {"a": "b\x00"}}),
+    *((f"node.{name}", v) for name in ("memory", "gpu_memory") for v in [10**30, MAX_BYTES + 1]),
+    *(("node.cpu", v) for v in [*_NON_FINITE, MAX_CPU + 1, 1e300]),
+    *(("node.step_time", v) for v in _NON_FINITE),
+    ("node.id", MAX_NODE_ID + 1),
+    ("node.type", "worker\x00"),
+]
 _CASES: list[tuple[str, Any]] = [
     *(("event_id", v) for v in [_BASE["event_id"].upper(), _BASE["event_id"].replace("-", "")]),
     *(("event_id", v) for v in ["{" + _BASE["event_id"] + "}", _BASE["event_id"] + "\n", "x"]),
@@ -283,6 +332,7 @@ _CASES: list[tuple[str, Any]] = [
     *((f"node.{name}", v) for name in ("gpu_util", "step_time", "type") for v in _ODD_VALUES),
     ("node.gpu_util", 1.0000001),
     ("node.extra", 1),
+    *_PILLS,
 ]
 
 
@@ -301,3 +351,49 @@ def test_each_odd_field_is_read_as_pydantic_reads_it_or_left_to_it() -> None:
         refused += read_sample(raw) is None
     assert read_sample(orjson.dumps(_BASE)) is not None
     assert refused > len(_CASES) // 2  # most of them are invalid
+
+
+def test_the_brain_refuses_each_poison_pill() -> None:
+    """What the contract refuses (issue 15), neither of the brain's fast reads accepts:
+    each goes to `decode` and its dead letter with the reason."""
+    pills: list[bytes] = []
+    for name, value in _PILLS:
+        doc = orjson.loads(orjson.dumps(_BASE))
+        if name.startswith("node."):
+            doc["nodes"][0][name.removeprefix("node.")] = value
+        else:
+            doc[name] = value
+        if name == "job":
+            del doc["key"]
+        pills.append(json.dumps(doc).encode())
+    base = orjson.dumps(_BASE)
+    pills += [base.replace(b'"speed":1.5', b'"speed":' + t) for t in (b"1e400", b"-1e400")]
+    pills.append(base.replace(b'"global_step":3', b'"global_step":1e400'))
+    for raw in pills:
+        assert read_sample(raw) is None, raw[:200]
+        try:
+            decode_event(raw)
+        except CodecError as err:
+            assert err.message
+        else:
+            raise AssertionError(f"the brain accepted {raw[:200]!r}")
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(reports())
+def test_the_brains_decode_accepts_what_decode_accepts(doc: dict[str, Any]) -> None:
+    """The brain's decode (the fast read, then one strict pydantic pass) reads an event
+    exactly when `decode` does: one rule for every consumer."""
+    raw = json.dumps(doc).encode()
+    expected = _pydantic(raw)
+    try:
+        got = decode_event(raw)
+    except CodecError:
+        assert expected is None, raw
+        return
+    assert expected is not None, f"the brain accepted what decode refuses: {raw!r}"
+    if isinstance(got, SampleRead):
+        assert got.sample == sample_of(expected)
+    else:  # less the defaults made anew at each read (an id, the time)
+        made = {"event_id", "occurred_at"} - set(doc)
+        assert got.model_dump(exclude=made) == expected.model_dump(exclude=made)

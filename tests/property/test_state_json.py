@@ -9,11 +9,14 @@ from datetime import UTC, datetime, timedelta, timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
+from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_RATE
 from schemas.jobs import JobMeta
 from streams.brain.samples import JobRef, SampleRead
 from streams.brain.state import JobState, NodeUse, Sample, fold, state_json
 
-floats = st.floats(min_value=0, max_value=1e15, allow_nan=False, allow_infinity=False)
+#: values within the contract's bounds (`schemas.bounds`), which a state read back checks
+floats = st.floats(min_value=0, max_value=MAX_RATE, allow_nan=False, allow_infinity=False)
+cores = st.floats(min_value=0, max_value=MAX_CPU, allow_nan=False, allow_infinity=False)
 zones = st.sampled_from(
     [UTC, timezone(timedelta(hours=8)), timezone(timedelta(hours=-5, minutes=-30))]
 )
@@ -21,10 +24,10 @@ uses = st.builds(
     NodeUse,
     type=st.sampled_from(["worker", "ps", "chief"]),
     id=st.integers(min_value=0, max_value=64),
-    cpu=floats,
-    memory=st.integers(min_value=0, max_value=2**62),
+    cpu=cores,
+    memory=st.integers(min_value=0, max_value=MAX_BYTES),
     gpu_util=st.one_of(st.none(), st.floats(min_value=0, max_value=1)),
-    gpu_memory=st.one_of(st.none(), st.integers(min_value=0, max_value=2**62)),
+    gpu_memory=st.one_of(st.none(), st.integers(min_value=0, max_value=MAX_BYTES)),
     step_time=st.one_of(st.none(), floats),
 )
 samples = st.builds(
@@ -41,7 +44,10 @@ samples = st.builds(
 )
 
 
-@given(st.lists(samples, max_size=8), st.text(max_size=8))
+@given(
+    st.lists(samples, max_size=8),
+    st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8),
+)
 def test_state_json_is_pydantics_json_and_reads_back(items: list[Sample], scenario: str) -> None:
     state = JobState(env="prod", job=JobMeta(uuid="job-1", scenario=scenario))
     for sample in items:
