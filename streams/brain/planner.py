@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from schemas.bounds import MAX_REPLICAS
 from schemas.jobs import NodeRef
 from schemas.plans import (
     MigrateNode,
@@ -34,11 +35,9 @@ from streams.brain.state import (
     GiB,
     JobState,
     NodeState,
-    NodeStatus,
     Pinned,
     RoleResources,
     Stage,
-    node_from_role,
     normalize_stage,
     parse_node_key,
 )
@@ -168,17 +167,19 @@ def _bound_count(
     pinned = state.pinned.get(role)
     if pinned is not None and pinned.replicas is not None:
         count = pinned.replicas
-    return count
+    # the contract's bound, whatever the state says: a plan launches at most this many
+    return min(count, MAX_REPLICAS)
 
 
-def _alive(state: JobState, spec: RoleResources, role: str) -> tuple[list[NodeState], bool]:
-    """The role's live nodes, and whether the brain tracks them. Before any node of the job
-    is known (create stage) the job's replicas (`spec`) stand in, and only group resources
-    are planned."""
+def _alive(state: JobState, spec: RoleResources, role: str) -> tuple[list[NodeState], int, bool]:
+    """The role's live nodes, how many, and whether the brain tracks them. Before any node
+    of the job is known (create stage) the job's replicas (`spec`) stand in, as a count
+    only: only group resources are planned then, and a count is never made into one
+    object per replica (a state read from anywhere may hold any count)."""
     if state.nodes:
-        return state.alive_nodes(role), True
-    nodes = [node_from_role(state, role, i, NodeStatus.PENDING) for i in range(spec.replicas)]
-    return nodes, False
+        alive = state.alive_nodes(role)
+        return alive, len(alive), True
+    return [], spec.replicas, False
 
 
 def _seconds(since: datetime | None, now: datetime) -> float | None:
@@ -227,8 +228,7 @@ def plan_scale(
             notes.append(f"PS changed {since_ps:.0f} s ago, < {limits.ps_cooldown_s:g} s")
             continue
         spec = state.role(role)
-        alive, tracked = _alive(state, spec, role)
-        current_count = len(alive)
+        alive, current_count, tracked = _alive(state, spec, role)
         current = _resource_of(spec)
         target = _target(current, group.node_resource, state.pinned.get(role), limits)
         count = _bound_count(state, role, spec, group.count or current_count, limits)

@@ -1,0 +1,54 @@
+"""The planner never builds one object per replica from a count it was given (issue 15):
+a state holding any replica count, however it was made, is planned in milliseconds."""
+
+from __future__ import annotations
+
+import time
+
+from schemas.bounds import MAX_REPLICAS
+from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan
+from streams.brain.planner import Limits, plan_scale
+from streams.brain.state import WORKER, RoleResources, Stage
+
+from .builders import ENV, T0, GiB, meta, node, nodes, state
+
+HUGE = 10**30
+
+
+def _plan(role: str, group: NodeGroupResource) -> OptimizePlan:
+    return OptimizePlan(
+        env=ENV,
+        job=meta(),
+        plan_id="o-1",
+        stage=Stage.CREATE.value,
+        optimizer="worker-create-oom",
+        reason="test",
+        caused_by="event-1",
+        resource=ResourcePlan(node_group_resources={role: group}),
+    )
+
+
+def test_a_huge_replica_count_before_any_node_is_a_count_not_objects() -> None:
+    job = state(roles={WORKER: RoleResources(replicas=HUGE, cpu=8, memory=16 * GiB)})
+    started = time.perf_counter()
+    planned = plan_scale(
+        job, _plan(WORKER, NodeGroupResource(node_resource=NodeResource(memory=32 * GiB))), T0
+    )
+    assert time.perf_counter() - started < 0.5  # it was a MemoryError after 1.5 GB
+    assert planned.scale_plan is not None
+    group = planned.scale_plan.node_group_resources[WORKER]
+    assert group.count == Limits().max_replicas[WORKER]
+    assert group.node_resource.memory == 32 * GiB
+
+
+def test_a_role_without_a_cap_launches_at_most_the_contracts_bound() -> None:
+    job = state(
+        roles={"chief": RoleResources(replicas=HUGE, min_replicas=HUGE, cpu=8, memory=GiB)},
+        nodes=nodes(node("chief", 0, cpu=8, memory=GiB)),
+    )
+    started = time.perf_counter()
+    planned = plan_scale(job, _plan("chief", NodeGroupResource(count=2)), T0)
+    assert time.perf_counter() - started < 2
+    assert planned.scale_plan is not None
+    assert planned.scale_plan.node_group_resources["chief"].count == MAX_REPLICAS
+    assert len(planned.scale_plan.launch_nodes) == MAX_REPLICAS - 1
