@@ -36,8 +36,10 @@ from scipy.interpolate import LinearNDInterpolator
 
 POLLUX_DIR_ENV = "DLROVER_EVENTS_POLLUX_DIR"
 
-#: <repo root>/../shared/data/pollux: where the project keeps the copied artifact data.
-DEFAULT_POLLUX_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "pollux"
+#: The Pollux artifact's traces and workloads, shipped inside the package (data/pollux,
+#: with SOURCE.md: the source commit and its Apache-2.0 licence), so a clone or a wheel
+#: simulates without anything beside it.
+DEFAULT_POLLUX_DIR = Path(__file__).resolve().parent / "data" / "pollux"
 
 #: The traces stop at 4 GPUs per node; a bigger node is modelled as several 4-GPU nodes,
 #: which overstates its sync cost (NVLink inside a node beats the network) but stays inside
@@ -62,7 +64,7 @@ class OutOfTraceError(ValueError):
 
 
 def pollux_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """The data folder: DLROVER_EVENTS_POLLUX_DIR, else the default beside the repository."""
+    """The data folder: DLROVER_EVENTS_POLLUX_DIR, else the copy the package ships."""
     env = os.environ if environ is None else environ
     configured = env.get(POLLUX_DIR_ENV)
     path = Path(configured) if configured else DEFAULT_POLLUX_DIR

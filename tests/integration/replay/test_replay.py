@@ -106,7 +106,7 @@ async def test_trace_replay_submits_every_job_of_the_workload(
     settings: Settings, make_env: EnvFactory
 ) -> None:
     target = (await make_env()).name
-    trace = REPO.parent / "shared" / "data" / "pollux" / "workloads" / "workload-6.csv"
+    trace = REPO / "handlers" / "simulator" / "data" / "pollux" / "workloads" / "workload-6.csv"
     report = await replay_trace(settings, Path(trace), target)
     rows = trace.read_text().strip().splitlines()[1:]
     assert report.copied == len(rows) == 160
