@@ -81,20 +81,6 @@ class WorkloadAdapter(ABC):
         """The plan as one merge patch of the job object (PlanRejected: why it cannot)."""
 
     @abstractmethod
-    def pod_manifest(
-        self,
-        obj: Mapping[str, Any],
-        job: JobView,
-        pod: NewPod,
-        env: str,
-        *,
-        rendezvous_host: str | None = None,
-    ) -> dict[str, Any]:
-        """A new pod of the job (only called when ``creates_pods``); ``rendezvous_host``:
-        where an elastic role's pods find their rendezvous store (None: the platform's
-        default, a per-job Service on a cluster)."""
-
-    @abstractmethod
     def status_patch(
         self,
         job: JobView,
@@ -104,6 +90,27 @@ class WorkloadAdapter(ABC):
         last_plan_time: str | None = None,
     ) -> dict[str, Any] | None:
         """A merge patch of the status subresource, None when status already says it."""
+
+
+class PodCreatingAdapter(WorkloadAdapter):
+    """A kind whose pods this operator creates and deletes (TrainingJob); a kind whose pods
+    another controller owns (PyTorchJob: the training-operator) has no pod manifest at all."""
+
+    creates_pods = True
+
+    @abstractmethod
+    def pod_manifest(
+        self,
+        obj: Mapping[str, Any],
+        job: JobView,
+        pod: NewPod,
+        env: str,
+        *,
+        rendezvous_host: str | None = None,
+    ) -> dict[str, Any]:
+        """A new pod of the job; ``rendezvous_host``: where an elastic role's pods find
+        their rendezvous store (None: the platform's default, a per-job Service on a
+        cluster)."""
 
 
 #: kind -> adapter. Add a workload here (and its verbs to deploy/rbac/operator.yaml).
@@ -137,4 +144,4 @@ def _load_builtin() -> None:
     from handlers.operator.kube import pytorchjob, trainingjob  # noqa: F401
 
 
-__all__ = ["WorkloadAdapter", "adapter_for", "adapters", "register_adapter"]
+__all__ = ["PodCreatingAdapter", "WorkloadAdapter", "adapter_for", "adapters", "register_adapter"]

@@ -51,7 +51,7 @@ from handlers.operator.kube.model import (
     RoleView,
     parse_pod,
 )
-from handlers.operator.kube.planning import NewPod, PlanChange, PlanRejected
+from handlers.operator.kube.planning import PlanChange, PlanRejected
 from handlers.operator.kube.quantity import GPU, QuantityError, Resources
 from schemas.plan_parts import not_applied
 from schemas.plans import NotApplied, ScalePlan
@@ -363,17 +363,6 @@ class PyTorchJobAdapter(WorkloadAdapter):
 
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
         return plan_change(job, pods, plan)
-
-    def pod_manifest(
-        self,
-        obj: Mapping[str, Any],
-        job: JobView,
-        pod: NewPod,
-        env: str,
-        *,
-        rendezvous_host: str | None = None,
-    ) -> dict[str, Any]:
-        raise NotImplementedError("the training-operator creates a PyTorchJob's pods")
 
     def status_patch(
         self,

@@ -33,7 +33,7 @@ from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.topics import SCALE_PLANS
 from handlers.operator.kube import planning
-from handlers.operator.kube.adapter import WorkloadAdapter
+from handlers.operator.kube.adapter import PodCreatingAdapter, WorkloadAdapter
 from handlers.operator.kube.client import api_error
 from handlers.operator.kube.model import (
     LABEL_JOB,
@@ -340,11 +340,13 @@ class EnvReconciler:
     ) -> list[PodView]:
         """Pods made to match the job, status and job events updated; returns the pods."""
         pods = await self._pods_of(job.name)
-        actions = planning.diff(job, pods) if self.adapter.creates_pods else planning.Actions()
-        if self.adapter.creates_pods and planning.outcome(job, pods)[0] is None:
+        creator = self.adapter if isinstance(self.adapter, PodCreatingAdapter) else None
+        actions = planning.diff(job, pods) if creator is not None else planning.Actions()
+        if creator is not None and planning.outcome(job, pods)[0] is None:
             await self._services(obj, job)
         for new in actions.create:
-            manifest = self.adapter.pod_manifest(
+            assert creator is not None  # only a pod creator's diff creates pods
+            manifest = creator.pod_manifest(
                 obj, job, new, self.env, rendezvous_host=self.kube.rendezvous_host
             )
             if await self.kube.create_pod(manifest):

@@ -36,7 +36,7 @@ from dlrover_events.sdk.identity import (
     WORLD_SIZE_ENV,
 )
 from handlers.operator.kube import planning
-from handlers.operator.kube.adapter import WorkloadAdapter, register_adapter
+from handlers.operator.kube.adapter import PodCreatingAdapter, register_adapter
 from handlers.operator.kube.model import (
     ANN_CONTAINER,
     ANN_GPU_TYPE,
@@ -77,7 +77,7 @@ IDENTITY_ENV = {
 }
 
 
-class TrainingJobAdapter(WorkloadAdapter):
+class TrainingJobAdapter(PodCreatingAdapter):
     """``gpu_type_label``: the node label GPU types are selected by; None (the local
     platform, which has no nodes to select) leaves a plan's GPU type not applied."""
 
@@ -85,7 +85,6 @@ class TrainingJobAdapter(WorkloadAdapter):
     group = GROUP
     version = VERSION
     plural = PLURAL
-    creates_pods = True
 
     def __init__(self, gpu_type_label: str | None = None) -> None:
         self.gpu_type_label = gpu_type_label or None

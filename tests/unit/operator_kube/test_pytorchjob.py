@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from handlers.operator.kube.adapter import adapter_for
+from handlers.operator.kube.adapter import PodCreatingAdapter, adapter_for
 from handlers.operator.kube.model import ANN_PLANS, FAILED, PENDING, RUNNING, SUCCEEDED, InvalidJob
-from handlers.operator.kube.planning import NewPod, PlanRejected
+from handlers.operator.kube.planning import PlanRejected
 from handlers.operator.kube.podevents import job_meta, node_events
 from handlers.operator.kube.pytorchjob import (
     LABEL_JOB_NAME,
@@ -295,8 +295,9 @@ def test_the_training_operator_owns_the_pods_and_the_status() -> None:
     assert PYTORCH_JOB.creates_pods is False
     job = elastic()
     assert PYTORCH_JOB.status_patch(job, pods(2), last_plan="p1", last_plan_time="t") is None
-    with pytest.raises(NotImplementedError):
-        PYTORCH_JOB.pod_manifest(ptj(), job, NewPod("worker", 2, 2, Resources()), "prod")
+    # No pod manifest at all: the operator cannot make a PyTorchJob's pods.
+    assert not isinstance(PYTORCH_JOB, PodCreatingAdapter)
+    assert not hasattr(PYTORCH_JOB, "pod_manifest")
 
 
 # -- plans -------------------------------------------------------------------------------
