@@ -178,6 +178,18 @@ def _annotation(meta: Mapping[str, Any], key: str, default: Any) -> Any:
         raise InvalidJob(f"annotation {key} is not JSON: {e}") from None
 
 
+def object_fields(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What a JobView of any kind takes from its object's metadata."""
+    return {
+        "name": meta.get("name", ""),
+        "namespace": meta.get("namespace", ""),
+        "uid": meta.get("uid", ""),
+        "resource_version": meta.get("resourceVersion", ""),
+        "generation": int(meta.get("generation") or 0),
+        "labels": dict(meta.get("labels") or {}),
+    }
+
+
 def parse_job(obj: Mapping[str, Any]) -> JobView:
     """A TrainingJob from the API (a dict); InvalidJob names what the schema let through."""
     meta = obj.get("metadata") or {}
@@ -230,13 +242,8 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
     except (AttributeError, TypeError, ValueError) as e:
         raise InvalidJob(f"per-node annotations: {e}") from None
     return JobView(
-        name=meta.get("name", ""),
-        namespace=meta.get("namespace", ""),
-        uid=meta.get("uid", ""),
-        resource_version=meta.get("resourceVersion", ""),
-        generation=int(meta.get("generation") or 0),
+        **object_fields(meta),
         roles=roles,
-        labels=dict(meta.get("labels") or {}),
         node_resources=node_resources,
         remove_first=remove_first,
         applied_plans=tuple(_annotation(meta, ANN_PLANS, [])),
@@ -365,6 +372,7 @@ __all__ = [
     "RoleView",
     "Termination",
     "check_bounds",
+    "object_fields",
     "parse_job",
     "parse_pod",
     "pod_name",

@@ -49,6 +49,7 @@ from handlers.operator.kube.model import (
     JobView,
     PodView,
     RoleView,
+    object_fields,
     parse_pod,
 )
 from handlers.operator.kube.planning import PlanChange, PlanRejected
@@ -186,13 +187,8 @@ def parse_pytorchjob(obj: Mapping[str, Any]) -> JobView:
         raise InvalidJob(f"annotation {ANN_PLANS} is not a JSON list: {e}") from None
     phase, _ = conditions_phase(status)
     return JobView(
-        name=meta.get("name", ""),
-        namespace=meta.get("namespace", ""),
-        uid=meta.get("uid", ""),
-        resource_version=meta.get("resourceVersion", ""),
-        generation=int(meta.get("generation") or 0),
+        **object_fields(meta),
         roles=roles,
-        labels=dict(meta.get("labels") or {}),
         applied_plans=plans,
         phase=phase,
         last_plan_id=plans[-1] if plans else None,
