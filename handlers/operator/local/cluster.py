@@ -45,6 +45,8 @@ from handlers.operator.local.store import (
     StoreConflict,
     StoreInvalid,
     StoreNotFound,
+    read_json,
+    write_json,
 )
 
 log = logging.getLogger(__name__)
@@ -222,7 +224,7 @@ class LocalCluster:
         except (QuantityError, ValueError, KeyError) as e:
             shutil.rmtree(pod_dir, ignore_errors=True)
             raise _api_error(422, "Invalid", f"pod {name}: {e}") from None
-        _write_json(pod_dir / POD, pod)
+        write_json(pod_dir / POD, pod)
         if self.runs_pods:
             self._start(name)
         return True
@@ -232,12 +234,12 @@ class LocalCluster:
         (its spec's terminationGracePeriodSeconds, which is what ``grace_period_s`` is
         made of too)."""
         pod_dir = self._pod_dir(name)
-        pod = _read_json(pod_dir / POD)
+        pod = read_json(pod_dir / POD)
         if pod is None:
             return False
         if not pod["metadata"].get("deletionTimestamp"):
             pod["metadata"]["deletionTimestamp"] = _now()
-            _write_json(pod_dir / POD, pod)
+            write_json(pod_dir / POD, pod)
         self._terminate(name)
         return True
 
@@ -293,12 +295,12 @@ class LocalCluster:
             created = psutil.Process(proc.pid).create_time()
         except psutil.Error:
             created = 0.0
-        _write_json(pod_dir / PID, {"pid": proc.pid, "create_time": created})
+        write_json(pod_dir / PID, {"pid": proc.pid, "create_time": created})
         self._shims[name] = proc
         log.info("local platform: started pod %s (pid %d)", name, proc.pid)
 
     def _terminate(self, name: str) -> None:
-        record = _read_json(self._pod_dir(name) / PID)
+        record = read_json(self._pod_dir(name) / PID)
         if record is not None and _alive(record):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(record["pid"]), signal.SIGTERM)
@@ -315,7 +317,7 @@ class LocalCluster:
     def _pid_records(self) -> dict[str, dict[str, Any]]:
         out = {}
         for pod_dir in self.store.pods_dir.iterdir():
-            record = _read_json(pod_dir / PID)
+            record = read_json(pod_dir / PID)
             if record is not None:
                 out[pod_dir.name] = record
         return out
@@ -324,15 +326,15 @@ class LocalCluster:
         """Every pod with its status as its process tells it now."""
         out: dict[str, dict[str, Any]] = {}
         for pod_dir in sorted(self.store.pods_dir.iterdir()):
-            pod = _read_json(pod_dir / POD)
+            pod = read_json(pod_dir / POD)
             if pod is not None:
                 pod["status"] = self._status(pod_dir)
                 out[pod_dir.name] = pod
         return out
 
     def _status(self, pod_dir: Path) -> dict[str, Any]:
-        ended = _read_json(pod_dir / shim.EXIT)
-        record = _read_json(pod_dir / PID)
+        ended = read_json(pod_dir / shim.EXIT)
+        record = read_json(pod_dir / PID)
         name = "main"
         if ended is not None:
             phase = "Succeeded" if ended["exitCode"] == 0 else "Failed"
@@ -452,20 +454,6 @@ def with_rendezvous_ports(body: Mapping[str, Any]) -> dict[str, Any]:
                 sock.bind(("127.0.0.1", 0))
                 elastic["rendezvousPort"] = sock.getsockname()[1]
     return out
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        got: dict[str, Any] = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return got
-
-
-def _write_json(path: Path, value: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
 
 
 __all__ = ["ANN_WORKDIR", "LocalCluster"]

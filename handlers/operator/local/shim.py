@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,18 +25,13 @@ from typing import Any
 import psutil
 
 from handlers.operator.local.memory import Enforcement, NodeMemory
+from handlers.operator.local.store import write_json
 
 SPEC = "spec.json"
 EXIT = "exit.json"
 OOM = "oom.json"
 LOG = "log"
 _PR_SET_CHILD_SUBREAPER = 36
-
-
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -112,7 +106,7 @@ def main(pod_dir: Path) -> int:
                 # A process of the node was killed for the node's limit while the node
                 # goes on (torchrun restarts its worker): the operator reports it.
                 seen_ooms = kills
-                _write_json(pod_dir / OOM, {"oom_kills": kills, "at": time.time()})
+                write_json(pod_dir / OOM, {"oom_kills": kills, "at": time.time()})
     # Nothing of the node survives it: workers torchrun left behind go too.
     leftovers = psutil.Process().children(recursive=True)
     _signal_all(leftovers, signal.SIGKILL)
@@ -125,7 +119,7 @@ def main(pod_dir: Path) -> int:
         reason = "OOMKilled"
     elif stopping.is_set():
         reason = "Terminated"
-    _write_json(
+    write_json(
         pod_dir / EXIT,
         {
             "exitCode": exit_code,

@@ -91,7 +91,7 @@ class JobStore:
             current = int(self._counter.read_text() or "0")
         except FileNotFoundError:
             current = 0
-        _write(self._counter, str(current + 1))
+        write_json(self._counter, current + 1)
         return str(current + 1)
 
     def _path(self, name: str) -> Path:
@@ -100,17 +100,11 @@ class JobStore:
     # -- reads ----------------------------------------------------------------------------
 
     def get(self, name: str) -> dict[str, Any] | None:
-        try:
-            return _read(self._path(name))
-        except FileNotFoundError:
-            return None
+        return read_json(self._path(name))
 
     def list(self) -> list[dict[str, Any]]:
-        out = []
-        for path in sorted(self.jobs_dir.glob("*.json")):
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                out.append(_read(path))
-        return out
+        found = (read_json(path) for path in sorted(self.jobs_dir.glob("*.json")))
+        return [obj for obj in found if obj is not None]
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -130,7 +124,7 @@ class JobStore:
                 resourceVersion=self.next_version(),
             )
             obj.pop("status", None)
-            _write(path, json.dumps(obj))
+            write_json(path, obj)
         return obj
 
     def patch(self, name: str, patch: Mapping[str, Any], *, status: bool = False) -> dict[str, Any]:
@@ -156,7 +150,7 @@ class JobStore:
                 if new.get("spec") != current.get("spec"):
                     new["metadata"]["generation"] = int(meta.get("generation") or 1) + 1
             new["metadata"]["resourceVersion"] = self.next_version()
-            _write(self._path(name), json.dumps(new))
+            write_json(self._path(name), new)
             return new
 
     def delete(self, name: str) -> bool:
@@ -169,15 +163,20 @@ class JobStore:
             return True
 
 
-def _read(path: Path) -> dict[str, Any]:
-    got: dict[str, Any] = json.loads(path.read_text())
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object written by ``write_json``; None when there is none (yet, or any more)."""
+    try:
+        got: dict[str, Any] = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
     return got
 
 
-def _write(path: Path, text: str) -> None:
-    """Atomic: a reader sees the old file or the new one, never half of one."""
+def write_json(path: Path, value: Any) -> None:
+    """Atomic: a reader (another process among the commands, the operator and the nodes'
+    shims) sees the old file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    tmp.write_text(json.dumps(value))
     os.replace(tmp, path)
 
 
@@ -189,4 +188,6 @@ __all__ = [
     "StoreNotFound",
     "check_name",
     "merge_patch",
+    "read_json",
+    "write_json",
 ]
