@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from dlrover_events.settings import Settings
 
 SERVICE_GROUP = "dlrover_events.services"
@@ -30,6 +32,11 @@ class ServiceContext:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     #: what a service serves (name -> address, with a hint), for `up` to print.
     endpoints: dict[str, str] = field(default_factory=dict)
+    #: where the service declares its metrics (`dlrover_events.metrics`); whoever runs
+    #: the service serves it (`MetricsServer`)
+    metrics: CollectorRegistry = field(
+        default_factory=lambda: CollectorRegistry(auto_describe=True)
+    )
 
 
 @dataclass(frozen=True)

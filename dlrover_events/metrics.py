@@ -1,0 +1,255 @@
+"""Prometheus metrics of the long-running services, all declared here.
+
+One place lists every metric a user can scrape (the README's table is written from it),
+so names follow one convention: `dlrover_events_<service>_<what>[_<unit>][_total]`, and
+every metric of an env-scoped service carries an `env` label.
+
+No metric lives in a process-global registry: `up` runs several services (and `ab run`
+one brain per arm) in one process, so each service instance declares its metrics on the
+`CollectorRegistry` it is given (`ServiceContext.metrics`), and `MetricsServer` serves
+the registries of a process on one port. Two instances of one service in one process get
+two registries and say which is which by their `env` label.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+#: Seconds: from milliseconds (a plan decided in a batch) to a minute (a pod created).
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class BrainMetrics:
+    """What an operator watches to see a brain keep up: lag per input partition, the
+    decisions and plans it makes, how long an event waits for its plan, checkpoints."""
+
+    def __init__(self, registry: CollectorRegistry, env: str) -> None:
+        self.env = env
+        self.consumer_lag = Gauge(
+            "dlrover_events_brain_consumer_lag_records",
+            "records of an input partition not yet decided (high watermark minus position)",
+            ["env", "topic", "partition"],
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "dlrover_events_brain_decisions_total",
+            "events that triggered an optimizer",
+            ["env"],
+            registry=registry,
+        ).labels(env)
+        self.events = Counter(
+            "dlrover_events_brain_events_total",
+            "input records decided",
+            ["env"],
+            registry=registry,
+        ).labels(env)
+        self.plans = Counter(
+            "dlrover_events_brain_plans_total",
+            "plans published, by kind (optimize, scale)",
+            ["env", "kind"],
+            registry=registry,
+        )
+        self.plan_latency = Histogram(
+            "dlrover_events_brain_plan_latency_seconds",
+            "from fetching the record that caused a plan to the broker's ack of the plan",
+            ["env"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(env)
+        self.checkpoint_duration = Histogram(
+            "dlrover_events_brain_checkpoint_duration_seconds",
+            "one checkpoint: job states and offsets to Postgres, then the commit",
+            ["env"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(env)
+        self.dead_letters = Counter(
+            "dlrover_events_brain_dead_letters_total",
+            "records sent to the env's DLQ, by failure kind",
+            ["env", "kind"],
+            registry=registry,
+        )
+
+    def lag(self, topic: str, partition: int, records: int) -> None:
+        self.consumer_lag.labels(self.env, topic, str(partition)).set(records)
+
+
+class OperatorMetrics:
+    """What an operator did with the plans it read, per platform."""
+
+    def __init__(self, registry: CollectorRegistry, env: str, platform: str) -> None:
+        self.env = env
+        self.platform = platform
+        self._plans = Counter(
+            "dlrover_events_operator_plans_total",
+            "ScalePlans answered, by result status (applied, partial, rejected, failed)",
+            ["env", "platform", "status"],
+            registry=registry,
+        )
+        self.apply_latency = Histogram(
+            "dlrover_events_operator_apply_duration_seconds",
+            "from reading a plan to publishing its ScaleResult",
+            ["env", "platform"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(env, platform)
+
+    def answered(self, status: str, seconds: float) -> None:
+        self._plans.labels(self.env, self.platform, status).inc()
+        self.apply_latency.observe(seconds)
+
+
+class ArchiverMetrics:
+    def __init__(self, registry: CollectorRegistry, env: str) -> None:
+        self.records = Counter(
+            "dlrover_events_archiver_records_total",
+            "records archived to Postgres",
+            ["env"],
+            registry=registry,
+        ).labels(env)
+        self.dead_letters = Counter(
+            "dlrover_events_archiver_dead_letters_total",
+            "records sent to the env's DLQ, by failure kind",
+            ["env", "kind"],
+            registry=registry,
+        )
+        self.batch_duration = Histogram(
+            "dlrover_events_archiver_batch_duration_seconds",
+            "one batch written to Postgres and committed",
+            ["env"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(env)
+
+
+class EvaluatorMetrics:
+    def __init__(self, registry: CollectorRegistry, env: str) -> None:
+        self.records = Counter(
+            "dlrover_events_evaluator_records_total",
+            "records the evaluators read",
+            ["env"],
+            registry=registry,
+        ).labels(env)
+        self.reports = Counter(
+            "dlrover_events_evaluator_reports_total",
+            "evaluation reports published, by evaluator",
+            ["env", "evaluator"],
+            registry=registry,
+        )
+
+
+class ConsoleMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.clients = Gauge(
+            "dlrover_events_console_clients",
+            "browsers connected to the live view",
+            registry=registry,
+        )
+        self.records = Counter(
+            "dlrover_events_console_records_total",
+            "records shown to the live view",
+            registry=registry,
+        )
+
+
+class ServiceMetrics:
+    """What `up`'s supervisor knows of each service it runs."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.up = Gauge(
+            "dlrover_events_service_up",
+            "1 while the service runs, 0 once it stopped or failed",
+            ["env", "service"],
+            registry=registry,
+        )
+        self.restarts = Counter(
+            "dlrover_events_service_restarts_total",
+            "times the supervisor started a service again after it failed",
+            ["env", "service"],
+            registry=registry,
+        )
+        self.bus_up = Gauge(
+            "dlrover_events_bus_up",
+            "1 while the broker answers, 0 while it is away",
+            registry=registry,
+        )
+
+
+class _Registries(Collector):
+    """The collectors of several registries as one, for one scrape."""
+
+    def __init__(self, registries: Iterable[CollectorRegistry]) -> None:
+        self.registries = list(registries)
+
+    def collect(self) -> Iterator[Metric]:
+        for registry in self.registries:
+            yield from registry.collect()
+
+
+class MetricsServer:
+    """`GET /metrics` for the registries of this process, on 127.0.0.1 unless configured.
+
+    Explicit start/stop (as the rest of the services): `up` starts one for every
+    service it runs; a standalone command starts one for its own service.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self._registries: list[CollectorRegistry] = []
+        self._runner: web.AppRunner | None = None
+
+    def add(self, registry: CollectorRegistry) -> None:
+        if registry not in self._registries:
+            self._registries.append(registry)
+
+    def exposition(self) -> bytes:
+        merged = CollectorRegistry(auto_describe=False)
+        merged.register(_Registries(self._registries))
+        return generate_latest(merged)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics, allow_head=False)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        if self.port == 0 and server is not None and server.sockets:  # type: ignore[attr-defined]
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        log.info("metrics on http://%s:%d/metrics", self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+
+__all__ = [
+    "LATENCY_BUCKETS",
+    "ArchiverMetrics",
+    "BrainMetrics",
+    "CollectorRegistry",
+    "ConsoleMetrics",
+    "EvaluatorMetrics",
+    "MetricsServer",
+    "OperatorMetrics",
+    "ServiceMetrics",
+]
