@@ -148,17 +148,13 @@ class EvaluatorMetrics:
 
 
 class ConsoleMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, env: str) -> None:
         self.clients = Gauge(
             "dlrover_events_console_clients",
-            "browsers connected to the live view",
+            "browsers following the live view",
+            ["env"],
             registry=registry,
-        )
-        self.records = Counter(
-            "dlrover_events_console_records_total",
-            "records shown to the live view",
-            registry=registry,
-        )
+        ).labels(env)
 
 
 class ServiceMetrics:

@@ -10,6 +10,7 @@ import logging
 import typer
 
 from dlrover_events.embedded import resolve_postgres
+from dlrover_events.metrics import ConsoleMetrics
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import load_settings
 from handlers.console.runtime import ConsoleServer, ConsoleSettings
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 async def run(ctx: ServiceContext) -> None:
     async with ConsoleServer(ctx.settings, ctx.env, ctx.pg_dsn) as server:
         await server.wait_ready()
+        hub = server.hub
+        ConsoleMetrics(ctx.metrics, ctx.env).clients.set_function(lambda: hub.subscribers)
         log.info("web console of env %s on %s", ctx.env, server.url)
         ctx.endpoints["web console"] = (
             f"{server.url}#token=<read token>  (dlrover-events gateway-token create "

@@ -19,6 +19,7 @@ from rich.table import Table
 from dlrover_events.bus import Producer, read_topic
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
+from dlrover_events.metrics import EvaluatorMetrics
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import EnvStore
@@ -79,10 +80,12 @@ async def ledger_of(settings: Settings, env: str, topics: Sequence[str] = INPUTS
 
 async def run(ctx: ServiceContext, interval_s: float = 10.0) -> None:
     ledger = Ledger()
+    metrics = EvaluatorMetrics(ctx.metrics, ctx.env)
 
     def fold(line: Line) -> None:
         if line.event is not None:
             ledger.observe(line.event)
+            metrics.records.inc()
 
     store = await EnvStore.open(ctx.pg_dsn, ctx.env, max_size=2)
     tail = asyncio.create_task(
@@ -96,7 +99,10 @@ async def run(ctx: ServiceContext, interval_s: float = 10.0) -> None:
             if tail.done():
                 tail.result()  # surfaces why following stopped
             if ledger.jobs:
-                await publish(ctx.settings, store, reports(ctx.env, ledger, datetime.now(UTC)))
+                batch = reports(ctx.env, ledger, datetime.now(UTC))
+                await publish(ctx.settings, store, batch)
+                for report in batch:
+                    metrics.reports.labels(ctx.env, report.evaluator).inc()
     finally:
         ctx.stop.set()
         await asyncio.gather(tail, return_exceptions=True)
