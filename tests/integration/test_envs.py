@@ -29,10 +29,11 @@ async def test_create_makes_topics_schema_and_announcement(
     store = await EnvStore.open(pg_dsn, rec.name)
     async with store:
         tables = await store.tables()
+    assert not {"jobs", "nodes", "runtime_samples"} & set(tables)  # never written: dropped
     assert {
-        "jobs",
-        "nodes",
-        "runtime_samples",
+        "job_states",
+        "brain_offsets",
+        "job_sample_chunks",
         "plans",
         "scale_plans",
         "configs",
