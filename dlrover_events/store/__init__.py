@@ -7,7 +7,7 @@ from dlrover_events.store.database import (
     env_schema,
 )
 from dlrover_events.store.env_store import EnvStore
-from dlrover_events.store.migrations import apply_migrations
+from dlrover_events.store.migrations import apply_migrations, prepare_env
 
 __all__ = [
     "REGISTRY_SCHEMA",
@@ -16,4 +16,5 @@ __all__ = [
     "connect",
     "create_pool",
     "env_schema",
+    "prepare_env",
 ]

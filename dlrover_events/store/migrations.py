@@ -13,7 +13,8 @@ from typing import Literal
 
 import asyncpg
 
-from dlrover_events.store.database import quote_ident
+from dlrover_events.errors import UserError
+from dlrover_events.store.database import connect, env_schema, quote_ident
 
 Kind = Literal["registry", "env"]
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -65,3 +66,21 @@ async def apply_migrations(conn: asyncpg.Connection, schema: str, kind: Kind) ->
             )
             applied_now.append(mig.version)
     return applied_now
+
+
+async def prepare_env(dsn: str, env: str) -> None:
+    """The env must exist (`env create` made its schema); a schema made by an older
+    version gets the migrations since, so a service reading it finds its tables."""
+    schema = env_schema(env)
+    conn = await connect(dsn)
+    try:
+        exists = await conn.fetchval(
+            "SELECT 1 FROM information_schema.schemata WHERE schema_name = $1", schema
+        )
+        if not exists:
+            raise UserError(
+                f"env {env!r} does not exist; create it with `dlrover-events env create`"
+            )
+        await apply_migrations(conn, schema, "env")
+    finally:
+        await conn.close()

@@ -13,11 +13,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
-from dlrover_events.store import create_pool, env_schema
+from dlrover_events.store import create_pool, env_schema, prepare_env
 from dlrover_events.tokens import Tokens
 from handlers.console.app import build_app
 from handlers.console.hub import Hub
-from handlers.gateway.runtime import prepare_env
 
 
 class ConsoleSettings(BaseSettings):

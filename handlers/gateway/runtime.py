@@ -22,10 +22,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from dlrover_events.bus import Producer
 from dlrover_events.compacted import CompactedFollower
 from dlrover_events.config_feed import ConfigFeed
-from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
-from dlrover_events.store import apply_migrations, connect, create_pool, env_schema
+from dlrover_events.store import create_pool, env_schema, prepare_env
 from dlrover_events.tokens import Scope, Tokens, hash_token
 from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
 from handlers.gateway.app import Gateway, build_app
@@ -76,23 +75,6 @@ class GatewaySettings(BaseSettings):
     plan_poll_ms: int = Field(
         default=100, ge=10, le=5000, description="longest fetch wait on the plan topics"
     )
-
-
-async def prepare_env(dsn: str, env: str) -> None:
-    """The env must exist; its schema gets the gateway's migration if it predates it."""
-    schema = env_schema(env)
-    conn = await connect(dsn)
-    try:
-        exists = await conn.fetchval(
-            "SELECT 1 FROM information_schema.schemata WHERE schema_name = $1", schema
-        )
-        if not exists:
-            raise UserError(
-                f"env {env!r} does not exist; create it with `dlrover-events env create`"
-            )
-        await apply_migrations(conn, schema, "env")
-    finally:
-        await conn.close()
 
 
 class GatewayServer(AsyncResource):
