@@ -114,6 +114,9 @@ class JobView:
     phase: str | None = None
     last_plan_id: str | None = None
     status: Mapping[str, Any] = field(default_factory=dict)
+    #: spec.successPolicy.roles: the roles whose pods all succeeding ends the job (empty:
+    #: the default, see planning.success_roles)
+    success_roles: tuple[str, ...] = ()
 
     def wanted(self, role: str, rank: int) -> Resources:
         """The resources a new pod of that node gets."""
@@ -229,6 +232,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
         )
     if not roles:
         raise InvalidJob("the job has no roles")
+    success_roles = _success_roles(spec.get("successPolicy"), roles)
     overrides = _annotation(meta, ANN_NODE_RESOURCES, {})
     try:
         node_resources = {
@@ -250,7 +254,27 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
         phase=status.get("phase"),
         last_plan_id=status.get("lastPlanId"),
         status=status,
+        success_roles=success_roles,
     )
+
+
+def _success_roles(raw: Any, roles: Mapping[str, RoleView]) -> tuple[str, ...]:
+    """spec.successPolicy.roles, in order, each once; a role the job lacks is a mistake
+    the schema cannot catch (it cannot relate a list to the keys of a map)."""
+    if raw is None:
+        return ()
+    named = raw.get("roles") if isinstance(raw, Mapping) else None
+    if named is None:
+        return ()
+    if not isinstance(named, (list, tuple)) or not all(isinstance(r, str) for r in named):
+        raise InvalidJob("successPolicy.roles must be a list of role names")
+    unknown = [r for r in named if r not in roles]
+    if unknown:
+        raise InvalidJob(
+            f"successPolicy names role(s) {', '.join(unknown)} the job does not have "
+            f"(roles: {', '.join(roles)})"
+        )
+    return tuple(dict.fromkeys(named))
 
 
 def _elastic(role: str, raw: Any) -> ElasticPolicy | None:

@@ -47,7 +47,9 @@ from handlers.operator.kube.quantity import GPU, Resources
 from schemas.plan_parts import not_applied
 from schemas.plans import NotApplied, ScalePlan
 
-#: Roles whose pods finishing means the job finished, first match wins.
+#: A job that names no success roles (spec.successPolicy.roles) succeeds once every pod of
+#: the first of these roles it has succeeded; a job with none of them (DI-engine's
+#: coordinator, collector, learner) once every pod of every role has.
 COMPLETION_ROLES = ("worker", "chief", "master")
 
 _POD_ASKS = f"a TrainingJob's pods ask only for cpu, memory and {GPU}"
@@ -432,18 +434,30 @@ def counts(job: JobView, pods: Iterable[PodView]) -> dict[str, dict[str, int]]:
     return out
 
 
-def completion_role(job: JobView) -> str | None:
+def success_roles(job: JobView) -> tuple[str, ...]:
+    """The roles whose pods all succeeding ends the job: its own successPolicy, else the
+    first of COMPLETION_ROLES it has, else every role."""
+    if job.success_roles:
+        return job.success_roles
     for role in COMPLETION_ROLES:
         if role in job.roles:
-            return role
-    return None
+            return (role,)
+    return tuple(job.roles)
+
+
+def _all_succeeded(job: JobView, pods: Sequence[PodView], role: str) -> bool:
+    """Every replica of ``role`` has a pod that succeeded."""
+    done = {p.rank for p in pods if p.role == role and p.phase == SUCCEEDED}
+    return len(done) >= job.roles[role].replicas
 
 
 def outcome(job: JobView, pods: Sequence[PodView]) -> tuple[str | None, str]:
     """(Succeeded | Failed | None, reason): whether the job has ended, and why.
 
     Final once reached: a job whose status already says it ended stays ended, even after
-    its pods are cleaned up.
+    its pods are cleaned up. It succeeds when every replica of its success roles did (a
+    role scaled to 0 says nothing), or when every replica of every role did, whatever its
+    policy names: a job none of whose pods is left to run has ended, never Pending.
     """
     if job.phase in FINAL_PHASES:
         return job.phase, ""
@@ -454,12 +468,17 @@ def outcome(job: JobView, pods: Sequence[PodView]) -> tuple[str | None, str]:
             t = p.termination
             how = f"exit code {t.exit_code} ({t.reason})" if t is not None else "failed"
             return FAILED, f"pod {p.name} {how}; restartPolicy {role.restart_policy}"
-    role_name = completion_role(job)
-    if role_name is not None:
-        role = job.roles[role_name]
-        done = {p.rank for p in mine if p.role == role_name and p.phase == SUCCEEDED}
-        if role.replicas > 0 and len(done) >= role.replicas:
-            return SUCCEEDED, f"all {role.replicas} {role_name} pods succeeded"
+    counted = [r for r in success_roles(job) if job.roles[r].replicas > 0]
+    if counted and all(_all_succeeded(job, mine, r) for r in counted):
+        if len(counted) == 1:
+            (only,) = counted
+            return SUCCEEDED, f"all {job.roles[only].replicas} {only} pods succeeded"
+        sizes = ", ".join(f"{r} ({job.roles[r].replicas})" for r in counted)
+        return SUCCEEDED, f"all pods of {sizes} succeeded"
+    if any(p.phase == SUCCEEDED for p in mine) and all(
+        _all_succeeded(job, mine, r) for r in job.roles
+    ):
+        return SUCCEEDED, "all pods of every role succeeded"
     return None, ""
 
 
@@ -508,7 +527,6 @@ __all__ = [
     "PlanChange",
     "PlanRejected",
     "ServiceChanges",
-    "completion_role",
     "counts",
     "diff",
     "grace_seconds",
@@ -520,5 +538,6 @@ __all__ = [
     "replaces",
     "service_changes",
     "status_patch",
+    "success_roles",
     "unsupported",
 ]
