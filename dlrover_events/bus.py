@@ -14,14 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
 
 from dlrover_events.errors import BusUnavailable
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.topics import DLQ, topic, topic_of
 from schemas.codec import CodecError, decode, encode
-from schemas.dlq import DeadLetter, FailureKind
+from schemas.dlq import DeadLetter, FailureKind, fitting_letter
 from schemas.envelope import Event
 
 log = logging.getLogger(__name__)
@@ -133,18 +138,18 @@ Handler = Callable[[list[Received]], Awaitable[None]]
 def dead_letter(
     env: str, record: ConsumerRecord, kind: FailureKind, error: str, group: str
 ) -> DeadLetter:
-    return DeadLetter(
+    """A dead letter of ``record`` that any producer can send: whatever the record holds,
+    the letter fits an event's bound (`schemas.dlq.fitting_letter`)."""
+    return fitting_letter(
         env=env,
-        source=group,
-        key=record.key.decode("utf-8", "replace") if record.key is not None else None,
         original_topic=record.topic,
         partition=record.partition,
         offset=record.offset,
-        original_key=DeadLetter.b64(record.key),
-        original_value=DeadLetter.b64(record.value),
-        error_kind=kind,
-        error=error[:2000],
-        consumer_group=group,
+        key=record.key,
+        value=record.value,
+        kind=kind,
+        error=error,
+        group=group,
     )
 
 
@@ -152,12 +157,83 @@ def log_dead_letters(letters: Iterable[DeadLetter]) -> None:
     """One warning per dead letter, saying where the record was and why it failed."""
     for letter in letters:
         log.warning(
-            "dead-lettered %s[%d]@%d: %s",
+            "dead-lettered %s[%d]@%d%s: %s",
             letter.original_topic,
             letter.partition,
             letter.offset,
+            f" ({letter.original_size} bytes, kept truncated)" if letter.truncated else "",
             letter.error,
         )
+
+
+#: The broker (or the client) refuses the record for what it is: sending it again as it
+#: is cannot succeed, whatever the broker's state.
+_REFUSED = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
+
+
+def _where(letter: DeadLetter) -> str:
+    return f"{letter.original_topic}[{letter.partition}]@{letter.offset}"
+
+
+async def send_dead_letters(
+    producer: Producer, letters: Sequence[DeadLetter], *, max_backoff_s: float = 5.0
+) -> int:
+    """Publish dead letters and return how many the broker acked.
+
+    A letter the broker refuses for its size is sent again without the original bytes
+    (the reason and the coordinates are what matter), and one refused even so is logged
+    and skipped: a consumer must never stop for good on a letter. Any other failure (the
+    broker away) is retried with a backoff, each time saying why, because the offsets
+    must not be committed past a record whose letter is not on the bus."""
+    todo = list(letters)
+    sent = attempt = 0
+    while todo:
+        attempt += 1
+        results = await asyncio.gather(
+            *(producer.send_raw(topic_of(x), encode(x), _key(x)) for x in todo),
+            return_exceptions=True,
+        )
+        again: list[DeadLetter] = []
+        transient = False
+        for letter, result in zip(todo, results, strict=True):
+            if not isinstance(result, BaseException):
+                sent += 1
+            elif isinstance(result, asyncio.CancelledError):
+                raise result
+            elif isinstance(result, _REFUSED) and letter.original_value is not None:
+                log.warning(
+                    "dead letter of %s refused (%s: %s); sending it without the original bytes",
+                    _where(letter),
+                    type(result).__name__,
+                    result,
+                )
+                again.append(
+                    letter.model_copy(
+                        update={"original_value": None, "original_key": None, "truncated": True}
+                    )
+                )
+            elif isinstance(result, _REFUSED):
+                log.error(
+                    "could not dead-letter %s (%s: %s); skipped it. Its reason: %s",
+                    _where(letter),
+                    type(result).__name__,
+                    result,
+                    letter.error,
+                )
+            else:
+                transient = True
+                again.append(letter)
+                log.warning(
+                    "dead letter of %s not sent (%s: %s); retrying (attempt %d)",
+                    _where(letter),
+                    type(result).__name__,
+                    result,
+                    attempt,
+                )
+        if transient:
+            await asyncio.sleep(min(0.2 * attempt, max_backoff_s))
+        todo = again
+    return sent
 
 
 class Consumer(AsyncResource):
@@ -211,6 +287,8 @@ class Consumer(AsyncResource):
         self._stopping = asyncio.Event()
         self.processed = 0
         self.dead_lettered = 0
+        #: dead letters by failure kind
+        self.dead_letter_kinds: dict[str, int] = {}
 
     async def start(self) -> None:
         await self._producer.start()
@@ -258,8 +336,11 @@ class Consumer(AsyncResource):
         if good:
             letters.extend(await self._handle(good, records))
         if letters:
-            await self._producer.publish_many(letters)
+            await send_dead_letters(self._producer, letters)
             self.dead_lettered += len(letters)
+            for letter in letters:
+                kind = letter.error_kind.value
+                self.dead_letter_kinds[kind] = self.dead_letter_kinds.get(kind, 0) + 1
             log_dead_letters(letters)
         self.processed += len(good)
 
@@ -365,6 +446,7 @@ __all__ = [
     "Received",
     "dead_letter",
     "read_topic",
+    "send_dead_letters",
     "start_kafka_client",
     "topic_partitions",
 ]

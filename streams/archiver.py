@@ -2,13 +2,21 @@
 
 It is the simplest stream processor there is and shows the delivery rule every other one
 follows: the batch is written (idempotently, by event_id) before its offsets are committed.
+
+It must outlive any record and any outage: under `up`, a service that raises stops the
+stack. A failure (Postgres or the broker away, a letter the broker refuses) is logged with
+its reason, and the consumer starts again from the group's last commit after a backoff,
+so nothing past the commit is skipped and nothing before it is archived twice.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 from dlrover_events.bus import Consumer, Received
+from dlrover_events.metrics import ArchiverMetrics
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
@@ -17,22 +25,61 @@ from dlrover_events.topics import ENV_TOPIC_NAMES
 log = logging.getLogger(__name__)
 
 GROUP = "archiver"
+#: Longest wait before starting again after a failure.
+MAX_BACKOFF_S = 10.0
 
 
-def archiver_consumer(settings: Settings, env: str, store: EnvStore) -> Consumer:
+def archiver_consumer(
+    settings: Settings, env: str, store: EnvStore, metrics: ArchiverMetrics | None = None
+) -> Consumer:
     async def handle(batch: list[Received]) -> None:
         await store.archive(batch)
+        if metrics is not None:
+            metrics.records.inc(len(batch))
 
     return Consumer(settings, env, ENV_TOPIC_NAMES, GROUP, handle)
 
 
+async def _consume(
+    ctx: ServiceContext, store: EnvStore, metrics: ArchiverMetrics, healthy: asyncio.Event
+) -> None:
+    async with archiver_consumer(ctx.settings, ctx.env, store, metrics) as consumer:
+        ctx.ready.set()
+        healthy.set()
+        while not ctx.stop.is_set():
+            before = dict(consumer.dead_letter_kinds)
+            with metrics.batch_duration.time():
+                await consumer.poll(timeout_ms=500)
+            for kind, count in consumer.dead_letter_kinds.items():
+                if count > before.get(kind, 0):
+                    metrics.dead_letters.labels(ctx.env, kind).inc(count - before.get(kind, 0))
+
+
 async def run(ctx: ServiceContext) -> None:
+    metrics = ArchiverMetrics(ctx.metrics, ctx.env)
     store = await EnvStore.open(ctx.pg_dsn, ctx.env, max_size=2)
     try:
-        async with archiver_consumer(ctx.settings, ctx.env, store) as consumer:
-            ctx.ready.set()
-            while not ctx.stop.is_set():
-                await consumer.poll(timeout_ms=500)
+        failures = 0
+        while not ctx.stop.is_set():
+            healthy = asyncio.Event()
+            try:
+                await _consume(ctx, store, metrics, healthy)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                failures = 1 if healthy.is_set() else failures + 1
+                backoff = min(0.5 * 2 ** (failures - 1), MAX_BACKOFF_S)
+                log.error(
+                    "archiver of env %s failed (%s: %s); starting again from its last"
+                    " commit in %.1f s",
+                    ctx.env,
+                    type(err).__name__,
+                    err,
+                    backoff,
+                    exc_info=failures == 1,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ctx.stop.wait(), backoff)
     finally:
         await store.close()
 
