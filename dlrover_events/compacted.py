@@ -12,13 +12,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import ConsumerRecord
 from aiokafka.errors import KafkaError
 
-from dlrover_events.bus import start_kafka_client, topic_partitions
-from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
+from dlrover_events.topic_reader import TopicReader
 
 log = logging.getLogger(__name__)
 
@@ -47,43 +46,31 @@ class CompactedFollower(AsyncResource):
     ) -> None:
         self.topic = topic_name
         self.caught_up = caught_up if caught_up is not None else asyncio.Event()
-        self._settings = settings
         self._handle = handle
         self._poll_ms = poll_ms
-        self._missing = missing
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers,
-            group_id=None,
-            enable_auto_commit=False,
-            client_id=f"{settings.client_id}-{client_id}",
-            request_timeout_ms=settings.request_timeout_ms,
+        self._reader = TopicReader(
+            settings,
+            [topic_name],
+            client_id=client_id,
+            missing=missing,
             # A change should reach its readers in well under a second.
             fetch_max_wait_ms=poll_ms,
         )
-        self._end: dict[TopicPartition, int] = {}
 
     async def start(self) -> None:
-        await start_kafka_client(self._consumer, self._settings)
+        await self._reader.start()
         try:
-            parts = await topic_partitions(self._consumer, self.topic)
-            if not parts:
-                hint = f"; {self._missing}" if self._missing else ""
-                raise UserError(f"topic {self.topic} does not exist{hint}")
-            self._consumer.assign(parts)
-            await self._consumer.seek_to_beginning(*parts)
-            self._end = await self._consumer.end_offsets(parts)
             await self._check_caught_up()
         except BaseException:
-            await self._consumer.stop()
+            await self._reader.stop()
             raise
 
     async def stop(self) -> None:
-        await self._consumer.stop()
+        await self._reader.stop()
 
     async def poll(self) -> int:
         """Hand one fetch to ``handle``; returns how many records it held."""
-        batch = await self._consumer.getmany(timeout_ms=self._poll_ms)
-        records = [r for rs in batch.values() for r in rs]
+        records = await self._reader.fetch(timeout_ms=self._poll_ms)
         if records:
             self._handle(records)
         if not self.caught_up.is_set():
@@ -103,9 +90,7 @@ class CompactedFollower(AsyncResource):
                 backoff = min(backoff * 2, 5.0)
 
     async def _check_caught_up(self) -> None:
-        # tansu reports the last batch's base offset + 1 as the end, a lower bound: the
-        # position passes it only once that batch was fetched (and handed on).
-        for tp, end in self._end.items():
-            if await self._consumer.position(tp) < end:
-                return
-        self.caught_up.set()
+        # the position passes the end captured at start only once the fetch that held
+        # the last batch was handed on
+        if await self._reader.caught_up():
+            self.caught_up.set()

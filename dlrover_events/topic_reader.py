@@ -1,0 +1,179 @@
+"""Reading topics without a consumer group: the one way the project does it.
+
+Tools, recoveries and followers that must never move a service's committed offsets
+(`tail`, the compacted followers, the control follower, the brain's recovery of what it
+published, tests) read this way: every partition of the named topics assigned,
+positioned (the beginning, the end, a time, or given offsets), then read to the end or
+followed.
+
+tansu reports the last batch's base offset + 1 as a partition's end, a lower bound, so
+"read to the end" means past the end offsets captured when the reader was positioned
+AND a fetch that brought nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+
+from dlrover_events.bus import start_kafka_client, topic_partitions
+from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import AsyncResource
+from dlrover_events.settings import Settings
+
+#: Where a reader starts: the beginning, the end, the first record at or after a time
+#: (the end where none is), or an offset per partition (the beginning where none is given).
+Start = Literal["earliest", "latest"] | datetime | Mapping[TopicPartition, int]
+
+
+class TopicReader(AsyncResource):
+    """A group-less reader of whole topics. `start` assigns every partition of `topics`
+    and positions them at `begin`; a topic that does not exist is a user error saying
+    what to check (`missing`), unless `require` is off (then it is read as empty)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        topics: Sequence[str],
+        *,
+        client_id: str,
+        begin: Start = "earliest",
+        require: bool = True,
+        missing: str = "",
+        **consumer_args: Any,
+    ) -> None:
+        self.topics = list(topics)
+        self.partitions: list[TopicPartition] = []
+        self._settings = settings
+        self._begin = begin
+        self._require = require
+        self._missing = missing
+        consumer_args.setdefault("request_timeout_ms", settings.request_timeout_ms)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            client_id=f"{settings.client_id}-{client_id}",
+            **consumer_args,
+        )
+        #: end offsets when the reader was positioned: "caught up" means past them
+        self.end_hint: dict[TopicPartition, int] = {}
+
+    async def start(self) -> None:
+        await start_kafka_client(self.consumer, self._settings)
+        try:
+            await self.refresh()
+            if self.partitions:
+                await self.seek(self._begin)
+        except BaseException:
+            await self.consumer.stop()
+            raise
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+
+    async def refresh(self) -> list[TopicPartition]:
+        """Assign every partition the broker now knows of `topics` (a topic created after
+        `start`, say); the partitions already assigned keep their positions."""
+        parts: list[TopicPartition] = []
+        for name in self.topics:
+            found = await topic_partitions(self.consumer, name)
+            if not found and self._require:
+                hint = f"; {self._missing}" if self._missing else ""
+                raise UserError(f"topic {name} does not exist{hint}")
+            parts.extend(found)
+        if parts != self.partitions:
+            self.consumer.assign(parts)
+            self.partitions = parts
+        return parts
+
+    async def seek(self, start: Start) -> None:
+        """Position every partition (see `Start`) and capture the end offsets."""
+        parts = self.partitions
+        if not parts:
+            return
+        if start == "earliest":
+            await self.consumer.seek_to_beginning(*parts)
+        elif start == "latest":
+            await self.consumer.seek_to_end(*parts)
+        elif isinstance(start, datetime):
+            await self.seek_to_time(start, parts)
+        else:
+            assert isinstance(start, Mapping)
+            fresh = [tp for tp in parts if tp not in start]
+            for tp in parts:
+                if tp in start:
+                    self.consumer.seek(tp, start[tp])
+            if fresh:
+                await self.consumer.seek_to_beginning(*fresh)
+        self.end_hint = await self.consumer.end_offsets(parts)
+
+    async def seek_to_time(self, when: datetime, parts: Sequence[TopicPartition]) -> None:
+        """The first record at or after `when` on each partition; the end where there is
+        none (a time past everything reads only what comes next)."""
+        ts = int(when.timestamp() * 1000)
+        found = await self.consumer.offsets_for_times({tp: ts for tp in parts})
+        past = [tp for tp, off in found.items() if off is None]
+        for tp, off in found.items():
+            if off is not None:
+                self.consumer.seek(tp, off.offset)
+        if past:
+            await self.consumer.seek_to_end(*past)
+
+    async def fetch(
+        self, timeout_ms: int = 300, max_records: int | None = None
+    ) -> list[ConsumerRecord]:
+        """One fetch over every assigned partition, each partition's records in order."""
+        batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        return [record for records in batch.values() for record in records]
+
+    async def caught_up(self) -> bool:
+        """Whether every partition is past the end offsets captured when positioned."""
+        for tp, end in self.end_hint.items():
+            if await self.consumer.position(tp) < end:
+                return False
+        return True
+
+    async def read_to_end(
+        self, *, timeout_s: float = 10.0, expect: int | None = None
+    ) -> list[ConsumerRecord]:
+        """Everything from the position to the end (or `expect` records), in partition
+        then offset order; at most `timeout_s` of waiting."""
+        out: list[ConsumerRecord] = []
+        if not self.partitions:
+            return out
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if expect is not None and len(out) >= expect:
+                break
+            records = await self.fetch()
+            out.extend(records)
+            if not records and expect is None and await self.caught_up():
+                break
+        out.sort(key=lambda r: (r.topic, r.partition, r.offset))
+        return out
+
+
+async def read_topics(
+    settings: Settings,
+    topics: Sequence[str],
+    *,
+    client_id: str = "reader",
+    begin: Start = "earliest",
+    timeout_s: float = 10.0,
+    expect: int | None = None,
+    **consumer_args: Any,
+) -> list[ConsumerRecord]:
+    """What `topics` hold from `begin` to their end (a missing topic reads as empty)."""
+    async with TopicReader(
+        settings, topics, client_id=client_id, begin=begin, require=False, **consumer_args
+    ) as reader:
+        return await reader.read_to_end(timeout_s=timeout_s, expect=expect)
+
+
+__all__ = ["Start", "TopicReader", "read_topics"]

@@ -1,0 +1,71 @@
+"""The group-less reader on the real broker: to the end, from a time, from offsets."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+from aiokafka import TopicPartition
+
+from dlrover_events.bus import Producer
+from dlrover_events.errors import UserError
+from dlrover_events.settings import Settings
+from dlrover_events.topic_reader import TopicReader, read_topics
+from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic
+from schemas import JobMeta, RuntimeSample, decode
+from tests.conftest import EnvFactory
+
+pytestmark = pytest.mark.integration
+
+
+def sample(env: str, job: str, step: int) -> RuntimeSample:
+    return RuntimeSample(env=env, job=JobMeta(uuid=job), global_step=step, speed=1.0)
+
+
+async def test_reads_every_partition_of_several_topics_to_the_end(
+    settings: Settings, make_env: EnvFactory
+) -> None:
+    env = (await make_env(partitions=3)).name
+    async with Producer(settings) as producer:
+        await producer.publish_many(
+            [sample(env, f"job-{j}", s) for j in range(6) for s in range(5)]
+        )
+    records = await read_topics(settings, [topic(env, JOB_METRICS), topic(env, JOB_EVENTS)])
+    assert len(records) == 30
+    assert len({r.partition for r in records}) > 1  # six jobs spread over the partitions
+    steps: dict[str, list[int]] = {}
+    for r in records:
+        event = decode(r.value)
+        assert isinstance(event, RuntimeSample)
+        steps.setdefault(event.job.uuid, []).append(event.global_step)
+    assert all(found == list(range(5)) for found in steps.values())  # each job in order
+    # a missing topic reads as empty for read_topics, and is a user error for a reader
+    assert await read_topics(settings, [f"{env}.no-such-topic"]) == []
+    with pytest.raises(UserError, match="no-such-topic does not exist; is it created"):
+        async with TopicReader(
+            settings, [f"{env}.no-such-topic"], client_id="t", missing="is it created"
+        ):
+            pass
+
+
+async def test_starts_at_a_time_or_at_given_offsets(
+    settings: Settings, make_env: EnvFactory
+) -> None:
+    env = (await make_env(partitions=1)).name
+    name = topic(env, JOB_METRICS)
+    async with Producer(settings) as producer:
+        await producer.publish_many([sample(env, "job-a", s) for s in range(3)])
+        await asyncio.sleep(0.05)
+        middle = datetime.now(UTC)
+        await asyncio.sleep(0.05)
+        await producer.publish_many([sample(env, "job-a", s) for s in range(3, 5)])
+    later = await read_topics(settings, [name], begin=middle)
+    assert [r.offset for r in later] == [3, 4]
+    from_two = await read_topics(settings, [name], begin={TopicPartition(name, 0): 2})
+    assert [r.offset for r in from_two] == [2, 3, 4]
+    async with TopicReader(settings, [name], client_id="t", begin="latest") as reader:
+        # tansu's end is the last batch's base offset + 1 (a lower bound): "latest" may
+        # still hold the rest of that batch, never anything before it
+        assert all(r.offset >= 3 for r in await reader.read_to_end(timeout_s=2))
+        assert await reader.caught_up()
