@@ -10,6 +10,12 @@ summed up at close: nothing is lost silently.
 
 Delivery is at least once: a batch whose acknowledgement times out is sent again, so a
 consumer may see an event twice with the same ``event_id`` (the brain's folds dedupe).
+
+An outage is told in two lines, one when the broker stops answering and one when it is
+back; aiokafka's own lines from the reporter's thread are held back meanwhile (see
+``quiet``). After ``env promote`` a job started on the real env reports to the new real env
+(see ``follow``): each event goes to the env it was made for, so an event made before the
+switch is sent (and, at least once, resent) to the old env only, never to both.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import random
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from time import perf_counter
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -32,6 +39,9 @@ from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
 from dlrover_events.config_client import TOKEN_ENV, URL_ENV, ConfigSnapshot, SyncConfigClient
+from dlrover_events.control import EnvWatcher, real_env
+from dlrover_events.sdk import quiet
+from dlrover_events.sdk.follow import Following, FollowReal, follow_real_from_env
 from dlrover_events.sdk.identity import JobIdentity
 from dlrover_events.sdk.probes import HostProbe, Probe
 from dlrover_events.sdk.window import StepRecord, StepWindow
@@ -71,6 +81,9 @@ class ReporterStats:
     step_records_lost: int
     connected: bool
     last_error: str | None
+    #: the env the reporter publishes new events to now (it changes when it follows the
+    #: real env through a promotion).
+    env: str = ""
 
 
 class Reporter:
@@ -99,6 +112,8 @@ class Reporter:
         gateway_url: str | None = None,
         gateway_token: str | None = None,
         config_timeout_s: float = 5.0,
+        follow_real: FollowReal | None = None,
+        quiet_kafka: bool | None = None,
     ) -> None:
         if buffer_size < 1 or max_batch < 1 or step_buffer < 2:
             raise ValueError("buffer_size and max_batch must be >= 1, step_buffer >= 2")
@@ -119,6 +134,10 @@ class Reporter:
         self._gateway_url = gateway_url or os.environ.get(URL_ENV)
         self._gateway_token = gateway_token or os.environ.get(TOKEN_ENV)
         self._config_timeout_s = config_timeout_s
+        policy = follow_real if follow_real is not None else follow_real_from_env()
+        #: which env new events go to; written by the reporter thread only.
+        self._following = Following.start(identity.env, FollowReal(policy))
+        self._quiet_kafka = quiet_kafka if quiet_kafka is not None else quiet.kafka_logs_quiet()
         #: the job's config from the gateway (None when no gateway is configured).
         self.config: ConfigSnapshot | None = None
 
@@ -145,6 +164,8 @@ class Reporter:
         self._retry_at = 0.0
         self._down_since: float | None = None
         self._dropped_in_outage = 0
+        #: aiokafka lines held back before the last successful send (``quiet``).
+        self._held_before = 0
         self._drop_logged_at: float | None = None
         # The window being measured: first and last step records seen.
         self._window = StepWindow()
@@ -250,6 +271,7 @@ class Reporter:
             step_records_lost=self._window.lost,
             connected=self._producer is not None and self._down_since is None,
             last_error=self._last_error,
+            env=self.identity.env,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -348,9 +370,13 @@ class Reporter:
         self._wake = asyncio.Event()
         self._send_wake = asyncio.Event()
         self._loop = loop
+        if self._quiet_kafka:
+            quiet.install()
+            quiet.KAFKA_FILTER.register(threading.get_ident())
         self._ready.set()
         # Two tasks, so a send that waits out a dead broker never delays the samples.
         sender = asyncio.create_task(self._sender(loop))
+        follower = None if self._following.settled else asyncio.create_task(self._follow())
         try:
             await self._sampler(loop)
             close_by = loop.time() + self._close_timeout_s
@@ -361,8 +387,10 @@ class Reporter:
                     break
                 await asyncio.sleep(0.01)
         finally:
-            sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)
+            tasks = [t for t in (sender, follower) if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             left = len(self._pending)
             if left:
                 self._pending.clear()
@@ -370,6 +398,7 @@ class Reporter:
                 self._drop(left, "still unsent at close")
             await self._disconnect()
             self._loop = None
+            quiet.KAFKA_FILTER.unregister(threading.get_ident())
 
     async def _sampler(self, loop: asyncio.AbstractEventLoop) -> None:
         """Turn step records into one sample per interval; returns when closing."""
@@ -414,6 +443,48 @@ class Reporter:
                 wake.clear()
                 continue
             await self._send_pending()
+
+    async def _follow(self) -> None:
+        """Follow dlrover.control until the env is pinned for good (or for ever).
+
+        A broker that cannot be reached is retried with the sender's back-off; the outage
+        itself is told by the sender, so this says nothing about it.
+        """
+        settled = asyncio.Event()
+        watcher = EnvWatcher(
+            self._settings, on_change=lambda envs: self._real_is(real_env(envs), settled)
+        )
+        failures = 0
+        while not settled.is_set():
+            try:
+                await watcher.run(settled)
+            except Exception as err:
+                failures += 1
+                log.debug("dlrover-events: cannot read the env registry's topic: %s", err)
+                await asyncio.sleep(min(self._backoff_max_s, 0.25 * 2 ** min(failures, 8)))
+
+    def _real_is(self, real: str | None, settled: asyncio.Event) -> None:
+        before = self._following
+        after = self._following = before.seen(real)
+        if after.settled:
+            settled.set()
+        if before.following is None and after.following is not None:
+            log.info(
+                "dlrover-events: job %s reports to env %s, %s",
+                self.identity.job.uuid,
+                after.env,
+                "and follows the real env" if after.following else "pinned (not the real env)",
+            )
+        if after.env != before.env:
+            # Events already made keep the env they were made for: none goes to both.
+            self.identity = replace(self.identity, env=after.env)
+            log.warning(
+                "dlrover-events: env %s is now the real env (was %s); job %s reports to it "
+                "from now on",
+                after.env,
+                before.env,
+                self.identity.job.uuid,
+            )
 
     async def _sleep(self, seconds: float) -> None:
         assert self._wake is not None
@@ -591,6 +662,8 @@ class Reporter:
     def _failed(self, err: BaseException) -> None:
         assert self._loop is not None
         text = str(err)
+        if not text and isinstance(err, TimeoutError):
+            text = f"no answer within {self._send_timeout_s:g} s"
         name = type(err).__name__
         self._last_error = text if text.startswith(name) else f"{name}: {text}"
         self._failures += 1
@@ -600,21 +673,28 @@ class Reporter:
             self._down_since = self._loop.time()
             self._dropped_in_outage = 0
             log.warning(
-                "dlrover-events: cannot publish to %s (%s); training goes on, buffering up "
-                "to %d events",
+                "dlrover-events: broker %s unreachable since %s (%s); %d events buffered, "
+                "training goes on (buffer holds %d, the oldest samples go first)%s",
                 self._settings.bootstrap_servers,
+                datetime.now().astimezone().isoformat(timespec="seconds"),
                 self._last_error,
+                len(self._pending),
                 self._buffer_size,
+                "; aiokafka's own lines held back" if self._quiet_kafka else "",
             )
 
     def _recovered(self) -> None:
         self._failures = 0
+        held = quiet.KAFKA_FILTER.held(threading.get_ident())
+        held, self._held_before = held - self._held_before, held
         if self._down_since is not None:
             assert self._loop is not None
             log.warning(
-                "dlrover-events: publishing again after %.1fs; %d events dropped meanwhile",
+                "dlrover-events: reconnected to %s after %.1f s; %d events dropped meanwhile%s",
+                self._settings.bootstrap_servers,
                 self._loop.time() - self._down_since,
                 self._dropped_in_outage,
+                f", {held} aiokafka log lines held back" if self._quiet_kafka else "",
             )
             self._down_since = None
 
