@@ -30,6 +30,21 @@ from dlrover_events.settings import Settings
 Start = Literal["earliest", "latest"] | datetime | Mapping[TopicPartition, int]
 
 
+async def seek_to_time(
+    consumer: AIOKafkaConsumer, parts: Sequence[TopicPartition], when: datetime
+) -> None:
+    """The first record at or after `when` on each partition; the end where there is none
+    (a time past everything reads only what comes next). Any consumer, grouped or not."""
+    ts = int(when.timestamp() * 1000)
+    found = await consumer.offsets_for_times({tp: ts for tp in parts})
+    past = [tp for tp, off in found.items() if off is None]
+    for tp, off in found.items():
+        if off is not None:
+            consumer.seek(tp, off.offset)
+    if past:
+        await consumer.seek_to_end(*past)
+
+
 class TopicReader(AsyncResource):
     """A group-less reader of whole topics. `start` assigns every partition of `topics`
     and positions them at `begin`; a topic that does not exist is a user error saying
@@ -101,7 +116,7 @@ class TopicReader(AsyncResource):
         elif start == "latest":
             await self.consumer.seek_to_end(*parts)
         elif isinstance(start, datetime):
-            await self.seek_to_time(start, parts)
+            await seek_to_time(self.consumer, parts, start)
         else:
             assert isinstance(start, Mapping)
             fresh = [tp for tp in parts if tp not in start]
@@ -111,18 +126,6 @@ class TopicReader(AsyncResource):
             if fresh:
                 await self.consumer.seek_to_beginning(*fresh)
         self.end_hint = await self.consumer.end_offsets(parts)
-
-    async def seek_to_time(self, when: datetime, parts: Sequence[TopicPartition]) -> None:
-        """The first record at or after `when` on each partition; the end where there is
-        none (a time past everything reads only what comes next)."""
-        ts = int(when.timestamp() * 1000)
-        found = await self.consumer.offsets_for_times({tp: ts for tp in parts})
-        past = [tp for tp, off in found.items() if off is None]
-        for tp, off in found.items():
-            if off is not None:
-                self.consumer.seek(tp, off.offset)
-        if past:
-            await self.consumer.seek_to_end(*past)
 
     async def fetch(
         self, timeout_ms: int = 300, max_records: int | None = None
@@ -176,4 +179,4 @@ async def read_topics(
         return await reader.read_to_end(timeout_s=timeout_s, expect=expect)
 
 
-__all__ = ["Start", "TopicReader", "read_topics"]
+__all__ = ["Start", "TopicReader", "read_topics", "seek_to_time"]

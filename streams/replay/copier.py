@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from dlrover_events.bus import Producer, start_kafka_client, topic_partitions
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
+from dlrover_events.topic_reader import seek_to_time
 from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, split_topic, topic
 from schemas.codec import CodecError, decode, encode
 from schemas.envelope import Event
@@ -108,15 +109,7 @@ class Replay:
             if offset is not None:
                 consumer.seek(tp, offset)
         if fresh and self.since is not None:
-            found = await consumer.offsets_for_times(
-                {tp: int(self.since.timestamp() * 1000) for tp in fresh}
-            )
-            past = [tp for tp, off in found.items() if off is None]
-            for tp, off in found.items():
-                if off is not None:
-                    consumer.seek(tp, off.offset)
-            if past:
-                await consumer.seek_to_end(*past)
+            await seek_to_time(consumer, fresh, self.since)
         elif fresh:
             await consumer.seek_to_beginning(*fresh)
         return parts
