@@ -1,9 +1,11 @@
-"""Which ScalePlans an env's operator has applied: the env's ``scale_plans`` table.
+"""Which ScalePlans an env's operator has applied: the env's ``scale_plans`` table; and
+the virtual operator's checkpoint of its simulated cluster (``virtual_cluster``).
 
-The simulated cluster lives in memory and a consumer re-reads what it had not committed,
-so "each plan_id at most once" has to hold in Postgres, across restarts: a row whose
-``applied_at`` is set is final, and no write below ever changes it. A partial result
-applied the plan too (some parts of it): it is as final as an applied one.
+A consumer re-reads what it had not committed, so "each plan_id at most once" has to hold
+in Postgres, across restarts: a row whose ``applied_at`` is set is final, and no write
+below ever changes it. A partial result applied the plan too (some parts of it): it is as
+final as an applied one. The virtual operator writes a plan's row in the same transaction
+as the checkpoint of the cluster the plan changed, so neither is durable without the other.
 """
 
 from __future__ import annotations
@@ -73,13 +75,17 @@ class PlanLedger:
         status: ScaleStatus,
         reason: str,
         not_applied: Sequence[NotApplied] = (),
+        *,
+        conn: asyncpg.Connection | None = None,
     ) -> bool:
         """Record what became of a plan; False when it was already applied (left as is).
 
         The brain may have stored the plan as pending first; a rejected plan may be tried
         again (the job may have been submitted meanwhile); an applied one never changes.
+        ``conn``: write within that connection's transaction.
         """
-        row = await self._pool.fetchval(
+        db: asyncpg.Pool | asyncpg.Connection = self._pool if conn is None else conn
+        row = await db.fetchval(
             """
             INSERT INTO scale_plans (plan_id, job_uuid, source_plan, body, status, reason,
                                      not_applied, applied_at)
@@ -105,4 +111,33 @@ class PlanLedger:
         return row is not None
 
 
-__all__ = ["ALREADY_APPLIED", "APPLIED_ONCE", "Answer", "PlanLedger"]
+class ClusterCheckpoints:
+    """The one checkpoint of a virtual env's simulated cluster (handlers.simulator.checkpoint
+    makes and reads the bytes), with whether the events it carried were published."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def load(self) -> tuple[bytes, bool] | None:
+        """(the checkpoint, whether its outbox is published); None before the first."""
+        row = await self._pool.fetchrow("SELECT state, published FROM virtual_cluster")
+        return None if row is None else (bytes(row["state"]), bool(row["published"]))
+
+    async def save(self, conn: asyncpg.Connection, state: bytes, *, published: bool) -> None:
+        await conn.execute(
+            """
+            INSERT INTO virtual_cluster (id, state, published, saved_at)
+            VALUES (1, $1, $2, now())
+            ON CONFLICT (id) DO UPDATE
+                SET state = EXCLUDED.state, published = EXCLUDED.published, saved_at = now()
+            """,
+            state,
+            published,
+        )
+
+    async def mark_published(self) -> None:
+        """The outbox of the saved checkpoint is on the bus: a restart publishes it no more."""
+        await self._pool.execute("UPDATE virtual_cluster SET published = true")
+
+
+__all__ = ["ALREADY_APPLIED", "APPLIED_ONCE", "Answer", "ClusterCheckpoints", "PlanLedger"]

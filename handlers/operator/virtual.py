@@ -11,6 +11,13 @@ The simulated cluster lives in memory and is one per env (a Postgres advisory lo
 second operator of the same env out). Its clock starts at the time of the first input it
 reads, so a replay fed at the operator's speed-up lines up with it.
 
+A restart resumes: before the operator publishes anything and before it commits offsets,
+it saves one checkpoint (handlers.simulator.checkpoint) in its env's Postgres schema, in
+the same transaction as the ledger rows of the plans it applied: the cluster, the lockstep
+tick, the input offsets the cluster includes and the events about to be published. A
+restarted (or killed) operator restores it, publishes what was not yet published, skips
+the inputs already in it and goes on; a plan is applied once, to the job it names.
+
 In lockstep (schemas.lockstep) the clock moves only a tick at a time: after a tick's events
 the operator publishes a Barrier to every partition the brain reads, and it applies the
 tick's plans, at the tick's end, once the brain's BarrierAck is read on every partition of
@@ -23,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -43,15 +50,23 @@ from dlrover_events.topics import (
     topic,
 )
 from handlers.operator.clock import SimClock
-from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
+from handlers.operator.ledger import (
+    ALREADY_APPLIED,
+    APPLIED_ONCE,
+    Answer,
+    ClusterCheckpoints,
+    PlanLedger,
+)
 from handlers.operator.settings import VirtualSettings, virtual_settings
+from handlers.simulator import checkpoint
+from handlers.simulator.checkpoint import CheckpointError, OperatorState, Outgoing
 from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.job import PlanOutcome
-from handlers.simulator.lockstep import Tick, TickClock, TickGate
+from handlers.simulator.lockstep import TickGate
 from handlers.simulator.throughput import TraceDataError, pollux_dir
 from schemas.control import EnvMode
 from schemas.envelope import Event
-from schemas.jobs import JobSubmitted
+from schemas.jobs import JobEvent, JobSubmitted
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
 
@@ -98,19 +113,27 @@ class VirtualOperator:
         self.dsn = dsn
         self.options = options
         self.clock = SimClock(None if options.fast or options.lockstep else options.speed)
-        self.fleet: VirtualCluster | None = None
-        self.ticks = TickClock(options.tick_seconds) if options.lockstep else None
-        # Made once the plans topic's partitions are known: each must acknowledge a tick.
-        self.gate: TickGate | None = None
-        # Something was published since the last barrier: the brain waits for one.
-        self._unbarriered = False
+        # What a restart must find again (the cluster, the tick, the offsets it includes,
+        # the events not yet published): saved before anything is published or committed.
+        self.state = OperatorState()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        # Events made but not yet acknowledged by the broker: a handler attempt that fails
-        # half-way leaves them here for the next attempt, since the fleet makes them once.
-        self._outbox: list[Event] = []
+        # The state changed since it was last saved.
+        self._dirty = False
+        # Answers to plans applied since the last save: their ledger rows go with it.
+        self._pending: dict[str, tuple[ScalePlan, Answer]] = {}
         self._producer: Producer | None = None
         self._ledger: PlanLedger | None = None
+        self._checkpoints: ClusterCheckpoints | None = None
+        self._pool: Any = None
+
+    @property
+    def fleet(self) -> VirtualCluster | None:
+        return self.state.fleet
+
+    @property
+    def gate(self) -> TickGate | None:
+        return self.state.gate
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         """Serve until ``stop`` is set; a precondition that fails is a UserError."""
@@ -124,20 +147,26 @@ class VirtualOperator:
             await self._lock_env(holder)
             store = await EnvStore.open(self.dsn, self.env, max_size=2)
             try:
+                self._pool = store.pool
                 self._ledger = PlanLedger(store.pool)
+                self._checkpoints = ClusterCheckpoints(store.pool)
+                await self._restore()
                 consumer = Consumer(
                     self.settings,
                     self.env,
                     [JOB_EVENTS, SCALE_PLANS],
                     GROUP,
                     self._handle,
-                    fetch_max_wait_ms=LOCKSTEP_FETCH_WAIT_MS if self.ticks else 500,
+                    fetch_max_wait_ms=LOCKSTEP_FETCH_WAIT_MS if self.options.lockstep else 500,
                 )
                 async with Producer(self.settings) as producer, consumer:
                     self._producer = producer
-                    if self.ticks is not None:
+                    if self.options.lockstep and self.state.gate is None:
                         plans = await producer.partitions(topic(self.env, SCALE_PLANS))
-                        self.gate = TickGate.over(plans)
+                        self.state.gate = TickGate.over(plans)
+                    async with self._lock:
+                        await self._resume_held_plans()
+                        await self._flush()  # what the last run had not published
                     if ready is not None:
                         ready.set()
                     await self._serve(consumer, stop)
@@ -157,8 +186,111 @@ class VirtualOperator:
                 "cluster, so stop that one first"
             )
 
+    # -- checkpoints ----------------------------------------------------------------------
+
+    async def _restore(self) -> None:
+        """Go on from the env's checkpoint, if there is one."""
+        assert self._checkpoints is not None
+        saved = await self._checkpoints.load()
+        if saved is None:
+            if self.options.lockstep:
+                self.state.ticks = checkpoint.tick_clock_for(None, self.options.tick_seconds)
+            return
+        data, published = saved
+        try:
+            state = checkpoint.load(data, source=SOURCE, published=published)
+        except CheckpointError as e:
+            raise UserError(
+                f"env {self.env!r}: the simulated cluster's checkpoint cannot be restored ({e})"
+            ) from None
+        except TraceDataError as e:
+            raise UserError(f"env {self.env!r}: a job of its simulated cluster: {e}") from None
+        if state.fleet is not None and (
+            differs := checkpoint.shape_differs(state.fleet, self.options.cluster())
+        ):
+            log.warning(
+                "env %s: the restored simulated cluster keeps its shape, %s: its jobs hold "
+                "pods on its nodes",
+                self.env,
+                differs,
+            )
+        if self.options.lockstep and state.ticks is None:
+            state.ticks = checkpoint.tick_clock_for(state.fleet, self.options.tick_seconds)
+        elif not self.options.lockstep:
+            state.ticks = None  # its gate's held plans are applied at once (see run)
+        self.state = state
+        if state.fleet is not None and state.fleet.started:
+            self.clock.start(state.fleet.clock)
+        figures = checkpoint.summary(state)
+        log.warning(
+            "env %s: simulated cluster restored: %d job(s), clock at %.0f s, tick %s, "
+            "%d event(s) to publish again",
+            self.env,
+            figures["jobs"],
+            figures["clock_s"],
+            figures["tick"],
+            figures["unpublished"],
+        )
+
+    async def _resume_held_plans(self) -> None:
+        """Plans a lockstep gate held when the operator stopped, for an operator that now
+        runs out of lockstep: they were read (and committed), so they are applied now."""
+        if self.options.lockstep or self.state.gate is None:
+            return
+        plans = checkpoint.held_plans(self.state.gate)
+        self.state.gate = None
+        self._dirty = True
+        for plan in plans:
+            await self._apply(self._catch_up(plan), plan)
+
+    async def _save(self) -> None:
+        """Make the state durable with the ledger rows of the plans it applied, in one
+        transaction: neither without the other."""
+        assert self._ledger is not None
+        assert self._checkpoints is not None
+        data = checkpoint.dump(self.state)
+        async with self._pool.acquire() as conn, conn.transaction():
+            for plan, answer in self._pending.values():
+                recorded = await self._ledger.record(
+                    plan, answer.status, answer.reason, answer.not_applied, conn=conn
+                )
+                if not recorded:
+                    log.warning("plan %s was already in the ledger as applied", plan.plan_id)
+            await self._checkpoints.save(conn, data, published=not self.state.outbox)
+        self._pending.clear()
+        self._dirty = False
+
+    async def _flush(self) -> None:
+        """Save, then publish what the state says is still to publish, in order."""
+        if self._dirty or self._pending or self.state.outbox:
+            await self._save()
+        if not self.state.outbox:
+            return
+        assert self._producer is not None
+        assert self._checkpoints is not None
+        outbox = self.state.outbox
+        plain: list[Event] = []
+        for item in outbox:
+            if not item.broadcast:
+                plain.append(item.event)
+                continue
+            await self._producer.publish_many(plain)  # before the barrier that follows them
+            plain = []
+            await asyncio.gather(
+                *(self._producer.publish_to_partitions(item.event, t) for t in item.broadcast)
+            )
+        await self._producer.publish_many(plain)
+        self.state.outbox = []
+        # Whatever follows the last barrier waits for the next one.
+        self.state.unbarriered = not outbox[-1].broadcast
+        await self._checkpoints.mark_published()
+
+    def _say(self, events: Iterable[Event]) -> None:
+        self.state.outbox.extend(Outgoing(e) for e in events)
+        self._dirty = True
+
     async def _serve(self, consumer: Consumer, stop: asyncio.Event) -> None:
-        clock = self._tick(stop) if self.ticks is None else self._lockstep(stop)
+        clock = self._tick(stop) if not self.options.lockstep else self._lockstep(stop)
         tasks = [
             asyncio.create_task(self._consume(consumer, stop), name=f"{self.env}.operator.consume"),
             asyncio.create_task(clock, name=f"{self.env}.operator.clock"),
@@ -189,20 +321,28 @@ class VirtualOperator:
     async def _handle(self, batch: list[Received]) -> None:
         async with self._lock:
             await self._flush()
+            state = self.state
+            # Records below the checkpoint's offsets are in the state already: read again
+            # after a restart that came before the consumer's commit.
+            fresh = [r for r in batch if state.fresh(r.topic, r.partition, r.offset)]
             # A backlog read after a restart may hold a job's plan in the same batch as its
             # submission: the job comes first. Other job events (ours included, and our
             # barriers) are not inputs. The sort is stable: a partition keeps its order, so
             # a plan read before its partition's acknowledgement belongs to that tick.
-            for item in sorted(batch, key=lambda r: not isinstance(r.event, JobSubmitted)):
+            for item in sorted(fresh, key=lambda r: not isinstance(r.event, JobSubmitted)):
                 event = item.event
                 if isinstance(event, JobSubmitted):
-                    self._outbox.extend(self._catch_up(event).submit(event))
-                elif isinstance(event, ScalePlan) and self.gate is not None:
-                    self.gate.plan(item.partition, event)  # applied at its tick's end
+                    self._say(self._catch_up(event).submit(event))
+                elif isinstance(event, ScalePlan) and state.gate is not None:
+                    state.gate.plan(item.partition, event)  # applied at its tick's end
+                    self._dirty = True
                 elif isinstance(event, ScalePlan):
                     await self._apply(self._catch_up(event), event)
-                elif isinstance(event, BarrierAck) and self.gate is not None:
-                    self.gate.ack(item.partition, event.tick)
+                elif isinstance(event, BarrierAck) and state.gate is not None:
+                    state.gate.ack(item.partition, event.tick)
+                    self._dirty = True
+            for item in fresh:
+                state.consumed(item.topic, item.partition, item.offset)
             await self._flush()
         self._wake.set()
 
@@ -212,32 +352,35 @@ class VirtualOperator:
         Its clock starts once the backlog is read (or when a plan must be applied), at the
         earliest submission: the origin does not depend on which partition is read first.
         """
-        if self.fleet is None:
-            self.fleet = VirtualCluster(
+        if self.state.fleet is None:
+            self.state.fleet = VirtualCluster(
                 self.options.cluster(),
                 origin=None,
                 restart_delay=self.options.restart_delay,
                 sample_interval=self.options.sample_interval,
                 source=SOURCE,
             )
-        if not self.fleet.started:
+            self._dirty = True
+        fleet = self.state.fleet
+        if not fleet.started:
             if isinstance(event, ScalePlan):
                 self._start_clock(event.occurred_at)
         elif (now := self.clock.now()) is not None:
-            self._outbox.extend(self.fleet.advance_to(now))
-        return self.fleet
+            self._say(fleet.advance_to(now))
+        return fleet
 
     def _start_clock(self, origin: datetime | None = None) -> None:
-        assert self.fleet is not None
-        self._outbox.extend(self.fleet.start(origin))
+        assert self.state.fleet is not None
+        self._say(self.state.fleet.start(origin))
         self.clock.start(0.0)
 
     async def _apply(self, fleet: VirtualCluster, plan: ScalePlan) -> None:
         """Apply the plan once and answer it: a plan delivered again after it applied gets
         its first answer again (a partial one with its parts), saying it is a repeat."""
         assert self._ledger is not None
-        earlier = await self._ledger.answer(plan.plan_id)
-        if earlier is not None:
+        pending = self._pending.get(plan.plan_id)
+        earlier = pending[1] if pending is not None else await self._ledger.answer(plan.plan_id)
+        if earlier is not None and earlier.status in APPLIED_ONCE:
             answer = earlier.repeated()
         else:
             try:
@@ -246,43 +389,31 @@ class VirtualOperator:
                 # A simulator bug must give a failed result, not a consumer that crash-loops.
                 log.exception("plan %s of job %s", plan.plan_id, plan.job.uuid)
                 outcome = PlanOutcome(ScaleStatus.FAILED, f"simulator error: {e!r}")
-            self._outbox.extend(outcome.events)
+            self._say(outcome.events)
             answer = Answer(outcome.status, outcome.reason, outcome.not_applied)
-            if not await self._ledger.record(
-                plan, answer.status, answer.reason, answer.not_applied
-            ):
-                earlier = await self._ledger.answer(plan.plan_id)
-                answer = (
-                    earlier.repeated()
-                    if earlier is not None
-                    else Answer(ScaleStatus.APPLIED, ALREADY_APPLIED)
-                )
+            self._pending[plan.plan_id] = (plan, answer)
         status, reason = answer.status, answer.reason
-        self._outbox.append(
-            ScaleResult(
-                env=self.env,
-                job=plan.job,
-                source=SOURCE,
-                # The same delivery answered the same way keeps its id (re-processing after
-                # a crash duplicates nothing downstream); a different answer is a new fact.
-                event_id=uuid.uuid5(
-                    _RESULT_NAMESPACE, f"{self.env}/{plan.event_id}/{status.value}/{reason}"
-                ),
-                occurred_at=fleet.at(),
-                plan_id=plan.plan_id,
-                status=status,
-                reason=reason,
-                observed=fleet.observed(plan.job.uuid),
-                not_applied=list(answer.not_applied),
-            )
+        self._say(
+            [
+                ScaleResult(
+                    env=self.env,
+                    job=plan.job,
+                    source=SOURCE,
+                    # The same delivery answered the same way keeps its id (re-processing
+                    # after a crash duplicates nothing downstream); a different answer is a
+                    # new fact.
+                    event_id=uuid.uuid5(
+                        _RESULT_NAMESPACE, f"{self.env}/{plan.event_id}/{status.value}/{reason}"
+                    ),
+                    occurred_at=fleet.at(),
+                    plan_id=plan.plan_id,
+                    status=status,
+                    reason=reason,
+                    observed=fleet.observed(plan.job.uuid),
+                    not_applied=list(answer.not_applied),
+                )
+            ]
         )
-
-    async def _flush(self) -> None:
-        if self._outbox:
-            assert self._producer is not None
-            await self._producer.publish_many(self._outbox)
-            self._outbox.clear()
-            self._unbarriered = True
 
     # -- time -----------------------------------------------------------------------------
 
@@ -294,28 +425,36 @@ class VirtualOperator:
             await self._sleep(self._pause(moved))
 
     def _advance(self) -> bool:
-        if self.fleet is None:
+        fleet = self.state.fleet
+        if fleet is None:
             return False
         now = self.clock.now()
         if now is not None:
-            self._outbox.extend(self.fleet.advance_to(now))
+            self._say_if_any(fleet.advance_to(now))
             return True
         # As fast as possible: several jumps per broker round trip, or the round trips
         # would set the pace; inputs wait at most one batch.
         moved = False
-        while len(self._outbox) < FAST_BATCH and (events := self.fleet.step()) is not None:
-            self._outbox.extend(events)
+        while len(self.state.outbox) < FAST_BATCH and (events := fleet.step()) is not None:
+            self._say_if_any(events)
             moved = True
         return moved
+
+    def _say_if_any(self, events: list[JobEvent]) -> None:
+        """Events of the clock moving; a move that says nothing need not be saved (a
+        restart redoes it from the last checkpoint, the same way)."""
+        if events:
+            self._say(events)
 
     def _pause(self, moved: bool) -> float:
         """Wall seconds until the clock has something to do; inputs cut the wait short."""
         longest = self.options.max_sleep
-        if self.fleet is None:
+        fleet = self.state.fleet
+        if fleet is None:
             return longest
         if self.clock.fast:
             return 0.0 if moved else longest
-        upcoming, now = self.fleet.next_event_at(), self.clock.now()
+        upcoming, now = fleet.next_event_at(), self.clock.now()
         if upcoming is None or now is None:
             return longest
         return min(longest, max(0.001, self.clock.wall_seconds(upcoming - now)))
@@ -323,47 +462,47 @@ class VirtualOperator:
     # -- lockstep -------------------------------------------------------------------------
 
     async def _lockstep(self, stop: asyncio.Event) -> None:
-        """Tick, barrier, wait for every acknowledgement, apply the tick's plans; again."""
-        assert self.gate is not None
-        gate = self.gate
+        """Tick, barrier, wait for every acknowledgement, apply the tick's plans; again.
+
+        A restarted operator whose tick's barrier was out already waits for that tick's
+        acknowledgements instead of running another."""
+        gate = self.state.gate
+        assert gate is not None
         while not stop.is_set():
             async with self._lock:
-                tick = await self._run_tick()
+                tick = gate.open_tick if gate.barrier_out else await self._run_tick()
             if tick is None:
                 await self._until(self._has_work, None)  # idle until an input arrives
                 continue
             await self._until(lambda: gate.due, tick)
             async with self._lock:
-                assert self.fleet is not None
-                for plan in gate.take():
-                    await self._apply(self.fleet, plan)
+                fleet = self.state.fleet
+                assert fleet is not None
+                plans = gate.take()
+                self._dirty = True
+                for plan in plans:
+                    await self._apply(fleet, plan)
                 await self._flush()  # before the next barrier: they belong to the next tick
 
     def _has_work(self) -> bool:
-        fleet, gate = self.fleet, self.gate
+        fleet, gate = self.state.fleet, self.state.gate
         if fleet is None or not fleet.started or gate is None:
             return False
-        return fleet.next_event_at() is not None or self._unbarriered or gate.holding
+        return fleet.next_event_at() is not None or self.state.unbarriered or gate.holding
 
-    async def _run_tick(self) -> Tick | None:
+    async def _run_tick(self) -> int | None:
         """One tick of the fleet, its events, then its barrier on every partition."""
-        assert self.ticks is not None
-        assert self.gate is not None
+        ticks, gate, fleet = self.state.ticks, self.state.gate, self.state.fleet
+        assert ticks is not None
+        assert gate is not None
         if not self._has_work():
             return None
-        assert self.fleet is not None
-        carrying = self._unbarriered or self.gate.holding
-        tick = self.ticks.run(self.fleet, carrying=carrying)
+        assert fleet is not None
+        carrying = self.state.unbarriered or gate.holding
+        tick = ticks.run(fleet, carrying=carrying)
         if tick is None:
             return None
-        self._outbox.extend(tick.events)
-        await self._flush()
-        await self._publish_barriers(tick)
-        self.gate.barrier(tick.number)
-        return tick
-
-    async def _publish_barriers(self, tick: Tick) -> None:
-        assert self._producer is not None
+        self._say(tick.events)
         barrier = Barrier(
             env=self.env,
             source=SOURCE,
@@ -373,15 +512,14 @@ class VirtualOperator:
             tick=tick.number,
             sim_at=tick.at,
         )
-        await asyncio.gather(
-            *(
-                self._producer.publish_to_partitions(barrier, topic(self.env, name))
-                for name in BARRIER_TOPICS
-            )
+        self.state.outbox.append(
+            Outgoing(barrier, tuple(topic(self.env, name) for name in BARRIER_TOPICS))
         )
-        self._unbarriered = False
+        gate.barrier(tick.number)
+        await self._flush()
+        return tick.number
 
-    async def _until(self, ready: Callable[[], bool], tick: Tick | None) -> None:
+    async def _until(self, ready: Callable[[], bool], tick: int | None) -> None:
         """Wait (on inputs, not by polling) until ``ready()``; say so now and then when a
         tick waits for its brain, which may have stopped."""
         while True:
@@ -391,15 +529,14 @@ class VirtualOperator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), WAITING_LOG_S)
                 continue
-            if tick is not None and self.gate is not None:
+            gate = self.state.gate
+            if tick is not None and gate is not None:
                 log.warning(
-                    "env %s: tick %d (to %s) waits for the brain's BarrierAck on %s "
-                    "partition(s) %s",
+                    "env %s: tick %d waits for the brain's BarrierAck on %s partition(s) %s",
                     self.env,
-                    tick.number,
-                    tick.at.isoformat(),
+                    tick,
                     SCALE_PLANS,
-                    self.gate.waiting_on,
+                    gate.waiting_on,
                 )
 
     async def _sleep(self, seconds: float) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 GiB = 1024**3
 
@@ -83,6 +84,26 @@ class Allocation:
             if pod.gpu and (wanted is None or pod.role in wanted):
                 per_node[node] = per_node.get(node, 0) + pod.gpu
         return tuple(per_node[n] for n in sorted(per_node))
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able; ``Allocation.restore`` gives an equal one back."""
+        return {
+            "job": self.job,
+            "pods": [
+                [role, index, node, pod.gpu, pod.cpu, pod.memory]
+                for (role, index), node in self.nodes.items()
+                for pod in (self.pods[(role, index)],)
+            ],
+        }
+
+    @classmethod
+    def restore(cls, state: Mapping[str, Any]) -> Allocation:
+        nodes: dict[tuple[str, int], int] = {}
+        pods: dict[tuple[str, int], PodRequest] = {}
+        for role, index, node, gpu, cpu, memory in state["pods"]:
+            nodes[(role, index)] = node
+            pods[(role, index)] = PodRequest(role, index, gpu, cpu, memory)
+        return cls(state["job"], nodes, pods)
 
 
 class Cluster:
@@ -158,6 +179,36 @@ class Cluster:
         kept = {k: v for k, v in allocation.nodes.items() if k not in gone}
         if kept:
             self._allocations[job] = Allocation(job, kept, {k: allocation.pods[k] for k in kept})
+
+    def snapshot(self) -> dict[str, Any]:
+        """Shape, what each node has left and every allocation, JSON-able: a restarted
+        operator goes on with the same cluster (the free amounts are kept as they are, not
+        summed again, so not even float rounding differs)."""
+        return {
+            "shape": list(self._shape),
+            "free": [[n.free_gpus, n.free_cpu, n.free_memory] for n in self.nodes],
+            "allocations": [a.snapshot() for a in self._allocations.values()],
+        }
+
+    @classmethod
+    def restore(cls, state: Mapping[str, Any]) -> Cluster:
+        num_nodes, gpus, cpu, memory = state["shape"]
+        cluster = cls(num_nodes, gpus, cpu_per_node=cpu, memory_per_node=memory)
+        if len(state["free"]) != num_nodes:
+            raise ValueError("a cluster snapshot needs the free amounts of every node")
+        for node, (free_gpus, free_cpu, free_memory) in zip(
+            cluster.nodes, state["free"], strict=True
+        ):
+            node.free_gpus, node.free_cpu, node.free_memory = free_gpus, free_cpu, free_memory
+        for raw in state["allocations"]:
+            allocation = Allocation.restore(raw)
+            cluster._allocations[allocation.job] = allocation
+        return cluster
+
+    @property
+    def shape(self) -> tuple[int, int, float, int]:
+        """(nodes, GPUs per node, cores per node, memory per node)."""
+        return self._shape
 
     def _take(self, allocation: Allocation) -> None:
         for key, node in allocation.nodes.items():

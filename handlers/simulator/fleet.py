@@ -12,9 +12,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from handlers.simulator.cluster import Cluster
 from handlers.simulator.job import (
@@ -24,6 +25,7 @@ from handlers.simulator.job import (
     PlanOutcome,
 )
 from handlers.simulator.throughput import Application, TraceDataError, load_application
+from schemas.codec import decode, encode
 from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
 from schemas.plans import ScalePlan, ScaleStatus
 
@@ -76,6 +78,63 @@ class VirtualCluster:
     @property
     def clock(self) -> float:
         return self._clock
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole simulated cluster, JSON-able: jobs, their pods and progress, the
+        clock, the submissions still to arrive and the answers plans got. ``restore`` of
+        it says, from then on, exactly what this one would have said."""
+        return {
+            "cluster": self.cluster.snapshot(),
+            "origin": None if self.origin is None else self.origin.isoformat(),
+            "restart_delay": self.restart_delay,
+            "sample_interval": self.sample_interval,
+            "clock": self._clock,
+            "jobs": [job.snapshot() for job in self._jobs.values()],
+            "arrivals": [[at, key, seq, _text(e)] for at, key, seq, e in self._arrivals],
+            "arriving": sorted(self._arriving),
+            "held": [_text(e) for e in self._held],
+            "unsimulable": dict(self._unsimulable),
+            "outcomes": {k: v.snapshot() for k, v in self._outcomes.items()},
+        }
+
+    @classmethod
+    def restore(
+        cls,
+        state: Mapping[str, Any],
+        *,
+        source: str = "virtual-operator",
+        loader: Loader = load_application,
+    ) -> VirtualCluster:
+        """The cluster a snapshot describes; TraceDataError when an application's traces
+        are gone (its jobs could not go on)."""
+        origin = None if state["origin"] is None else datetime.fromisoformat(state["origin"])
+        fleet = cls(
+            Cluster.restore(state["cluster"]),
+            origin=origin,
+            restart_delay=state["restart_delay"],
+            sample_interval=state["sample_interval"],
+            source=source,
+            loader=loader,
+        )
+        fleet._clock = state["clock"]
+        for raw in state["jobs"]:
+            assert origin is not None, "jobs run only once the clock has started"
+            job = JobSimulator.restore(
+                raw, loader(raw["application"]), fleet.cluster, origin=origin, source=source
+            )
+            fleet._jobs[job.job.uuid] = job
+        fleet._arrivals = [
+            (at, key, seq, _submission(text)) for at, key, seq, text in state["arrivals"]
+        ]
+        heapq.heapify(fleet._arrivals)
+        fleet._seq = itertools.count(max((a[2] for a in fleet._arrivals), default=-1) + 1)
+        fleet._arriving = set(state["arriving"])
+        fleet._held = [_submission(text) for text in state["held"]]
+        fleet._unsimulable = dict(state["unsimulable"])
+        fleet._outcomes = {k: PlanOutcome.restore(v) for k, v in state["outcomes"].items()}
+        return fleet
 
     @property
     def started(self) -> bool:
@@ -178,7 +237,7 @@ class VirtualCluster:
         outcome = job.update(plan)
         if outcome.status not in (ScaleStatus.APPLIED, ScaleStatus.PARTIAL):
             return outcome
-        self._outcomes[plan.plan_id] = outcome
+        self._outcomes[plan.plan_id] = replace(outcome, events=[])
         # A smaller gang may have left room for jobs that wait.
         return replace(outcome, events=[*outcome.events, *self._admit()])
 
@@ -240,6 +299,17 @@ class VirtualCluster:
         for job in self._jobs.values():
             events.extend(job.try_admit())
         return events
+
+
+def _text(event: JobSubmitted) -> str:
+    return encode(event).decode()
+
+
+def _submission(text: str) -> JobSubmitted:
+    event = decode(text.encode())
+    if not isinstance(event, JobSubmitted):
+        raise ValueError(f"a snapshot's submission is a {event.type}")
+    return event
 
 
 __all__ = ["MIN_STEP", "Loader", "VirtualCluster"]

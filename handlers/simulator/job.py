@@ -21,12 +21,15 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from handlers.simulator.cluster import Allocation, Cluster, GiB, PodRequest
 from handlers.simulator.throughput import Application, OutOfTraceError, StepTime
 from schemas.jobs import (
     JobCompleted,
     JobEvent,
     JobFailed,
+    JobMeta,
     JobStarted,
     JobSubmitted,
     NodeOOM,
@@ -61,6 +64,8 @@ _EVENT_NAMESPACE = uuid.UUID("6f1c1d3e-4b5a-4f0e-9a7c-5d8e2b1a0c93")
 
 #: Slack when the clock lands on an epoch boundary computed along another path (float sums).
 _EPS = 1e-6
+
+_PARTS: TypeAdapter[list[NotApplied]] = TypeAdapter(list[NotApplied])
 
 #: What a plan may ask that the simulated cluster does not model: its pods have GPUs,
 #: cores and memory, and a GPU out of memory is a micro-batch beyond the traced one.
@@ -148,6 +153,32 @@ class PlanOutcome:
     events: list[JobEvent] = field(default_factory=list)
     not_applied: tuple[NotApplied, ...] = ()
 
+    def snapshot(self) -> dict[str, Any]:
+        """The answer, JSON-able; its events are not kept (they were said once)."""
+        return {
+            "status": self.status.value,
+            "reason": self.reason,
+            "not_applied": [p.model_dump(mode="json") for p in self.not_applied],
+        }
+
+    @classmethod
+    def restore(cls, state: Mapping[str, Any]) -> PlanOutcome:
+        parts = tuple(_PARTS.validate_python(state["not_applied"]))
+        return cls(ScaleStatus(state["status"]), state["reason"], [], parts)
+
+
+def _pod_state(pod: PodRequest) -> list[Any]:
+    return [pod.role, pod.index, pod.gpu, pod.cpu, pod.memory]
+
+
+def _pod(state: list[Any]) -> PodRequest:
+    role, index, gpu, cpu, memory = state
+    return PodRequest(role, index, gpu, cpu, memory)
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) else value
+
 
 class JobSimulator:
     """One job on a simulated cluster, driven by ScalePlans and a clock that only moves
@@ -203,6 +234,85 @@ class JobSimulator:
         # The plan whose knobs the job trains with from its next start, and confirms then
         # (training.applied), as a real training process would.
         self._to_confirm: str | None = None
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything the job is, JSON-able (the application by name): ``restore`` gives
+        back a job that says what this one would have said, event for event."""
+        return {
+            "job": self.job.model_dump(mode="json"),
+            "env": self.env,
+            "application": self.app.name,
+            "memory": [self.memory.base, self.memory.per_sample],
+            "restart_delay": self.restart_delay,
+            "sample_interval": self.sample_interval,
+            "submitted_at": self.submitted_at,
+            "clock": self._clock,
+            "seq": self._seq,
+            "desired": [_pod_state(p) for p in self._desired.values()],
+            "target_batch": self._target_batch,
+            "batch_override": None if self._batch_override is None else list(self._batch_override),
+            "allocation": None if self._allocation is None else self._allocation.snapshot(),
+            "state": self._state.value,
+            "waiting_for": self._waiting_for,
+            "resume_at": self._resume_at,
+            "progress": self._progress,
+            "steps": self._steps,
+            "started_at": self._started_at,
+            "completed_at": self._completed_at,
+            "next_sample": _finite(self._next_sample),
+            "applied": {k: v.snapshot() for k, v in self._applied.items()},
+            "eta": self._eta,
+            "to_confirm": self._to_confirm,
+        }
+
+    @classmethod
+    def restore(
+        cls,
+        state: Mapping[str, Any],
+        application: Application,
+        cluster: Cluster,
+        *,
+        origin: datetime,
+        source: str,
+    ) -> JobSimulator:
+        """The job a snapshot describes, on ``cluster`` (restored with it: the job's pods
+        are already counted there)."""
+        if application.name != state["application"]:
+            raise ValueError(f"snapshot of a {state['application']} job given {application.name}")
+        job = cls.__new__(cls)
+        job.job = JobMeta.model_validate(state["job"])
+        job.env = state["env"]
+        job.app = application
+        job.cluster = cluster
+        job.origin = origin
+        job.restart_delay = state["restart_delay"]
+        job.sample_interval = state["sample_interval"]
+        job.memory = MemoryModel(*state["memory"])
+        job.source = source
+        job.submitted_at = state["submitted_at"]
+        job._clock = state["clock"]
+        job._seq = state["seq"]
+        job._desired = {(p.role, p.index): p for p in map(_pod, state["desired"])}
+        job._target_batch = state["target_batch"]
+        override = state["batch_override"]
+        job._batch_override = None if override is None else (override[0], override[1])
+        allocation = state["allocation"]
+        job._allocation = None if allocation is None else Allocation.restore(allocation)
+        job._state = JobState(state["state"])
+        job._waiting_for = state["waiting_for"]
+        job._resume_at = state["resume_at"]
+        job._progress = state["progress"]
+        job._steps = state["steps"]
+        job._started_at = state["started_at"]
+        job._completed_at = state["completed_at"]
+        next_sample = state["next_sample"]
+        job._next_sample = math.inf if next_sample is None else next_sample
+        job._applied = {k: PlanOutcome.restore(v) for k, v in state["applied"].items()}
+        job._eta = state["eta"]
+        job._to_confirm = state["to_confirm"]
+        return job
 
     # -- what the job is doing ------------------------------------------------------------
 

@@ -11,11 +11,13 @@ publishes barriers and reads acknowledgements is a thin adapter around this modu
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from handlers.simulator.fleet import VirtualCluster
+from schemas.codec import decode, encode
 from schemas.jobs import JobEvent
 from schemas.plans import ScalePlan
 
@@ -49,6 +51,13 @@ class TickClock:
     def __post_init__(self) -> None:
         if not self.tick_s > 0:
             raise ValueError("a tick must last a positive number of simulated seconds")
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"tick_s": self.tick_s, "number": self.number, "grid": self.grid}
+
+    @classmethod
+    def restore(cls, state: Mapping[str, Any]) -> TickClock:
+        return cls(state["tick_s"], state["number"], state["grid"])
 
     def next_end(self, upcoming: float | None, *, carrying: bool) -> int | None:
         """The grid point the next tick ends at; None when there is nothing to simulate
@@ -104,6 +113,37 @@ class TickGate:
             raise ValueError("lockstep needs the partitions of the plans topic")
         return cls(parts)
 
+    def snapshot(self) -> dict[str, Any]:
+        """Which tick is open, who acknowledged it and the plans held for it, JSON-able:
+        a restarted operator resumes the tick where it was (the plans it had read are
+        no longer on the consumer's uncommitted part of the topic)."""
+        return {
+            "partitions": sorted(self.partitions),
+            "open_tick": self.open_tick,
+            "barrier_out": self.barrier_out,
+            "acked": sorted(self._acked),
+            "plans": [
+                [tick, [encode(p).decode() for p in plans]] for tick, plans in self._plans.items()
+            ],
+        }
+
+    @classmethod
+    def restore(cls, state: Mapping[str, Any]) -> TickGate:
+        plans: dict[int, list[ScalePlan]] = {}
+        for tick, texts in state["plans"]:
+            for text in texts:
+                plan = decode(text.encode())
+                if not isinstance(plan, ScalePlan):
+                    raise ValueError(f"a held plan of the snapshot is a {plan.type}")
+                plans.setdefault(tick, []).append(plan)
+        return cls(
+            frozenset(state["partitions"]),
+            state["open_tick"],
+            state["barrier_out"],
+            set(state["acked"]),
+            plans,
+        )
+
     def barrier(self, tick: int) -> None:
         """The barrier of the open tick was published: its acknowledgements count now."""
         if tick != self.open_tick:
@@ -138,6 +178,13 @@ class TickGate:
     def holding(self) -> bool:
         """Plans wait for a tick: a tick must run even if the fleet has nothing to do."""
         return any(self._plans.values())
+
+    def held_ticks(self) -> list[int]:
+        return [tick for tick, plans in self._plans.items() if plans]
+
+    def held(self, tick: int) -> list[ScalePlan]:
+        """The plans held for a tick, in the order to apply them."""
+        return sorted(self._plans.get(tick, []), key=apply_order)
 
     def take(self) -> Sequence[ScalePlan]:
         """The open tick's plans in the order to apply them; the next tick opens."""
