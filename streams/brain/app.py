@@ -31,14 +31,14 @@ import logging
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import faust
 import typer
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from faust.sensors import Sensor
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
@@ -61,11 +61,12 @@ from dlrover_events.topics import (
     topic,
     topic_of,
 )
-from schemas.codec import CodecError, decode, encode
-from schemas.plans import OptimizePlan, ScalePlan
+from schemas.codec import encode
 from streams.brain.checkpoint import BrainStore, Offsets, Snapshot
 from streams.brain.configs import ConfigFollower
+from streams.brain.merge import Fetch, Merge, event_time
 from streams.brain.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
+from streams.brain.recovery import published_since, recover, stale_offsets, warn_stale
 from streams.brain.triggers import Policy
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,9 @@ class _Consumer(faust_kafka.Consumer):
             while not (consumer_stopped() or fetcher_stopped()):
                 records, active = await self._wait_next_records(1.0)
                 if not records:
-                    await asyncio.sleep(0)
+                    # the sink may hold records that may go now: a partition it waited
+                    # for was found read to its end, or waited too long
+                    await asyncio.shield(sink([]))
                     continue
                 # Even with a rebalance begun: the fetcher's position has moved past
                 # these, so a batch dropped here would be lost until the next seek. The
@@ -180,6 +183,27 @@ CONFIGS_WAIT_S = 30.0
 OUTBOX_BATCHES = 2
 #: How long a checkpoint waits for the courier to catch up before it holds the stream.
 CATCH_UP_S = 1.0
+#: How long the merge of the input partitions waits for one that lags without delivering
+#: (`streams.brain.merge`), and how many records it buffers at most meanwhile.
+MAX_IDLE_S = 5.0
+MAX_BUFFERED = 100_000
+#: Retry loops (loading a checkpoint, publishing, checkpointing) back off up to this.
+MAX_BACKOFF_S = 30.0
+#: How long a stopping brain gives its last checkpoint.
+STOP_CHECKPOINT_S = 20.0
+
+
+def backoff(attempt: int, first: float = 0.2) -> float:
+    """Seconds before retry `attempt` + 1: doubling from `first`, at most MAX_BACKOFF_S."""
+    return min(first * 2 ** min(attempt - 1, 20), MAX_BACKOFF_S)
+
+
+class Stopping(Exception):
+    """The brain is stopping: what was under way is left for the next start to redo."""
+
+
+def _record_time(record: Any) -> float:
+    return event_time(record.value)
 
 
 @dataclass(frozen=True)
@@ -284,7 +308,16 @@ class Brain:
         self._courier: asyncio.Task[None] | None = None
         self._checkpointer: asyncio.Task[None] | None = None
         self._stopping = False
+        #: set as soon as a stop begins: every retry loop gives up at once
+        self._closing = asyncio.Event()
         self.checkpoints = 0
+        #: the input partitions merged into one order (`streams.brain.merge`)
+        self._merge: Merge[Any] = Merge(
+            _record_time, max_idle_s=MAX_IDLE_S, max_buffered=MAX_BUFFERED
+        )
+        self._stalled: frozenset[tuple[str, int]] = frozenset()
+        #: offsets found beyond their log's end: overwritten by the next checkpoint
+        self._resets: Offsets = {}
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -326,14 +359,26 @@ class Brain:
         self._checkpointer = asyncio.create_task(self._checkpoint_loop(), name="brain-checkpoint")
 
     async def stop(self) -> None:
-        """Final checkpoint, then commit, then stop: a clean stop re-reads nothing."""
+        """Final checkpoint, then commit, then stop: a clean stop re-reads nothing. A
+        brain stuck retrying (state that does not load, a broker away) gives up at once
+        and leaves that work to its next start."""
+        self._closing.set()
         if self._checkpointer is not None:
             self._checkpointer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checkpointer
         try:
             if self._store is not None:
-                await self._checkpoint_held(stopping=True)
+                try:
+                    async with asyncio.timeout(STOP_CHECKPOINT_S):
+                        await self._checkpoint_held(stopping=True)
+                except TimeoutError:
+                    log.warning(
+                        "the last checkpoint of the brain of %s took over %g s: stopping "
+                        "without it (the next start decides again what follows the one before)",
+                        self.env,
+                        STOP_CHECKPOINT_S,
+                    )
             self._stopping = True
             await self.app.stop()
         finally:
@@ -365,36 +410,158 @@ class Brain:
             if self._stopping:
                 return  # not checkpointed: the next start reads them again
             assigned = self.app.consumer.assignment()
-            # a batch fetched before a rebalance may hold partitions no longer ours
-            mine = [r for r in records if (r.topic, r.partition) in assigned]
+            inputs = {(tp.topic, tp.partition) for tp in assigned}
             # lockstep: a tick is whole once every one of these has its barrier
-            self.processor.inputs = {(tp.topic, tp.partition) for tp in assigned}
+            self.processor.inputs = inputs
             # every assigned partition's jobs, not only those of this batch: the free
             # GPUs count what all of them hold
-            new = {p for _, p in self.processor.inputs} - self.processor.loaded
-            if new:
-                await self._load(new)
-            out = self.processor.process(mine)
-            if out.plans or out.letters or out.acks:
-                await self._until_courier_done(self._outbox.put(out))
+            new = {p for _, p in inputs} - self.processor.loaded
+            try:
+                if new:
+                    await self._load(new)
+                if self.processor.policy.lockstep:
+                    # ticks are merged whole by the processor; a batch fetched before a
+                    # rebalance may hold partitions no longer ours
+                    out = self.processor.process(
+                        [r for r in records if (r.topic, r.partition) in inputs]
+                    )
+                else:
+                    out = self.processor.process(self._merged(records, inputs))
+                if out.plans or out.letters or out.acks:
+                    await self._until_courier_done(self._outbox.put(out))
+            except Stopping:
+                return  # not checkpointed: the next start reads them again
+
+    def _merged(self, records: list[Any], inputs: set[tuple[str, int]]) -> list[Any]:
+        """The records that may be decided now, in the merge's order (see
+        `streams.brain.merge`). The processor's offsets move only with what is released,
+        so a checkpoint never covers a record still buffered here."""
+        merge = self._merge
+        merge.assign(inputs)
+        if not records and not merge.buffered:
+            return []
+        fetch = self._fetch_progress(inputs)
+        self._check_log_ends(fetch)
+        done = self.processor.offsets
+        # what the states include already (read again after a restart or a rebalance)
+        # never enters the merge: it would change the order of what follows it
+        merge.add(r for r in records if r.offset >= done.get((r.topic, r.partition), 0))
+        forced = merge.forced
+        released = merge.release(fetch, time.monotonic())
+        if merge.stalled != self._stalled:
+            self._stalled = merge.stalled
+            if merge.stalled:
+                log.warning(
+                    "brain of %s: %s lag without delivering for over %g s; deciding the "
+                    "other partitions without waiting for them",
+                    self.env,
+                    ", ".join(f"{t}[{p}]" for t, p in sorted(merge.stalled)),
+                    merge.max_idle_s,
+                )
+        if merge.forced > forced and forced == 0:
+            log.warning(
+                "brain of %s: over %d records buffered while a partition lags; deciding "
+                "them without waiting for it (their order may depend on fetching)",
+                self.env,
+                merge.max_buffered,
+            )
+        return released
+
+    def _fetch_progress(self, inputs: set[tuple[str, int]]) -> dict[tuple[str, int], Fetch]:
+        """Where faust's aiokafka consumer stands on each input partition: the position
+        it handed records up to, and the log's end as its last fetch saw it."""
+        consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+        subscription = getattr(getattr(consumer, "_subscription", None), "subscription", None)
+        if subscription is None:
+            return {}
+        assignment = subscription.assignment
+        out: dict[tuple[str, int], Fetch] = {}
+        for tp in inputs:
+            state = assignment.state_value(TopicPartition(*tp))
+            if state is not None:
+                position = state.position if state.has_valid_position else None
+                out[tp] = Fetch(position, state.highwater)
+        return out
+
+    def _check_log_ends(self, fetch: dict[tuple[str, int], Fetch]) -> None:
+        """A log that now ends before what the states include restarted under a running
+        brain: read it from its beginning (the consumer did, its position out of range)."""
+        ends = {tp: f.highwater for tp, f in fetch.items() if f.highwater is not None}
+        stale = stale_offsets(self.processor.offsets, ends)
+        if stale:
+            warn_stale(stale, f"brain of {self.env}: input")
+            for tp in stale:
+                self.processor.offsets[tp] = 0
+                self._resets[tp] = 0
 
     async def _load(self, partitions: set[int]) -> None:
         """Resume partitions from their checkpoint, and learn which plans were published
-        after it (before a crash), so replaying the events after the checkpoint does not
-        publish them again."""
+        after it (before a crash), so replaying the events after it does not publish them
+        again. An offset beyond its log's end (a restarted broker) is said so and the
+        partition read from the beginning. Retried while it fails (Postgres or the broker
+        away: waiting beats losing state), saying why, until the brain stops."""
         assert self._store is not None
-        for attempt in range(1, 1_000_000):
+        store = self._store
+        inputs = [(name, p) for name in self._inputs for p in sorted(partitions)]
+        attempt = 0
+        while True:
+            attempt += 1
             try:
-                loaded = await self._store.load(
-                    partitions, self._inputs, history_per_scenario=HISTORY_PER_SCENARIO
-                )
-                since = await self._store.offsets(self._outputs)
-                self._published |= await published_since(self.settings, self._outputs, since)
+
+                async def load() -> Any:
+                    loaded = await store.load(
+                        partitions, self._inputs, history_per_scenario=HISTORY_PER_SCENARIO
+                    )
+                    since = await store.offsets(self._outputs)
+                    return loaded, await recover(self.settings, inputs, self._outputs, since)
+
+                loaded, found = await self._unless_closing(load())
                 break
-            except Exception:  # Postgres or the broker away: wait rather than lose state
-                log.exception("loading brain state of %s (attempt %d)", sorted(partitions), attempt)
-                await asyncio.sleep(min(0.2 * attempt, 5.0))
+            except Stopping:
+                raise
+            except Exception as exc:
+                delay = backoff(attempt)
+                log.warning(
+                    "loading the brain state of %s partitions %s failed (attempt %d; "
+                    "retrying in %.1f s): %s: %s",
+                    self.env,
+                    sorted(partitions),
+                    attempt,
+                    delay,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=attempt == 1,
+                )
+                await self._sleep_unless_closing(delay)
+        stale = stale_offsets(loaded.offsets, found.ends)
+        warn_stale(stale, f"brain of {self.env}: input")
+        warn_stale(found.stale_outputs, f"brain of {self.env}: output")
+        for tp in stale:
+            del loaded.offsets[tp]
+        self._resets.update(dict.fromkeys([*stale, *found.stale_outputs], 0))
+        self._published |= found.published
         self.processor.install(partitions, loaded)
+
+    async def _unless_closing(self, work: Awaitable[Any]) -> Any:
+        """`work`'s result, or Stopping (and `work` cancelled) as soon as a stop begins."""
+        task = asyncio.ensure_future(work)
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            raise Stopping(f"the brain of {self.env} is stopping")
+        return task.result()
+
+    async def _sleep_unless_closing(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)
+        if self._closing.is_set():
+            raise Stopping(f"the brain of {self.env} is stopping")
 
     # -- publishing ---------------------------------------------------------------------
 
@@ -418,6 +585,8 @@ class Brain:
             await asyncio.wait({task, courier}, return_when=asyncio.FIRST_COMPLETED)
             if courier.done():
                 error = None if courier.cancelled() else courier.exception()
+                if isinstance(error, Stopping):
+                    raise Stopping(f"the brain of {self.env} stopped publishing") from error
                 raise RuntimeError(f"the brain of {self.env} stopped publishing") from error
             await task
         finally:
@@ -462,7 +631,8 @@ class Brain:
 
     async def _deliver(self, todo: list[_Record]) -> None:
         """The batch is not done (and no checkpoint can cover it) until the broker has
-        every record: retry what failed, for as long as it takes."""
+        every record: retry what failed, saying why, until it is done or the brain stops
+        (then the batch is left to the next start)."""
         attempt = 0
         while todo:
             attempt += 1
@@ -471,17 +641,29 @@ class Brain:
                 return_exceptions=True,
             )
             failed = []
+            why: BaseException | None = None
             for record, result in zip(todo, results, strict=True):
                 if isinstance(result, BaseException):
                     if isinstance(result, asyncio.CancelledError):
                         raise result
                     failed.append(record)
+                    why = result
                 elif record.plan:
                     tp = (result.topic, result.partition)
                     self._produced[tp] = max(self._produced.get(tp, 0), result.offset + 1)
             if failed:
-                log.warning("publishing %d records failed (attempt %d)", len(failed), attempt)
-                await asyncio.sleep(min(0.1 * attempt, 5.0))
+                delay = backoff(attempt, first=0.1)
+                log.warning(
+                    "brain of %s: publishing %d records failed (attempt %d; retrying in "
+                    "%.1f s): %s: %s",
+                    self.env,
+                    len(failed),
+                    attempt,
+                    delay,
+                    type(why).__name__,
+                    why,
+                )
+                await self._sleep_unless_closing(delay)
             todo = failed
 
     async def _send(
@@ -499,14 +681,30 @@ class Brain:
     # -- checkpoints --------------------------------------------------------------------
 
     async def _checkpoint_loop(self) -> None:
+        """Checkpoint every few seconds; after a failure, say why and back off (the state
+        stays in memory, and a restart decides again what follows the last checkpoint)."""
+        failures = 0
         while True:
-            await asyncio.sleep(self.checkpoint_every_s)
+            delay = self.checkpoint_every_s if not failures else backoff(failures, first=1.0)
+            await asyncio.sleep(max(delay, self.checkpoint_every_s))
             try:
                 await self.checkpoint()
+                failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("brain checkpoint of %s failed; retrying", self.env)
+            except Stopping:
+                return
+            except Exception as exc:
+                failures += 1
+                log.warning(
+                    "brain checkpoint of %s failed (%d in a row; retrying in %.0f s): %s: %s",
+                    self.env,
+                    failures,
+                    max(backoff(failures, first=1.0), self.checkpoint_every_s),
+                    type(exc).__name__,
+                    exc,
+                    exc_info=failures == 1,
+                )
 
     async def checkpoint(self) -> None:
         """Write what changed, then ack the batches it covers (faust commits them)."""
@@ -537,10 +735,19 @@ class Brain:
                 # for this handler, and a commit would wait for that thread
                 await self._save(snap, commit=drop is None)
                 ok = True
+            except Stopping as exc:
+                log.warning(
+                    "brain of %s: not checkpointed, plans unpublished (%s); the next start "
+                    "decides again what follows the last checkpoint",
+                    self.env,
+                    exc.__cause__ or exc,
+                )
+                ok = False
             except Exception:
                 log.exception("checkpoint of the brain of %s failed", self.env)
                 ok = False
             if drop:
+                self._merge.assign({tp for tp in self._merge.assigned if tp[1] not in drop})
                 self.processor.drop(drop)
                 if self._store is not None:
                     self._store.forget(drop)
@@ -552,6 +759,7 @@ class Brain:
         snap = self.processor.snapshot()
         if snap.offsets:
             snap.offsets.update(self._produced)  # outputs: where a restart looks for plans
+        snap.reset, self._resets = self._resets, {}
         return snap
 
     async def _save(self, snap: Snapshot, *, commit: bool = True) -> None:
@@ -561,6 +769,7 @@ class Brain:
                 await self._store.save(snap)
         except BaseException:
             self.processor.restore(snap)
+            self._resets = {**snap.reset, **self._resets}
             raise
         self.checkpoints += 1
         inputs = set(self._inputs)
@@ -595,54 +804,7 @@ class Brain:
         self.ready.set()
 
 
-async def published_since(
-    settings: Settings, topics: Sequence[str], since: Offsets, timeout_s: float = 30.0
-) -> set[str]:
-    """Plan ids on `topics` from the checkpointed offsets to the end (from the start where
-    none was checkpointed): what a crashed brain published after its last checkpoint."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        client_id=f"{settings.client_id}-brain-recovery",
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        request_timeout_ms=settings.request_timeout_ms,
-    )
-    await consumer.start()
-    try:
-        await consumer._client.force_metadata_update()
-        parts = [
-            TopicPartition(name, p)
-            for name in topics
-            for p in sorted(consumer.partitions_for_topic(name) or ())
-        ]
-        end = await consumer.end_offsets(parts) if parts else {}
-        todo = {tp: end[tp] for tp in parts if since.get((tp.topic, tp.partition), 0) < end[tp]}
-        if not todo:
-            return set()
-        consumer.assign(list(todo))
-        for tp in todo:
-            consumer.seek(tp, since.get((tp.topic, tp.partition), 0))
-        found: set[str] = set()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while todo and loop.time() < deadline:
-            batch = await consumer.getmany(timeout_ms=200)
-            for tp, records in batch.items():
-                for record in records:
-                    try:
-                        event = decode(record.value)
-                    except CodecError:
-                        continue
-                    if isinstance(event, OptimizePlan | ScalePlan):
-                        found.add(event.plan_id)
-                if records and records[-1].offset + 1 >= todo.get(tp, 0):
-                    todo.pop(tp, None)
-        if todo:
-            log.warning("brain recovery did not reach the end of %s", sorted(map(str, todo)))
-        return found
-    finally:
-        await consumer.stop()
+__all__ = ["Brain", "BrainApp", "published_since", "service"]
 
 
 # -- `up` and the command ----------------------------------------------------------------

@@ -46,9 +46,12 @@ class Snapshot:
     states: dict[str, tuple[int, JobState]] = field(default_factory=dict)
     offsets: Offsets = field(default_factory=dict)
     plans: list[OptimizePlan | ScalePlan] = field(default_factory=list)
+    #: offsets to write as they are, not as the greatest of stored and new: those found
+    #: beyond their log's end (a restarted broker). One also in `offsets` is written so.
+    reset: Offsets = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.states or self.offsets or self.plans)
+        return bool(self.states or self.offsets or self.plans or self.reset)
 
 
 @dataclass
@@ -232,7 +235,7 @@ class BrainStore:
         """Plans first (idempotent by plan_id), then states and offsets atomically: a crash
         in between only means the plans are recorded again, as no-ops, after the replay."""
         await self.save_plans(snapshot.plans)
-        if not (snapshot.states or snapshot.offsets):
+        if not (snapshot.states or snapshot.offsets or snapshot.reset):
             return
         docs: list[tuple[str, int, str]] = []
         writes: dict[str, SampleWrite] = {}
@@ -280,23 +283,14 @@ class BrainStore:
                     [q for _, q, _ in added],
                     [t for _, _, t in added],
                 )
-            if snapshot.offsets:
-                topics, parts, nexts = zip(
-                    *((t, p, o) for (t, p), o in snapshot.offsets.items()), strict=True
-                )
-                await conn.execute(
-                    """
-                    INSERT INTO brain_offsets (topic, partition, next_offset, updated_at)
-                    SELECT t, p, o, now()
-                    FROM unnest($1::text[], $2::int[], $3::bigint[]) AS x(t, p, o)
-                    ON CONFLICT (topic, partition) DO UPDATE
-                    SET next_offset = GREATEST(brain_offsets.next_offset, EXCLUDED.next_offset),
-                        updated_at = EXCLUDED.updated_at
-                    """,
-                    list(topics),
-                    list(parts),
-                    list(nexts),
-                )
+            # the greatest of stored and new, so that nothing moves an offset back; except
+            # where the log restarted: there the stored offset is wrong
+            kept = {tp: o for tp, o in snapshot.offsets.items() if tp not in snapshot.reset}
+            reset = {tp: snapshot.offsets.get(tp, o) for tp, o in snapshot.reset.items()}
+            if kept:
+                await conn.execute(_UPSERT_GREATEST, *_columns(kept))
+            if reset:
+                await conn.execute(_UPSERT, *_columns(reset))
         # written: from now on what Postgres holds (a finished job's state is not
         # written again, and a write after all would start its chunks anew)
         for job_uuid, write in writes.items():
@@ -309,6 +303,26 @@ class BrainStore:
     async def save_plans(self, plans: Sequence[OptimizePlan | ScalePlan]) -> None:
         await self.store.save_plans([p for p in plans if isinstance(p, OptimizePlan)])
         await self.store.save_scale_plans([p for p in plans if isinstance(p, ScalePlan)])
+
+
+_UPSERT = """
+INSERT INTO brain_offsets (topic, partition, next_offset, updated_at)
+SELECT t, p, o, now() FROM unnest($1::text[], $2::int[], $3::bigint[]) AS x(t, p, o)
+ON CONFLICT (topic, partition) DO UPDATE
+SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at
+"""
+_UPSERT_GREATEST = _UPSERT.replace(
+    "SET next_offset = EXCLUDED.next_offset",
+    "SET next_offset = GREATEST(brain_offsets.next_offset, EXCLUDED.next_offset)",
+)
+
+
+def _columns(offsets: Offsets) -> tuple[list[str], list[int], list[int]]:
+    return (
+        [t for t, _ in offsets],
+        [p for _, p in offsets],
+        list(offsets.values()),
+    )
 
 
 def merge_offsets(into: Offsets, more: Mapping[tuple[str, int], int]) -> None:

@@ -113,6 +113,10 @@ class Merge(Generic[R]):
         self.stalled: frozenset[TP] = frozenset()
 
     @property
+    def assigned(self) -> frozenset[TP]:
+        return self._assigned
+
+    @property
     def buffered(self) -> int:
         return self._size
 
