@@ -16,6 +16,7 @@ from dlrover_events.settings import load_settings
 from streams.ab.arms import parse_arms
 from streams.ab.report import compare, table, write_report
 from streams.ab.runner import ABTest, Cluster
+from streams.ab.summary import SUMMARY_FILE, build_summary, write_summary
 from streams.replay.core import parse_speed
 
 app = typer.Typer(help="A/B tests of brain settings in virtual envs.", no_args_is_help=True)
@@ -38,7 +39,10 @@ def run(
         "(as fast as possible; for arms without a brain)",
     ),
     timeout: float = typer.Option(1800, min=1, help="wall seconds to wait for every job"),
-    out: Path = typer.Option(Path("ab-report"), help="folder for the HTML and PNG report"),
+    out: Path = typer.Option(
+        Path("ab-report"),
+        help=f"folder for the HTML and PNG report and the machine-readable {SUMMARY_FILE}",
+    ),
     keep_envs: bool = typer.Option(False, "--keep-envs", help="keep the arms' envs to inspect"),
 ) -> None:
     """Run every arm on the same input and say which is better, by how much, how sure."""
@@ -83,7 +87,8 @@ def run(
         for line in comparison.verdicts:
             typer.echo(line)
         html, png = write_report(comparison, out, f"A/B {test.run_id}: {trace or source}")
-        typer.echo(f"report: {html} (plots: {png})")
+        summary = write_summary(out, build_summary(comparison, test.run_info()))
+        typer.echo(f"report: {html} (plots: {png}, summary: {summary})")
 
     try:
         run_async(go())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from dlrover_events.topics import JOB_EVENTS
 from schemas.control import EnvMode
 from streams.ab.arms import Arm
 from streams.ab.report import ArmResult
+from streams.ab.summary import RunInfo
 from streams.evaluators.ledger import Ledger, gpu_use
 from streams.evaluators.registry import evaluate
 from streams.evaluators.service import ledger_of
@@ -54,6 +56,13 @@ class Cluster:
     #: fast as possible.
     lockstep: bool = True
 
+    @property
+    def label(self) -> str:
+        """How the clocks moved, as --speed says it: lockstep, NNNx or max."""
+        if self.lockstep:
+            return "lockstep"
+        return "max" if self.speed is None else f"{self.speed:g}x"
+
 
 @dataclass
 class ABTest:
@@ -67,6 +76,8 @@ class ABTest:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     keep_envs: bool = False
     poll_s: float = 2.0
+    #: Wall seconds the last run() took, from creating the arms' envs to the verdict.
+    wall_s: float | None = field(default=None, init=False)
 
     def env_settings(self, arm: Arm) -> dict[str, Any]:
         """The arm's settings, with its simulated cluster, which its brain also learns.
@@ -106,6 +117,7 @@ class ABTest:
         missing = [s for s in ("operator", "brain") if s not in services]
         if "operator" in missing or ("brain" in missing and any(_brain(a) for a in self.arms)):
             raise UserError(f"the A/B test needs the {' and '.join(missing)} service(s)")
+        started = time.monotonic()
         registry = EnvRegistry(self.settings, self.dsn)
         created: list[str] = []
         stop = asyncio.Event()
@@ -135,7 +147,22 @@ class ABTest:
                 for env in created:
                     with contextlib.suppress(Exception):
                         await registry.delete(env)
-        return [self._result(arm, ledgers[arm.env(self.run_id)], expected) for arm in self.arms]
+        results = [self._result(arm, ledgers[arm.env(self.run_id)], expected) for arm in self.arms]
+        self.wall_s = time.monotonic() - started
+        return results
+
+    def run_info(self, *, seed: int = 0) -> RunInfo:
+        """What summary.json says about the run itself (after run(): its wall time)."""
+        return RunInfo(
+            run_id=self.run_id,
+            trace=None if self.trace is None else str(self.trace),
+            source=self.source,
+            speed=self.cluster.label,
+            nodes=self.cluster.nodes,
+            gpus_per_node=self.cluster.gpus_per_node,
+            wall_s=0.0 if self.wall_s is None else self.wall_s,
+            seed=seed,
+        )
 
     async def _feed(self, env: str) -> int:
         """Copy the input into the arm's env; returns how many jobs it submits."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from schemas.plans import ScaleResult, ScaleStatus
 from streams.ab.arms import Arm
 from streams.ab.report import compare
 from streams.ab.runner import ABTest, Cluster
+from streams.ab.summary import build_summary, write_summary
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +58,27 @@ async def test_same_settings_give_the_same_result_and_arms_are_isolated(
         assert a.metrics["gpu_hours"] > 0
         c = compare([a, b])
         assert c.jct_diff["b"].estimate == 0
+        # The machine-readable verdict, as `ab run` writes it beside the report.
+        path = write_summary(tmp_path / "report", build_summary(c, test.run_info()))
+        summary = json.loads(path.read_text())
+        assert {"schema_version", "trace", "baseline", "speed", "wall_s", "arms"} <= set(summary)
+        assert (summary["trace"], summary["baseline"], summary["speed"]) == (
+            str(trace),
+            "a",
+            "lockstep",
+        )
+        assert summary["wall_s"] > 0
+        for arm, result in zip(summary["arms"], (a, b), strict=True):
+            assert arm["name"] == result.name
+            assert arm["jobs"] == result.jct
+            assert arm["mean_jct_s"] == pytest.approx(sum(result.jct.values()) / 5)
+            lo, hi = arm["jct_ci95_s"]
+            assert lo <= arm["mean_jct_s"] <= hi
+            assert arm["gpu_hours"] > 0
+            assert arm["plans_per_job_hour"] == 0.0, "no brain, no plans"
+            assert arm["jobs_unfinished"] == 0
+        assert summary["arms"][1]["paired_diff_s"] == 0.0
+        assert summary["arms"][1]["verdict"] == "tie"
         # Isolation: every event in an arm's topics belongs to that arm's env.
         for arm in (a, b):
             for name in ENV_TOPIC_NAMES:
