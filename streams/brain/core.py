@@ -73,6 +73,18 @@ def merge(proposals: Sequence[Proposal]) -> Proposal:
     )
 
 
+def one_line(exc: Exception) -> str:
+    """An exception as one line (a pydantic error lists every field on lines of its own):
+    what a dead letter and the dry run's `error:` line can show."""
+    first = str(exc).strip().splitlines()
+    text = first[0] if first else ""
+    if isinstance(exc, ValidationError) and exc.errors():
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"]) or exc.title
+        text = f"{exc.title}.{where}: {err['msg']}"
+    return f"{type(exc).__name__}: {text}"
+
+
 def run_route(
     ctx: OptimizeContext, chosen: Route, registry: Registry
 ) -> list[Proposal] | RouteError:
@@ -93,9 +105,7 @@ def run_route(
             try:
                 proposal = spec.run(ctx, params)
             except Exception as exc:  # one faulty optimizer must not stop the brain
-                return RouteError(
-                    "optimizer_failed", f"optimizer {name!r} failed: {type(exc).__name__}: {exc}"
-                )
+                return RouteError("optimizer_failed", f"optimizer {name!r} failed: {one_line(exc)}")
             if proposal is not None:
                 proposals.append(proposal)
                 break
@@ -144,7 +154,10 @@ def decide(
         resource=merged.resource,
         caused_by=cause,
     )
-    planned = plan_scale(state, plan, now, limits)
+    try:
+        planned = plan_scale(state, plan, now, limits)
+    except Exception as exc:  # a state no plan can be made of must not stop the brain
+        return RouteError("planner_failed", f"planning {merged.optimizer} failed: {one_line(exc)}")
     return Decision(
         optimize_plan=plan,
         scale_plan=planned.scale_plan,

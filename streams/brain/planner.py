@@ -58,6 +58,9 @@ class Limits:
     min_memory: int = 6 * GiB
     max_memory: int = 64 * GiB
     max_replicas: Mapping[str, int] = field(default_factory=lambda: {WORKER: 60, PS: 15})
+    #: the most one plan raises a node's memory, whichever optimizer asked (an OOM
+    #: optimizer doubling 10 GiB gets 18 GiB, then more at the next OOM if needed)
+    max_memory_step: int = 8 * GiB
     ps_cooldown_s: float = 3600
     running_cooldown_s: float = 300
     urgent: frozenset[str] = URGENT_OPTIMIZERS
@@ -116,11 +119,26 @@ def _same(a: NodeResource, b: NodeResource) -> bool:
     return (a.cpu, a.memory, a.gpu_num, a.gpu_memory) == (b.cpu, b.memory, b.gpu_num, b.gpu_memory)
 
 
+def _memory_step(current: int, memory: int, limits: Limits) -> int:
+    """`memory` raised from `current` by at most the step limit (never below the minimum
+    per node: a node under it breaks the cluster's rules whatever the step)."""
+    if current > 0 and memory > current + limits.max_memory_step:
+        return max(current + limits.max_memory_step, int(limits.min_memory))
+    return memory
+
+
 def _target(
-    current: NodeResource, wanted: NodeResource, pinned: Pinned | None, limits: Limits
+    current: NodeResource,
+    wanted: NodeResource,
+    pinned: Pinned | None,
+    limits: Limits,
+    notes: list[str] | None = None,
+    name: str = "",
+    step_from: int | None = None,
 ) -> NodeResource:
     """Current resources with the fields the plan sets, bounded, and pinned values winning
-    over any field the plan tries to change."""
+    over any field the plan tries to change. Memory rises by at most a step from
+    `step_from` (default: the current memory), what the node has before this plan."""
     cpu, memory, gpu_memory = current.cpu, current.memory, current.gpu_memory
     if wanted.cpu > 0:
         cpu = min(max(wanted.cpu, limits.min_cpu), limits.max_cpu)
@@ -128,6 +146,14 @@ def _target(
             cpu = pinned.cpu
     if wanted.memory > 0:
         memory = min(max(wanted.memory, limits.min_memory), limits.max_memory)
+        before = current.memory if step_from is None else step_from
+        stepped = _memory_step(before, memory, limits)
+        if stepped != memory and notes is not None:
+            notes.append(
+                f"{name} memory {memory} B is more than {before} B + "
+                f"{limits.max_memory_step} B in one step: {stepped} B"
+            )
+        memory = stepped
         if pinned is not None and pinned.memory is not None:
             memory = pinned.memory
     if wanted.gpu_memory > 0:
@@ -146,9 +172,13 @@ def _target(
     )
 
 
-def _overlay(own: NodeResource, group: NodeResource) -> NodeResource:
-    """A node of a resized group: the group's (already bounded) resources where set."""
-    return own.model_copy(update={k: v for k, v in group.model_dump().items() if v not in (0, "")})
+def _overlay(own: NodeResource, group: NodeResource, limits: Limits, pinned: bool) -> NodeResource:
+    """A node of a resized group: the group's (already bounded) resources where set, its
+    memory raised by at most a step from the node's own (unless the user pinned it)."""
+    update = {k: v for k, v in group.model_dump().items() if v not in (0, "")}
+    if "memory" in update and not pinned:
+        update["memory"] = _memory_step(own.memory, update["memory"], limits)
+    return own.model_copy(update=update)
 
 
 def bound_count(state: JobState, role: str, wanted: int, limits: Limits) -> int:
@@ -230,7 +260,8 @@ def plan_scale(
         spec = state.role(role)
         alive, current_count, tracked = _alive(state, spec, role)
         current = _resource_of(spec)
-        target = _target(current, group.node_resource, state.pinned.get(role), limits)
+        pinned = state.pinned.get(role)
+        target = _target(current, group.node_resource, pinned, limits, notes, role)
         count = _bound_count(state, role, spec, group.count or current_count, limits)
         resized = not _same(target, current)
         if count == current_count and (not resized or count == 0):
@@ -256,7 +287,9 @@ def plan_scale(
             kept = [n for n in alive if id(n) not in gone_ids]
             for kept_node in kept:
                 own = _resource_of(kept_node)
-                new = _overlay(own, target)
+                new = _overlay(
+                    own, target, limits, pinned is not None and pinned.memory is not None
+                )
                 if not _same(new, own):
                     migrate[kept_node.key] = MigrateNode(
                         node=NodeRef(type=kept_node.type, id=kept_node.id), resource=new
@@ -276,7 +309,8 @@ def plan_scale(
         if _is_zero(wanted):
             migrate[key] = MigrateNode(node=NodeRef(type=node.type, id=node.id), resource=base)
             continue
-        new = _target(base, wanted, state.pinned.get(node.type), limits)
+        pinned_node = state.pinned.get(node.type)
+        new = _target(base, wanted, pinned_node, limits, notes, key, node.memory)
         if _same(new, _resource_of(node)):
             notes.append(f"node {key} already has what the plan asks within limits")
             continue

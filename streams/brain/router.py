@@ -35,7 +35,12 @@ class Condition(StrEnum):
 
 
 ErrorCode = Literal[
-    "unknown_stage", "unknown_optimizer", "invalid_config", "invalid_params", "optimizer_failed"
+    "unknown_stage",
+    "unknown_optimizer",
+    "invalid_config",
+    "invalid_params",
+    "optimizer_failed",
+    "planner_failed",
 ]
 
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import msgspec
 from pydantic import Field, TypeAdapter, ValidationError
 
+from schemas.bounds import Bytes, Cpu, Gpus, NodeId, Replicas, Steps
 from schemas.envelope import EnvName, Event, Model
 from schemas.jobs import (
     JobCompleted,
@@ -130,13 +131,13 @@ class NodeState(Model):
     """One node (pod) of the job and the resources it was launched with."""
 
     type: str = Field(min_length=1)
-    id: int = Field(ge=0)
+    id: NodeId
     status: NodeStatus = NodeStatus.PENDING
-    cpu: float = Field(default=0, ge=0)
-    memory: int = Field(default=0, ge=0, description="bytes requested")
-    gpu_num: int = Field(default=0, ge=0)
-    gpu_memory: int = Field(default=0, ge=0, description="bytes per GPU")
-    relaunches: int = Field(default=0, ge=0, description="relaunches with new resources")
+    cpu: Cpu = 0
+    memory: Bytes = Field(default=0, description="bytes requested")
+    gpu_num: Gpus = 0
+    gpu_memory: Bytes = Field(default=0, description="bytes per GPU")
+    relaunches: Steps = Field(default=0, description="relaunches with new resources")
 
     @property
     def key(self) -> str:
@@ -151,18 +152,18 @@ class NodePeak(Model):
     """The most a node has used since the brain first saw it (not only the last samples)."""
 
     type: str
-    id: int
-    cpu: float = 0
-    memory: int = 0
-    gpu_memory: int = 0
+    id: NodeId
+    cpu: Cpu = 0
+    memory: Bytes = 0
+    gpu_memory: Bytes = 0
 
 
 class OOMRecord(Model):
     event_id: str
     kind: OOMKind
     at: datetime
-    memory: int | None = None
-    gpu_memory: int | None = None
+    memory: Bytes | None = None
+    gpu_memory: Bytes | None = None
     #: set once a plan addressed this OOM, so it is never acted on twice.
     handled: bool = False
 
@@ -170,22 +171,22 @@ class OOMRecord(Model):
 class RoleResources(Model):
     """What a role has now: replicas and the resources of each replica."""
 
-    replicas: int = Field(default=0, ge=0)
-    min_replicas: int | None = Field(default=None, ge=0)
-    max_replicas: int | None = Field(default=None, ge=0)
-    cpu: float = Field(default=0, ge=0)
-    memory: int = Field(default=0, ge=0)
-    gpu_num: int = Field(default=0, ge=0)
-    gpu_memory: int = Field(default=0, ge=0, description="bytes per GPU")
+    replicas: Replicas = 0
+    min_replicas: Replicas | None = None
+    max_replicas: Replicas | None = None
+    cpu: Cpu = 0
+    memory: Bytes = 0
+    gpu_num: Gpus = 0
+    gpu_memory: Bytes = Field(default=0, description="bytes per GPU")
 
 
 class Pinned(Model):
     """Values the user fixed for a role: they win over any plan."""
 
-    replicas: int | None = Field(default=None, ge=0)
-    cpu: float | None = Field(default=None, ge=0)
-    memory: int | None = Field(default=None, ge=0)
-    gpu_memory: int | None = Field(default=None, ge=0)
+    replicas: Replicas | None = None
+    cpu: Cpu | None = None
+    memory: Bytes | None = None
+    gpu_memory: Bytes | None = None
 
 
 _PINNED = TypeAdapter(dict[str, Pinned])
@@ -206,7 +207,7 @@ class JobState(Model):
     job: JobMeta
     distribution: Distribution = "allreduce"
     application: str = ""
-    batch_size: int | None = Field(default=None, ge=1, description="global batch size")
+    batch_size: Steps | None = Field(default=None, ge=1, description="global batch size")
     config: dict[str, Any] = Field(default_factory=dict)
     config_errors: list[str] = Field(default_factory=list)
     stage: str = Stage.CREATE.value
@@ -214,9 +215,9 @@ class JobState(Model):
     status: JobStatus = JobStatus.SUBMITTED
     submitted_at: datetime | None = None
     completed_at: datetime | None = None
-    total_steps: int | None = Field(default=None, ge=1)
-    recv_op_count: int | None = Field(default=None, ge=0)
-    restart_count: int = Field(default=3, ge=0, description="relaunches allowed per node")
+    total_steps: Steps | None = Field(default=None, ge=1)
+    recv_op_count: Steps | None = None
+    restart_count: Steps = Field(default=3, description="relaunches allowed per node")
     roles: dict[str, RoleResources] = Field(default_factory=dict)
     pinned: dict[str, Pinned] = Field(default_factory=dict)
     nodes: dict[str, NodeState] = Field(default_factory=dict)
@@ -750,5 +751,11 @@ def median(values: Iterable[float]) -> float:
 
 
 def ceil_int(value: float) -> int:
-    """Ceiling that forgives float noise (0.1 * 3 / 0.3 must not become 2)."""
+    """Ceiling that forgives float noise (0.1 * 3 / 0.3 must not become 2).
+
+    A value that is not finite (a parameter such as a factor of 1e308 times a bounded
+    use) is a ValueError that says so, not Python's OverflowError about converting an
+    infinity, which told a user nothing about their input."""
+    if not math.isfinite(value):
+        raise ValueError(f"a computed value is {value}: a parameter or state value out of range")
     return math.ceil(round(value, 9))

@@ -100,6 +100,9 @@ class LimitSettings(Model):
     max_memory: int | None = Field(default=None, gt=0)
     ps_cooldown_s: float | None = Field(default=None, ge=0)
     running_cooldown_s: float | None = Field(default=None, ge=0)
+    max_memory_step: int | None = Field(
+        default=None, gt=0, description="the most one plan raises a node's memory (bytes)"
+    )
 
 
 class BrainSettings(Model):

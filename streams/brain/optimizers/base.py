@@ -16,8 +16,9 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_GPUS, MAX_REPLICAS
 from schemas.envelope import Model
-from schemas.plans import ResourcePlan
+from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
 from streams.brain.state import JobState, JobStatus, Sample
 
 
@@ -58,6 +59,31 @@ class Proposal:
     resource: ResourcePlan
     handled_ooms: tuple[str, ...] = ()
     optimizer: str = ""
+
+
+def node_resource(
+    cpu: float = 0, memory: int = 0, gpu_num: int = 0, gpu_memory: int = 0
+) -> NodeResource:
+    """A NodeResource within the contract's bounds. An optimizer's arithmetic on bounded
+    inputs (x 1.2, + 8 GiB, a user's factor) may step past them, which would fail the
+    plan's validation instead of proposing the most a plan may ask; the planner narrows
+    it to the cluster's limits anyway."""
+    return NodeResource(
+        cpu=min(cpu, MAX_CPU),
+        memory=min(memory, MAX_BYTES),
+        gpu_num=min(gpu_num, MAX_GPUS),
+        gpu_memory=min(gpu_memory, MAX_BYTES),
+    )
+
+
+def group_plan(role: str, count: int = 0, cpu: float = 0, memory: int = 0) -> ResourcePlan:
+    """One role's group (0: unchanged), within the contract's bounds."""
+    resource = node_resource(cpu=cpu, memory=memory)
+    return ResourcePlan(
+        node_group_resources={
+            role: NodeGroupResource(count=min(count, MAX_REPLICAS), node_resource=resource)
+        }
+    )
 
 
 class NoParams(Model):

@@ -8,12 +8,21 @@ rather than config keys looked up as values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import Field
 
+from schemas.bounds import MAX_BYTES
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
-from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
-from streams.brain.optimizers.base import OptimizeContext, Proposal, register
+from schemas.plans import NodeResource, ResourcePlan
+from streams.brain.optimizers.base import (
+    OptimizeContext,
+    Proposal,
+    group_plan,
+    node_resource,
+    register,
+)
 from streams.brain.optimizers.usage import (
     avg_cpu,
     major_cluster,
@@ -42,14 +51,6 @@ from streams.brain.state import (
 )
 
 
-def _group(role: str, count: int = 0, **resource: float) -> ResourcePlan:
-    return ResourcePlan(
-        node_group_resources={
-            role: NodeGroupResource(count=count, node_resource=NodeResource(**resource))
-        }
-    )
-
-
 def _open_ooms(state: JobState, role: str) -> list[str]:
     """Host-memory OOM events of a role not answered yet, oldest first."""
     found = []
@@ -64,7 +65,7 @@ def _open_ooms(state: JobState, role: str) -> list[str]:
 
 
 class WorkerCreateParams(Model):
-    history_days: float = Field(default=7, gt=0)
+    history_days: float = Field(default=7, gt=0, le=36_500)
     margin: float = Field(default=0.5, ge=0)
     min_memory: int = Field(default=16 * GiB, ge=0)
     min_cpu: float = Field(default=12, ge=0)
@@ -92,12 +93,12 @@ def worker_create(ctx: OptimizeContext, p: WorkerCreateParams) -> Proposal | Non
             f"scenario history: peak worker memory {peak_memory} B x "
             f"{1 + p.margin:g}, peak cpu {peak_cpu:g}"
         ),
-        resource=_group(WORKER, count=1, cpu=cpu, memory=memory),
+        resource=group_plan(WORKER, count=1, cpu=cpu, memory=memory),
     )
 
 
 class WorkerCreateOOMParams(Model):
-    history_days: float = Field(default=7, gt=0)
+    history_days: float = Field(default=7, gt=0, le=36_500)
     oom_factor: float = Field(default=1.2, ge=1)
     min_increase: int = Field(default=4_000_000_000, ge=0)
 
@@ -141,7 +142,7 @@ def worker_create_oom(ctx: OptimizeContext, p: WorkerCreateOOMParams) -> Proposa
     source = "history" if from_history >= bumped else f"{latest} B + {p.min_increase} B"
     return Proposal(
         reason=f"worker OOM at create: memory {memory} B from {source}",
-        resource=_group(WORKER, memory=memory),
+        resource=group_plan(WORKER, memory=memory),
         handled_ooms=tuple(ooms),
     )
 
@@ -150,7 +151,7 @@ def worker_create_oom(ctx: OptimizeContext, p: WorkerCreateOOMParams) -> Proposa
 
 
 class PSCreateParams(Model):
-    history_days: float = Field(default=7, gt=0)
+    history_days: float = Field(default=7, gt=0, le=36_500)
     cpu_margin: float = Field(default=4, ge=0)
     total_factor: float = Field(default=1.5, gt=0)
     max_replicas: int = Field(default=15, ge=1)
@@ -193,7 +194,7 @@ def ps_create(ctx: OptimizeContext, p: PSCreateParams) -> Proposal | None:
             f"history of {len(job_cpus)} job(s): average PS cpu {avg_job_cpu:g}, "
             f"busiest PS {max_node_cpu:g} cores"
         ),
-        resource=_group(PS, count=replicas, cpu=cpu, memory=memory),
+        resource=group_plan(PS, count=replicas, cpu=cpu, memory=memory),
     )
 
 
@@ -214,7 +215,7 @@ def ps_cold_create(ctx: OptimizeContext, p: PSColdCreateParams) -> Proposal | No
         return None
     return Proposal(
         reason="no history for this scenario: default PS group",
-        resource=_group(PS, count=p.replicas, cpu=p.cpu, memory=p.memory),
+        resource=group_plan(PS, count=p.replicas, cpu=p.cpu, memory=p.memory),
     )
 
 
@@ -225,6 +226,7 @@ class PSOOMParams(Model):
     factor: float = Field(default=2, gt=1)
     max_memory: int = Field(default=64 * GiB, gt=0)
     imbalance: float = Field(default=0.2, ge=0)
+    max_replicas: int = Field(default=15, ge=1, description="the most PS a job may have")
 
 
 @register(
@@ -239,6 +241,10 @@ def ps_oom(ctx: OptimizeContext, p: PSOOMParams) -> Proposal | None:
         return None
     samples = with_role(state.samples, PS)
     count = state.role(PS).replicas or role_count(state, PS)
+
+    def doubled(count: int) -> int:  # bounded before the planner builds a node per PS
+        return min(ceil_int(count * p.factor), p.max_replicas)
+
     if not samples:
         memories = [n.memory for n in state.alive_nodes(PS) if n.memory > 0]
         current = max(memories, default=state.role(PS).memory)
@@ -249,27 +255,29 @@ def ps_oom(ctx: OptimizeContext, p: PSOOMParams) -> Proposal | None:
                 return None
             return Proposal(
                 reason=f"PS OOM at {current} B >= {p.max_memory} B: PS count x {p.factor:g}",
-                resource=_group(PS, count=ceil_int(count * p.factor)),
+                resource=group_plan(PS, count=doubled(count)),
                 handled_ooms=tuple(ooms),
             )
         memory = ceil_int(current * p.factor)
         return Proposal(
             reason=f"PS OOM without samples: memory {current} B x {p.factor:g}",
-            resource=_group(PS, memory=memory),
+            resource=group_plan(PS, memory=memory),
             handled_ooms=tuple(ooms),
         )
     used = [u.memory for u in samples[-1].usage(PS)]
     peak, avg = max(used), mean(used)
     if peak > 0 and (peak - avg) / peak > p.imbalance:
         return Proposal(
-            reason=f"PS OOM, memory imbalanced (max {peak} B, mean {avg:g} B): memory x 2",
-            resource=_group(PS, memory=ceil_int(peak * p.factor)),
+            reason=(
+                f"PS OOM, memory imbalanced (max {peak} B, mean {avg:g} B): memory x {p.factor:g}"
+            ),
+            resource=group_plan(PS, memory=ceil_int(peak * p.factor)),
             handled_ooms=tuple(ooms),
         )
     count = count or len(used)
     return Proposal(
         reason=f"PS OOM, memory balanced at {peak} B: PS count {count} x {p.factor:g}",
-        resource=_group(PS, count=ceil_int(count * p.factor)),
+        resource=group_plan(PS, count=doubled(count)),
         handled_ooms=tuple(ooms),
     )
 
@@ -285,11 +293,27 @@ class PSInitAdjustParams(Model):
     short_job_s: float = Field(default=1800, ge=0)
     short_job_workers: int = Field(default=10, ge=1)
     target_workers: int = Field(default=32, ge=1)
-    free_rate: float | None = Field(
-        default=None, gt=0, description="cap target workers at ceil(free_rate x workers)"
-    )
-    max_replicas: int = Field(default=15, ge=1)
+    window: int = Field(default=3, ge=1, description="samples of the recent PS averages")
+    max_replicas: int = Field(default=15, ge=1, description="the most PS a job may have")
     memory_factor: float = Field(default=1.2, ge=1)
+
+
+def free_rate(ps_cpu: int, averages: Sequence[float], max_replicas: int) -> float | None:
+    """How many times the current workers the PS can serve (the spec's free rate): the
+    PS cpu over the busiest PS's cpu spread over the most PS a job may have, and, when one
+    PS is busier than the mean of the others by `diff`, at most `ps_cpu / diff` (an
+    unbalanced load lands on one PS whatever the count). None: no PS is busy, no cap."""
+    busiest = max(averages, default=0.0)
+    max_ps_cpu = ceil_int(busiest)
+    if max_ps_cpu <= 0:
+        return None
+    rate = ps_cpu / (max_ps_cpu * len(averages) / max_replicas)
+    if len(averages) > 1:
+        others = sorted(averages)[:-1]
+        diff = busiest - mean(others)
+        if diff > 0:
+            rate = min(rate, ps_cpu / diff)
+    return rate
 
 
 @register(
@@ -308,28 +332,36 @@ def ps_init_adjust(ctx: OptimizeContext, p: PSInitAdjustParams) -> Proposal | No
     if state.recv_op_count is not None:
         per_ps = state.recv_op_count / ps_count
         if per_ps <= p.recv_ops_per_ps_limit:
-            ps_cpu = ceil_int(p.cpu_per_recv_op * per_ps + p.cpu_margin)
+            ps_cpu = ceil_int(p.cpu_per_recv_op * per_ps) + ceil_int(p.cpu_margin)
         else:
             ps_cpu = ceil_int(p.large_cpu)
-    max_avg = max(avg_cpu(samples, PS).values())
-    ps_cpu = max(ps_cpu, ceil_int(max_avg + p.cpu_margin))
+    # the PS of the latest sample, averaged over the last few samples
+    latest = role_set(samples[-1], PS)
+    recent = avg_cpu(samples[-p.window :], PS)
+    averages = [avg for key, avg in recent.items() if _id(key) in latest]
+    ps_cpu = max(ps_cpu, ceil_int(max(averages)) + ceil_int(p.cpu_margin))
     speed = mean_speed(samples)
     target = p.target_workers
     if state.total_steps is not None and speed > 0:
         job_time = state.total_steps / (speed / workers)
         if job_time <= p.short_job_s:
             target = p.short_job_workers
-    if p.free_rate is not None:
-        target = min(target, ceil_int(p.free_rate * workers))
+    rate = free_rate(ps_cpu, averages, p.max_replicas)
+    capped = ""
+    if rate is not None and ceil_int(rate * workers) < target:
+        target = ceil_int(rate * workers)
+        capped = f" (capped by free rate {rate:.3g})"
     max_sum_cpu = max(total_cpu(s, PS) for s in samples)
+    if ps_cpu <= 0:  # no recv ops, idle PS and no margin: nothing to size the PS by
+        return None
     replicas = min(max(ceil_int(target / workers * max_sum_cpu / ps_cpu), 1), p.max_replicas)
     memory = ceil_int(max(u.memory for u in samples[-1].usage(PS)) * p.memory_factor)
     return Proposal(
         reason=(
-            f"PS for {target} workers (now {workers}): PS cpu {ps_cpu}, "
+            f"PS for {target} workers{capped} (now {workers}): PS cpu {ps_cpu}, "
             f"peak total PS cpu {max_sum_cpu:g}"
         ),
-        resource=_group(PS, count=replicas, cpu=ps_cpu, memory=memory),
+        resource=group_plan(PS, count=replicas, cpu=ps_cpu, memory=memory),
     )
 
 
@@ -361,8 +393,14 @@ def hot_ps(ctx: OptimizeContext, p: HotPSParams) -> Proposal | None:
     requested = {key: requested_cpu(state, key, PS) for key in usages}
     hot = [k for k, avg in averages.items() if requested[k] > 0 and avg / requested[k] > p.hot_util]
     workers = role_count(state, WORKER)
-    # No workers: nothing to scale PS for, so the coefficient is neutral, never infinite.
-    coefficient = p.target_workers / workers if workers > 0 else 1.0
+    if workers > 0:
+        coefficient = p.target_workers / workers
+    else:
+        # The original divided by zero: an infinite coefficient, which the 32-core cap
+        # below shrinks to what brings the busiest hot PS to exactly 32 cores. That, not
+        # infinity, is the coefficient (and with no hot PS, nothing is raised).
+        busiest = max((averages[k] for k in hot), default=0.0)
+        coefficient = p.max_cpu / busiest if busiest > 0 else 1.0
     for avg in averages.values():
         if avg * coefficient > p.max_cpu:
             coefficient = p.max_cpu / avg
@@ -371,7 +409,7 @@ def hot_ps(ctx: OptimizeContext, p: HotPSParams) -> Proposal | None:
         for key, avg in averages.items():
             raised = min(ceil_int(avg * coefficient), ceil_int(p.max_cpu))
             if raised > requested[key]:
-                changes[key] = NodeResource(cpu=raised)
+                changes[key] = node_resource(cpu=raised)
     full = [
         key
         for key, us in usages.items()
@@ -380,7 +418,7 @@ def hot_ps(ctx: OptimizeContext, p: HotPSParams) -> Proposal | None:
         and all(u.memory / mem > p.memory_util for u in us)
     ]
     for key in full:
-        memory = requested_memory(state, key, PS) + p.memory_step
+        memory = min(requested_memory(state, key, PS) + p.memory_step, MAX_BYTES)
         changes[key] = changes.get(key, NodeResource()).model_copy(update={"memory": memory})
     if not changes:
         return None
@@ -437,7 +475,7 @@ def ps_util(ctx: OptimizeContext, p: PSUtilParams) -> Proposal | None:
         cpu = ceil_int(max(u.cpu for u in usages[key]) + p.cpu_margin)
         memory = ceil_int(usages[key][-1].memory * p.memory_factor)
         if cpu != requested_cpu(state, key, PS) or memory != requested_memory(state, key, PS):
-            changes[key] = NodeResource(cpu=cpu, memory=memory)
+            changes[key] = node_resource(cpu=cpu, memory=memory)
     if not changes:
         return None
     return Proposal(
@@ -547,7 +585,7 @@ def worker_resource(ctx: OptimizeContext, p: WorkerResourceParams) -> Proposal |
             why += f"; PS used {top:.2f}, speed {trend}: {replicas} worker(s)"
     replicas = min(max(replicas, 1), p.max_workers)
     count = replicas if replicas != current else 0
-    return Proposal(reason=why, resource=_group(WORKER, count=count, cpu=cpu, memory=memory))
+    return Proposal(reason=why, resource=group_plan(WORKER, count=count, cpu=cpu, memory=memory))
 
 
 __all__ = [

@@ -20,7 +20,13 @@ from pydantic import Field
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
-from streams.brain.optimizers.base import OptimizeContext, PerSample, Proposal, register
+from streams.brain.optimizers.base import (
+    OptimizeContext,
+    PerSample,
+    Proposal,
+    node_resource,
+    register,
+)
 from streams.brain.optimizers.fit import nnls
 from streams.brain.state import (
     WORKER,
@@ -440,7 +446,7 @@ def gpu_oom(ctx: OptimizeContext, p: GPUOOMParams) -> Proposal | None:
             continue
         wanted = min(ceil_int(current * p.gpu_memory_factor), p.max_gpu_memory)
         if wanted > current:
-            groups[role] = NodeGroupResource(node_resource=NodeResource(gpu_memory=wanted))
+            groups[role] = NodeGroupResource(node_resource=node_resource(gpu_memory=wanted))
     if not groups:
         return None
     return Proposal(
@@ -454,7 +460,7 @@ def gpu_oom(ctx: OptimizeContext, p: GPUOOMParams) -> Proposal | None:
 
 
 class HostOOMParams(Model):
-    factor: float = Field(default=1.5, gt=1)
+    factor: float = Field(default=2, gt=1, description="a host OOM doubles the node's memory")
     min_increase: int = Field(default=2 * GiB, ge=0)
     max_step: int = Field(default=8 * GiB, gt=0, description="one bump is at most this")
     max_memory: int = Field(default=64 * GiB, gt=0)
@@ -463,7 +469,7 @@ class HostOOMParams(Model):
 
 @register(
     "host-oom",
-    "host OOM: bump the memory of the nodes that ran out (x1.5, +2..8 GiB, <= 64 GiB), "
+    "host OOM: bump the memory of the nodes that ran out (x2, +2..8 GiB, <= 64 GiB), "
     "once per OOM event",
     HostOOMParams,
 )
@@ -486,7 +492,7 @@ def host_oom(ctx: OptimizeContext, p: HostOOMParams) -> Proposal | None:
             skipped.append(key)
             continue
         step = min(max(ceil_int(current * (p.factor - 1)), p.min_increase), p.max_step)
-        changes[key] = NodeResource(memory=min(current + step, p.max_memory))
+        changes[key] = node_resource(memory=min(current + step, p.max_memory))
         handled.extend(r.event_id for r in records)
     if not changes:
         return None

@@ -6,9 +6,10 @@ import math
 from datetime import timedelta
 
 import msgspec
+import pytest
 
 from schemas.plans import NodeGroupResource, NodeResource
-from streams.brain.optimizers.dlrover import speed_trend
+from streams.brain.optimizers.dlrover import free_rate, speed_trend
 from streams.brain.state import PS, WORKER, JobState, NodeStatus, RoleResources, Stage
 
 from .builders import (
@@ -157,11 +158,15 @@ def test_ps_oom_without_known_memory_proposes_nothing() -> None:
 # -- PS init adjust -------------------------------------------------------------------
 
 
-def _ps_init_job(total_steps: int, recv_ops: int | None, speed: float = 4.0) -> JobState:
+def _ps_init_job(
+    total_steps: int,
+    recv_ops: int | None,
+    speed: float = 4.0,
+    ps_cpu: tuple[float, ...] = (6, 10),
+) -> JobState:
     rows = [
         [
-            use(PS, 0, cpu=6, memory=10 * GiB),
-            use(PS, 1, cpu=10, memory=12 * GiB),
+            *(use(PS, i, cpu=cpu, memory=(10 + 2 * i) * GiB) for i, cpu in enumerate(ps_cpu)),
             *(use(WORKER, i, cpu=2) for i in range(4)),
         ]
     ] * 3
@@ -175,12 +180,59 @@ def _ps_init_job(total_steps: int, recv_ops: int | None, speed: float = 4.0) -> 
 
 
 def test_ps_init_adjust_long_job_targets_32_workers() -> None:
+    proposal = run("ps-init-adjust", _ps_init_job(10**9, recv_ops=200, ps_cpu=(8, 8)))
+    assert proposal is not None
+    group = proposal.resource.node_group_resources[PS]
+    # ps_cpu = max(ceil(0.08 x 100) + 4, ceil(8) + 4) = 12; balanced PS: free rate
+    # 12 / (8 x 2 / 15) = 11.25 caps nothing (45 >= 32); replicas ceil(32/4 x 16/12) = 11
+    assert (group.count, group.node_resource.cpu) == (11, 12)
+    assert group.node_resource.memory == math.ceil(12 * GiB * 1.2)
+    assert "capped" not in proposal.reason
+
+
+def test_ps_init_adjust_unbalanced_ps_cap_the_target_by_the_free_rate() -> None:
     proposal = run("ps-init-adjust", _ps_init_job(10**9, recv_ops=200))
     assert proposal is not None
     group = proposal.resource.node_group_resources[PS]
-    # ps_cpu = max(ceil(0.08 x 100) + 4, ceil(10) + 4) = 14; replicas ceil(32/4 x 16/14) = 10
-    assert (group.count, group.node_resource.cpu) == (10, 14)
-    assert group.node_resource.memory == math.ceil(12 * GiB * 1.2)
+    # ps_cpu = max(ceil(0.08 x 100) + 4, ceil(10) + 4) = 14; free rate 14 / (10 x 2 / 15)
+    # = 10.5, but ps-1 is busier than the other by 10 - 6 = 4: at most 14 / 4 = 3.5, so
+    # the target is ceil(3.5 x 4) = 14 workers, not 32; replicas ceil(14/4 x 16/14) = 4
+    assert (group.count, group.node_resource.cpu) == (4, 14)
+    assert "14 workers (capped by free rate 3.5)" in proposal.reason
+
+
+def test_free_rate_is_computed_from_the_busiest_ps() -> None:
+    # one PS: ps_cpu / (max_ps_cpu x 1 / 15), no imbalance term
+    assert free_rate(12, [8.0], 15) == pytest.approx(12 / (8 / 15))
+    # several, balanced: ps_cpu / (max_ps_cpu x count / 15)
+    assert free_rate(12, [8.0, 8.0, 8.0], 15) == pytest.approx(12 / (8 * 3 / 15))
+    # max_ps_cpu is the ceiling of the busiest average
+    assert free_rate(12, [7.2, 7.2], 15) == pytest.approx(12 / (8 * 2 / 15))
+    # unbalanced: at most ps_cpu / (busiest - mean of the others)
+    assert free_rate(12, [2.0, 4.0, 12.0], 15) == pytest.approx(12 / 9)
+    # idle PS: no cap
+    assert free_rate(12, [0.0, 0.0], 15) is None
+
+
+def test_ps_init_adjust_short_job_is_capped_by_the_free_rate_too() -> None:
+    # a short job targets 10 workers; with one PS far busier the free rate caps that
+    job = _ps_init_job(1000, recv_ops=None, ps_cpu=(1, 13))
+    proposal = run("ps-init-adjust", job)
+    assert proposal is not None
+    # ps_cpu = ceil(13) + 4 = 17; diff 12: free rate <= 17 / 12, target ceil(1.42 x 4) = 6
+    assert "6 workers (capped by free rate" in proposal.reason
+    assert proposal.resource.node_group_resources[PS].count == math.ceil(6 / 4 * 14 / 17)
+
+
+def test_ps_init_adjust_averages_the_last_3_samples() -> None:
+    # an early spike of 30 cores is older than the last 3 samples: it does not size the PS
+    rows = [[use(PS, 0, cpu=30, memory=GiB), use(WORKER, 0, cpu=1)]] + [
+        [use(PS, 0, cpu=6, memory=GiB), use(WORKER, 0, cpu=1)]
+    ] * 3
+    job = state(distribution="ps", stage=Stage.PS_INITIAL.value, samples=samples(rows))
+    proposal = run("ps-init-adjust", job)
+    assert proposal is not None
+    assert proposal.resource.node_group_resources[PS].node_resource.cpu == 10  # ceil(6) + 4
 
 
 def test_ps_init_adjust_short_job_targets_10_workers() -> None:
@@ -236,8 +288,20 @@ def test_hot_ps_caps_at_32_cores_and_shrinks_coefficient() -> None:
     }
 
 
-def test_hot_ps_with_zero_workers_does_not_divide_by_zero() -> None:
-    assert run("hot-ps", _hot_job(0, (7.5, 2))) is None
+def test_hot_ps_with_zero_workers_brings_the_busiest_hot_ps_to_32_cores() -> None:
+    proposal = run("hot-ps", _hot_job(0, (7.5, 2)))
+    assert proposal is not None
+    # no workers: the coefficient is 32 / 7.5 (what the capped original yields), never
+    # infinite; ps-1 gets ceil(2 x 32 / 7.5) = 9 > its 8 cores
+    assert proposal.resource.node_resources == {
+        "ps-0": NodeResource(cpu=32),
+        "ps-1": NodeResource(cpu=9),
+    }
+    assert "coefficient 4.27" in proposal.reason
+
+
+def test_hot_ps_with_zero_workers_and_no_hot_ps_proposes_nothing() -> None:
+    assert run("hot-ps", _hot_job(0, (4, 2))) is None
 
 
 def test_hot_ps_not_hot_proposes_nothing() -> None:

@@ -35,7 +35,7 @@ def test_dry_run_prints_both_plans_for_an_oom() -> None:
     assert out["optimize_plan"]["resource"]["node_resources"] == {
         "worker-1": {
             "cpu": 0.0,
-            "memory": 12 * GiB,
+            "memory": 16 * GiB,
             "gpu_num": 0,
             "gpu_type": "",
             "gpu_memory": 0,
@@ -43,7 +43,7 @@ def test_dry_run_prints_both_plans_for_an_oom() -> None:
         }
     }
     migrate = out["scale_plan"]["migrate_nodes"]
-    assert [(m["node"]["id"], m["resource"]["memory"]) for m in migrate] == [(1, 12 * GiB)]
+    assert [(m["node"]["id"], m["resource"]["memory"]) for m in migrate] == [(1, 16 * GiB)]
     assert out["handled_ooms"] == ["oom-1"]
     json.dumps(out)  # JSON-ready
 

@@ -228,7 +228,8 @@ def _host_oom_job(memory: int, relaunches: int = 0, restart_count: int = 3) -> J
 def test_host_oom_bumps_only_the_node_that_ran_out() -> None:
     proposal = run("host-oom", _host_oom_job(8 * GiB))
     assert proposal is not None
-    assert proposal.resource.node_resources == {"worker-1": NodeResource(memory=12 * GiB)}
+    # the spec: a host OOM outside the create stage doubles the node's memory
+    assert proposal.resource.node_resources == {"worker-1": NodeResource(memory=16 * GiB)}
     assert proposal.resource.node_group_resources == {}
     assert proposal.handled_ooms == ("h1",)
 
@@ -263,8 +264,8 @@ def test_host_oom_falls_back_to_role_and_event_memory() -> None:
     unknown = state(ooms={"worker-0": [oom("h")]})
     a, b = run("host-oom", by_role), run("host-oom", by_event)
     assert a is not None and b is not None
-    assert a.resource.node_resources["worker-0"].memory == 12 * GiB
-    assert b.resource.node_resources["worker-0"].memory == 15 * GiB
+    assert a.resource.node_resources["worker-0"].memory == 16 * GiB
+    assert b.resource.node_resources["worker-0"].memory == 18 * GiB  # doubled, +8 GiB at most
     assert run("host-oom", unknown) is None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -117,13 +118,59 @@ def test_create_stage_plans_group_resources_only() -> None:
 
 
 def test_cpu_and_memory_bounds() -> None:
+    wide_step = Limits(max_memory_step=1024 * GiB)
     low = scale(job(), optimize_plan(count(0, cpu=1, memory=GiB)))
-    high = scale(job(), optimize_plan(count(0, cpu=100, memory=500 * GiB)))
+    high = scale(job(), optimize_plan(count(0, cpu=100, memory=500 * GiB)), limits=wide_step)
     assert low is not None and high is not None
     assert low.node_group_resources[WORKER].node_resource.cpu == 4
     assert low.node_group_resources[WORKER].node_resource.memory == 6 * GiB
     assert high.node_group_resources[WORKER].node_resource.cpu == 32
     assert high.node_group_resources[WORKER].node_resource.memory == 64 * GiB
+
+
+@pytest.mark.parametrize("optimizer", ["ps-oom", "host-oom", "worker-resource", "my-own"])
+def test_one_plan_raises_memory_by_at_most_8_gib_whoever_asked(optimizer: str) -> None:
+    # a group of PS at 10 GiB doubled to 20 GiB, and one node asked for 40 GiB
+    j = job(workers=2, ps=2)
+    j = j.model_copy(
+        update={"roles": {**j.roles, PS: j.roles[PS].model_copy(update={"memory": 10 * GiB})}}
+    )
+    j = j.model_copy(
+        update={
+            "nodes": {
+                **j.nodes,
+                "ps-0": j.nodes["ps-0"].model_copy(update={"memory": 10 * GiB}),
+                "ps-1": j.nodes["ps-1"].model_copy(update={"memory": 10 * GiB}),
+            }
+        }
+    )
+    wanted = optimize_plan(
+        {PS: NodeGroupResource(node_resource=NodeResource(memory=20 * GiB))},
+        {"worker-0": NodeResource(memory=40 * GiB)},
+        optimizer=optimizer,
+    )
+    planned = plan_scale(j, wanted, T0, LIMITS)
+    plan = planned.scale_plan
+    assert plan is not None
+    assert plan.node_group_resources[PS].node_resource.memory == 18 * GiB
+    memories = {f"{m.node.type}-{m.node.id}": m.resource.memory for m in plan.migrate_nodes}
+    assert memories == {"ps-0": 18 * GiB, "ps-1": 18 * GiB, "worker-0": 24 * GiB}
+    assert any("in one step: 19327352832 B" in note for note in planned.notes)
+
+
+def test_the_memory_step_is_from_each_nodes_own_memory_and_a_pin_wins() -> None:
+    j = job(workers=2)
+    small = j.nodes["worker-1"].model_copy(update={"memory": 8 * GiB})
+    j = j.model_copy(update={"nodes": {**j.nodes, "worker-1": small}})
+    plan = scale(j, optimize_plan(count(0, memory=30 * GiB)))
+    assert plan is not None
+    memories = {m.node.id: m.resource.memory for m in plan.migrate_nodes}
+    assert memories == {0: 24 * GiB, 1: 16 * GiB}  # 16 + 8 and 8 + 8
+    pinned = j.model_copy(update={"pinned": {WORKER: Pinned(memory=40 * GiB)}})
+    plan = scale(pinned, optimize_plan(count(0, memory=30 * GiB)))
+    assert plan is not None
+    assert plan.node_group_resources[WORKER].node_resource.memory == 40 * GiB
+    assert {m.resource.memory for m in plan.migrate_nodes} == {40 * GiB}
 
 
 def test_replica_caps_and_role_bounds() -> None:
@@ -292,6 +339,9 @@ def test_planner_output_is_always_within_limits(
     for res in shown:  # 0 is "unchanged/unknown" in the contract: only set values count
         assert res.cpu == 0 or LIMITS.min_cpu <= res.cpu <= LIMITS.max_cpu
         assert res.memory == 0 or LIMITS.min_memory <= res.memory <= LIMITS.max_memory
+    for m in result.migrate_nodes:  # one plan raises a node's memory by 8 GiB at most
+        before = j.nodes[f"{m.node.type}-{m.node.id}"].memory
+        assert m.resource.memory <= max(before + LIMITS.max_memory_step, LIMITS.min_memory)
     for role, group in result.node_group_resources.items():
         assert group.count <= LIMITS.max_replicas[role]
         alive = len(j.alive_nodes(role))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from schemas.plans import NodeGroupResource, NodeResource
+from streams.brain.dry_run import dry_run, parse_state
 from streams.brain.state import PS, WORKER, NodeStatus, RoleResources
 
-from .builders import completed, node, nodes, oom, run, samples, state, use
+from .builders import T0, GiB, completed, node, nodes, oom, run, samples, state, use
 
 
 def test_ps_create_from_two_history_jobs() -> None:
@@ -84,3 +85,45 @@ def test_ps_cold_create_defaults() -> None:
     group = proposal.resource.node_group_resources[PS]
     assert group.count == 4
     assert group.node_resource == NodeResource(cpu=12, memory=16 * 1024**3)
+
+
+def test_ps_oom_doubles_10_gib_but_one_step_raises_memory_by_8_gib() -> None:
+    # issue 15: `optimize` on a PS OOM at 10 GiB. ps-oom wants 20 GiB (its formula); the
+    # limits apply to every optimizer's plan: the ScalePlan raises the PS by 8 GiB.
+    job = state(
+        distribution="ps",
+        stage="running",
+        roles={PS: RoleResources(replicas=2, cpu=8, memory=10 * GiB)},
+        nodes=nodes(
+            node(PS, 0, cpu=8, memory=10 * GiB, status=NodeStatus.RUNNING),
+            node(PS, 1, cpu=8, memory=10 * GiB, status=NodeStatus.OOM),
+        ),
+        ooms={"ps-1": [oom("oom-1")]},
+        last_event_id="oom-1",
+    )
+    out = dry_run(parse_state(job.model_dump_json()), T0)
+    assert out["optimizers"] == ["ps-oom"]
+    wanted = out["optimize_plan"]["resource"]["node_group_resources"][PS]
+    assert wanted["node_resource"]["memory"] == 20 * GiB
+    planned = out["scale_plan"]["node_group_resources"][PS]
+    assert planned["node_resource"]["memory"] == 18 * GiB
+    assert {
+        m["node"]["id"]: m["resource"]["memory"] for m in out["scale_plan"]["migrate_nodes"]
+    } == {
+        0: 18 * GiB,
+        1: 18 * GiB,
+    }
+    assert any("in one step" in note for note in out["notes"])
+    assert out["handled_ooms"] == ["oom-1"]
+
+
+def test_ps_oom_doubles_the_ps_count_at_most_to_15() -> None:
+    # at 64 GiB the count doubles instead, bounded before a node is built per PS
+    job = state(
+        distribution="ps",
+        roles={PS: RoleResources(replicas=12, memory=64 * GiB)},
+        ooms={"ps-1": [oom("oom-1")]},
+    )
+    proposal = run("ps-oom", job)
+    assert proposal is not None
+    assert proposal.resource.node_group_resources[PS].count == 15
