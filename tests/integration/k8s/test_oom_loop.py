@@ -40,7 +40,7 @@ pytestmark = pytest.mark.integration
 GiB = 2**30
 E = TypeVar("E", bound=Event)
 
-#: The workers' memory before the OOM. 8 GiB x 1.5 = 12 GiB: the host-OOM optimizer's
+#: The workers' memory before the OOM. 8 GiB x 2 = 16 GiB: the host-OOM optimizer's
 #: factor decides, inside its 2..8 GiB step, and the planner's 6..64 GiB bounds keep it.
 WORKER_MEMORY = 8 * GiB
 
@@ -179,7 +179,7 @@ async def test_an_oom_killed_pod_comes_back_from_the_brain_as_a_plan_that_is_app
     # The brain answers that OOM: the host-OOM optimizer's plan and its ScalePlan, which
     # the reconciler applies.
     want = bumped(WORKER_MEMORY)
-    assert want == 12 * GiB  # 8 GiB x 1.5
+    assert want == 16 * GiB  # 8 GiB x 2
     plan, scale, result = await answer_of(bus, oom)
     assert plan.optimizer == "host-oom"
     assert plan.reason == f"host-oom: host OOM: worker-1 -> {want} B"
@@ -216,7 +216,7 @@ async def test_an_oom_killed_pod_comes_back_from_the_brain_as_a_plan_that_is_app
     assert (again.node.type, again.node.id, again.node.name) == ("worker", 1, one.name)
     assert again.memory == want
     more = bumped(want)
-    assert more == 18 * GiB  # 12 GiB x 1.5, not 8 GiB x 1.5 again
+    assert more == 24 * GiB  # 16 GiB + 8 GiB (x 2 capped at 8 GiB a step), not 8 GiB x 2 again
     plan2, scale2, result2 = await answer_of(bus, again)
     assert plan2.reason == f"host-oom: host OOM: worker-1 -> {more} B"
     assert [(m.node.type, m.node.id, m.resource.memory) for m in scale2.migrate_nodes] == [
