@@ -14,8 +14,13 @@ adds GPU memory and OOM events; importing this package does not import torch.
 A job following the brain's plans adds ``PlanFollower`` (its plan from the gateway) and
 ``StepKnobs`` (local batch size and accumulation switched at a step boundary); an elastic
 torch job adds ``dlrover_events.sdk.torch.ElasticCheckpoint``.
+
+A job started on the real env follows the real env through ``dlrover-events env promote``
+(``FollowReal``, ``DLROVER_EVENTS_FOLLOW_REAL``); aiokafka's own log lines from the
+reporter's thread stay out of the training log (``DLROVER_EVENTS_SDK_KAFKA_LOGS``).
 """
 
+from dlrover_events.sdk.follow import FOLLOW_REAL_ENV, FollowReal
 from dlrover_events.sdk.identity import (
     ENV_ENV,
     JOB_ID_ENV,
@@ -28,16 +33,20 @@ from dlrover_events.sdk.identity import (
 from dlrover_events.sdk.knobs import BatchKnobs, StepKnobs, Switch
 from dlrover_events.sdk.plans import PlanFollower, PlanSnapshot
 from dlrover_events.sdk.probes import HostProbe, Probe, rss_bytes
+from dlrover_events.sdk.quiet import KAFKA_LOGS_ENV
 from dlrover_events.sdk.reporter import INTERVAL_ENV, Reporter, ReporterStats
 
 __all__ = [
     "ENV_ENV",
+    "FOLLOW_REAL_ENV",
     "INTERVAL_ENV",
     "JOB_ID_ENV",
+    "KAFKA_LOGS_ENV",
     "RANK_ENV",
     "ROLE_ENV",
     "WORLD_SIZE_ENV",
     "BatchKnobs",
+    "FollowReal",
     "HostProbe",
     "IdentityError",
     "JobIdentity",

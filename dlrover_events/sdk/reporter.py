@@ -2,20 +2,20 @@
 
 A training step must not wait for Kafka, and a broker outage must not kill a job that has
 run for days. So the step only appends a tuple to a deque; a daemon thread with its own
-asyncio loop turns those tuples into one ``RuntimeSample`` per interval, encodes it and
-publishes it with aiokafka. What cannot be published waits in a bounded buffer; when the
-buffer is full the oldest runtime sample is dropped first (the brain wants the newest
-state, and an OOM event is worth more than a sample), and every drop is counted, logged and
-summed up at close: nothing is lost silently.
+asyncio loop does the rest, split by role as aiokafka splits its producer:
+
+- ``sampling.SampleCutter`` turns the step records of an interval into one ``RuntimeSample``;
+- ``buffer.DropBuffer`` holds what is not published yet, bounded, dropping the oldest
+  sample first and counting every drop;
+- ``sender.Sender`` publishes it with aiokafka, backs off, and tells an outage in two lines
+  (aiokafka's own lines from this thread are held back meanwhile, see ``quiet``);
+- ``Reporter``, here, is the facade: the training thread's calls, the thread, flush and
+  close, and following the real env through ``env promote`` (see ``follow``): each event
+  goes to the env it was made for, so an event made before a switch is sent (and, at least
+  once, resent) to the old env only, never to both.
 
 Delivery is at least once: a batch whose acknowledgement times out is sent again, so a
 consumer may see an event twice with the same ``event_id`` (the brain's folds dedupe).
-
-An outage is told in two lines, one when the broker stops answering and one when it is
-back; aiokafka's own lines from the reporter's thread are held back meanwhile (see
-``quiet``). After ``env promote`` a job started on the real env reports to the new real env
-(see ``follow``): each event goes to the env it was made for, so an event made before the
-switch is sent (and, at least once, resent) to the old env only, never to both.
 """
 
 from __future__ import annotations
@@ -25,31 +25,27 @@ import atexit
 import contextlib
 import logging
 import os
-import random
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
 from time import perf_counter
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from aiokafka import AIOKafkaProducer
-from pydantic import ValidationError
-
 from dlrover_events.config_client import TOKEN_ENV, URL_ENV, ConfigSnapshot, SyncConfigClient
 from dlrover_events.control import EnvWatcher, real_env
 from dlrover_events.sdk import quiet
+from dlrover_events.sdk.buffer import DROP_LOG_EVERY_S, DropBuffer
 from dlrover_events.sdk.follow import Following, FollowReal, follow_real_from_env
 from dlrover_events.sdk.identity import JobIdentity
 from dlrover_events.sdk.probes import HostProbe, Probe
-from dlrover_events.sdk.window import StepRecord, StepWindow
+from dlrover_events.sdk.sampling import SampleCutter
+from dlrover_events.sdk.sender import Sender
+from dlrover_events.sdk.window import StepRecord
 from dlrover_events.settings import Settings
-from dlrover_events.topics import topic_of
-from schemas.codec import encode
 from schemas.envelope import Event
-from schemas.jobs import NodeUsage, RuntimeSample
+from schemas.jobs import RuntimeSample
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +53,7 @@ log = logging.getLogger(__name__)
 INTERVAL_ENV = "DLROVER_EVENTS_REPORT_INTERVAL_S"
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_BUFFER = 10_000
-#: How often a drop is logged again while the bus stays away.
-DROP_LOG_EVERY_S = 30.0
+__all__ = ["DEFAULT_BUFFER", "DROP_LOG_EVERY_S", "INTERVAL_ENV", "Reporter", "ReporterStats"]
 
 T = TypeVar("T")
 
@@ -122,14 +117,11 @@ class Reporter:
         self.interval_s = interval_s if interval_s is not None else _interval_from_env()
         if self.interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
-        self._buffer_size = buffer_size
-        self._max_batch = max_batch
         self.batch_size = batch_size
         #: (local_batch_size, accumulation_steps): one tuple, so the reporter thread never
         #: reads one knob of a switch without the other.
         self._batch: tuple[int | None, int] = (local_batch_size, accumulation_steps)
-        self._probes: list[Probe] = list(probes) if probes is not None else [HostProbe()]
-        self._send_timeout_s = send_timeout_s
+        probe_list: list[Probe] = list(probes) if probes is not None else [HostProbe()]
         self._backoff_max_s = retry_backoff_max_s
         self._gateway_url = gateway_url or os.environ.get(URL_ENV)
         self._gateway_token = gateway_token or os.environ.get(TOKEN_ENV)
@@ -152,30 +144,21 @@ class Reporter:
         self._closing = threading.Event()
         self._publish_lock = threading.Lock()
         #: events ``publish`` turned away (outbox full, or closed): dropped, counted apart
-        #: because only the reporter thread may write ``_dropped``.
+        #: because only the reporter thread may write the buffer's counters.
         self._refused = 0
         self._close_timeout_s = 0.0
 
-        # Owned by the reporter thread.
-        self._pending: deque[Event] = deque()
-        self._in_flight = 0
-        self._producer: AIOKafkaProducer | None = None
-        self._failures = 0
-        self._retry_at = 0.0
-        self._down_since: float | None = None
-        self._dropped_in_outage = 0
-        #: aiokafka lines held back before the last successful send (``quiet``).
-        self._held_before = 0
-        self._drop_logged_at: float | None = None
-        # The window being measured: first and last step records seen.
-        self._window = StepWindow()
-
-        # Counters (written by the reporter thread, read by anyone).
-        self._made = 0
-        self._queued = 0
-        self._published = 0
-        self._dropped = 0
-        self._last_error: str | None = None
+        # Owned by the reporter thread; their counters are read by anyone.
+        self._cutter = SampleCutter(self._steps, probe_list)
+        self._buffer = DropBuffer(buffer_size, identity.job.uuid, lambda: self._sender.last_error)
+        self._sender = Sender(
+            self._settings,
+            self._buffer,
+            max_batch=max_batch,
+            send_timeout_s=send_timeout_s,
+            backoff_max_s=retry_backoff_max_s,
+            quiet_kafka=self._quiet_kafka,
+        )
 
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -206,7 +189,7 @@ class Reporter:
     def publish(self, event: Event) -> None:
         """Queue any event (an OOM, a lifecycle mark) for the reporter thread to send."""
         with self._publish_lock:
-            if len(self._outbox) >= self._buffer_size or self._closed:
+            if len(self._outbox) >= self._buffer.capacity or self._closed:
                 self._refused += 1
                 return
             self._outbox.append(event)
@@ -248,12 +231,12 @@ class Reporter:
 
     def add_probe(self, probe: Probe) -> None:
         """Measure more per sample (the torch hook adds GPU memory); read in our thread."""
-        self._probes.append(probe)
+        self._cutter.probes.append(probe)
 
     @property
     def dropped(self) -> int:
         """Events that never reached the broker, so far."""
-        return self._dropped + self._refused
+        return self._buffer.dropped + self._refused
 
     def stats(self) -> ReporterStats:
         if self._final is not None:
@@ -261,16 +244,17 @@ class Reporter:
         return self._snapshot()
 
     def _snapshot(self) -> ReporterStats:
+        sender = self._sender
         return ReporterStats(
             steps=self._seq,
-            samples=self._made,
-            queued=self._queued + len(self._outbox) + self._refused,
-            published=self._published,
+            samples=self._cutter.made,
+            queued=self._buffer.queued + len(self._outbox) + self._refused,
+            published=sender.published,
             dropped=self.dropped,
-            pending=len(self._pending) + len(self._outbox) + self._in_flight,
-            step_records_lost=self._window.lost,
-            connected=self._producer is not None and self._down_since is None,
-            last_error=self._last_error,
+            pending=len(self._buffer) + len(self._outbox) + sender.in_flight,
+            step_records_lost=self._cutter.window.lost,
+            connected=sender.connected,
+            last_error=sender.last_error,
             env=self.identity.env,
         )
 
@@ -375,14 +359,14 @@ class Reporter:
             quiet.KAFKA_FILTER.register(threading.get_ident())
         self._ready.set()
         # Two tasks, so a send that waits out a dead broker never delays the samples.
-        sender = asyncio.create_task(self._sender(loop))
+        sender = asyncio.create_task(self._sender.run(self._send_wake, self._flushes))
         follower = None if self._following.settled else asyncio.create_task(self._follow())
         try:
             await self._sampler(loop)
             close_by = loop.time() + self._close_timeout_s
-            self._retry_at = 0.0  # one last try, even in the middle of a back-off
+            self._sender.retry_now()  # one last try, even in the middle of a back-off
             self._send_wake.set()
-            while (self._pending or self._in_flight) and not sender.done():
+            while (self._buffer or self._sender.in_flight) and not sender.done():
                 if loop.time() >= close_by:
                     break
                 await asyncio.sleep(0.01)
@@ -391,12 +375,11 @@ class Reporter:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            left = len(self._pending)
-            if left:
-                self._pending.clear()
-                self._last_error = self._last_error or "no acknowledgement before close"
-                self._drop(left, "still unsent at close")
-            await self._disconnect()
+            if self._buffer:
+                last = self._sender.last_error
+                self._sender.last_error = last or "no acknowledgement before close"
+                self._buffer.discard("still unsent at close")
+            await self._sender.disconnect()
             self._loop = None
             quiet.KAFKA_FILTER.unregister(threading.get_ident())
 
@@ -410,39 +393,19 @@ class Reporter:
             self._drain_steps()
             if loop.time() >= next_cut or waiters or closing:
                 if sample := self._cut_sample():
-                    self._enqueue(sample)
+                    self._buffer.add(sample)
                 next_cut = loop.time() + self.interval_s
             while self._outbox:
-                self._enqueue(self._outbox.popleft())
+                self._buffer.add(self._outbox.popleft())
             if waiters:
                 self._flushes.extend(waiters)
-                self._retry_at = 0.0  # a flush is worth an attempt now
-            if self._pending or self._flushes:
+                self._sender.retry_now()  # a flush is worth an attempt now
+            if self._buffer or self._flushes:
                 self._send_wake.set()
             if closing:
                 return
             # At least every second, to empty the step deque before it overwrites records.
             await self._sleep(min(next_cut - loop.time(), 1.0))
-
-    async def _sender(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Publish the buffer; after a failure, back off (a flush or close cuts it short)."""
-        wake = self._send_wake
-        assert wake is not None
-        while True:
-            if not self._pending:
-                while self._flushes:
-                    self._flushes.popleft().set()
-                await wake.wait()
-                wake.clear()
-                continue
-            delay = self._retry_at - loop.time()
-            if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await wake.wait()
-                wake.clear()
-                continue
-            await self._send_pending()
 
     async def _follow(self) -> None:
         """Follow dlrover.control until the env is pinned for good (or for ever).
@@ -494,222 +457,10 @@ class Reporter:
         self._wake.clear()
 
     def _drain_steps(self) -> None:
-        steps, add = self._steps, self._window.add
-        while steps:
-            add(steps.popleft())
+        self._cutter.drain()
 
     def _cut_sample(self) -> RuntimeSample | None:
-        window = self._window.cut()
-        if window is None:
-            return None
-        ident = self.identity
-        speed = window.speed
-        local_batch_size, accumulation_steps = self._batch
-        if self.batch_size is not None:
-            samples_per_s = speed * self.batch_size
-        elif window.samples_per_step is not None:
-            samples_per_s = window.samples_per_step * speed * ident.world_size
-        elif local_batch_size is not None:
-            samples_per_s = local_batch_size * accumulation_steps * speed * ident.world_size
-        else:
-            samples_per_s = 0.0
-        try:
-            sample = RuntimeSample(
-                env=ident.env,
-                job=ident.job,
-                source=ident.source,
-                global_step=window.global_step,
-                speed=speed,
-                samples_per_s=samples_per_s,
-                batch_size=self.batch_size,
-                local_batch_size=local_batch_size,
-                accumulation_steps=accumulation_steps,
-                world_size=ident.world_size,
-                nodes=[self._usage(window.step_time)],
-            )
-        except ValidationError as err:
-            log.warning("dlrover-events: cannot build a runtime sample: %s", err)
-            return None
-        self._made += 1
-        return sample
-
-    def _usage(self, step_time: float) -> NodeUsage:
-        fields: dict[str, Any] = {}
-        for probe in list(self._probes):
-            try:
-                fields.update(probe())
-            except Exception as err:
-                self._probes.remove(probe)
-                log.warning("dlrover-events: resource probe %r failed, disabled: %s", probe, err)
-        base = {"type": self.identity.role, "id": self.identity.rank, "step_time": step_time}
-        try:
-            return NodeUsage(**base, **fields)
-        except ValidationError as err:
-            log.warning("dlrover-events: resource probes gave invalid values: %s", err)
-            return NodeUsage(**base)
-
-    def _enqueue(self, event: Event) -> None:
-        self._pending.append(event)
-        self._queued += 1
-        self._trim()
-
-    def _trim(self) -> None:
-        over = len(self._pending) - self._buffer_size
-        for _ in range(over):
-            # The oldest runtime sample goes first; other events only when none is left.
-            victim = next(
-                (i for i, e in enumerate(self._pending) if isinstance(e, RuntimeSample)), 0
-            )
-            del self._pending[victim]
-        if over > 0:
-            self._drop(over, f"buffer of {self._buffer_size} events full")
-
-    def _drop(self, count: int, why: str) -> None:
-        self._dropped += count
-        self._dropped_in_outage += count
-        now = perf_counter()
-        if self._drop_logged_at is None or now - self._drop_logged_at >= DROP_LOG_EVERY_S:
-            self._drop_logged_at = now
-            log.warning(
-                "dlrover-events: dropped %d events so far for job %s (%s; last error: %s)",
-                self._dropped,
-                self.identity.job.uuid,
-                why,
-                self._last_error,
-            )
-
-    async def _send_pending(self) -> None:
-        producer = await self._connect()
-        while producer is not None and self._pending:
-            n = min(self._max_batch, len(self._pending))
-            batch = [self._pending.popleft() for _ in range(n)]
-            if not await self._send_batch(producer, batch):
-                return
-
-    async def _connect(self) -> AIOKafkaProducer | None:
-        if self._producer is not None:
-            return self._producer
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.bootstrap_servers,
-            client_id=f"{self._settings.client_id}-sdk",
-            enable_idempotence=False,
-            linger_ms=5,
-            request_timeout_ms=max(int(self._send_timeout_s * 1000), 1000),
-            acks=1,
-        )
-        try:
-            async with asyncio.timeout(self._send_timeout_s):
-                await producer.start()
-        except asyncio.CancelledError:
-            await _stop_quietly(producer)
-            raise
-        except Exception as err:
-            await _stop_quietly(producer)
-            self._failed(err)
-            return None
-        self._producer = producer
-        return producer
-
-    async def _send_batch(self, producer: AIOKafkaProducer, batch: list[Event]) -> bool:
-        sent: list[tuple[Event, asyncio.Future[Any]]] = []
-        error: BaseException | None = None
-        self._in_flight = len(batch)
-        try:
-            async with asyncio.timeout(self._send_timeout_s):
-                for event in batch:
-                    key = event.key.encode() if event.key is not None else None
-                    fut = await producer.send(topic_of(event), encode(event), key=key)
-                    sent.append((event, fut))
-                await asyncio.wait([f for _, f in sent])
-        except Exception as err:
-            error = err
-        finally:
-            # Also when cancelled at close: what was not acknowledged goes back to the
-            # buffer, to be counted as dropped there.
-            retry = self._settle(batch, sent)
-            self._in_flight = 0
-        if not retry:
-            self._recovered()
-            return True
-        failed = [f.exception() for _, f in sent if f.done() and not f.cancelled()]
-        self._failed(error or next((e for e in failed if e), TimeoutError("no acknowledgement")))
-        # Start over with a fresh client: the old one may still hold batches it will retry.
-        await self._disconnect()
-        return False
-
-    def _settle(
-        self, batch: list[Event], sent: list[tuple[Event, asyncio.Future[Any]]]
-    ) -> list[Event]:
-        retry: list[Event] = []
-        for event, fut in sent:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self._published += 1
-                continue
-            retry.append(event)
-            if not fut.done():
-                fut.add_done_callback(_retrieve)
-        retry.extend(batch[len(sent) :])
-        if retry:
-            self._pending.extendleft(reversed(retry))
-            self._trim()
-        return retry
-
-    async def _disconnect(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            await _stop_quietly(producer)
-
-    def _failed(self, err: BaseException) -> None:
-        assert self._loop is not None
-        text = str(err)
-        if not text and isinstance(err, TimeoutError):
-            text = f"no answer within {self._send_timeout_s:g} s"
-        name = type(err).__name__
-        self._last_error = text if text.startswith(name) else f"{name}: {text}"
-        self._failures += 1
-        backoff = min(self._backoff_max_s, 0.25 * 2 ** min(self._failures, 8))
-        self._retry_at = self._loop.time() + backoff * random.uniform(0.5, 1.0)
-        if self._down_since is None:
-            self._down_since = self._loop.time()
-            self._dropped_in_outage = 0
-            log.warning(
-                "dlrover-events: broker %s unreachable since %s (%s); %d events buffered, "
-                "training goes on (buffer holds %d, the oldest samples go first)%s",
-                self._settings.bootstrap_servers,
-                datetime.now().astimezone().isoformat(timespec="seconds"),
-                self._last_error,
-                len(self._pending),
-                self._buffer_size,
-                "; aiokafka's own lines held back" if self._quiet_kafka else "",
-            )
-
-    def _recovered(self) -> None:
-        self._failures = 0
-        held = quiet.KAFKA_FILTER.held(threading.get_ident())
-        held, self._held_before = held - self._held_before, held
-        if self._down_since is not None:
-            assert self._loop is not None
-            log.warning(
-                "dlrover-events: reconnected to %s after %.1f s; %d events dropped meanwhile%s",
-                self._settings.bootstrap_servers,
-                self._loop.time() - self._down_since,
-                self._dropped_in_outage,
-                f", {held} aiokafka log lines held back" if self._quiet_kafka else "",
-            )
-            self._down_since = None
-
-
-async def _stop_quietly(producer: AIOKafkaProducer) -> None:
-    # With the broker gone, stop() would wait for its batches to expire: give it a second.
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(1.0):
-            await producer.stop()
-
-
-def _retrieve(fut: asyncio.Future[Any]) -> None:
-    # An abandoned delivery may still fail later; its error was already counted.
-    if not fut.cancelled():
-        fut.exception()
+        return self._cutter.cut(self.identity, self.batch_size, self._batch)
 
 
 def _interval_from_env() -> float:
