@@ -97,7 +97,10 @@ class Output:
 class Counters:
     processed: int = 0
     skipped: int = 0
+    #: events that decide nothing: not about a job, or late (below)
     ignored: int = 0
+    #: of those, events of a job after it finished (its state final, or pruned)
+    late: int = 0
     dead_lettered: int = 0
     decisions: int = 0
     optimize_plans: int = 0
@@ -298,6 +301,7 @@ class BrainProcessor:
         job_uuid = event.job.uuid
         if job_uuid in self.finished:
             self.counters.ignored += 1  # a late report of a finished job decides nothing
+            self.counters.late += 1
             return
         state = self.states.get(job_uuid)
         try:
@@ -315,6 +319,10 @@ class BrainProcessor:
             )
             text = f"{type(err).__name__}: {err}"
             out.letters.append(self._letter(record, FailureKind.HANDLER, text))
+            return
+        if outcome is not None and outcome.late:  # finished, not yet evicted: the same
+            self.counters.ignored += 1
+            self.counters.late += 1
             return
         self.counters.processed += 1
         if outcome is None:

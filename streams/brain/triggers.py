@@ -138,6 +138,8 @@ class Outcome(Struct, frozen=True):
     optimize_plan: OptimizePlan | None = None
     scale_plan: ScalePlan | None = None
     error: RouteError | None = None
+    #: the event came after its job finished: the state is the finished one, unchanged
+    late: bool = False
 
     @property
     def plans(self) -> list[OptimizePlan | ScalePlan]:
@@ -195,13 +197,19 @@ def step(
     service: Callable[[JobMeta], Mapping[str, Any]] | None = None,
 ) -> Outcome | None:
     """Fold one event of a job and decide if it calls for it; None for events that say
-    nothing about a job. Decisions are made as of the event's own time, so a replay
+    nothing about a job, and the finished state unchanged (`late`) for events after the
+    job's end. Decisions are made as of the event's own time, so a replay
     (restart, virtual env at any speed-up) sees the same cooldowns.
 
     `service` gives the config service's documents for a job; asked only when deciding.
     """
     if not isinstance(event, SampleRead | JobEvent):
         return None
+    if state is not None and state.status in FINISHED:
+        # A finished job's state is final: a straggling sample, a node's exit or a result
+        # after its end must not change what history and checkpoints keep of it, the
+        # same before a checkpoint as after one (when the brain no longer holds it).
+        return Outcome(state, late=True)
     after = fold(state, event)
     assert after is not None  # a job event always yields a state
     why = trigger(state, after, event, policy)

@@ -11,6 +11,7 @@ from schemas.dlq import FailureKind
 from schemas.envelope import Event
 from schemas.jobs import (
     JobCompleted,
+    JobFailed,
     JobMeta,
     JobStarted,
     JobSubmitted,
@@ -202,3 +203,37 @@ def test_a_finished_job_leaves_memory_once_checkpointed() -> None:
     again = processor()  # a restart loads the finished job as finished, not as a state
     again.install([1], Loaded({JOB.uuid: (1, snap.states[JOB.uuid][1])}, {(TOPIC, 1): 5}))
     assert again.states == {} and again.finished == {JOB.uuid: 1}
+
+
+def test_late_events_of_a_finished_job_change_nothing_before_the_checkpoint() -> None:
+    """Issue 15: until the next checkpoint evicted it, a finished job's state took in its
+    late events (a sample, an OOM, even a failure after its success)."""
+    done = JobCompleted(env=ENV, job=JOB, occurred_at=T0)
+    p = processor()
+    p.process(records([encode(e) for e in [*lifecycle(), done]]))
+    final = p.states[JOB.uuid]
+    assert final.status == JobStatus.COMPLETED
+    late: list[Event] = [
+        NodeOOM(
+            env=ENV,
+            job=JOB,
+            occurred_at=T0,
+            node=NodeRef(type="worker", id=1),
+            kind=OOMKind.HOST_MEMORY,
+            memory=16 * GiB,
+        ),
+        OptimizeRequest(env=ENV, job=JOB, occurred_at=T0, stage="running", optimizer="host-oom"),
+        JobStarted(env=ENV, job=JOB, occurred_at=T0),
+        JobFailed(env=ENV, job=JOB, occurred_at=T0, reason="after the end"),
+    ]
+    before = p.counters.processed
+    out = p.process(records([encode(e) for e in late], start=4))
+    assert out.plans == [] and out.letters == []
+    assert p.states[JOB.uuid] is final  # not one field of it changed
+    assert p.counters.late == len(late) and p.counters.processed == before
+    snap = p.snapshot()
+    assert snap.states[JOB.uuid][1] is final  # the final state is what is saved
+    assert snap.offsets == {(TOPIC, 1): 8}  # the late events are behind the offsets too
+    # once evicted, the same: ignored and counted
+    p.process(records([encode(late[0])], start=8))
+    assert p.counters.late == len(late) + 1 and JOB.uuid not in p.states

@@ -214,3 +214,29 @@ def test_the_config_service_sits_between_the_env_default_and_the_jobs_own() -> N
     outcome = step(outcome.state, sample(1), quiet, service=service)
     assert outcome is not None and outcome.trigger is None
     assert len(asked) == 3  # a sample that decides nothing asks nothing
+
+
+def test_a_finished_jobs_state_is_final_whatever_comes_after() -> None:
+    policy = Policy()
+    state = None
+    for event in (submitted(), JobStarted(env=ENV, job=JOB, occurred_at=T0)):
+        out = step(state, event, policy)
+        assert out is not None
+        state = out.state
+    done = step(state, JobCompleted(env=ENV, job=JOB, occurred_at=T0), policy)
+    assert done is not None and not done.late
+    final = done.state
+    oom = NodeOOM(
+        env=ENV,
+        job=JOB,
+        occurred_at=T0,
+        node=NodeRef(type="worker", id=0),
+        kind=OOMKind.HOST_MEMORY,
+    )
+    request = OptimizeRequest(
+        env=ENV, job=JOB, occurred_at=T0, stage="running", optimizer="host-oom"
+    )
+    for late in (sample(1), oom, request, submitted()):
+        out = step(final, late, policy)
+        assert out is not None
+        assert out.late and out.state is final and out.plans == [] and out.trigger is None
