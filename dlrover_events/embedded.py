@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import logging
 import os
 import signal
@@ -65,8 +67,29 @@ def tansu_binary() -> str:
     return path
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: the kernel kills it when the process that started it
+    dies, even by SIGKILL, so a broker never outlives its `up` and holds its port.
+
+    Linux only (prctl); elsewhere the broker still stops with a clean exit of `up`.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 class Broker:
-    """A tansu broker as a child process; start() returns once it accepts connections."""
+    """A tansu broker as a child process; start() returns once it accepts connections.
+
+    The child is tied to the *thread* that starts it (PR_SET_PDEATHSIG fires when that
+    thread ends): start it from the main thread, as `up` and the test fixtures do, never
+    from a worker thread of asyncio.to_thread.
+    """
 
     def __init__(
         self, host: str = "127.0.0.1", port: int | None = None, log_dir: Path | None = None
@@ -80,7 +103,46 @@ class Broker:
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def exit_code(self) -> int | None:
+        """None while the broker runs (or was never started), else how it ended."""
+        if self._proc is None:
+            return None
+        return self._proc.poll()
+
     def start(self, timeout_s: float = 20.0) -> None:
+        self._spawn()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._listening():
+                return
+            time.sleep(0.05)
+        self._not_listening(timeout_s)
+
+    async def start_async(self, timeout_s: float = 20.0) -> None:
+        """start() without blocking the loop; the child is spawned by the calling thread."""
+        self._spawn()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if await asyncio.to_thread(self._listening):
+                return
+            await asyncio.sleep(0.05)
+        self._not_listening(timeout_s)
+
+    def _listening(self) -> bool:
+        assert self._proc is not None
+        if self._proc.poll() is not None:
+            raise UserError(f"tansu exited with code {self._proc.returncode} at start")
+        return port_open(self.host, self.port, timeout=0.2)
+
+    def _not_listening(self, timeout_s: float) -> None:
+        self.stop()
+        raise UserError(f"tansu did not listen on {self.bootstrap_servers} within {timeout_s:.0f}s")
+
+    def _spawn(self) -> None:
         if port_open(self.host, self.port):
             raise UserError(
                 f"port {self.host}:{self.port} is already in use; stop what listens there or "
@@ -105,16 +167,10 @@ class Broker:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise UserError(f"tansu exited with code {self._proc.returncode} at start")
-            if port_open(self.host, self.port, timeout=0.2):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise UserError(f"tansu did not listen on {url} within {timeout_s:.0f}s")
+        if out is not subprocess.DEVNULL:
+            out.close()  # the child holds its own copy
 
     def stop(self) -> None:
         if self._proc is None or self._proc.poll() is not None:

@@ -7,15 +7,22 @@ Exactly one env is real; a unique index makes a second one impossible, even in a
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 import asyncpg
+from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel
 
 from dlrover_events.admin import TopicAdmin
-from dlrover_events.bus import Producer
+from dlrover_events.bus import Producer, start_kafka_client
 from dlrover_events.errors import EnvError
+from dlrover_events.fence import FENCE_CHANNEL, fence_holders, fence_key
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import (
     REGISTRY_SCHEMA,
@@ -24,8 +31,10 @@ from dlrover_events.store.database import (
     quote_ident,
 )
 from dlrover_events.store.migrations import apply_migrations
-from dlrover_events.topics import CONTROL_TOPIC, check_env_name
+from dlrover_events.topics import CONTROL_TOPIC, check_env_name, env_topics
 from schemas.control import EnvAnnouncement, EnvMode
+
+log = logging.getLogger(__name__)
 
 #: Rows of the registry's history (a module-level alias: EnvRegistry has a `list` method).
 EnvChanges = list[dict[str, Any]]
@@ -38,12 +47,26 @@ class EnvRecord(BaseModel):
     settings: dict[str, Any]
     created_at: datetime
     updated_at: datetime
+    #: new each time the name is created: a process fenced on one knows the next is not it
+    incarnation: UUID
+    #: set while `env delete` waits for the env's processes to stop
+    deleting_since: datetime | None = None
+
+
+EnvRecords = list[EnvRecord]
 
 
 def _second_real(real: str, name: str) -> str:
     return (
         f"env {real!r} is already the real env and only one env is real; create {name!r} "
         "as virtual (--mode virtual)"
+    )
+
+
+def _being_deleted(name: str) -> str:
+    return (
+        f"env {name!r} is being deleted and some of its processes still run; stop them, "
+        f"then run `dlrover-events env delete {name}` again"
     )
 
 
@@ -67,7 +90,7 @@ class EnvRegistry:
     async def list(self) -> list[EnvRecord]:
         conn = await self._conn()
         try:
-            rows = await conn.fetch("SELECT * FROM envs ORDER BY name")
+            rows = await conn.fetch("SELECT * FROM envs WHERE deleting_since IS NULL ORDER BY name")
         finally:
             await conn.close()
         return [_record(r) for r in rows]
@@ -75,7 +98,9 @@ class EnvRegistry:
     async def get(self, name: str) -> EnvRecord | None:
         conn = await self._conn()
         try:
-            row = await conn.fetchrow("SELECT * FROM envs WHERE name = $1", name)
+            row = await conn.fetchrow(
+                "SELECT * FROM envs WHERE name = $1 AND deleting_since IS NULL", name
+            )
         finally:
             await conn.close()
         return _record(row) if row else None
@@ -87,7 +112,10 @@ class EnvRegistry:
         try:
             async with conn.transaction():
                 # held until migrated: a delete of the env waits, and is not undone here
-                row = await conn.fetchrow("SELECT * FROM envs WHERE name = $1 FOR SHARE", name)
+                row = await conn.fetchrow(
+                    "SELECT * FROM envs WHERE name = $1 AND deleting_since IS NULL FOR SHARE",
+                    name,
+                )
                 if row is not None:
                     await apply_migrations(conn, env_schema(name), "env")
         finally:
@@ -120,6 +148,8 @@ class EnvRegistry:
             existing = await conn.fetchrow("SELECT * FROM envs WHERE name = $1", name)
             if existing is not None:
                 record = _record(existing)
+                if record.deleting_since is not None:
+                    raise EnvError(_being_deleted(name))
                 if not exist_ok:
                     raise EnvError(f"env {name!r} already exists ({record.mode.value})")
                 if record.mode != mode:
@@ -164,7 +194,15 @@ class EnvRegistry:
         return record
 
     async def delete(self, name: str, *, force: bool = False) -> None:
-        """Drop the env's schema and topics. The real env needs ``force``."""
+        """Fence the env's processes, then drop its schema and topics. The real env needs
+        ``force``.
+
+        First the row is marked as being deleted (NOTIFY tells every fenced process at
+        once), then this waits, up to ``env_delete_timeout_s``, until no process holds
+        the env's fence; only then are schema, topics and name dropped, so a process of
+        the old env never meets the env created again under its name. If some process
+        does not stop in time the env stays marked and this says which; run it again.
+        """
         check_env_name(name)
         conn = await self._conn()
         try:
@@ -176,18 +214,103 @@ class EnvRegistry:
                     raise EnvError(
                         f"env {name!r} is the real env; pass --force to delete it anyway"
                     )
-                await conn.execute("DELETE FROM envs WHERE name = $1", name)
-                await conn.execute(
-                    "INSERT INTO env_changes (name, change) VALUES ($1, 'delete')", name
-                )
+                if row["deleting_since"] is None:
+                    await conn.execute(
+                        "UPDATE envs SET deleting_since = now() WHERE name = $1", name
+                    )
+                    await conn.execute(
+                        "INSERT INTO env_changes (name, change) VALUES ($1, 'delete')", name
+                    )
+                await conn.execute("SELECT pg_notify($1, $2)", FENCE_CHANNEL, name)
+            await self._wait_fenced(conn, name)
+            async with conn.transaction():
                 await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(env_schema(name))} CASCADE")
                 async with TopicAdmin(self._settings) as admin:
                     await admin.delete_env_topics(name)
+                await conn.execute("DELETE FROM envs WHERE name = $1", name)
         finally:
-            await conn.close()
+            await conn.close()  # and with it the exclusive fence
         async with Producer(self._settings) as producer:
             # A tombstone: compaction then forgets the env entirely.
             await producer.send_raw(CONTROL_TOPIC, None, name.encode())
+
+    async def _wait_fenced(self, conn: asyncpg.Connection, name: str) -> None:
+        """Take the env's fence exclusively: every process that runs the env has left."""
+        timeout = self._settings.env_delete_timeout_s
+        deadline = time.monotonic() + timeout
+        said = False
+        while not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", fence_key(name)):
+            holders = await fence_holders(conn, name)
+            if time.monotonic() >= deadline:
+                who = ", ".join(holders) or "unknown processes"
+                raise EnvError(
+                    f"env {name!r} is marked deleted but {len(holders) or 'some'} process(es)"
+                    f" did not stop within {timeout:.0f}s ({who}); stop them, then run"
+                    f" `dlrover-events env delete {name}` again"
+                )
+            if not said and holders:
+                log.warning("env %s: waiting for %s to stop", name, ", ".join(holders))
+                said = True
+            await asyncio.sleep(0.1)
+
+    async def resync(self, *, repair: bool = False) -> EnvRecords:
+        """Make the bus agree with the registry: every env's topics (real and virtual, with
+        their partition counts) and its announcement on dlrover.control.
+
+        `up` calls this on a broker it (re)started: the embedded broker keeps topics in
+        memory, and a topic a client's metadata request re-creates first gets the broker's
+        default count, which moves a job to another partition. With ``repair`` (only for a
+        broker that just started empty) such a topic is deleted and made again; otherwise
+        a wrong count is only logged, since deleting a topic loses its records.
+        """
+        envs = await self.list()
+        for attempt in range(3):
+            async with TopicAdmin(self._settings) as admin:
+                await admin.ensure_control_topic()
+                for env in envs:
+                    await admin.ensure_env_topics(env.name, env.partitions)
+            wrong = await self._wrong_partitions(envs)
+            if not wrong:
+                break
+            what = ", ".join(f"{t} ({n}, not {want})" for t, (n, want) in sorted(wrong.items()))
+            if not repair or attempt == 2:
+                log.error("topics with another partition count than their env's: %s", what)
+                break
+            log.warning("re-making topics a client created first: %s", what)
+            await self._delete_topics(list(wrong))
+        for env in envs:
+            await self._announce(env)
+        return envs
+
+    async def _wrong_partitions(self, envs: EnvRecords) -> dict[str, tuple[int, int]]:
+        want = {t: e.partitions for e in envs for t in env_topics(e.name)}
+        client = AIOKafkaAdminClient(
+            bootstrap_servers=self._settings.bootstrap_servers,
+            client_id=f"{self._settings.client_id}-admin",
+            request_timeout_ms=self._settings.request_timeout_ms,
+        )
+        await start_kafka_client(client, self._settings)
+        try:
+            found = await client.describe_topics(list(want)) if want else []
+        finally:
+            await client.close()
+        return {
+            m["topic"]: (len(m["partitions"]), want[m["topic"]])
+            for m in found
+            if m["topic"] in want and m["partitions"] and len(m["partitions"]) != want[m["topic"]]
+        }
+
+    async def _delete_topics(self, names: Sequence[str]) -> None:
+        client = AIOKafkaAdminClient(
+            bootstrap_servers=self._settings.bootstrap_servers,
+            client_id=f"{self._settings.client_id}-admin",
+            request_timeout_ms=self._settings.request_timeout_ms,
+        )
+        await start_kafka_client(client, self._settings)
+        try:
+            await client.delete_topics(names)
+        finally:
+            await client.close()
 
     async def promote(self, name: str, *, reason: str = "") -> tuple[EnvRecord, EnvRecord | None]:
         """Make ``name`` the real env and the old real env virtual, in one transaction.

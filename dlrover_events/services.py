@@ -37,6 +37,14 @@ class ServiceContext:
     metrics: CollectorRegistry = field(
         default_factory=lambda: CollectorRegistry(auto_describe=True)
     )
+    #: set while the bus answers: `up`'s supervisor clears it while the broker is away,
+    #: so a service's /readyz can say not ready (standalone: always set).
+    bus: asyncio.Event = field(default_factory=lambda: _set(asyncio.Event()))
+
+
+def _set(event: asyncio.Event) -> asyncio.Event:
+    event.set()
+    return event
 
 
 @dataclass(frozen=True)

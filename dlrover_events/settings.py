@@ -56,6 +56,16 @@ class Settings(BaseSettings):
     broker_port: int = 9092
     data_dir: Path = Path(".dlrover-events")
     default_env: str = "prod"
+    # Supervision by `up`: its /metrics, /healthz and /readyz, how often it probes the
+    # bus, and how long a failed service or broker waits, at most, before its next start.
+    metrics_host: str = Field(default="127.0.0.1", description="where `up` serves /metrics")
+    metrics_port: int = Field(default=9470, ge=0, le=65535, description="0: any free port")
+    bus_probe_s: float = Field(default=1.0, gt=0, description="seconds between bus probes")
+    restart_backoff_max_s: float = Field(default=30.0, gt=0)
+    # Fencing: how often a running process re-reads its env's incarnation (a deletion is
+    # also pushed at once by NOTIFY), and how long `env delete` waits for them to stop.
+    fence_check_s: float = Field(default=5.0, gt=0)
+    env_delete_timeout_s: float = Field(default=30.0, ge=0)
 
     # Admin API token for services started by `up` (generated when unset).
     admin_token: SecretStr | None = None

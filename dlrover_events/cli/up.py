@@ -1,14 +1,21 @@
-"""`dlrover-events up`: the embedded stack in one command, stopped cleanly by Ctrl-C."""
+"""`dlrover-events up`: the embedded stack in one command, stopped cleanly by Ctrl-C.
+
+It supervises what it starts (dlrover_events.supervisor): a failed service is said and
+restarted with backoff, a dead broker is said and started again, the real env's fence
+stops everything if the env is deleted, and the broker dies with `up` even by SIGKILL.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import signal
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 
 import typer
+from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
@@ -16,12 +23,26 @@ from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import Broker, Postgres, resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.services import ServiceContext, discover_services
+from dlrover_events.fence import EnvFence
+from dlrover_events.metrics import MetricsServer, ServiceMetrics
+from dlrover_events.services import Service, ServiceContext, discover_services
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store.database import _redact
+from dlrover_events.supervisor import (
+    STOP_GRACE_S,
+    Backoff,
+    BusWatch,
+    Supervised,
+    SupervisorServer,
+    readiness,
+    wait_or_stop,
+)
 from schemas.control import EnvMode
 
 log = logging.getLogger(__name__)
+
+#: how long `up` waits for every service to say ready before it gives up
+READY_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -29,7 +50,6 @@ class Stack:
     settings: Settings
     broker: Broker | None = None
     postgres: Postgres | None = None
-    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     def close(self) -> None:
         if self.postgres is not None:
@@ -45,6 +65,8 @@ def up(
 
     An external Kafka or Postgres is just settings: with DLROVER_EVENTS_BOOTSTRAP_SERVERS
     set no broker is started; with DLROVER_EVENTS_PG_DSN set no Postgres is started.
+    A failed service is restarted with backoff; the broker dies with `up`; /metrics,
+    /healthz and /readyz on DLROVER_EVENTS_METRICS_PORT (127.0.0.1:9470).
     """
     run_async(_up(load_settings(), only or []))
 
@@ -54,86 +76,138 @@ async def _up(settings: Settings, only: list[str]) -> None:
     unknown = sorted(set(only) - set(services))
     if unknown:
         raise UserError(f"unknown service(s) {', '.join(unknown)}; known: {', '.join(services)}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     stack = Stack(settings)
     try:
         if "bootstrap_servers" not in settings.model_fields_set:
             stack.broker = Broker(settings.host, settings.broker_port, settings.data_dir / "logs")
-            await asyncio.to_thread(stack.broker.start)
+            await stack.broker.start_async()  # from this (the main) thread: see Broker
             settings = settings.with_overrides(bootstrap_servers=stack.broker.bootstrap_servers)
         stack.postgres = await resolve_postgres(settings)
-        registry = EnvRegistry(settings, stack.postgres.dsn)
+        dsn = stack.postgres.dsn
+        registry = EnvRegistry(settings, dsn)
         real = await registry.real()
         env = real.name if real else settings.default_env
         await registry.create(env, EnvMode.REAL, exist_ok=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        chosen = [s for s in services.values() if (s.name in only) if only] or [
-            s for s in services.values() if s.in_up
-        ]
-        contexts = {}
-        for svc in chosen:
-            ctx = ServiceContext(settings, env, stack.postgres.dsn, stop=stop)
-            contexts[svc.name] = ctx
-            stack.tasks[svc.name] = asyncio.create_task(svc.run(ctx), name=svc.name)
-        await _wait_ready(contexts, stack.tasks)
-        _print_where(settings, stack, env, contexts)
-        waiter = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait(
-            [waiter, *stack.tasks.values()], return_when=asyncio.FIRST_COMPLETED
-        )
-        failed = [t for t in done if t is not waiter and t.exception() is not None]
-        stop.set()
-        await _finish(stack.tasks)
-        for t in failed:
-            raise UserError(f"service {t.get_name()} stopped: {t.exception()}")
-        Console(stderr=True).print("stopped cleanly")
+        envs = await registry.resync(repair=stack.broker is not None)
+        await _supervise(settings, stack, registry, env, len(envs), _chosen(services, only), stop)
     finally:
         stack.close()
 
 
-async def _wait_ready(
-    contexts: dict[str, ServiceContext], tasks: dict[str, asyncio.Task[None]]
+def _chosen(services: dict[str, Service], only: list[str]) -> list[Service]:
+    if only:
+        return [s for s in services.values() if s.name in only]
+    return [s for s in services.values() if s.in_up]
+
+
+async def _supervise(
+    settings: Settings,
+    stack: Stack,
+    registry: EnvRegistry,
+    env: str,
+    n_envs: int,
+    chosen: list[Service],
+    stop: asyncio.Event,
 ) -> None:
-    for name, ctx in contexts.items():
-        ready = asyncio.create_task(ctx.ready.wait())
-        done, _ = await asyncio.wait(
-            {ready, tasks[name]}, timeout=60, return_when=asyncio.FIRST_COMPLETED
-        )
-        if tasks[name] in done:
-            ready.cancel()
-            tasks[name].result()  # raises what stopped it
-        elif ready not in done:
-            ready.cancel()
-            raise UserError(f"service {name} was not ready within 60s")
+    """Run the services under supervision until SIGTERM, a fatal failure or the env's
+    deletion; raise (exit non-zero) for the latter two, naming what stopped."""
+    assert stack.postgres is not None
+    dsn = stack.postgres.dsn
+    backoff = Backoff(max_s=settings.restart_backoff_max_s)
+    own = CollectorRegistry(auto_describe=True)
+    service_metrics = ServiceMetrics(own)
+    metrics = MetricsServer(settings.metrics_host, settings.metrics_port)
+    metrics.add(own)
+    bus = BusWatch(
+        settings.bootstrap_servers,
+        stop,
+        probe_s=settings.bus_probe_s,
+        broker=stack.broker,
+        on_restart=functools.partial(registry.resync, repair=True),
+        backoff=backoff,
+        metrics=service_metrics,
+    )
+
+    def make_ctx(own_stop: asyncio.Event, reg: CollectorRegistry) -> ServiceContext:
+        return ServiceContext(settings, env, dsn, stop=own_stop, metrics=reg, bus=bus.up)
+
+    supervised = [
+        Supervised(svc, make_ctx, stop, env=env, backoff=backoff, metrics=service_metrics)
+        for svc in chosen
+    ]
+    for s in supervised:
+        metrics.add(s.registry)
+    server = SupervisorServer(
+        metrics, lambda: readiness(bus, supervised), settings.metrics_host, settings.metrics_port
+    )
+    async with EnvFence(settings, dsn, env, stop) as fence:
+        await server.start()
+        tasks = [asyncio.create_task(bus.run(), name="bus")]
+        tasks += [asyncio.create_task(s.run(), name=s.name) for s in supervised]
+        try:
+            await _wait_ready(supervised, stop)
+            if not stop.is_set():
+                _print_where(settings, stack, env, n_envs, supervised, server)
+            waiters = [
+                asyncio.create_task(e.wait()) for e in [stop, *(s.failed for s in supervised)]
+            ]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for w in waiters:
+                w.cancel()
+        finally:
+            stop.set()
+            _, pending = await asyncio.wait(tasks, timeout=STOP_GRACE_S + 5)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await server.stop()
+    if fence.reason is not None:
+        raise UserError(f"{fence.reason}; `up` stopped its services")
+    for s in supervised:
+        if s.fatal is not None:
+            raise UserError(f"service {s.name} stopped: {s.fatal}")
+    Console(stderr=True).print("stopped cleanly")
 
 
-async def _finish(tasks: dict[str, asyncio.Task[None]]) -> None:
-    if not tasks:
-        return
-    _, pending = await asyncio.wait(tasks.values(), timeout=10)
-    for t in pending:
-        t.cancel()
-    for t in pending:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await t
+async def _wait_ready(supervised: list[Supervised], stop: asyncio.Event) -> None:
+    """Until every service said ready once, one failed for good, or SIGTERM."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not stop.is_set():
+        waiting = [s for s in supervised if not s.ready.is_set()]
+        if not waiting or any(s.failed.is_set() for s in supervised):
+            return
+        if time.monotonic() >= deadline:
+            why = "; ".join(f"{s.name}: {s.last_error or s.state.value}" for s in waiting)
+            raise UserError(f"not ready within {READY_TIMEOUT_S:.0f}s: {why}")
+        await wait_or_stop(stop, 0.1)
 
 
 def _print_where(
-    settings: Settings, stack: Stack, env: str, contexts: dict[str, ServiceContext]
+    settings: Settings,
+    stack: Stack,
+    env: str,
+    n_envs: int,
+    supervised: list[Supervised],
+    server: SupervisorServer,
 ) -> None:
     console = Console()
     table = Table("part", "where", title="dlrover-events is up")
-    broker = "tansu (embedded)" if stack.broker else "external"
+    broker = f"tansu (embedded, pid {stack.broker.pid})" if stack.broker else "external"
     table.add_row(f"Kafka: {broker}", settings.bootstrap_servers)
     assert stack.postgres is not None
     table.add_row(f"Postgres: {stack.postgres.kind}", _redact(stack.postgres.dsn))
     table.add_row("real env", f"{env} (topics {env}.*, schema env_{env.replace('-', '_')})")
-    for name, ctx in contexts.items():
-        table.add_row("service", name)
-        for what, where in ctx.endpoints.items():
-            table.add_row(f"  {what}", where)
+    table.add_row("envs", f"{n_envs} (every env's topics made with its partitions)")
+    table.add_row("metrics, health", f"{server.url}/metrics  /healthz  /readyz")
+    for s in supervised:
+        table.add_row("service", s.name)
+        if s.ctx is not None:
+            for what, where in s.ctx.endpoints.items():
+                table.add_row(f"  {what}", where)
     console.print(table)
     console.print(
         f"tail it: dlrover-events tail --env {env} --from-beginning"

@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import typer
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.services import ServiceContext
+from dlrover_events.fence import fenced
+from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import load_settings
 from dlrover_events.tail import Line, parse_since
 from dlrover_events.tailer import follow
@@ -73,8 +76,10 @@ async def watch(ctx: ServiceContext, policy: WatchdogPolicy, check_every_s: floa
         if line.event is not None:
             ledger.observe(line.event)
 
+    # its own stop: ending the tail must not stop whoever runs this (`up`'s other parts)
+    tail_stop = asyncio.Event()
     tail = asyncio.create_task(
-        follow(ctx.settings, ctx.env, [JOB_EVENTS], fold, start="earliest", stop=ctx.stop)
+        follow(ctx.settings, ctx.env, [JOB_EVENTS], fold, start="earliest", stop=tail_stop)
     )
     ctx.ready.set()
     try:
@@ -90,8 +95,67 @@ async def watch(ctx: ServiceContext, policy: WatchdogPolicy, check_every_s: floa
                 return reason
         return ""
     finally:
-        ctx.stop.set()
+        tail_stop.set()
         await asyncio.gather(tail, return_exceptions=True)
+
+
+def parse_window(text: str, option: str = "--window") -> timedelta:
+    """``30m``, ``1h``, ``1d`` as a span; a bad one is a one-line user error."""
+    try:
+        return datetime.now().astimezone() - parse_since(text)
+    except ValueError as err:
+        raise UserError(str(err).replace("--since", option)) from None
+
+
+class WatchdogSettings(BaseSettings):
+    """The watchdog as a service of `up` (DLROVER_EVENTS_WATCHDOG_*). Without a standby
+    it only says so and idles: failover is opt-in."""
+
+    model_config = SettingsConfigDict(env_prefix="DLROVER_EVENTS_WATCHDOG_", extra="ignore")
+
+    standby: str | None = Field(default=None, description="virtual env that takes over")
+    failed_rate: float = Field(default=0.5, ge=0.0, le=1.0)
+    window: str = "1h"
+    min_finished: int = Field(default=5, ge=1)
+    check_every_s: float = Field(default=2.0, gt=0)
+
+    def policy(self) -> WatchdogPolicy | None:
+        if not self.standby:
+            return None
+        check_env_name(self.standby)
+        span = parse_window(self.window, "DLROVER_EVENTS_WATCHDOG_WINDOW")
+        return WatchdogPolicy(self.standby, self.failed_rate, span, self.min_finished)
+
+
+async def run_service(ctx: ServiceContext) -> None:
+    """Watch ``ctx.env`` until it fails over, then idle until stopped: returning would
+    make `up` start it again, on an env that is no longer the real one."""
+    try:
+        settings = WatchdogSettings()
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UserError(f"DLROVER_EVENTS_WATCHDOG_{where.upper()}: {first['msg']}") from None
+    policy = settings.policy()
+    if policy is None:
+        ctx.endpoints["failover"] = "off (set DLROVER_EVENTS_WATCHDOG_STANDBY to a virtual env)"
+        ctx.ready.set()
+        await ctx.stop.wait()
+        return
+    ctx.endpoints["failover"] = (
+        f"to {policy.standby} when >= {policy.failed_rate:.0%} of >= {policy.min_finished}"
+        f" jobs finished in {policy.window} failed"
+    )
+    reason = await watch(ctx, policy, settings.check_every_s)
+    if reason:
+        await ctx.stop.wait()
+
+
+service = Service(
+    name="watchdog",
+    description="failover: promotes the standby env when the real env fails too many jobs",
+    run=run_service,
+)
 
 
 def watchdog_command(
@@ -103,11 +167,7 @@ def watchdog_command(
 ) -> None:
     """Watch the real env; when too many jobs fail, promote the standby env."""
     check_env_name(standby)
-    try:
-        span = datetime.now().astimezone() - parse_since(window)
-    except ValueError as err:
-        raise UserError(str(err).replace("--since", "--window")) from None
-    policy = WatchdogPolicy(standby, failed_rate, span, min_finished)
+    policy = WatchdogPolicy(standby, failed_rate, parse_window(window), min_finished)
     settings = load_settings()
 
     async def go() -> None:
@@ -115,7 +175,11 @@ def watchdog_command(
         real = env or (r.name if (r := await EnvRegistry(settings, pg.dsn).real()) else None)
         if real is None:
             raise UserError("there is no real env to watch")
-        reason = await watch(ServiceContext(settings, real, pg.dsn), policy)
+        ctx = ServiceContext(settings, real, pg.dsn)
+        async with fenced(ctx):
+            reason = await watch(ctx, policy)
+        if not reason:
+            raise UserError(f"env {real!r} was deleted; the watchdog stopped")
         typer.echo(f"{standby} took over from {real}: {reason}")
 
     run_async(go())

@@ -1,0 +1,194 @@
+"""Fencing: a process that runs an env stops when that env is deleted.
+
+Without it, a brain of a deleted env kept running and, once the env was created again,
+consumed the new topics and wrote into the new schema. Each process that runs an env
+holds, for as long as it runs, a shared Postgres advisory lock on the env's name, and
+watches the env's registry row: the incarnation it started on must still be there and not
+being deleted. `env delete` first marks the row (and NOTIFYs), then waits for the
+exclusive lock, which it gets only once every such process has stopped (or died: a lock
+goes with its connection). Only then are the schema and topics dropped and the name
+freed, so a re-created env never meets a process of the old one.
+
+    async with fenced(ctx):        # a standalone command, around its service
+        await service.run(ctx)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Self
+from uuid import UUID
+
+import asyncpg
+
+from dlrover_events.errors import EnvError, UserError
+from dlrover_events.services import ServiceContext
+from dlrover_events.settings import Settings
+from dlrover_events.store.database import REGISTRY_SCHEMA, connect, quote_ident
+
+log = logging.getLogger(__name__)
+
+#: NOTIFY channel on which `env delete` names the env it starts deleting.
+FENCE_CHANNEL = "dlrover_env_fence"
+#: application_name of a fence's connection: `env delete` names the holders it waits for.
+APP_PREFIX = "dle-fence"
+
+
+def fence_key(env: str) -> str:
+    """The advisory lock's text key (hashed by Postgres' hashtext into the lock id)."""
+    return f"env-fence:{env}"
+
+
+def fence_app_name(env: str) -> str:
+    host = socket.gethostname()[:20]
+    return f"{APP_PREFIX} {env} {host} pid {os.getpid()}"[:63]
+
+
+def gone_reason(env: str, row: asyncpg.Record | None, incarnation: UUID | None) -> str | None:
+    """Why a process that started on ``incarnation`` of ``env`` must stop, or None (pure)."""
+    if row is None:
+        return f"env {env!r} was deleted while this process ran it"
+    if row["deleting_since"] is not None:
+        return f"env {env!r} is being deleted (since {row['deleting_since']:%H:%M:%S})"
+    if incarnation is not None and row["incarnation"] != incarnation:
+        return f"env {env!r} was deleted and created again while this process ran it"
+    return None
+
+
+async def fence_holders(conn: asyncpg.Connection, env: str) -> list[str]:
+    """The processes that hold the env's fence (their connections' application_name)."""
+    rows = await conn.fetch(
+        "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE $1",
+        f"{APP_PREFIX} {env} %",
+    )
+    return sorted(r["application_name"].removeprefix(f"{APP_PREFIX} {env} ") for r in rows)
+
+
+class EnvFence:
+    """Holds the env's fence while a process runs it; sets ``stop`` once the env is gone.
+
+    Entering refuses (EnvError, one line) an env that does not exist or is being deleted.
+    ``reason`` then says why the fence tripped; the holder should stop its work and leave
+    the ``async with`` promptly: `env delete` waits for that.
+    """
+
+    def __init__(self, settings: Settings, dsn: str, env: str, stop: asyncio.Event) -> None:
+        self.settings = settings
+        self.dsn = dsn
+        self.env = env
+        self.stop = stop
+        self.reason: str | None = None
+        self.tripped = asyncio.Event()
+        self.incarnation: UUID | None = None
+        self._conn: asyncpg.Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._poke = asyncio.Event()
+
+    async def __aenter__(self) -> Self:
+        await self._attach()
+        self._task = asyncio.create_task(self._watch(), name=f"fence {self.env}")
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._detach()
+
+    async def _attach(self) -> None:
+        conn = await connect(self.dsn)
+        try:
+            await conn.execute(
+                "SELECT set_config('application_name', $1, false)", fence_app_name(self.env)
+            )
+            await conn.execute("SELECT pg_advisory_lock_shared(hashtext($1))", fence_key(self.env))
+            row = await self._row(conn)
+            reason = gone_reason(self.env, row, self.incarnation)
+            if reason is not None:
+                if self.incarnation is None:  # at start: the env is not there to run
+                    raise EnvError(
+                        f"{reason}; see `dlrover-events env list`"
+                        if row is not None
+                        else f"no env named {self.env!r} (see `dlrover-events env list`)"
+                    )
+                self._trip(reason)
+            assert row is not None or self.reason is not None
+            if row is not None and self.incarnation is None:
+                self.incarnation = row["incarnation"]
+            await conn.add_listener(FENCE_CHANNEL, self._notified)
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+
+    async def _detach(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=5)
+
+    async def _row(self, conn: asyncpg.Connection) -> asyncpg.Record | None:
+        try:
+            return await conn.fetchrow(
+                f"SELECT incarnation, deleting_since FROM {quote_ident(REGISTRY_SCHEMA)}.envs"
+                " WHERE name = $1",
+                self.env,
+            )
+        except asyncpg.UndefinedTableError:
+            return None
+
+    def _notified(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        if payload == self.env:
+            self._poke.set()
+
+    def _trip(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            log.error("%s: stopping", reason)
+        self.tripped.set()
+        self.stop.set()
+
+    async def _watch(self) -> None:
+        """Re-read the row on every NOTIFY and every fence_check_s; reconnect (with
+        backoff) when Postgres goes away, since the lock went with the connection."""
+        delay = 0.5
+        while not self.tripped.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self.settings.fence_check_s)
+            self._poke.clear()
+            try:
+                if self._conn is None or self._conn.is_closed():
+                    await self._detach()
+                    await self._attach()
+                    log.warning("fence of env %s holds again", self.env)
+                reason = gone_reason(self.env, await self._row(self._conn), self.incarnation)  # type: ignore[arg-type]
+                delay = 0.5
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, UserError) as err:
+                log.warning(
+                    "fence of env %s cannot read the registry (%s); retrying in %.1fs",
+                    self.env,
+                    err,
+                    delay,
+                )
+                await self._detach()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.restart_backoff_max_s)
+                continue
+            if reason is not None:
+                self._trip(reason)
+
+
+@contextlib.asynccontextmanager
+async def fenced(ctx: ServiceContext) -> AsyncIterator[EnvFence]:
+    """Run a service of ``ctx.env`` fenced: ``ctx.stop`` is set once the env is deleted."""
+    async with EnvFence(ctx.settings, ctx.pg_dsn, ctx.env, ctx.stop) as fence:
+        yield fence

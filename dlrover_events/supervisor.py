@@ -1,0 +1,370 @@
+"""`up`'s supervision: its services and its bus are watched, failures said at once.
+
+Before, a dead broker could leave `up` saying "stopped cleanly", or up for minutes with
+no log line while its health endpoints said ok, and one failed service took every other
+down with it. Here:
+
+- a service that fails (or returns while `up` runs) is logged by name with why, and
+  started again after a backoff (0.5 s doubling up to ``restart_backoff_max_s``; reset
+  once it ran a minute); a user mistake (a UserError other than an unreachable bus or
+  Postgres) is not retried: `up` stops and exits non-zero naming the service;
+- the bus is probed every ``bus_probe_s``; an embedded broker that exits is logged with
+  its exit code and started again on its port (with backoff), and every env's topics are
+  re-created; while the bus is away /readyz answers 503 and ``ctx.bus`` is clear;
+- every wait is also a wait on the stop event, so SIGTERM ends all of it within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sized
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+
+from dlrover_events.embedded import Broker, kafka_reachable
+from dlrover_events.errors import BusUnavailable, StoreUnavailable, UserError
+from dlrover_events.metrics import MetricsServer, ServiceMetrics
+from dlrover_events.services import Service, ServiceContext
+
+log = logging.getLogger(__name__)
+
+#: how long a stopping service may take before it is cancelled
+STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delays between restarts (pure): doubling from ``initial_s`` up to ``max_s``."""
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    #: a run this long counts as healthy: the next failure starts the series again
+    stable_s: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        return float(min(self.max_s, self.initial_s * 2 ** max(0, failures - 1)))
+
+
+def is_fatal(err: BaseException | None) -> bool:
+    """Whether a service's failure is one a restart cannot mend (pure): a user mistake.
+    An unreachable bus or Postgres is a UserError too, but one that time mends."""
+    return isinstance(err, UserError) and not isinstance(err, BusUnavailable | StoreUnavailable)
+
+
+async def wait_or_stop(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep ``seconds`` unless ``stop`` is set first; True if it was."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
+class State(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class RegistrySlot(CollectorRegistry):
+    """The registry of a service's current run: each restart gets a fresh registry (a
+    service declares its metrics anew on every start) behind one that the server keeps."""
+
+    def __init__(self) -> None:
+        super().__init__(auto_describe=True)
+        self.current = CollectorRegistry(auto_describe=True)
+
+    def renew(self) -> CollectorRegistry:
+        self.current = CollectorRegistry(auto_describe=True)
+        return self.current
+
+    def collect(self) -> Iterable[Metric]:
+        return self.current.collect()
+
+
+class Supervised:
+    """One service of `up`, started again with backoff when it fails."""
+
+    def __init__(
+        self,
+        service: Service,
+        make_ctx: Callable[[asyncio.Event, CollectorRegistry], ServiceContext],
+        stop: asyncio.Event,
+        *,
+        env: str,
+        backoff: Backoff = Backoff(),
+        metrics: ServiceMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.service = service
+        self.name = service.name
+        self._make_ctx = make_ctx
+        self._stop = stop
+        self._env = env
+        self._backoff = backoff
+        self._metrics = metrics
+        self._clock = clock
+        self.state = State.STARTING
+        self.failures = 0
+        self.restarts = 0
+        self.last_error = ""
+        #: set once the first run said ready (`up` waits for it before printing where)
+        self.ready = asyncio.Event()
+        #: set when the service failed for good (a user mistake): `up` stops
+        self.fatal: BaseException | None = None
+        self.failed = asyncio.Event()
+        self.registry = RegistrySlot()
+        self.ctx: ServiceContext | None = None
+
+    def _gauge(self, value: int) -> None:
+        if self._metrics is not None:
+            self._metrics.up.labels(self._env, self.name).set(value)
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            own_stop = asyncio.Event()
+            ctx = self._make_ctx(own_stop, self.registry.renew())
+            self.ctx = ctx
+            started = self._clock()
+            self.state = State.STARTING
+            task = asyncio.create_task(self.service.run(ctx), name=self.name)
+            ready = asyncio.create_task(self._on_ready(ctx))
+            stopping = asyncio.create_task(self._stop.wait())
+            self._gauge(1)
+            try:
+                await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ready.cancel()
+                stopping.cancel()
+            if not task.done():  # `up` stops
+                await self._end(task, own_stop)
+                break
+            self._gauge(0)
+            err = None if task.cancelled() else task.exception()
+            if self._stop.is_set():
+                break
+            if is_fatal(err):
+                self.fatal = err
+                self.state = State.FAILED
+                self.last_error = str(err)
+                log.error("service %s stopped: %s", self.name, err)
+                self.failed.set()
+                return
+            ran = self._clock() - started
+            self.failures = 1 if ran >= self._backoff.stable_s else self.failures + 1
+            delay = self._backoff.delay(self.failures)
+            self.last_error = (
+                f"failed: {type(err).__name__}: {err}"
+                if err is not None
+                else "returned although `up` still runs"
+            )
+            self.state = State.RESTARTING
+            log.error(
+                "service %s %s; restarting in %.1fs (failure %d in a row)",
+                self.name,
+                self.last_error,
+                delay,
+                self.failures,
+                exc_info=err if err is not None and not isinstance(err, UserError) else None,
+            )
+            if await wait_or_stop(self._stop, delay):
+                break
+            self.restarts += 1
+            if self._metrics is not None:
+                self._metrics.restarts.labels(self._env, self.name).inc()
+        self.state = State.STOPPED
+        self._gauge(0)
+
+    async def _on_ready(self, ctx: ServiceContext) -> None:
+        await ctx.ready.wait()
+        self.state = State.READY
+        if self.restarts:
+            log.warning("service %s is ready again", self.name)
+        self.ready.set()
+
+    async def _end(self, task: asyncio.Task[None], own_stop: asyncio.Event) -> None:
+        own_stop.set()
+        _, pending = await asyncio.wait({task}, timeout=STOP_GRACE_S)
+        if pending:
+            log.warning("service %s did not stop within %.0fs: cancelled", self.name, STOP_GRACE_S)
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+class BusWatch:
+    """Probes the bus; restarts an embedded broker that exited, then ``on_restart``."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        stop: asyncio.Event,
+        *,
+        probe_s: float = 1.0,
+        broker: Broker | None = None,
+        on_restart: Callable[[], Awaitable[Sized]] | None = None,
+        backoff: Backoff = Backoff(),
+        metrics: ServiceMetrics | None = None,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self._stop = stop
+        self._probe_s = probe_s
+        self._broker = broker
+        self._on_restart = on_restart
+        self._backoff = backoff
+        self._metrics = metrics
+        #: set while the bus answers
+        self.up = asyncio.Event()
+        self.up.set()
+        self._away_since: float | None = None
+        self._resync_pending = False
+        self._set_gauge(1)
+
+    def _set_gauge(self, value: int) -> None:
+        if self._metrics is not None:
+            self._metrics.bus_up.set(value)
+
+    def _away(self, why: str) -> None:
+        if self._away_since is None:
+            self._away_since = time.monotonic()
+            self.up.clear()
+            self._set_gauge(0)
+            log.error("%s: services wait for it and /readyz says not ready", why)
+
+    def _back(self) -> None:
+        if self._away_since is not None:
+            log.warning(
+                "bus at %s answers again after %.0fs",
+                self.bootstrap_servers,
+                time.monotonic() - self._away_since,
+            )
+            self._away_since = None
+        self.up.set()
+        self._set_gauge(1)
+
+    async def run(self) -> None:
+        tick = min(0.25, self._probe_s)
+        next_probe = 0.0
+        while not await wait_or_stop(self._stop, tick):
+            if self._broker is not None and (code := self._broker.exit_code()) is not None:
+                self._away(
+                    f"broker tansu (pid {self._broker.pid}) on {self.bootstrap_servers} "
+                    f"exited with code {code}; starting it again"
+                )
+                await self._restart_broker()
+                continue
+            if self._resync_pending:
+                await self._resync()
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + self._probe_s
+                if await asyncio.to_thread(kafka_reachable, self.bootstrap_servers):
+                    self._back()
+                else:
+                    self._away(f"bus at {self.bootstrap_servers} does not answer")
+
+    async def _restart_broker(self) -> None:
+        assert self._broker is not None
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                await self._broker.start_async()
+            except UserError as err:
+                failures += 1
+                delay = self._backoff.delay(failures)
+                log.error("broker did not start again: %s; retrying in %.1fs", err, delay)
+                await wait_or_stop(self._stop, delay)
+                continue
+            log.warning(
+                "broker started again on %s (pid %d); its topics were lost (memory storage)",
+                self.bootstrap_servers,
+                self._broker.pid,
+            )
+            self._resync_pending = True
+            await self._resync()
+            return
+
+    async def _resync(self) -> None:
+        if self._on_restart is None:
+            self._resync_pending = False
+            return
+        try:
+            envs = await self._on_restart()
+        except UserError as err:
+            log.error("could not re-create the envs' topics (%s); retrying", err)
+            return
+        log.warning("topics of every env (%d) re-created with their partitions", len(envs))
+        self._resync_pending = False
+        self._back()
+
+
+class SupervisorServer:
+    """/metrics of every service `up` runs, /healthz (the process answers) and /readyz
+    (the bus answers and every service is ready), on 127.0.0.1 unless configured."""
+
+    def __init__(
+        self,
+        metrics: MetricsServer,
+        readiness: Callable[[], tuple[bool, dict[str, Any]]],
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.metrics = metrics
+        self._readiness = readiness
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics, allow_head=False)
+        app.router.add_get("/healthz", self._healthz, allow_head=False)
+        app.router.add_get("/readyz", self._readyz, allow_head=False)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError as err:
+            await self._runner.cleanup()
+            raise UserError(
+                f"cannot serve metrics on {self.host}:{self.port} ({err.strerror}); "
+                "set DLROVER_EVENTS_METRICS_PORT (0: any free port)"
+            ) from None
+        server: Any = site._server
+        if self.port == 0 and server is not None and server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = self.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready, body = self._readiness()
+        return web.json_response({"ready": ready, **body}, status=200 if ready else 503)
+
+
+def readiness(bus: BusWatch, supervised: Iterable[Supervised]) -> tuple[bool, dict[str, Any]]:
+    services = {s.name: s.state.value for s in supervised}
+    ready = bus.up.is_set() and all(v == State.READY.value for v in services.values())
+    return ready, {"bus": bus.up.is_set(), "services": services}
