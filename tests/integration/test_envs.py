@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+
 import asyncpg
 import pytest
 
 from dlrover_events.admin import TopicAdmin
-from dlrover_events.bus import read_topic
+from dlrover_events.bus import Producer, read_topic
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import EnvError
+from dlrover_events.fence import EnvFence, fenced
+from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore, env_schema
 from dlrover_events.topics import CONTROL_TOPIC, ENV_TOPIC_NAMES
+from schemas import JobMeta, JobSubmitted
 from schemas.codec import decode
 from schemas.control import EnvAnnouncement, EnvMode
+from streams.archiver import service as archiver_service
 from tests.conftest import EnvFactory, unique_env
 
 pytestmark = pytest.mark.integration
@@ -103,3 +111,83 @@ async def test_duplicate_and_unknown_envs_are_clear_errors(
         await registry.create(rec.name)
     with pytest.raises(EnvError, match="no env named"):
         await registry.delete(unique_env())
+
+
+async def _archived(pg_dsn: str, env: str, event_id: object) -> bool:
+    store = await EnvStore.open(pg_dsn, env)
+    async with store:
+        rows = await store.fetch("SELECT 1 FROM events_archive WHERE event_id = $1", event_id)
+    return bool(rows)
+
+
+async def test_delete_fences_a_running_service_before_the_env_can_come_back(
+    settings: Settings, pg_dsn: str
+) -> None:
+    """A service of a deleted env stopped, before the delete returned: it never meets
+    the env created again under its name (it used to consume its topics and write into
+    its schema)."""
+    registry = EnvRegistry(settings, pg_dsn)
+    name = unique_env()
+    await registry.create(name)
+    ctx = ServiceContext(settings, name, pg_dsn)
+
+    async def archiver() -> None:
+        async with fenced(ctx):
+            await archiver_service.run(ctx)
+
+    task = asyncio.create_task(archiver())
+    try:
+        async with asyncio.timeout(30):
+            await ctx.ready.wait()
+        first = JobSubmitted(env=name, job=JobMeta(uuid="fenced-1"))
+        async with Producer(settings) as producer:
+            await producer.publish(first)
+        for _ in range(300):
+            if await _archived(pg_dsn, name, first.event_id):
+                break
+            await asyncio.sleep(0.1)
+        assert await _archived(pg_dsn, name, first.event_id), "archived before the delete"
+        await registry.delete(name)
+        assert task.done(), "the env's archiver stopped before the delete returned"
+        assert ctx.stop.is_set()
+        await task  # it stopped cleanly, without an error
+        await registry.create(name)  # the name is free again, with a new incarnation
+    finally:
+        ctx.stop.set()
+        await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(EnvError):
+            await registry.delete(name)
+
+
+async def test_a_process_that_does_not_stop_holds_the_delete_and_is_named(
+    settings: Settings, pg_dsn: str
+) -> None:
+    name = unique_env()
+    quick = settings.with_overrides(env_delete_timeout_s=0.5)
+    registry = EnvRegistry(quick, pg_dsn)
+    await registry.create(name)
+    ignored = asyncio.Event()  # its holder never looks at it
+    async with EnvFence(quick, pg_dsn, name, ignored) as fence:
+        with pytest.raises(EnvError, match=rf"did not stop within .*pid {os.getpid()}"):
+            await registry.delete(name)
+        assert ignored.is_set() and fence.reason is not None and "deleted" in fence.reason
+        assert await registry.get(name) is None, "the env is gone for new processes"
+        with pytest.raises(EnvError, match="is being deleted"):
+            await registry.create(name)
+        with pytest.raises(EnvError, match="being deleted"):
+            async with EnvFence(quick, pg_dsn, name, asyncio.Event()):
+                pass
+    await registry.delete(name)  # once it stopped, the delete goes through
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        assert not await conn.fetchval(
+            "SELECT 1 FROM information_schema.schemata WHERE schema_name = $1", env_schema(name)
+        )
+    finally:
+        await conn.close()
+
+
+async def test_a_fence_refuses_an_env_that_does_not_exist(settings: Settings, pg_dsn: str) -> None:
+    with pytest.raises(EnvError, match="no env named"):
+        async with EnvFence(settings, pg_dsn, unique_env(), asyncio.Event()):
+            pass
