@@ -12,6 +12,10 @@ node/job events out. A thin adapter around planning.py and podevents.py.
   not (training knobs await the job's own confirmation; see planning.UNSUPPORTED).
 - A plan that cannot apply gets a rejected or failed result with the reason; the consumer
   goes on. Pod decisions are re-made from a fresh list each time, never from a cache.
+- Under leader election the platform is fenced (platform.FencedPlatform): once the lease
+  is lost no write goes out, and a plan caught half-way is left, unanswered and
+  uncommitted, to the next leader, whose ledger and the job's applied-plans annotation
+  make sure it applies once.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from handlers.operator.kube.model import (
 from handlers.operator.kube.planning import PlanRejected
 from handlers.operator.kube.podevents import SOURCE, job_events, job_meta, node_events, submitted
 from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
-from handlers.operator.platform import Platform
+from handlers.operator.platform import NotLeader, Platform
 from schemas.envelope import Event
 from schemas.jobs import JobMeta
 from schemas.plans import NotApplied, ScalePlan, ScaleResult, ScaleStatus
@@ -376,7 +380,15 @@ class EnvReconciler:
     async def _handle(self, batch: list[Received]) -> None:
         for item in batch:
             if isinstance(item.event, ScalePlan):
-                await self._answer(item.event)
+                try:
+                    await self._answer(item.event)
+                except NotLeader as e:
+                    # Neither answered nor dead-lettered: this replica's reconciler is
+                    # being stopped, and the new leader's consumer gets the plan again.
+                    log.warning(
+                        "env %s: plan %s left to the leader (%s)", self.env, item.event.plan_id, e
+                    )
+                    await asyncio.Future()  # parked until the operator cancels us
 
     async def _answer(self, plan: ScalePlan) -> None:
         assert self._ledger is not None
@@ -386,8 +398,10 @@ class EnvReconciler:
         else:
             try:
                 outcome = await self._apply(plan)
-            except (asyncio.CancelledError, ApiException, OSError):
-                raise  # the cluster or the network: the consumer tries the batch again
+            except (asyncio.CancelledError, ApiException, OSError, NotLeader):
+                # the cluster, the network, or the lease lost: the consumer (or the next
+                # leader's) tries the batch again; the ledger keeps no answer
+                raise
             except Exception as e:
                 log.exception("env %s: plan %s", self.env, plan.plan_id)
                 outcome = Outcome(ScaleStatus.FAILED, f"operator error: {e!r}", {})

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client, config
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.control import EnvWatcher
@@ -31,8 +31,10 @@ from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from handlers.operator.kube.adapter import adapter_for
 from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, Timing
 from handlers.operator.kube.reconciler import EnvReconciler, StepHook
 from handlers.operator.kube.trainingjob import DEFAULT_GPU_TYPE_LABEL
+from handlers.operator.platform import FencedPlatform, Platform
 from schemas.control import EnvAnnouncement, EnvMode
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,41 @@ class KubeSettings(BaseSettings):
     )
     resync_seconds: float = Field(default=30.0, gt=0)
     watch_timeout_seconds: int = Field(default=60, ge=1)
+    leader_elect: bool = Field(
+        default=True,
+        description="hold a coordination.k8s.io Lease so that of several replicas only "
+        "one acts on the cluster; false: act at once (run one replica only)",
+    )
+    lease_name: str = Field(
+        default=DEFAULT_LEASE_NAME, min_length=1, description="the Lease, in the jobs' namespace"
+    )
+    lease_duration_seconds: int = Field(
+        default=15,
+        ge=1,
+        description="a lease unrenewed this long is taken over by another replica",
+    )
+    renew_deadline_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="a leader that could not renew for this long stops acting (< lease duration)",
+    )
+    retry_period_seconds: float = Field(
+        default=2.0, gt=0, description="between tries to take or renew (< renew deadline)"
+    )
+    identity: str | None = Field(
+        default=None,
+        description="this replica in the Lease; unset: POD_NAME or host name, pid, random",
+    )
+
+    @model_validator(mode="after")
+    def _timing(self) -> KubeSettings:
+        self.lease_timing()  # the three durations must nest
+        return self
+
+    def lease_timing(self) -> Timing:
+        return Timing(
+            self.lease_duration_seconds, self.renew_deadline_seconds, self.retry_period_seconds
+        )
 
 
 REAL_OPTIONS = frozenset(KubeSettings.model_fields)
@@ -80,7 +117,8 @@ def kube_settings(options: Mapping[str, Any]) -> KubeSettings:
         return KubeSettings(**options)
     except ValidationError as e:
         first = e.errors()[0]
-        raise UserError(f"operator option {first['loc'][0]}: {first['msg']}") from None
+        where = f" {first['loc'][0]}" if first["loc"] else ""
+        raise UserError(f"operator option{where}: {first['msg']}") from None
 
 
 def _kubeconfig(conf: KubeSettings) -> Path | None:
@@ -134,6 +172,7 @@ class RealOperator:
         conf: KubeSettings | None = None,
         on_step: StepHook | None = None,
         retry_s: float = 5.0,
+        leader: LeaseElector | None = None,
     ) -> None:
         if env is None and not (conf and conf.follow_real):
             raise UserError("the real operator needs an env, or follow_real")
@@ -149,6 +188,19 @@ class RealOperator:
         self.active: str | None = None
         self.current: EnvReconciler | None = None
         self._changed = asyncio.Event()
+        #: the lease this replica must hold to act (None: no leader election)
+        self.leader = leader
+        if leader is not None:
+            leader.subscribe(self._changed.set)
+
+    def leads(self) -> bool:
+        return self.leader is None or self.leader.held()
+
+    def _platform(self) -> Platform:
+        """The cluster, fenced by the lease: no write once it is lost."""
+        if self.leader is None:
+            return self.kube
+        return FencedPlatform(self.kube, self.leader.held)
 
     def target(self, envs: Mapping[str, EnvAnnouncement]) -> str | None:
         """The env to act for: the real one (follow_real), or ours while it is real."""
@@ -169,7 +221,8 @@ class RealOperator:
                 ready.set()
             while not stop.is_set():
                 self._changed.clear()
-                want = self.target(watcher.envs)
+                leads = self.leads()
+                want = self.target(watcher.envs) if leads else None
                 if task is not None and task.done():
                     failed = not task.cancelled() and task.exception() is not None
                     if failed:
@@ -183,21 +236,23 @@ class RealOperator:
                     task, self.active, self.current = None, None, None
                 if want != self.active:
                     if task is not None:
-                        await self._stop(task, inner_stop, watcher.envs)
+                        await self._stop(task, inner_stop, watcher.envs, lost=not leads)
                         task, self.current = None, None
                     self.active = want
                     if want is None:
-                        log.warning(
-                            "no env is real for this operator now%s: it leaves the cluster alone",
-                            "" if self.follow_real else f" ({self.env} is not real)",
-                        )
+                        if leads:  # else the lease says who acts, and the elector said it
+                            log.warning(
+                                "no env is real for this operator now%s: it leaves the "
+                                "cluster alone",
+                                "" if self.follow_real else f" ({self.env} is not real)",
+                            )
                     else:
                         inner_stop = asyncio.Event()
                         self.current = EnvReconciler(
                             self.settings,
                             want,
                             self.dsn,
-                            self.kube,
+                            self._platform(),
                             resync_s=self.conf.resync_seconds,
                             watch_timeout_s=self.conf.watch_timeout_seconds,
                             on_step=self.on_step,
@@ -216,19 +271,30 @@ class RealOperator:
                 await self._wait(waits, self._changed.wait(), stop=stop)
         finally:
             if task is not None:
-                await self._stop(task, inner_stop, watcher.envs)
+                await self._stop(task, inner_stop, watcher.envs, why="the operator stops")
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
 
     async def _stop(
-        self, task: asyncio.Task[None], stop: asyncio.Event, envs: Mapping[str, EnvAnnouncement]
+        self,
+        task: asyncio.Task[None],
+        stop: asyncio.Event,
+        envs: Mapping[str, EnvAnnouncement],
+        *,
+        lost: bool = False,
+        why: str | None = None,
     ) -> None:
         env = self.active
         stop.set()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+        if lost:
+            why = "this replica lost the operator's lease"
+        if why is not None:
+            log.warning("env %s: %s; it stopped touching the cluster", env, why)
+            return
         announced = envs.get(env or "")
         now = "gone" if announced is None else f"now {announced.mode.value}"
         log.warning(
@@ -266,14 +332,52 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     api, namespace = await connect(conf)
     async with api:
         kube = KubeApi(api, adapter, namespace)
+        leader = None
+        if conf.leader_elect:
+            leader = LeaseElector(
+                api,
+                namespace,
+                name=conf.lease_name,
+                identity=conf.identity,
+                timing=conf.lease_timing(),
+            )
         operator = RealOperator(
             ctx.settings,
             ctx.pg_dsn,
             kube,
             env=None if conf.follow_real else ctx.env,
             conf=conf,
+            leader=leader,
         )
-        await operator.run(ctx.stop, ctx.ready)
+        await run_elected(operator, leader, ctx.stop, ctx.ready)
 
 
-__all__ = ["REAL_OPTIONS", "KubeSettings", "RealOperator", "connect", "kube_settings", "run"]
+async def run_elected(
+    operator: RealOperator,
+    leader: LeaseElector | None,
+    stop: asyncio.Event,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """The operator, acting only while ``leader`` holds the lease (None: at once). The
+    lease is released only after the operator has stopped acting."""
+    if leader is None:
+        await operator.run(stop, ready)
+        return
+    campaign_stop = asyncio.Event()
+    campaign = asyncio.create_task(leader.run(campaign_stop), name="operator.lease")
+    try:
+        await operator.run(stop, ready)
+    finally:
+        campaign_stop.set()
+        await campaign
+
+
+__all__ = [
+    "REAL_OPTIONS",
+    "KubeSettings",
+    "RealOperator",
+    "connect",
+    "kube_settings",
+    "run",
+    "run_elected",
+]

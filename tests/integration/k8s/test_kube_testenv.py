@@ -504,8 +504,21 @@ async def test_operator_rbac_is_least_privilege(
             ),
         )
 
+        # Leader election: its Lease, read, created, renewed (update); never deleted.
+        leases = client.CoordinationV1Api(sa)
+        lease = client.V1Lease(
+            metadata=client.V1ObjectMeta(name="dlrover-events-operator"),
+            spec=client.V1LeaseSpec(holder_identity="op-a", lease_duration_seconds=15),
+        )
+        await leases.create_namespaced_lease(namespace, lease)
+        got = await leases.read_namespaced_lease("dlrover-events-operator", namespace)
+        got.spec.holder_identity = "op-b"
+        await leases.replace_namespaced_lease("dlrover-events-operator", namespace, got)
+
         # Denied: secrets, configmaps (the gateway's), other namespaces, anything else.
         denied: list[Callable[[], Awaitable[Any]]] = [
+            lambda: leases.delete_namespaced_lease("dlrover-events-operator", namespace),
+            lambda: leases.list_namespaced_lease(other),
             lambda: core.read_namespaced_secret("db", namespace),
             lambda: core.list_namespaced_secret(namespace),
             lambda: core.read_namespaced_config_map("cfg", namespace),
