@@ -650,14 +650,15 @@ async def test_prod_overlay_gives_tokens_to_operator_and_gateway_only(
 ) -> None:
     docs = _kustomize("prod")
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds.count("Deployment") == 3
+    assert kinds.count("Deployment") == 4  # brain, operator, gateway, watchdog
     assert "CustomResourceDefinition" in kinds
     namespace = await create_namespace(api)
     await _create_all(api, namespace, [d for d in docs if _namespaced(d)])
     deployments = _deployments(docs)
-    brain = deployments["dlrover-events-brain"]["spec"]["template"]["spec"]
-    assert brain["automountServiceAccountToken"] is False
-    assert "serviceAccountName" not in brain
+    for tokenless in ("brain", "watchdog"):
+        pod = deployments[f"dlrover-events-{tokenless}"]["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert "serviceAccountName" not in pod
     for service in ("operator", "gateway"):
         pod = deployments[f"dlrover-events-{service}"]["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == f"dlrover-events-{service}"
