@@ -19,6 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from pydantic import TypeAdapter, ValidationError
@@ -156,6 +157,9 @@ class BrainProcessor:
         #: and what still comes for them is ignored, as a finished job's state would
         self.finished: dict[str, int] = {}
         self._evict: set[str] = set()
+        #: the latest event time decided: retention's clock, so a virtual env replaying
+        #: last year prunes by its own time, and a restart by the same as a live run
+        self.event_time: datetime | None = None
 
     # -- partitions ---------------------------------------------------------------------
 
@@ -164,7 +168,8 @@ class BrainProcessor:
         jobs' states in the order they finished: the newest are remembered)."""
         self.finished.update(loaded.finished)
         for job_uuid, (partition, state) in loaded.states.items():
-            self._remember(state)
+            if state.pruned_at is None:  # a pruned job's tombstone has nothing to teach
+                self._remember(state)
             if state.status in FINISHED:
                 self.finished[job_uuid] = partition
                 continue
@@ -298,6 +303,9 @@ class BrainProcessor:
         if not isinstance(event, SampleRead | JobEvent):
             self.counters.ignored += 1
             return
+        at = event.occurred_at
+        if self.event_time is None or at > self.event_time:
+            self.event_time = at
         job_uuid = event.job.uuid
         if job_uuid in self.finished:
             self.counters.ignored += 1  # a late report of a finished job decides nothing
@@ -392,6 +400,13 @@ class BrainProcessor:
             return
         jobs = self._history.setdefault(state.job.scenario, deque(maxlen=HISTORY_PER_SCENARIO))
         jobs.append(state)
+
+    def forget(self, job_uuids: Iterable[str]) -> None:
+        """Finished jobs whose tombstones retention deleted: an event of theirs is now
+        one of an unknown job (see `streams.brain.retention`)."""
+        for job_uuid in job_uuids:
+            if job_uuid not in self.states:  # (finished jobs only; a live one stays)
+                self.finished.pop(job_uuid, None)
 
     # -- checkpoints --------------------------------------------------------------------
 

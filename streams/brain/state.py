@@ -236,6 +236,9 @@ class JobState(Model):
         default=None, description="knobs an accepted plan asked for, not confirmed by the job"
     )
     last_event_id: str | None = None
+    #: set when retention pruned the finished job (streams/brain/retention.py): what is
+    #: left is who it was and when it ended, so that its late events stay ignored
+    pruned_at: datetime | None = None
 
     # -- views optimizers share -------------------------------------------------------
 

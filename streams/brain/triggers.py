@@ -45,6 +45,25 @@ FINISHED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED})
 
 
 @dataclass(frozen=True)
+class Retention:
+    """How long a finished job is kept (streams/brain/retention.py).
+
+    `after_s` after it finished, its state is cut to a tombstone (who it was, when it
+    ended) and its sample chunks are deleted; the tombstone keeps its late events ignored
+    instead of starting a new job. Tombstones have a bound of their own: deleted
+    `tombstone_s` later, and only the newest `max_tombstones` of a brain's partitions are
+    kept; an event of a job whose tombstone is gone starts a new state, as any event of
+    an unknown job does. The default `after_s` is the history optimizers' 7 days.
+    """
+
+    after_s: float = 7 * 86400
+    tombstone_s: float = 30 * 86400
+    max_tombstones: int = 100_000
+    #: the least time between two prunes of one brain
+    every_s: float = 300
+
+
+@dataclass(frozen=True)
 class Policy:
     """How often the brain decides, and the limits its planner applies."""
 
@@ -67,6 +86,8 @@ class Policy:
     #: the tick's barrier on every input partition, so what a tick's decisions saw does
     #: not depend on how the partitions' records arrived.
     lockstep: bool = False
+    #: pruning of finished jobs; None: kept for as long as the env lives
+    retention: Retention | None = Retention()
 
     @classmethod
     def from_settings(cls, raw: Any) -> Policy:
@@ -83,6 +104,14 @@ class Policy:
         limits = None
         if parsed.limits is not None:
             limits = replace(Limits(), **parsed.limits.model_dump(exclude_none=True))
+        retention = None
+        if parsed.retention_s is not None:
+            retention = Retention(
+                after_s=parsed.retention_s,
+                tombstone_s=parsed.tombstone_s,
+                max_tombstones=parsed.max_tombstones,
+                every_s=parsed.prune_every_s,
+            )
         return cls(
             sample_every=parsed.sample_every,
             running_every=parsed.running_every,
@@ -90,6 +119,7 @@ class Policy:
             job_config=dict(parsed.job_config),
             cluster_gpus=parsed.cluster_gpus,
             lockstep=parsed.lockstep,
+            retention=retention,
         )
 
 
@@ -118,6 +148,24 @@ class BrainSettings(Model):
     lockstep: bool = Field(
         default=False, description="decide whole ticks of a virtual env's simulated clock"
     )
+    retention_s: float | None = Field(
+        default=Retention.after_s,
+        gt=0,
+        le=100 * 365 * 86400,
+        description="prune a finished job's state and samples this long after it ended "
+        "(null: keep them)",
+    )
+    tombstone_s: float = Field(
+        default=Retention.tombstone_s,
+        ge=0,
+        le=100 * 365 * 86400,
+        description="how long a pruned job's id is kept after pruning, so that its late "
+        "events are ignored",
+    )
+    max_tombstones: int = Field(
+        default=Retention.max_tombstones, ge=0, description="pruned job ids kept per brain"
+    )
+    prune_every_s: float = Field(default=Retention.every_s, gt=0, le=86400)
 
 
 @dataclass(frozen=True)
