@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -33,6 +34,7 @@ from typing import Any
 from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.bus import Consumer, Producer, Received
+from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.topics import SCALE_PLANS
@@ -110,8 +112,11 @@ class EnvReconciler:
         watch_timeout_s: int = 60,
         retry_s: float = 2.0,
         on_step: StepHook | None = None,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self.settings = settings
+        #: plans answered by status, and how long from reading each to its result
+        self.metrics = metrics
         self.env = env
         self.dsn = dsn
         self.kube = api
@@ -378,10 +383,11 @@ class EnvReconciler:
     # -- plans ----------------------------------------------------------------------------
 
     async def _handle(self, batch: list[Received]) -> None:
+        read_at = time.monotonic()
         for item in batch:
             if isinstance(item.event, ScalePlan):
                 try:
-                    await self._answer(item.event)
+                    await self._answer(item.event, read_at)
                 except NotLeader as e:
                     # Neither answered nor dead-lettered: this replica's reconciler is
                     # being stopped, and the new leader's consumer gets the plan again.
@@ -390,7 +396,9 @@ class EnvReconciler:
                     )
                     await asyncio.Future()  # parked until the operator cancels us
 
-    async def _answer(self, plan: ScalePlan) -> None:
+    async def _answer(self, plan: ScalePlan, read_at: float) -> None:
+        """Apply the plan once (or answer it as the first time), then publish its result;
+        ``read_at``: when its batch was read (monotonic), for the apply latency."""
         assert self._ledger is not None
         earlier = await self._ledger.answer(plan.plan_id)
         if earlier is not None:
@@ -443,6 +451,8 @@ class EnvReconciler:
             ],
             dedupe=False,
         )
+        if self.metrics is not None:
+            self.metrics.answered(outcome.status.value, time.monotonic() - read_at)
 
     async def _observed(self, plan: ScalePlan) -> dict[str, dict[str, int]]:
         found = await self._find(plan)

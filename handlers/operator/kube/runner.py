@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client, config
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.control import EnvWatcher
 from dlrover_events.errors import UserError
+from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from handlers.operator.kube.adapter import adapter_for
@@ -159,6 +163,39 @@ def _pod_namespace() -> str:
     return SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists() else "default"
 
 
+class EnvMetrics(Collector):
+    """The OperatorMetrics of each env an operator acted for, served as one collector of
+    ``registry``: an operator that follows promotions acts for several envs in one
+    process, and OperatorMetrics declares its families once per registry, so each env
+    gets a registry of its own and a scrape sees one family per name, a series per env."""
+
+    def __init__(self, registry: CollectorRegistry, platform: str) -> None:
+        self.platform = platform
+        self._envs: dict[str, tuple[CollectorRegistry, OperatorMetrics]] = {}
+        registry.register(self)
+
+    def of(self, env: str) -> OperatorMetrics:
+        if env not in self._envs:
+            own = CollectorRegistry()
+            self._envs[env] = (own, OperatorMetrics(own, env, self.platform))
+        return self._envs[env][1]
+
+    def describe(self) -> list[Metric]:
+        return []  # which envs come is known only as they do
+
+    def collect(self) -> list[Metric]:
+        families: dict[str, Metric] = {}
+        for own, _ in self._envs.values():
+            for family in own.collect():
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                merged.samples.extend(family.samples)
+        return list(families.values())
+
+
 class RealOperator:
     """Runs an EnvReconciler for the env that should have the cluster now, only that one."""
 
@@ -173,6 +210,7 @@ class RealOperator:
         on_step: StepHook | None = None,
         retry_s: float = 5.0,
         leader: LeaseElector | None = None,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         if env is None and not (conf and conf.follow_real):
             raise UserError("the real operator needs an env, or follow_real")
@@ -188,6 +226,7 @@ class RealOperator:
         self.active: str | None = None
         self.current: EnvReconciler | None = None
         self._changed = asyncio.Event()
+        self.metrics = EnvMetrics(metrics, "kubernetes") if metrics is not None else None
         #: the lease this replica must hold to act (None: no leader election)
         self.leader = leader
         if leader is not None:
@@ -256,6 +295,7 @@ class RealOperator:
                             resync_s=self.conf.resync_seconds,
                             watch_timeout_s=self.conf.watch_timeout_seconds,
                             on_step=self.on_step,
+                            metrics=self.metrics.of(want) if self.metrics is not None else None,
                         )
                         task = asyncio.create_task(
                             self.current.run(inner_stop), name=f"{want}.operator.real"
@@ -348,6 +388,7 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
             env=None if conf.follow_real else ctx.env,
             conf=conf,
             leader=leader,
+            metrics=ctx.metrics,
         )
         await run_elected(operator, leader, ctx.stop, ctx.ready)
 
@@ -374,6 +415,7 @@ async def run_elected(
 
 __all__ = [
     "REAL_OPTIONS",
+    "EnvMetrics",
     "KubeSettings",
     "RealOperator",
     "connect",

@@ -25,6 +25,7 @@ from dlrover_events.bus import Producer
 from dlrover_events.config_client import TOKEN_ENV, URL_ENV
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings
@@ -150,7 +151,13 @@ async def run(
     )
     ctx.endpoints["local platform"] = f"{root} (memory limits: {enforcement.value})"
     reconciler = EnvReconciler(
-        ctx.settings, ctx.env, ctx.pg_dsn, cluster, resync_s=conf.resync_seconds, on_step=on_step
+        ctx.settings,
+        ctx.env,
+        ctx.pg_dsn,
+        cluster,
+        resync_s=conf.resync_seconds,
+        on_step=on_step,
+        metrics=OperatorMetrics(ctx.metrics, ctx.env, "local"),
     )
     await cluster.start()
     store = await EnvStore.open(ctx.pg_dsn, ctx.env, max_size=2)

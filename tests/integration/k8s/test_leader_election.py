@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
 
 from dlrover_events.bus import Producer
 from dlrover_events.envs import EnvRegistry
@@ -284,7 +285,10 @@ async def test_a_leader_that_loses_its_lease_stops_acting_at_once(
         }
     )
     leader = LeaseElector(api, namespace, identity="op-x", timing=conf.lease_timing())
-    operator = RealOperator(settings, pg_dsn, cluster.kube, env=real.name, conf=conf, leader=leader)
+    registry = CollectorRegistry(auto_describe=True)
+    operator = RealOperator(
+        settings, pg_dsn, cluster.kube, env=real.name, conf=conf, leader=leader, metrics=registry
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(run_elected(operator, leader, stop))
 
@@ -318,6 +322,11 @@ async def test_a_leader_that_loses_its_lease_stops_acting_at_once(
         assert result.status is ScaleStatus.APPLIED, result.reason
         assert result.occurred_at >= back, "applied only once op-x held the lease again"
         await until(lambda: cluster.workers_running(name, 2), "2 workers")
+        # The operator's metrics: the plan answered once, applied, with its latency.
+        labels = {"env": real.name, "platform": "kubernetes"}
+        get = registry.get_sample_value
+        assert get("dlrover_events_operator_plans_total", {**labels, "status": "applied"}) == 1
+        assert get("dlrover_events_operator_apply_duration_seconds_count", labels) == 1
     finally:
         stop.set()
         await asyncio.wait_for(task, 120)
