@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_RATE
 from schemas.jobs import JobMeta
@@ -65,3 +66,41 @@ def test_state_json_is_pydantics_json_and_reads_back(items: list[Sample], scenar
 def test_a_state_without_samples() -> None:
     state = JobState(env="prod", job=JobMeta(uuid="job-1"))
     assert json.loads(state_json(state)) == json.loads(state.model_dump_json())
+
+
+_BAD_SAMPLE_VALUES = {
+    "speed": ["NaN", "Infinity", "-1", "-0.5", "1e400", "true"],
+    "samples_per_s": ["NaN", "-1", "-Infinity"],
+    "global_step": ["NaN", "-1", "1.5", "9223372036854775808", "true"],
+}
+
+
+@given(
+    st.sampled_from(sorted(_BAD_SAMPLE_VALUES)).flatmap(
+        lambda name: st.tuples(st.just(name), st.sampled_from(_BAD_SAMPLE_VALUES[name]))
+    )
+)
+def test_a_state_with_a_sample_the_contract_refuses_does_not_read_back(
+    bad: tuple[str, str],
+) -> None:
+    """What the fast sample read refuses (NaN, negative or infinite speeds and steps), a
+    state's samples refuse too: a state file or checkpoint cannot bring them in."""
+    name, raw = bad
+    state = JobState(env="prod", job=JobMeta(uuid="job-1"))
+    read = SampleRead(
+        env="prod",
+        job=JobRef(uuid="job-1"),
+        occurred_at=datetime(2026, 1, 1, tzinfo=UTC),
+        sample=Sample(event_id="s-1", at=datetime(2026, 1, 1, tzinfo=UTC), global_step=1),
+    )
+    folded = fold(state, read)
+    assert folded is not None
+    doc = json.loads(state_json(folded))
+    doc["samples"][0][name] = "__BAD__"
+    text = json.dumps(doc).replace('"__BAD__"', raw)
+    try:
+        JobState.model_validate_json(text)
+    except ValidationError as err:
+        assert "samples" in str(err)
+    else:
+        raise AssertionError(f"a sample with {name} {raw} was read back")

@@ -148,3 +148,22 @@ def test_any_state_within_bounds_and_any_parameter_plans_or_says_why_in_one_line
         for group in plan["node_group_resources"].values():
             assert group["count"] <= MAX_REPLICAS
         assert len(plan["launch_nodes"]) <= MAX_REPLICAS
+
+
+@pytest.mark.parametrize("number", ["Infinity", "-Infinity", "NaN", "1e400", "-1e400"])
+@pytest.mark.parametrize("where", ["roles.ps.cpu", "nodes.ps-0.cpu", "peaks.ps-0.cpu"])
+def test_an_infinite_cpu_in_a_state_file_is_one_line_not_an_overflow(
+    where: str, number: str
+) -> None:
+    doc = _state()
+    *path, last = where.split(".")
+    target = doc
+    for part in path:
+        target = target[part]
+    target[last] = "__NUMBER__"
+    text = json.dumps(doc).replace('"__NUMBER__"', number)
+    with pytest.raises(UserError) as caught:
+        parse_state(text)
+    message = str(caught.value)
+    assert "\n" not in message and where in message
+    assert "OverflowError" not in message
