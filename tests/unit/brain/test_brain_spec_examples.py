@@ -127,3 +127,41 @@ def test_ps_oom_doubles_the_ps_count_at_most_to_15() -> None:
     proposal = run("ps-oom", job)
     assert proposal is not None
     assert proposal.resource.node_group_resources[PS].count == 15
+
+
+def test_optimize_at_create_runs_the_ps_create_example_and_applies_the_limits() -> None:
+    # the spec's PS create example through `optimize`: routed (create: worker-create and
+    # ps-create merged), then the limits: 1680 B is below the 6 GiB a node gets at least
+    rows1 = [
+        [use(PS, 0, cpu=12, memory=1000), use(PS, 1, cpu=10, memory=1200)],
+        [use(PS, 0, cpu=10, memory=1200), use(PS, 1, cpu=14, memory=1400)],
+    ]
+    rows2 = [
+        [use(PS, 0, cpu=6, memory=500), use(PS, 1, cpu=16, memory=600)],
+        [use(PS, 0, cpu=5, memory=600), use(PS, 1, cpu=16, memory=700)],
+    ]
+    history = [completed("h1", rows1), completed("h2", rows2)]
+    out = dry_run(parse_state(state(distribution="ps").model_dump_json()), T0, history=history)
+    assert out["stage"] == "create" and out["optimizers"] == ["ps-create"]
+    wanted = out["optimize_plan"]["resource"]["node_group_resources"][PS]
+    assert (wanted["count"], wanted["node_resource"]["cpu"]) == (2, 20)
+    assert wanted["node_resource"]["memory"] == 1680
+    planned = out["scale_plan"]["node_group_resources"][PS]
+    assert (planned["count"], planned["node_resource"]["cpu"]) == (2, 20)
+    assert planned["node_resource"]["memory"] == 6 * GiB
+    assert out["scale_plan"]["launch_nodes"] == []  # no node known yet: the group only
+
+
+def test_optimize_hot_ps_with_zero_workers_plans_32_cores() -> None:
+    row = [use(PS, 0, cpu=7.5, memory=GiB), use(PS, 1, cpu=2, memory=GiB)]
+    job = state(
+        distribution="ps",
+        stage="running",
+        roles={PS: RoleResources(replicas=2, cpu=8, memory=10 * GiB)},
+        nodes=nodes(node(PS, 0, cpu=8, memory=10 * GiB), node(PS, 1, cpu=8, memory=10 * GiB)),
+        samples=samples([row] * 3),
+    )
+    out = dry_run(parse_state(job.model_dump_json()), T0)
+    assert out["optimizers"] == ["hot-ps"]
+    migrated = {m["node"]["id"]: m["resource"]["cpu"] for m in out["scale_plan"]["migrate_nodes"]}
+    assert migrated == {0: 32, 1: 9}
