@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,8 @@ from schemas.plans import ScaleResult, ScaleStatus
 from streams.ab.arms import Arm
 from streams.ab.report import compare
 from streams.ab.runner import ABTest, Cluster
-from streams.ab.summary import build_summary, write_summary
+from streams.ab.summary import SCHEMA_VERSION, build_summary, write_summary
+from tests.conftest import cli_environ
 
 pytestmark = pytest.mark.integration
 
@@ -90,25 +94,44 @@ async def test_same_settings_give_the_same_result_and_arms_are_isolated(
             await registry.delete(f"ab-{test.run_id}-{suffix}")
 
 
-async def test_the_arms_envs_are_deleted_after_the_run(
+async def test_ab_run_writes_its_verdict_as_json_beside_the_report(
     settings: Settings, pg_dsn: str, tmp_path: Path
 ) -> None:
+    """The command a user (or a CI job) runs: summary.json is there, parses, and names the
+    run, so a script can gate on the verdict; the arms' envs are deleted after the run."""
     trace = tmp_path / "one.csv"
     trace.write_text("name,time,application,num_replicas,batch_size\nncf-0,5,ncf,1,32768\n")
-    static = {"brain": False}
-    test = ABTest(
-        settings,
-        pg_dsn,
-        [Arm("x", static), Arm("y", static)],
-        trace=trace,
-        cluster=Cluster(nodes=1, gpus_per_node=4, speed=None),
-        timeout_s=300,
-        poll_s=0.5,
+    static = tmp_path / "static.yaml"
+    static.write_text("brain: false\n")
+    out = tmp_path / "report"
+    cli = str(Path(sys.executable).parent / "dlrover-events")
+    arms = ["--arm", f"x={static}", "--arm", f"y={static}"]
+    cluster = ["--nodes", "1", "--gpus", "4", "--speed", "max", "--timeout", "240"]
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [cli, "ab", "run", "--trace", str(trace), *arms, *cluster, "--out", str(out)],
+        env=cli_environ(settings, pg_dsn),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
-    results = await test.run()
-    assert [r.unfinished for r in results] == [0, 0]
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert (out / "ab-report.html").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schema_version"] == SCHEMA_VERSION
+    assert (summary["trace"], summary["speed"], summary["baseline"]) == (str(trace), "max", "x")
+    assert summary["cluster"] == {"nodes": 1, "gpus_per_node": 4}
+    assert summary["wall_s"] > 0
+    assert [a["name"] for a in summary["arms"]] == ["x", "y"]
+    for arm in summary["arms"]:
+        assert set(arm["jobs"]) == {"ncf-0"}
+        assert arm["mean_jct_s"] == arm["jobs"]["ncf-0"] > 0
+        assert arm["jobs_unfinished"] == 0
+        assert arm["env"] == f"ab-{summary['run_id']}-{arm['name']}"
+    assert summary["arms"][1]["verdict"] == "tie"
     names = {e.name for e in await EnvRegistry(settings, pg_dsn).list()}
-    assert not {f"ab-{test.run_id}-x", f"ab-{test.run_id}-y"} & names
+    assert not {a["env"] for a in summary["arms"]} & names
 
 
 async def test_two_arms_with_the_same_brain_settings_give_the_same_result(
