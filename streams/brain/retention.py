@@ -143,12 +143,14 @@ def _count(status: str) -> int:
 
 
 class Pruner:
-    """Retention for one brain: `await pruner.maybe_prune()` after each checkpoint.
+    """Retention for one brain: `await pruner.maybe_prune()` after each checkpoint, under
+    the lock that keeps rebalances out (the partitions it prunes are the brain's own).
 
     It prunes at most once per `Retention.every_s` (of the monotonic clock), only the
     partitions the processor has loaded (another brain owns the others), and as of the
     processor's event time (not ahead of the wall clock); it does nothing before the
-    processor has decided an event, or when the policy keeps finished jobs."""
+    processor has decided an event, or when the policy keeps finished jobs. A failure is
+    logged and tried again later, never raised: pruning must not stop checkpoints."""
 
     def __init__(self, store: EnvStore, processor: BrainProcessor) -> None:
         self.store = store
@@ -166,7 +168,16 @@ class Pruner:
             return None
         self._last = now_s
         now = min(event_time, wall or datetime.now(UTC))
-        chosen, done = await prune(self.store, self.processor.loaded, now, rules)
+        try:
+            chosen, done = await prune(self.store, self.processor.loaded, now, rules)
+        except Exception as exc:  # the next prune tries again; checkpoints go on meanwhile
+            log.warning(
+                "retention: pruning finished jobs failed, next try in %.0f s: %s: %s",
+                rules.every_s,
+                type(exc).__name__,
+                exc,
+            )
+            return None
         self.processor.forget(chosen.delete)
         self.totals = Pruned(
             self.totals.tombstones + done.tombstones, self.totals.deleted + done.deleted

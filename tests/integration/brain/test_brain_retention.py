@@ -159,3 +159,18 @@ async def test_a_restarted_brain_ignores_a_pruned_jobs_late_events(store: EnvSto
         restarted.process([Rec(TOPIC, MINE, offset, b"gone", encode(event))])
     assert "gone" not in restarted.states and restarted.counters.late == 2
     assert restarted.snapshot().states == {}  # nothing of it is written again
+
+
+async def test_a_failed_prune_is_logged_and_tried_again_not_raised(
+    store: EnvStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    processor = BrainProcessor(store.env, "g", Policy(retention=Retention(every_s=1e-9)))
+    processor.install([MINE], await BrainStore(store).load([MINE], [TOPIC], history_per_scenario=1))
+    late = JobStarted(env=store.env, job=JobMeta(uuid="j"), occurred_at=T0)
+    processor.process([Rec(TOPIC, MINE, 0, b"j", encode(late))])
+    await store.pool.execute("ALTER TABLE job_states RENAME TO job_states_away")
+    pruner = Pruner(store, processor)
+    assert await pruner.maybe_prune() is None
+    assert "retention: pruning finished jobs failed" in caplog.text
+    await store.pool.execute("ALTER TABLE job_states_away RENAME TO job_states")
+    assert await pruner.maybe_prune() == Pruned()  # the next one, once due, works
