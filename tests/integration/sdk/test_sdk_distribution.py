@@ -1,0 +1,127 @@
+"""The SDK as a light install: ``sdk/pyproject.toml`` built and installed alone into a fresh
+venv, which then reports a sample to the session's broker.
+
+The wheels it needs (its dependencies and the build backend) are kept in a wheelhouse under
+``~/.cache/dlrover-events`` (like the Kubernetes test environment), filled from the package
+index the first time or when the SDK's dependencies change; after that the build and the
+install run offline, in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlrover_events.bus import read_topic
+from dlrover_events.settings import Settings
+from dlrover_events.topics import JOB_METRICS, topic
+from schemas.codec import decode
+from schemas.jobs import RuntimeSample
+from tests.conftest import REPO, EnvFactory
+
+pytestmark = pytest.mark.integration
+
+WHEELHOUSE = Path.home() / ".cache" / "dlrover-events" / "sdk-wheelhouse"
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+#: What a training pod must not get with the SDK.
+HEAVY = ["faust", "asyncpg", "kubernetes_asyncio", "scipy", "matplotlib", "typer", "torch"]
+
+SCRIPT = r"""
+import importlib.util, json, sys
+heavy = sys.argv[1].split(",")
+assert not [m for m in heavy if importlib.util.find_spec(m)], "installed: " + str(
+    [m for m in heavy if importlib.util.find_spec(m)])
+for absent in ("streams", "handlers", "dlrover_events.store", "dlrover_events.cli"):
+    assert importlib.util.find_spec(absent) is None, absent
+from dlrover_events.sdk import JobIdentity, Reporter
+from dlrover_events.config_client import SyncConfigClient
+from dlrover_events.settings import Settings
+from schemas.jobs import JobMeta
+reporter = Reporter(
+    JobIdentity(job=JobMeta(uuid=sys.argv[3]), env=sys.argv[2]),
+    settings=Settings(bootstrap_servers=sys.argv[4]),
+    interval_s=0.05,
+    local_batch_size=8,
+).start()
+for _ in range(20):
+    reporter.step(samples=8)
+flushed = reporter.flush(20.0)
+stats = reporter.close(5.0)
+print(json.dumps({"flushed": flushed, "published": stats.published, "dropped": stats.dropped}))
+"""
+
+
+def run(cmd: list[str], timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def build_offline(out: Path) -> subprocess.CompletedProcess[str]:
+    return run([*PIP, "wheel", "-q", "--no-deps", "--no-index", "--find-links", str(WHEELHOUSE),
+                "-w", str(out), str(REPO / "sdk")])  # fmt: skip
+
+
+def install_offline(venv: Path, wheel: Path) -> subprocess.CompletedProcess[str]:
+    return run([*PIP, "--python", str(venv / "bin" / "python"), "install", "-q", "--no-index",
+                "--find-links", str(WHEELHOUSE), str(wheel)])  # fmt: skip
+
+
+def refresh_wheelhouse() -> None:
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    done = run([*PIP, "wheel", "-q", "-w", str(WHEELHOUSE), str(REPO / "sdk"), "hatchling"], 600)
+    assert done.returncode == 0, f"cannot fill the SDK's wheelhouse from the index: {done.stderr}"
+
+
+def install_and_report(tmp_path: Path, env: str, job: str, servers: str) -> dict[str, object]:
+    out, venv = tmp_path / "dist", tmp_path / "venv"
+    built = build_offline(out)
+    if built.returncode != 0:
+        refresh_wheelhouse()
+        built = build_offline(out)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = out.glob("dlrover_events_sdk-*.whl")
+    made = run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    assert made.returncode == 0, made.stderr
+    installed = install_offline(venv, wheel)
+    if installed.returncode != 0:  # the SDK's dependencies changed since the cache was filled
+        refresh_wheelhouse()
+        installed = install_offline(venv, wheel)
+    assert installed.returncode == 0, installed.stderr
+
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    python = str(venv / "bin" / "python")
+    done = subprocess.run(
+        [python, "-c", SCRIPT, ",".join(HEAVY), env, job, servers],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,  # not the repository: only what the venv holds can be imported
+        env=environ,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return stats
+
+
+async def test_the_sdk_installs_alone_and_reports(
+    tmp_path: Path, settings: Settings, make_env: EnvFactory
+) -> None:
+    env = (await make_env()).name
+    job = f"dist-{env}"
+    stats = await asyncio.to_thread(
+        install_and_report, tmp_path, env, job, settings.bootstrap_servers
+    )
+    assert stats["flushed"] and stats["dropped"] == 0
+    published = stats["published"]
+    assert isinstance(published, int) and published >= 1
+
+    records = await read_topic(settings, topic(env, JOB_METRICS), timeout_s=10)
+    samples = [e for e in (decode(r.value) for r in records) if isinstance(e, RuntimeSample)]
+    assert {s.job.uuid for s in samples} == {job}
+    assert len({s.event_id for s in samples}) == published
