@@ -48,6 +48,9 @@ MAX_DOCUMENT_VALUES = 10_000
 MAX_DOCUMENT_DEPTH = 32
 #: Bytes of one event on the bus.
 MAX_EVENT_BYTES = 1024 * 1024
+#: Bytes of one config document as JSON: its change event (the document and an
+#: envelope) must stay within an event's bound.
+MAX_CONFIG_DOCUMENT_BYTES = 512 * 1024
 
 NUL_REASON = "must not contain NUL (\\u0000): Postgres text and jsonb cannot store it"
 
@@ -71,36 +74,56 @@ Steps = Annotated[int, Field(ge=0, le=INT64_MAX)]
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 
+def json_problem(
+    value: Any,
+    *,
+    max_depth: int = MAX_DOCUMENT_DEPTH,
+    max_values: int = MAX_DOCUMENT_VALUES,
+) -> str | None:
+    """What makes a parsed JSON value one that a consumer cannot encode or store, or
+    None: more than ``max_values`` values, nesting deeper than ``max_depth``, a NUL in a
+    string or key, a number that is not finite, an integer beyond int64.
+
+    Iterative, so a value nested a thousand deep (orjson parses up to 1,024 levels but
+    encodes only 254, and Python recursion stops at about 1,000) gets this answer, not
+    a RecursionError."""
+    seen = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        seen += 1
+        if seen > max_values:
+            return f"holds more than {max_values} values"
+        if isinstance(item, str):
+            if "\x00" in item:
+                return NUL_REASON
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            if not INT64_MIN <= item <= INT64_MAX:
+                return f"integer {item} is beyond int64 [{INT64_MIN}, {INT64_MAX}]"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"number {item} is not finite"
+        elif isinstance(item, dict | list):
+            if depth > max_depth:
+                return f"nests deeper than {max_depth}"
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if isinstance(key, str) and "\x00" in key:
+                        return NUL_REASON
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)
+    return None
+
+
 def _check_document(doc: dict[str, Any]) -> dict[str, Any]:
     """A free-form JSON object every consumer can encode and store: strings without NUL,
     finite numbers, integers within int64, bounded in size and depth."""
-    seen = 0
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        seen += 1
-        if seen > MAX_DOCUMENT_VALUES:
-            raise ValueError(f"holds more than {MAX_DOCUMENT_VALUES} values")
-        if isinstance(value, str):
-            _no_nul(value)
-        elif isinstance(value, bool) or value is None:
-            continue
-        elif isinstance(value, int):
-            if not INT64_MIN <= value <= INT64_MAX:
-                raise ValueError(f"integer {value} is beyond int64 [{INT64_MIN}, {INT64_MAX}]")
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise ValueError(f"number {value} is not finite")
-        elif isinstance(value, dict | list):
-            if depth > MAX_DOCUMENT_DEPTH:
-                raise ValueError(f"nests deeper than {MAX_DOCUMENT_DEPTH}")
-            if isinstance(value, dict):
-                for key, item in value.items():
-                    if isinstance(key, str):
-                        _no_nul(key)
-                    stack.append((item, depth + 1))
-            else:
-                stack.extend((item, depth + 1) for item in value)
+    problem = json_problem(doc)
+    if problem is not None:
+        raise ValueError(problem)
     return doc
 
 

@@ -6,10 +6,11 @@ code uses the lowercase attribute names.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
+from schemas.bounds import Document
 from schemas.envelope import Event, Model
 
 Scalar = str | int | float | bool
@@ -21,7 +22,7 @@ class ConfigDocument(Model):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     include: dict[str, ConditionValue] = Field(default_factory=dict, alias="Include")
     exclude: dict[str, ConditionValue] = Field(default_factory=dict, alias="Exclude")
-    configure: dict[str, Any] = Field(default_factory=dict, alias="Configure")
+    configure: Document = Field(default_factory=dict, alias="Configure")
     priority: int = Field(default=0, description="breaks ties between equally specific docs")
     version: int = Field(default=1, ge=1, description="optimistic-concurrency version")
     updated_at: AwareDatetime | None = None

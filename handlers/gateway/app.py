@@ -7,6 +7,7 @@ an unavailable dependency (503), never bad input. Reads are answered from memory
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import re
@@ -31,9 +32,14 @@ from pydantic import ValidationError
 from dlrover_events.config_matching import MAX_KEY, Job, make_job, problems
 from dlrover_events.errors import BusUnavailable, StoreUnavailable
 from dlrover_events.tokens import Scope, Tokens
-from handlers.gateway.openapi import (
-    IF_MATCH,
+from handlers.gateway.http_rules import (
     INT32,
+    Refused,
+    body_problem,
+    check_name,
+    parse_if_match,
+)
+from handlers.gateway.openapi import (
     MAX_ETAGS,
     MAX_OPTIMIZE_BODY,
     MAX_OPTIMIZE_TIMEOUT_S,
@@ -46,6 +52,7 @@ from handlers.gateway.plan_state import Busy, PlanBook
 from handlers.gateway.plans import MAX_JOB, OptimizeBody, has_nul
 from handlers.gateway.state import GatewayState
 from handlers.gateway.store import ConfigStore, StoreError
+from schemas.bounds import MAX_CONFIG_DOCUMENT_BYTES
 from schemas.config import ConfigDocument
 from schemas.envelope import Event
 from schemas.plans import OptimizeRequest
@@ -58,7 +65,6 @@ MAX_ATTRS = 64
 MAX_LINE = 64 * 1024
 #: Query parameters of /v1/config that are not job attributes.
 RESERVED = frozenset({"wait"})
-_IF_MATCH = re.compile(IF_MATCH)
 #: RFC 3339 date-time, what the OpenAPI document's `format: date-time` promises; pydantic
 #: alone would also take "0" (a Unix time) and so accept what the document forbids.
 _DATE_TIME = re.compile(
@@ -68,6 +74,27 @@ _DATE_TIME = re.compile(
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Publishes an event and returns once the broker has it.
 Publish = Callable[[Event], Awaitable[None]]
+
+
+#: Defaults of the gateway's bounds on slow and waiting clients (GatewaySettings).
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 10.0
+MAX_CONFIG_WAITERS = 10_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what clients may hold: without them 300 clients sending their headers
+    slowly held 1,334 file descriptors for 40 s, and long-polls had no ceiling."""
+
+    #: a connection must deliver a request's headers within this long of opening, or
+    #: of its previous answer (aiohttp's keep-alive timer, which also runs on a
+    #: connection that has not sent a whole request yet)
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    #: a body must arrive whole within this long of its headers: 408 past it
+    body_timeout_s: float = BODY_TIMEOUT_S
+    #: /v1/config long-polls waiting at once: 503 past it
+    config_waiters: int = MAX_CONFIG_WAITERS
 
 
 @dataclass
@@ -81,6 +108,9 @@ class Gateway:
     registry: CollectorRegistry
     plans: PlanBook
     publish: Publish
+    limits: Limits = dataclasses.field(default_factory=Limits)
+    #: /v1/config long-polls waiting now
+    config_waiting: int = 0
 
 
 GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)
@@ -213,6 +243,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await handler(request)
     except ApiError as err:
         response = error_response(err.status, err.code, err.message, err.details, err.headers)
+    except Refused as err:
+        response = error_response(err.status, err.code, err.message)
     except StoreError as err:
         response = error_response(err.status, err.code, err.message, err.details or None)
     except web.HTTPException as err:
@@ -235,6 +267,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         log.exception("bug on %s %s", request.method, request.path)
         response = error_response(500, "internal", "internal error; see the gateway's log")
+    if response.status == 408:
+        response.force_close()  # the rest of a body that came too slowly is not awaited
     metrics = request.app[METRICS]
     metrics.requests.labels(route, request.method, str(response.status)).inc()
     metrics.latency.labels(route).observe(time.perf_counter() - started)
@@ -247,7 +281,7 @@ def _http_message(err: web.HTTPException) -> str:
     if err.status == 405:
         return f"method not allowed here; allowed: {err.headers.get('Allow', '')}"
     if err.status == 413:
-        return "request body too large"
+        return f"request body too large: at most {MAX_CONFIG_DOCUMENT_BYTES} bytes"
     return err.reason
 
 
@@ -313,11 +347,22 @@ async def get_config(request: web.Request) -> web.StreamResponse:
     seen = _etags(if_none_match)
     answer = gw.state.answer(job)
     if wait > 0 and answer.etag in seen:
+        if gw.config_waiting >= gw.limits.config_waiters:
+            raise ApiError(
+                503,
+                "too_many_waiters",
+                f"{gw.config_waiting} long-polls are waiting already, the most this gateway"
+                f" holds ({gw.limits.config_waiters}, DLROVER_EVENTS_GATEWAY_CONFIG_WAITERS);"
+                " retry without wait, or later",
+                **{"Retry-After": "1"},
+            )
         metrics = request.app[METRICS]
         metrics.waiting.inc()
+        gw.config_waiting += 1
         try:
             answer = await gw.state.wait_for_change(job, seen, wait)
         finally:
+            gw.config_waiting -= 1
             metrics.waiting.dec()
     headers = {"ETag": answer.etag, "Cache-Control": "no-cache"}
     if answer.etag in seen or "*" in seen:
@@ -358,14 +403,32 @@ def _doc_response(doc: ConfigDocument, status: int = 200) -> web.Response:
     return json_response(_doc_json(doc), status, headers)
 
 
+async def _read(request: web.Request) -> bytes:
+    """The body, within the body timeout: a client that trickles it gets a 408."""
+    limit = request.app[GATEWAY].limits.body_timeout_s
+    try:
+        async with asyncio.timeout(limit):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(
+            408,
+            "request_timeout",
+            f"the body did not arrive within {limit:g} s of the headers"
+            " (DLROVER_EVENTS_GATEWAY_BODY_TIMEOUT_S)",
+        ) from None
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    raw = await _read(request)
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as err:
         raise ApiError(400, "bad_json", f"the body is not valid JSON: {err}") from None
     if not isinstance(obj, dict):
         raise ApiError(422, "invalid_document", "the body must be a JSON object (a document)")
+    problem = body_problem(obj)
+    if problem is not None:
+        raise ApiError(422, "invalid_document", f"the document {problem}")
     return obj
 
 
@@ -396,6 +459,14 @@ def _validate(obj: dict[str, Any]) -> ConfigDocument:
         found.append(f"priority and version must be within ±{INT32}")
     if found:
         raise ApiError(422, "invalid_document", "; ".join(found), found)
+    size = len(orjson.dumps(_doc_json(doc)))
+    if size > MAX_CONFIG_DOCUMENT_BYTES:
+        raise ApiError(
+            413,
+            "request_entity_too_large",
+            f"the document is {size} bytes as JSON, more than a document's"
+            f" {MAX_CONFIG_DOCUMENT_BYTES}",
+        )
     return doc
 
 
@@ -409,13 +480,7 @@ def _expected_version(request: web.Request) -> int:
             'say which version you are changing: If-Match: "<version>" '
             "(the version field of the document you read)",
         )
-    if not _IF_MATCH.match(if_match):
-        raise ApiError(
-            400,
-            "bad_version",
-            f'If-Match must be "<version>", a positive integer; not {if_match[:40]!r}',
-        )
-    return int(if_match.removeprefix("W/").strip('"'))
+    return parse_if_match(if_match)
 
 
 async def list_documents(request: web.Request) -> web.StreamResponse:
@@ -430,7 +495,7 @@ async def create_document(request: web.Request) -> web.StreamResponse:
 
 
 async def get_document(request: web.Request) -> web.StreamResponse:
-    name = request.match_info["name"]
+    name = check_name(request.match_info["name"])
     doc = await request.app[GATEWAY].store.get(name)
     if doc is None:
         raise ApiError(404, "not_found", f"no document named {name!r}")
@@ -438,7 +503,7 @@ async def get_document(request: web.Request) -> web.StreamResponse:
 
 
 async def update_document(request: web.Request) -> web.StreamResponse:
-    name = request.match_info["name"]
+    name = check_name(request.match_info["name"])
     body = await _body(request)
     expected = _expected_version(request)
     if body.setdefault("name", name) != name:
@@ -451,14 +516,14 @@ async def update_document(request: web.Request) -> web.StreamResponse:
 
 
 async def delete_document(request: web.Request) -> web.StreamResponse:
-    name = request.match_info["name"]
+    name = check_name(request.match_info["name"])
     expected = _expected_version(request)
     version = await request.app[GATEWAY].store.delete(name, expected)
     return json_response({"name": name, "version": version, "deleted": True})
 
 
 async def document_history(request: web.Request) -> web.StreamResponse:
-    name = request.match_info["name"]
+    name = check_name(request.match_info["name"])
     entries = await request.app[GATEWAY].store.history(name)
     if not entries:
         raise ApiError(404, "not_found", f"no document named {name!r} was ever stored")
@@ -561,7 +626,7 @@ def _parse_timeout(query: dict[str, str]) -> float:
 
 
 async def _optimize_body(request: web.Request) -> OptimizeBody:
-    raw = await request.read()
+    raw = await _read(request)
     if len(raw) > MAX_OPTIMIZE_BODY:
         raise ApiError(413, "request_entity_too_large", f"the body is over {MAX_OPTIMIZE_BODY} B")
     try:
@@ -570,6 +635,9 @@ async def _optimize_body(request: web.Request) -> OptimizeBody:
         raise ApiError(400, "bad_json", f"the body is not valid JSON: {err}") from None
     if not isinstance(obj, dict):
         raise ApiError(422, "invalid_request", 'the body must be a JSON object: {"stage": ...}')
+    problem = body_problem(obj)
+    if problem is not None:
+        raise ApiError(422, "invalid_request", f"the request {problem}")
     if has_nul(obj):
         raise ApiError(422, "invalid_request", "the body holds a NUL character (\\u0000)")
     try:
@@ -634,11 +702,20 @@ async def optimize(request: web.Request) -> web.StreamResponse:
     )
 
 
-def build_app(gateway: Gateway, *, client_max_size: int = 1 << 20) -> web.Application:
+def build_app(
+    gateway: Gateway, *, client_max_size: int = MAX_CONFIG_DOCUMENT_BYTES
+) -> web.Application:
     app = web.Application(
         middlewares=[guard],
         client_max_size=client_max_size,
-        handler_args={"max_line_size": MAX_LINE, "max_field_size": MAX_LINE},
+        handler_args={
+            "max_line_size": MAX_LINE,
+            "max_field_size": MAX_LINE,
+            "keepalive_timeout": gateway.limits.header_timeout_s,
+            # how long the rest of an unread body is drained before the connection
+            # closes (after a 408 too): no longer than a body may take
+            "lingering_time": min(gateway.limits.body_timeout_s, 10.0),
+        },
     )
     app[GATEWAY] = gateway
     app[METRICS] = Metrics(gateway.registry, gateway.state, gateway.plans)

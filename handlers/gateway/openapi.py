@@ -13,15 +13,15 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from dlrover_events.config_matching import MAX_KEY
+from handlers.gateway.http_rules import IF_MATCH, INT32
 from handlers.gateway.plans import MAX_JOB, OptimizeBody
+from schemas.bounds import MAX_CONFIG_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH, MAX_DOCUMENT_VALUES
 from schemas.config import ConfigDocument
 from schemas.plans import JobPlan, OptimizePlan
 
 #: Limits the handlers enforce, stated here so the document says them too.
-INT32 = 2**31 - 1
 MAX_VALUE = 256
 MAX_ETAGS = 1024
-IF_MATCH = r'^(W/)?"?[1-9][0-9]{0,8}"?$'
 #: The job uuid the document shows as an example (the schemathesis run has that job).
 JOB_EXAMPLE = "0b9e7d2c-5f4a-4c61-9a57-3d2f8e1b6a40"
 #: Longest long-poll (?wait=) of /v1/config and a job's plan; proxies commonly cut idle
@@ -49,11 +49,14 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "no token, or an unknown or revoked one",
         403: "a token of another env, or without the needed scope",
         404: "no such document (or job)",
+        408: "the body did not arrive within the body timeout",
         409: "the version is not the current one, or the name exists",
+        412: "If-Match holds a weak entity tag, which never matches",
         413: "body too large",
         422: "the document does not validate",
         428: "the version being changed was not given",
-        503: "a dependency (bus, Postgres) is unavailable, or the index is not ready",
+        503: "a dependency (bus, Postgres) is unavailable, the index is not ready, or too"
+        " many long-polls are waiting (Retry-After)",
         504: "no answer in time",
     }
     return {str(c): {**_json(_ref("Error"), why[c])} for c in codes}
@@ -80,7 +83,10 @@ def _document_schemas() -> dict[str, Any]:
     doc["description"] = (
         "A config document. Include: every condition must hold; Exclude: none may hold; a"
         " list means any of; attribute names compare case-insensitively. `version` and"
-        " `updated_at` are assigned by the server."
+        " `updated_at` are assigned by the server. Bounds (422/413 past them, the bound in"
+        f" the message): at most {MAX_DOCUMENT_VALUES} values, nested at most"
+        f" {MAX_DOCUMENT_DEPTH} deep in Configure, integers within int64, no NUL, and"
+        f" {MAX_CONFIG_DOCUMENT_BYTES} bytes as JSON."
     )
     return {"ConfigDocument": doc, "DocumentUpdate": update}
 
@@ -120,7 +126,8 @@ def openapi_document() -> dict[str, Any]:
         "name": "If-Match",
         "in": "header",
         "required": True,
-        "description": 'the version being changed, as "<n>" (the ETag of the document)',
+        "description": 'the version being changed, as a quoted strong entity tag "<n>" (the'
+        " document's ETag; RFC 9110 8.8.3): a bare number is a 400, a weak tag a 412",
         "schema": {"type": "string", "pattern": IF_MATCH},
     }
     config_params: list[dict[str, Any]] = [
@@ -313,7 +320,7 @@ def openapi_document() -> dict[str, Any]:
                             "content": {"application/json": {"schema": _ref("OptimizePlan")}},
                         },
                         "409": _json(_ref("Error"), "the job has finished"),
-                        **_errors(400, 401, 403, 404, 413, 422, 503, 504),
+                        **_errors(400, 401, 403, 404, 408, 413, 422, 503, 504),
                     },
                 },
             },
@@ -335,7 +342,7 @@ def openapi_document() -> dict[str, Any]:
                     },
                     "responses": {
                         "201": {**doc_response, "description": "created"},
-                        **_errors(400, 401, 403, 409, 413, 422, 503),
+                        **_errors(400, 401, 403, 408, 409, 413, 422, 503),
                     },
                 },
             },
@@ -344,7 +351,7 @@ def openapi_document() -> dict[str, Any]:
                 "get": {
                     **admin,
                     "summary": "one document",
-                    "responses": {"200": doc_response, **_errors(401, 403, 404, 503)},
+                    "responses": {"200": doc_response, **_errors(400, 401, 403, 404, 503)},
                 },
                 "put": {
                     **admin,
@@ -356,7 +363,7 @@ def openapi_document() -> dict[str, Any]:
                     },
                     "responses": {
                         "200": {**doc_response, "description": "updated"},
-                        **_errors(400, 401, 403, 404, 409, 413, 422, 428, 503),
+                        **_errors(400, 401, 403, 404, 408, 409, 412, 413, 422, 428, 503),
                     },
                 },
                 "delete": {
@@ -365,7 +372,7 @@ def openapi_document() -> dict[str, Any]:
                     "parameters": [if_match],
                     "responses": {
                         "200": _json(_ref("Deleted"), "deleted"),
-                        **_errors(400, 401, 403, 404, 409, 428, 503),
+                        **_errors(400, 401, 403, 404, 409, 412, 428, 503),
                     },
                 },
             },
@@ -376,7 +383,7 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "every version of a document, deletions included",
                     "responses": {
                         "200": _json(_ref("History"), "oldest first"),
-                        **_errors(401, 403, 404, 503),
+                        **_errors(400, 401, 403, 404, 503),
                     },
                 },
             },

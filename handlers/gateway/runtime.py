@@ -27,7 +27,14 @@ from dlrover_events.settings import Settings
 from dlrover_events.store import create_pool, env_schema, prepare_env
 from dlrover_events.tokens import Scope, Tokens, hash_token
 from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
-from handlers.gateway.app import Gateway, build_app
+from handlers.gateway.app import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    MAX_CONFIG_WAITERS,
+    Gateway,
+    Limits,
+    build_app,
+)
 from handlers.gateway.plan_state import MAX_JOBS, MAX_WAITERS, PlanBook
 from handlers.gateway.plans import read_record
 from handlers.gateway.state import GatewayState
@@ -74,6 +81,21 @@ class GatewaySettings(BaseSettings):
     )
     plan_poll_ms: int = Field(
         default=100, ge=10, le=5000, description="longest fetch wait on the plan topics"
+    )
+    header_timeout_s: float = Field(
+        default=HEADER_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="a connection is closed when it has not sent a request's headers this"
+        " long after it opened or after its last answer (slow or idle clients)",
+    )
+    body_timeout_s: float = Field(
+        default=BODY_TIMEOUT_S, gt=0, le=3600, description="a body slower than this is a 408"
+    )
+    config_waiters: int = Field(
+        default=MAX_CONFIG_WAITERS,
+        ge=0,
+        description="/v1/config long-polls waiting at once; past it a 503 with Retry-After",
     )
 
 
@@ -139,6 +161,11 @@ class GatewayServer(AsyncResource):
                 CollectorRegistry(),
                 self.plans,
                 producer.publish,
+                Limits(
+                    header_timeout_s=self.conf.header_timeout_s,
+                    body_timeout_s=self.conf.body_timeout_s,
+                    config_waiters=self.conf.config_waiters,
+                ),
             )
             self._tasks.append(asyncio.create_task(self._follow(), name="gateway-follow"))
             for feed in self._plan_feeds:

@@ -71,7 +71,7 @@ async def test_create_read_update_delete_with_versions(gw: Running) -> None:
 
     status, body, _ = await call(gw, "DELETE", path, headers=gw.as_admin)
     assert status == 428
-    status, body, _ = await call(gw, "DELETE", path, headers={**gw.as_admin, "If-Match": "1"})
+    status, body, _ = await call(gw, "DELETE", path, headers={**gw.as_admin, "If-Match": '"1"'})
     assert status == 409
     status, body, _ = await call(gw, "DELETE", path, headers={**gw.as_admin, "If-Match": '"2"'})
     assert (status, body) == (200, {"name": "user1-group2", "version": 3, "deleted": True})
@@ -202,7 +202,7 @@ async def test_bad_input_is_a_clear_4xx(gw: Running) -> None:
         ("POST", "/v1/documents", {"json": {"name": "x", "Configure": {"k": "a\u0000"}}}, 422),
         ("POST", "/v1/documents", {"json": {"name": "x", "extra": 1}}, 422),
         ("POST", "/v1/documents", {"json": {"name": "x", "priority": 2**40}}, 422),
-        ("PUT", "/v1/documents/x", {"json": {"name": "y"}, "headers": {"If-Match": "1"}}, 400),
+        ("PUT", "/v1/documents/x", {"json": {"name": "y"}, "headers": {"If-Match": '"1"'}}, 400),
         ("PUT", "/v1/documents/x", {"json": {}, "headers": {"If-Match": '"1"'}}, 404),
         ("PUT", "/v1/documents/x", {"json": {}}, 428),
         ("PUT", "/v1/documents/x", {"json": {}, "headers": {"If-Match": "one"}}, 400),

@@ -35,7 +35,7 @@ async def test_every_change_is_on_the_compacted_topic_keyed_by_name(
     doc = {"name": "k", "Configure": {"a": 1}}
     r = await gw.http.post(gw.url + "/v1/documents", json=doc, headers=gw.as_admin)
     assert r.status == 201
-    r = await gw.http.delete(gw.url + "/v1/documents/k", headers={**gw.as_admin, "If-Match": "1"})
+    r = await gw.http.delete(gw.url + "/v1/documents/k", headers={**gw.as_admin, "If-Match": '"1"'})
     assert r.status == 200
     records = await read_topic(settings, topic(gw.env, CONFIG_CHANGES), expect=2, timeout_s=10)
     changes = [decode(rec.value) for rec in records]
@@ -51,7 +51,9 @@ async def test_a_new_instance_builds_its_index_from_the_topic(
         doc = {"name": f"d{i}", "Include": {"user": f"u{i % 4}"}, "Configure": {"i": i}}
         r = await gw.http.post(gw.url + "/v1/documents", json=doc, headers=gw.as_admin)
         assert r.status == 201
-    r = await gw.http.delete(gw.url + "/v1/documents/d3", headers={**gw.as_admin, "If-Match": "1"})
+    r = await gw.http.delete(
+        gw.url + "/v1/documents/d3", headers={**gw.as_admin, "If-Match": '"1"'}
+    )
     assert r.status == 200
     async with GatewayServer(settings, gw.env, pg_dsn, gateway_settings()) as second:
         await second.wait_ready(30)

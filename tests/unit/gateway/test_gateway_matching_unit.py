@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from dlrover_events.config_matching import (
     Index,
     deep_merge,
@@ -107,11 +110,22 @@ def test_index_candidates_are_few() -> None:
 
 def test_problems_are_explained() -> None:
     assert problems(ISSUE) == []
-    bad = doc("bad", Include={"User": "a", "user": "b", "group": []}, Configure={"k": "a\x00"})
+    bad = doc("bad", Include={"User": "a", "user": "b", "group": [], "app": "a\x00"})
     found = problems(bad)
     assert any("same attribute" in p for p in found)
     assert any("empty list" in p for p in found)
     assert any("NUL" in p for p in found)
+    # Configure is a bounded document at the contract itself: NUL, depth, int64
+    for configure in ({"k": "a\x00"}, {"k": 2**63}, {"k": _nested(40)}):
+        with pytest.raises(ValidationError):
+            doc("bad", Configure=configure)
+
+
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 def test_duplicate_spellings_still_have_a_meaning() -> None:
