@@ -126,11 +126,11 @@ class Tiresias:
     """
 
     queue_threshold: float = TIRESIAS_QUEUE_THRESHOLD
-    _queues: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
-    _running: set[str] = field(default_factory=set)
-    _known: set[str] = field(default_factory=set)
-    _last_check: dict[str, int] = field(default_factory=dict)
-    _executed: dict[str, int] = field(default_factory=dict)
+    _queues: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []), init=False)
+    _running: set[str] = field(default_factory=set, init=False)
+    _known: set[str] = field(default_factory=set, init=False)
+    _last_check: dict[str, int] = field(default_factory=dict, init=False)
+    _executed: dict[str, int] = field(default_factory=dict, init=False)
 
     def allocate(
         self,
@@ -212,7 +212,7 @@ class Optimus:
     gpus_per_node: int = 4
     #: (application, batch, replicas) -> predicted step time: the same few sizes are asked
     #: about every round.
-    _predicted: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    _predicted: dict[tuple[str, int, int], float] = field(default_factory=dict, init=False)
 
     def allocate(
         self,
@@ -300,7 +300,7 @@ class SimJob:
     progress: float = 0.0
     epoch: int = 0
     restarts: int = -1
-    _step: tuple[tuple[int, ...], int, StepTime] | None = None
+    _step: tuple[tuple[int, ...], int, StepTime] | None = field(default=None, init=False)
 
     def _step_time(self) -> StepTime:
         """The step time of the current configuration, looked up once per configuration."""
