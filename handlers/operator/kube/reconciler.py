@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -127,7 +127,9 @@ class EnvReconciler:
         self.on_step = on_step
         self.ready = asyncio.Event()
         self._jobs: dict[str, dict[str, Any]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        #: job -> its lock and how many hold or await it: an entry lives only while work
+        #: on the job is in flight, so the map does not grow with every job ever seen
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._sent: OrderedDict[uuid.UUID, None] = OrderedDict()
@@ -290,8 +292,18 @@ class EnvReconciler:
                     msg = api_error(e) if isinstance(e, ApiException) else repr(e)
                     log.warning("env %s: job %s not reconciled: %s", self.env, name, msg)
 
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._locks.setdefault(name, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, name: str) -> AsyncIterator[None]:
+        """One job's work at a time (a plan, a reconcile); the lock goes with its last user."""
+        lock, users = self._locks.setdefault(name, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._locks[name]
 
     async def _pods_of(self, name: str) -> list[PodView]:
         items, _ = await self.kube.list_pods(self.adapter.job_pod_selector(name))
