@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
-from dlrover_events.bus import start_kafka_client, topic_partitions
 from dlrover_events.settings import Settings
+from dlrover_events.topic_reader import TopicReader
 from dlrover_events.topics import CONTROL_TOPIC
 from schemas.codec import CodecError, decode
 from schemas.control import EnvAnnouncement, EnvMode
@@ -69,37 +67,23 @@ class EnvWatcher:
             await self._changed.wait_for(lambda: predicate(self.envs))
 
     async def run(self, stop: asyncio.Event) -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._settings.bootstrap_servers,
-            group_id=None,
-            enable_auto_commit=False,
-            client_id=f"{self._settings.client_id}-control",
-        )
-        await start_kafka_client(consumer, self._settings)
-        try:
-            parts: list[TopicPartition] = await topic_partitions(consumer, CONTROL_TOPIC)
-            if not parts:
+        reader = TopicReader(self._settings, [CONTROL_TOPIC], client_id="control", require=False)
+        async with reader:
+            if not reader.partitions:
                 self.caught_up.set()  # no env announced yet; the topic comes with the first
-                while not parts and not stop.is_set():
+                while not reader.partitions and not stop.is_set():
                     await asyncio.sleep(0.5)
-                    parts = await topic_partitions(consumer, CONTROL_TOPIC)
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
-            end_hint = await consumer.end_offsets(parts)
+                    if await reader.refresh():
+                        await reader.seek("earliest")
             while not stop.is_set():
-                batch = await consumer.getmany(timeout_ms=300)
-                if batch:
+                records = await reader.fetch(timeout_ms=300)
+                if records:
                     envs = self.envs
-                    for records in batch.values():
-                        for r in records:
-                            envs = fold_control(envs, r.key, r.value)
+                    for r in records:
+                        envs = fold_control(envs, r.key, r.value)
                     await self._publish(envs)
-                elif not self.caught_up.is_set() and all(
-                    [await consumer.position(tp) >= end_hint[tp] for tp in parts]
-                ):
+                elif not self.caught_up.is_set() and await reader.caught_up():
                     self.caught_up.set()
-        finally:
-            await consumer.stop()
 
     async def _publish(self, envs: dict[str, EnvAnnouncement]) -> None:
         if envs == self.envs:
