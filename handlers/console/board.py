@@ -32,7 +32,7 @@ STATUS_ORDER = {"seen": 0, "submitted": 1, "running": 2, "completed": 3, "failed
 
 
 @dataclass
-class JobView:
+class JobRow:
     job: str
     name: str = ""
     status: str = "seen"
@@ -88,7 +88,7 @@ class JobView:
 
 class Board:
     def __init__(self, max_reports: int = 50, max_jobs: int = 2000) -> None:
-        self.jobs: dict[str, JobView] = {}
+        self.jobs: dict[str, JobRow] = {}
         self.reports: deque[dict[str, Any]] = deque(maxlen=max_reports)
         self.max_jobs = max_jobs
 
@@ -98,7 +98,7 @@ class Board:
             return
         if not isinstance(event, JobEvent):
             return
-        view = self.jobs.pop(event.job.uuid, None) or JobView(job=event.job.uuid)
+        view = self.jobs.pop(event.job.uuid, None) or JobRow(job=event.job.uuid)
         # Re-inserted on every event: the dict's order is the order of last activity, and a
         # console that runs for months forgets the jobs that went quiet longest ago.
         self.jobs[event.job.uuid] = view
@@ -117,7 +117,7 @@ class Board:
         return [v.as_json() for v in views]
 
 
-def _fold(view: JobView, event: JobEvent) -> None:
+def _fold(view: JobRow, event: JobEvent) -> None:
     match event:
         case JobSubmitted():
             _advance(view, "submitted")
@@ -189,7 +189,7 @@ def _fold(view: JobView, event: JobEvent) -> None:
                 _apply_groups(view, planned, left_out)
 
 
-def _advance(view: JobView, status: str) -> None:
+def _advance(view: JobRow, status: str) -> None:
     """Status only moves on: events of one job come on several topics, in any order."""
     if STATUS_ORDER[status] > STATUS_ORDER[view.status]:
         view.status = status
@@ -201,7 +201,7 @@ def _bound(plans: dict[str, Any]) -> None:
 
 
 def _apply_groups(
-    view: JobView, groups: dict[str, NodeGroupResource], left_out: frozenset[str] = frozenset()
+    view: JobRow, groups: dict[str, NodeGroupResource], left_out: frozenset[str] = frozenset()
 ) -> None:
     for role, g in groups.items():
         if role not in left_out:

@@ -15,7 +15,7 @@ from dlrover_events.errors import UserError
 from dlrover_events.settings import load_settings
 from streams.ab.arms import parse_arms
 from streams.ab.report import compare, table, write_report
-from streams.ab.runner import ABTest, Cluster
+from streams.ab.runner import ABTest, ArmCluster
 from streams.ab.summary import SUMMARY_FILE, build_summary, write_summary
 from streams.replay.core import parse_speed
 
@@ -98,14 +98,14 @@ def run(
         ) from None
 
 
-def _cluster(nodes: int, gpus: int, speed: str) -> Cluster:
+def _cluster(nodes: int, gpus: int, speed: str) -> ArmCluster:
     """Each arm's simulated cluster and how its clock moves, from --speed."""
     if speed == "lockstep":
-        return Cluster(nodes, gpus, lockstep=True)
+        return ArmCluster(nodes, gpus, lockstep=True)
     if speed == "max":
-        return Cluster(nodes, gpus, None, lockstep=False)
+        return ArmCluster(nodes, gpus, None, lockstep=False)
     try:
         pace = parse_speed(speed)
     except ValueError as err:
         raise ValueError(f"{err}, or 'lockstep' or 'max'") from None
-    return Cluster(nodes, gpus, pace, lockstep=False)
+    return ArmCluster(nodes, gpus, pace, lockstep=False)

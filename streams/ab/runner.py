@@ -46,7 +46,7 @@ Progress = Callable[[str, int, int], None]  # (arm, finished jobs, expected jobs
 
 
 @dataclass
-class Cluster:
+class ArmCluster:
     nodes: int = 16
     gpus_per_node: int = 4
     #: Out of lockstep: simulated seconds per wall second; None: as fast as possible
@@ -71,7 +71,7 @@ class ABTest:
     arms: list[Arm]
     trace: Path | None = None
     source: str | None = None
-    cluster: Cluster = field(default_factory=Cluster)
+    cluster: ArmCluster = field(default_factory=ArmCluster)
     timeout_s: float = 1800.0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     keep_envs: bool = False

@@ -11,7 +11,7 @@ from dlrover_events.settings import Settings
 from streams.ab.arms import Arm, parse_arm, parse_arms
 from streams.ab.cli import _cluster
 from streams.ab.report import ArmResult, compare, plot_png, render_html, table
-from streams.ab.runner import ABTest, Cluster
+from streams.ab.runner import ABTest, ArmCluster
 
 
 def test_arm_with_settings_file(tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_html_report_has_numbers_and_plot() -> None:
 
 
 def test_arms_with_a_brain_tick_with_it_and_arms_without_run_as_fast_as_possible() -> None:
-    test = ABTest(Settings(), "", [], cluster=Cluster(2, 4))
+    test = ABTest(Settings(), "", [], cluster=ArmCluster(2, 4))
     brained = test.env_settings(Arm("g", {"brain": {"job_config": {"optimizer": "goodput"}}}))
     assert brained["operator"] == {"nodes": 2, "gpus_per_node": 4, "lockstep": True}
     assert brained["brain"] == {
@@ -119,7 +119,7 @@ def test_arms_with_a_brain_tick_with_it_and_arms_without_run_as_fast_as_possible
 
 
 def test_an_arm_leaves_lockstep_whole_or_not_at_all() -> None:
-    test = ABTest(Settings(), "", [], cluster=Cluster(2, 4, speed=100.0))
+    test = ABTest(Settings(), "", [], cluster=ArmCluster(2, 4, speed=100.0))
     arm = Arm("w", {"brain": {"lockstep": True}, "operator": {"lockstep": False}})
     settings = test.env_settings(arm)
     assert settings["operator"]["lockstep"] is False
@@ -130,13 +130,13 @@ def test_an_arm_leaves_lockstep_whole_or_not_at_all() -> None:
 @pytest.mark.parametrize(
     ("speed", "cluster", "pace"),
     [
-        ("lockstep", Cluster(1, 2, 200.0, lockstep=True), {"lockstep": True}),
-        ("50x", Cluster(1, 2, 50.0, lockstep=False), {"speed": 50.0, "lockstep": False}),
-        ("max", Cluster(1, 2, None, lockstep=False), {"fast": True, "lockstep": False}),
+        ("lockstep", ArmCluster(1, 2, 200.0, lockstep=True), {"lockstep": True}),
+        ("50x", ArmCluster(1, 2, 50.0, lockstep=False), {"speed": 50.0, "lockstep": False}),
+        ("max", ArmCluster(1, 2, None, lockstep=False), {"fast": True, "lockstep": False}),
     ],
 )
 def test_speed_says_how_the_arms_clocks_move(
-    speed: str, cluster: Cluster, pace: dict[str, object]
+    speed: str, cluster: ArmCluster, pace: dict[str, object]
 ) -> None:
     assert _cluster(1, 2, speed) == cluster
     brained = ABTest(Settings(), "", [], cluster=cluster).env_settings(Arm("b", {}))

@@ -11,7 +11,7 @@ import pytest
 
 from dlrover_events.settings import Settings
 from streams.ab.report import ArmResult, compare
-from streams.ab.runner import ABTest, Cluster
+from streams.ab.runner import ABTest, ArmCluster
 from streams.ab.summary import (
     SCHEMA_VERSION,
     SUMMARY_FILE,
@@ -121,13 +121,13 @@ def test_the_file_is_written_whole_and_replaces_the_last(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("cluster", "label"),
     [
-        (Cluster(2, 4, lockstep=True), "lockstep"),
-        (Cluster(2, 4, 200.0, lockstep=False), "200x"),
-        (Cluster(2, 4, 1.5, lockstep=False), "1.5x"),
-        (Cluster(2, 4, None, lockstep=False), "max"),
+        (ArmCluster(2, 4, lockstep=True), "lockstep"),
+        (ArmCluster(2, 4, 200.0, lockstep=False), "200x"),
+        (ArmCluster(2, 4, 1.5, lockstep=False), "1.5x"),
+        (ArmCluster(2, 4, None, lockstep=False), "max"),
     ],
 )
-def test_the_run_says_how_its_clocks_moved(cluster: Cluster, label: str) -> None:
+def test_the_run_says_how_its_clocks_moved(cluster: ArmCluster, label: str) -> None:
     info = ABTest(Settings(), "", [], trace=Path("w.csv"), cluster=cluster).run_info()
     assert (info.speed, info.trace, info.source, info.nodes) == (label, "w.csv", None, 2)
     assert info.wall_s == 0.0, "no run yet"
