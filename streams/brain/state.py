@@ -201,7 +201,12 @@ class AwaitedTraining(Model):
 
 
 class JobState(Model):
-    """Everything the brain knows about one job."""
+    """Everything the brain knows about one job.
+
+    Its counts and sizes have the contract's bounds (`schemas.bounds`), which every fold
+    of valid events keeps: a state file or checkpoint past them (10^30 replicas, a cpu of
+    1e308) is refused when read, with the bound, instead of reaching an optimizer's
+    arithmetic or the planner's loops."""
 
     env: EnvName
     job: JobMeta
