@@ -13,6 +13,7 @@ from dlrover_events.embedded import resolve_postgres
 from dlrover_events.metrics import ConsoleMetrics
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import load_settings
+from dlrover_events.standalone import standalone
 from handlers.console.runtime import ConsoleServer, ConsoleSettings
 
 log = logging.getLogger(__name__)
@@ -53,10 +54,19 @@ def console(
 
     async def serve() -> None:
         pg = await resolve_postgres(settings)
-        async with ConsoleServer(settings, env, pg.dsn, conf) as server:
-            await server.wait_ready()
-            typer.echo(f"web console of env {env} on {server.url}  (open it with #token=...)")
-            await asyncio.Event().wait()
+        try:
+            ctx = ServiceContext(settings, env, pg.dsn)
+            async with standalone(ctx), ConsoleServer(settings, env, pg.dsn, conf) as server:
+                await server.wait_ready()
+                hub = server.hub
+                ConsoleMetrics(ctx.metrics, env).clients.set_function(lambda: hub.subscribers)
+                typer.echo(
+                    f"web console of env {env} on {server.url}  (open it with #token=...; "
+                    f"metrics: {ctx.endpoints['metrics']})"
+                )
+                await ctx.stop.wait()
+        finally:
+            pg.stop()
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())

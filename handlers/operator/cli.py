@@ -8,7 +8,6 @@ operator they are refused there.
 from __future__ import annotations
 
 import asyncio
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import typer
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
+from dlrover_events.standalone import standalone
 from handlers.operator.modes import run_operator
 
 
@@ -85,16 +85,18 @@ async def _run(settings: Settings, env: str, options: dict[str, Any]) -> None:
     postgres = await resolve_postgres(settings)
     try:
         ctx = ServiceContext(settings, env, postgres.dsn)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, ctx.stop.set)
-        serving = asyncio.create_task(run_operator(ctx, options))
-        ready = asyncio.create_task(ctx.ready.wait())
-        await asyncio.wait([serving, ready], return_when=asyncio.FIRST_COMPLETED)
-        if ready.done():
-            typer.echo(f"operator of env {env} is running; Ctrl-C stops it", err=True)
-        else:
-            ready.cancel()
-        await serving
+        async with standalone(ctx):
+            serving = asyncio.create_task(run_operator(ctx, options))
+            ready = asyncio.create_task(ctx.ready.wait())
+            await asyncio.wait([serving, ready], return_when=asyncio.FIRST_COMPLETED)
+            if ready.done():
+                typer.echo(
+                    f"operator of env {env} is running (metrics: {ctx.endpoints['metrics']}); "
+                    "Ctrl-C stops it",
+                    err=True,
+                )
+            else:
+                ready.cancel()
+            await serving
     finally:
         postgres.stop()  # only an embedded server this command started

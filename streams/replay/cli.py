@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -17,7 +16,9 @@ from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
+from dlrover_events.standalone import standalone
 from dlrover_events.tail import parse_since
 from dlrover_events.topics import check_env_name
 from schemas.control import EnvMode
@@ -100,10 +101,14 @@ async def _run(settings: Settings, to: str, source: str | None, work: Work) -> N
         raise UserError(f"env {to!r} is the real env; replay only into virtual envs")
     if source is not None and await registry.get(source) is None:
         raise UserError(f"no env named {source!r} to replay from")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    ctx = ServiceContext(settings, to, pg.dsn)
+    stop = ctx.stop  # Ctrl-C, SIGTERM, or the target env deleted under the replay
+    async with standalone(ctx):
+        report = await _copy(to, work, stop)
+    _summary(report, to)
+
+
+async def _copy(to: str, work: Work, stop: asyncio.Event) -> ReplayReport:
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -117,8 +122,7 @@ async def _run(settings: Settings, to: str, source: str | None, work: Work) -> N
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        report = await work(progress=progress, stop=stop)
-    _summary(report, to)
+        return await work(progress=progress, stop=stop)
 
 
 def _summary(report: ReplayReport, to: str) -> None:
