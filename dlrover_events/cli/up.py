@@ -24,6 +24,7 @@ from dlrover_events.embedded import Broker, Postgres, resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.fence import EnvFence
+from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.metrics import MetricsServer, ServiceMetrics
 from dlrover_events.services import Service, ServiceContext, discover_services
 from dlrover_events.settings import Settings, load_settings
@@ -152,12 +153,7 @@ async def _supervise(
             await _wait_ready(supervised, stop)
             if not stop.is_set():
                 _print_where(settings, stack, env, n_envs, supervised, server)
-            waiters = [
-                asyncio.create_task(e.wait()) for e in [stop, *(s.failed for s in supervised)]
-            ]
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            for w in waiters:
-                w.cancel()
+            await wait_for_any([stop, *(s.failed for s in supervised)])
         finally:
             stop.set()
             _, pending = await asyncio.wait(tasks, timeout=STOP_GRACE_S + 5)

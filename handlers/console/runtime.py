@@ -11,7 +11,7 @@ from aiohttp import web
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dlrover_events.lifecycle import AsyncResource
+from dlrover_events.lifecycle import AsyncResource, wait_for_any
 from dlrover_events.settings import Settings
 from dlrover_events.store import create_pool, env_schema, prepare_env
 from dlrover_events.tokens import Tokens
@@ -69,13 +69,11 @@ class ConsoleServer(AsyncResource):
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Until the hub follows every topic of the env (it may still be replaying)."""
-        waiter = asyncio.create_task(self.hub.ready.wait())
         assert self._task is not None
-        done, _ = await asyncio.wait(
-            {waiter, self._task}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
-        )
-        waiter.cancel()
-        if self._task in done:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await wait_for_any([self.hub.ready], [self._task])
+        if self._task.done():
             self._task.result()  # the hub died: say why
         if not self.hub.ready.is_set():
             raise TimeoutError(f"the console of env {self.env} did not follow its topics")

@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from dlrover_events.embedded import resolve_postgres
+from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.standalone import standalone
@@ -87,16 +88,12 @@ async def _run(settings: Settings, env: str, options: dict[str, Any]) -> None:
         ctx = ServiceContext(settings, env, postgres.dsn)
         async with standalone(ctx):
             serving = asyncio.create_task(run_operator(ctx, options))
-            ready = asyncio.create_task(ctx.ready.wait())
-            await asyncio.wait([serving, ready], return_when=asyncio.FIRST_COMPLETED)
-            if ready.done():
+            if await wait_for_any([ctx.ready], [serving]):
                 typer.echo(
                     f"operator of env {env} is running (metrics: {ctx.endpoints['metrics']}); "
                     "Ctrl-C stops it",
                     err=True,
                 )
-            else:
-                ready.cancel()
             await serving
     finally:
         postgres.stop()  # only an embedded server this command started

@@ -26,6 +26,7 @@ from typing import Any
 
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.services import ServiceContext, discover_services
 from dlrover_events.settings import Settings
 from dlrover_events.topics import JOB_EVENTS
@@ -181,10 +182,7 @@ class ABTest:
     ) -> None:
         async with asyncio.timeout(120):
             for ctx, task in zip(contexts, tasks, strict=True):
-                ready = asyncio.create_task(ctx.ready.wait())
-                done, _ = await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
-                if task in done:
-                    ready.cancel()
+                if not await wait_for_any([ctx.ready], [task]):
                     task.result()
                     raise UserError(f"service {task.get_name()} of {ctx.env} stopped at start")
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from dlrover_events.config_feed import ConfigFeed
 from dlrover_events.config_matching import Change, Index, deep_merge, job_attributes, make_job
-from dlrover_events.lifecycle import AsyncResource
+from dlrover_events.lifecycle import AsyncResource, wait_for_any
 from dlrover_events.settings import Settings
 from schemas.jobs import JobMeta
 
@@ -162,13 +162,9 @@ class ConfigFollower(AsyncResource):
         ``timeout_s``, RuntimeError if following stopped before that."""
         if self._task is None:
             raise RuntimeError("start() the follower first")
-        waiter = asyncio.create_task(self._feed.caught_up.wait())
-        try:
-            async with asyncio.timeout(timeout_s):
-                await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        if not self._feed.caught_up.is_set():
+        async with asyncio.timeout(timeout_s):
+            caught_up = await wait_for_any([self._feed.caught_up], [self._task])
+        if not caught_up:
             raise RuntimeError(f"the config feed of env {self.env!r} stopped before catching up")
 
     async def _follow(self) -> None:

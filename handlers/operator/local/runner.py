@@ -25,6 +25,7 @@ from dlrover_events.bus import Producer
 from dlrover_events.config_client import TOKEN_ENV, URL_ENV
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.services import Service, ServiceContext
@@ -181,12 +182,8 @@ async def run(
                     f"http://{conf.api_host}:{port}/v1/jobs  (admin token)"
                 )
             running = asyncio.create_task(reconciler.run(ctx.stop), name=f"{ctx.env}.local")
-            ready = asyncio.create_task(reconciler.ready.wait())
-            await asyncio.wait([running, ready], return_when=asyncio.FIRST_COMPLETED)
-            if ready.done():
+            if await wait_for_any([reconciler.ready], [running]):
                 ctx.ready.set()
-            else:
-                ready.cancel()
             await running
     finally:
         if api is not None:
