@@ -396,7 +396,7 @@ def report(
         "dead_lettered_bad": len(lettered_bad),
         "dead_lettered_valid": len(valid & letters.keys()),
         "dead_lettered_by_kind": dict(kinds.most_common()),
-        "dead_letter_reasons": dict(reasons.most_common(40)),
+        "dead_letter_reasons": dict(reasons.most_common(100)),
         "bad_not_dead_lettered_by_class": dict(not_lettered.most_common()),
         "bad_not_dead_lettered_not_probes": sum(not_lettered.values()) - probes,
         "truncated_letters": sum(1 for x in letters.values() if x.truncated),
@@ -408,7 +408,7 @@ def report(
 
 
 #: A consumer that has read nothing new for this long has stopped (or is stuck).
-STALL_S = 30.0
+STALL_S = 120.0
 
 
 async def _wait(
@@ -476,7 +476,10 @@ async def run_fuzz(
             seen = counters.processed + counters.dead_lettered + counters.ignored
             return seen + counters.skipped
 
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()
         brain_finished = await _wait(brain_seen, total, timeout_s, "brain", progress)
+        brain_s = loop.time() - sent_at
         groups = [f"{env}.{archiver.GROUP}", brain.group]
 
         async def archiver_seen() -> int:
@@ -492,15 +495,18 @@ async def run_fuzz(
             return int(rows[0]["taken"]) + int(rows[0]["lettered"])
 
         archiver_finished = await _wait(archiver_seen, total, timeout_s, "archiver", progress)
+        archiver_s = loop.time() - sent_at
         await asyncio.sleep(2.0)  # the last letters are published after their count
         seen = await _seen(settings, env, store, groups)
         arch = report("archiver", sent, seen.archived, seen.letters[groups[0]])
         arch["finished"] = archiver_finished
+        arch["seconds_after_sent"] = round(archiver_s, 1)
         arch["crashes"] = (
             errors.count["streams.archiver"] + (1 if archiving.done() else 0)  # restarts
         )
         br = report("brain", sent, None, seen.letters[groups[1]])
-        br["finished"] = brain_finished
+        br["finished"] = brain_finished or await brain_seen() >= total
+        br["seconds_after_sent"] = round(brain_s, 1)
         br["processed"] = counters.processed
         br["ignored"] = counters.ignored
         br["skipped"] = counters.skipped
