@@ -54,9 +54,7 @@ async def test_a_1_mb_bad_record_is_dead_lettered_truncated_and_the_archiver_goe
         archived = await _archived(store, after.event_id, 30)
         assert not service.done(), f"the archiver stopped: {service.exception()!r}"
         assert archived, "the valid event after the bad record was archived"
-        letters = [
-            decode(r.value) for r in await read_topic(settings, topic(env, DLQ), expect=1)
-        ]
+        letters = [decode(r.value) for r in await read_topic(settings, topic(env, DLQ), expect=1)]
         assert len(letters) == 1
         letter = letters[0]
         assert isinstance(letter, DeadLetter)
