@@ -48,6 +48,7 @@ from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.metrics import BrainMetrics, CollectorRegistry, MetricsServer
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import EnvStore
@@ -62,6 +63,7 @@ from dlrover_events.topics import (
     topic_of,
 )
 from schemas.codec import encode
+from schemas.plans import ScalePlan
 from streams.brain.checkpoint import BrainStore, Offsets, Snapshot
 from streams.brain.configs import ConfigFollower
 from streams.brain.merge import Fetch, Merge, event_time
@@ -206,6 +208,11 @@ def _record_time(record: Any) -> float:
     return event_time(record.value)
 
 
+def _seen(counters: Any) -> int:
+    """Input records the processor is done with, whatever it made of them."""
+    return int(counters.processed + counters.ignored + counters.dead_lettered)
+
+
 @dataclass(frozen=True)
 class _Record:
     """One record the brain publishes; `plan`: its offset is where a restart looks for
@@ -240,8 +247,11 @@ class Brain:
         batch_max: int | None = None,
         datadir: Path | None = None,
         freeze_gc: bool = True,
+        metrics: BrainMetrics | None = None,
     ) -> None:
         self.settings = settings
+        #: what `up` or the command serve on /metrics (a registry of its own otherwise)
+        self.metrics = metrics or BrainMetrics(CollectorRegistry(auto_describe=True), env)
         self.env = env
         self.group = f"{env}.{GROUP}"
         self.pg_dsn = pg_dsn
@@ -304,7 +314,8 @@ class Brain:
         self._to_commit: dict[TP, int] = {}
         self._store: BrainStore | None = None
         #: decided batches' output, published in order by the courier
-        self._outbox: asyncio.Queue[Output] = asyncio.Queue(maxsize=OUTBOX_BATCHES)
+        #: (and when the oldest record they decided was fetched: the plans' latency)
+        self._outbox: asyncio.Queue[tuple[Output, float]] = asyncio.Queue(maxsize=OUTBOX_BATCHES)
         self._courier: asyncio.Task[None] | None = None
         self._checkpointer: asyncio.Task[None] | None = None
         self._stopping = False
@@ -419,35 +430,62 @@ class Brain:
             try:
                 if new:
                     await self._load(new)
+                now = time.monotonic()
+                fetch = self._fetch_progress(inputs)
+                counters = self.processor.counters
+                before = (counters.decisions, _seen(counters))
                 if self.processor.policy.lockstep:
                     # ticks are merged whole by the processor; a batch fetched before a
                     # rebalance may hold partitions no longer ours
                     out = self.processor.process(
                         [r for r in records if (r.topic, r.partition) in inputs]
                     )
+                    fetched_at = now
                 else:
-                    out = self.processor.process(self._merged(records, inputs))
+                    out = self.processor.process(self._merged(records, inputs, fetch, now))
+                    fetched_at = self._merge.released_since or now
+                self._measure(fetch, before)
                 if out.plans or out.letters or out.acks:
-                    await self._until_courier_done(self._outbox.put(out))
+                    await self._until_courier_done(self._outbox.put((out, fetched_at)))
             except Stopping:
                 return  # not checkpointed: the next start reads them again
 
-    def _merged(self, records: list[Any], inputs: set[tuple[str, int]]) -> list[Any]:
+    def _measure(self, fetch: dict[tuple[str, int], Fetch], before: tuple[int, int]) -> None:
+        """Lag per input partition (its end as last fetched minus what is decided), and
+        what this batch decided."""
+        counters, metrics = self.processor.counters, self.metrics
+        done = self.processor.offsets
+        for (name, part), f in fetch.items():
+            if f.highwater is not None:
+                metrics.lag(name, part, max(0, f.highwater - done.get((name, part), 0)))
+        decisions, seen = before
+        if counters.decisions > decisions:
+            metrics.decisions.inc(counters.decisions - decisions)
+        if _seen(counters) > seen:
+            metrics.events.inc(_seen(counters) - seen)
+
+    def _merged(
+        self,
+        records: list[Any],
+        inputs: set[tuple[str, int]],
+        fetch: dict[tuple[str, int], Fetch],
+        now: float,
+    ) -> list[Any]:
         """The records that may be decided now, in the merge's order (see
         `streams.brain.merge`). The processor's offsets move only with what is released,
         so a checkpoint never covers a record still buffered here."""
         merge = self._merge
         merge.assign(inputs)
         if not records and not merge.buffered:
+            merge.released_since = None
             return []
-        fetch = self._fetch_progress(inputs)
         self._check_log_ends(fetch)
         done = self.processor.offsets
         # what the states include already (read again after a restart or a rebalance)
         # never enters the merge: it would change the order of what follows it
-        merge.add(r for r in records if r.offset >= done.get((r.topic, r.partition), 0))
+        merge.add((r for r in records if r.offset >= done.get((r.topic, r.partition), 0)), now)
         forced = merge.forced
-        released = merge.release(fetch, time.monotonic())
+        released = merge.release(fetch, now)
         if merge.stalled != self._stalled:
             self._stalled = merge.stalled
             if merge.stalled:
@@ -570,11 +608,26 @@ class Brain:
         not retried (`_deliver` retries sends for ever): it stops the courier, and with
         it the brain (`_until_courier_done`), before a checkpoint can cover the batch."""
         while True:
-            out = await self._outbox.get()
+            out, fetched_at = await self._outbox.get()
             try:
                 await self._publish(out)
+                self._count(out, fetched_at)
             finally:
                 self._outbox.task_done()
+
+    def _count(self, out: Output, fetched_at: float) -> None:
+        """A published batch in the metrics; `fetched_at`: when the oldest record it
+        decided was fetched (a plan's latency runs from there to the broker's ack)."""
+        metrics = self.metrics
+        published = [p for p in out.plans if p.plan_id not in self._published]
+        if published:
+            latency = time.monotonic() - fetched_at
+            for plan in published:
+                kind = "scale" if isinstance(plan, ScalePlan) else "optimize"
+                metrics.plans.labels(self.env, kind).inc()
+                metrics.plan_latency.observe(latency)
+        for letter in out.letters:
+            metrics.dead_letters.labels(self.env, letter.error_kind.value).inc()
 
     async def _until_courier_done(self, work: Awaitable[None]) -> None:
         """`work`, unless the courier stops first: then its error, not a wait for ever."""
@@ -764,6 +817,7 @@ class Brain:
 
     async def _save(self, snap: Snapshot, *, commit: bool = True) -> None:
         assert self._store is not None
+        started = time.monotonic()
         try:
             if snap:
                 await self._store.save(snap)
@@ -780,6 +834,7 @@ class Brain:
         )
         if commit:
             await self._commit()
+        self.metrics.checkpoint_duration.observe(time.monotonic() - started)
 
     async def _commit(self) -> None:
         """Commit what is checkpointed. A commit that fails is retried with the next
@@ -811,7 +866,7 @@ __all__ = ["Brain", "BrainApp", "published_since", "service"]
 
 
 async def run(ctx: ServiceContext) -> None:
-    brain = Brain(ctx.settings, ctx.env, ctx.pg_dsn)
+    brain = Brain(ctx.settings, ctx.env, ctx.pg_dsn, metrics=BrainMetrics(ctx.metrics, ctx.env))
     await brain.start()
     try:
         ready = asyncio.create_task(brain.ready.wait())
@@ -844,7 +899,17 @@ async def _standalone(settings: Settings, env: str) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         ctx = ServiceContext(settings, env, pg.dsn, stop=stop)
-        await run(ctx)
+        server = MetricsServer(settings.metrics_host, settings.metrics_port)
+        server.add(ctx.metrics)
+        try:
+            await server.start()
+            typer.echo(f"brain of {env}: metrics on {server.url}", err=True)
+        except OSError as exc:  # `up` serves that port already: the brain runs without
+            log.warning("brain of %s: no metrics served (%s)", env, exc)
+        try:
+            await run(ctx)
+        finally:
+            await server.stop()
     finally:
         pg.stop()
 

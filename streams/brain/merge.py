@@ -103,7 +103,8 @@ class Merge(Generic[R]):
         self.max_idle_s = max_idle_s
         self.max_buffered = max_buffered
         self._assigned: frozenset[TP] = frozenset()
-        self._buffers: dict[TP, deque[tuple[float, R]]] = {}
+        #: per partition: (event time, when it was added, record)
+        self._buffers: dict[TP, deque[tuple[float, float, R]]] = {}
         self._size = 0
         #: since when each lagging partition with nothing buffered has held the others
         self._waiting_since: dict[TP, float] = {}
@@ -111,6 +112,8 @@ class Merge(Generic[R]):
         self.forced = 0
         #: the partitions that held the others past `max_idle_s` at the last release
         self.stalled: frozenset[TP] = frozenset()
+        #: when the oldest record of the last release was added (None: none released)
+        self.released_since: float | None = None
 
     @property
     def assigned(self) -> frozenset[TP]:
@@ -138,9 +141,9 @@ class Merge(Generic[R]):
         self._assigned = assigned
         return dropped
 
-    def add(self, records: Iterable[R]) -> None:
+    def add(self, records: Iterable[R], now: float = 0.0) -> None:
         """Records as fetched (each partition's in offset order); those of partitions not
-        assigned are ignored."""
+        assigned are ignored. `now`: when they were fetched (for `released_since`)."""
         for record in records:
             tp = (record.topic, record.partition)
             if tp not in self._assigned:
@@ -148,7 +151,7 @@ class Merge(Generic[R]):
             buffer = self._buffers.get(tp)
             if buffer is None:
                 buffer = self._buffers[tp] = deque()
-            buffer.append((self._time_of(record), record))
+            buffer.append((self._time_of(record), now, record))
             self._size += 1
 
     def release(self, fetch: Mapping[TP, Fetch], now: float) -> list[R]:
@@ -165,12 +168,13 @@ class Merge(Generic[R]):
         self.stalled = frozenset(stalled)
         holding = waiting - stalled
         heads = [
-            (buffer[0][0], tp[0], tp[1], buffer[0][1].offset)
+            (buffer[0][0], tp[0], tp[1], buffer[0][2].offset)
             for tp, buffer in self._buffers.items()
             if buffer
         ]
         heapq.heapify(heads)
         out: list[R] = []
+        since: float | None = None
         while heads:
             if holding:
                 if self._size <= self.max_buffered:
@@ -179,12 +183,15 @@ class Merge(Generic[R]):
             _, topic, partition, _ = heapq.heappop(heads)
             tp = (topic, partition)
             buffer = self._buffers[tp]
-            out.append(buffer.popleft()[1])
+            _, added, record = buffer.popleft()
+            out.append(record)
+            since = added if since is None or added < since else since
             self._size -= 1
             if buffer:
-                heapq.heappush(heads, (buffer[0][0], topic, partition, buffer[0][1].offset))
+                heapq.heappush(heads, (buffer[0][0], topic, partition, buffer[0][2].offset))
             elif not fetch.get(tp, _UNKNOWN).caught_up:
                 # its next record is not fetched yet and may belong before the others
                 holding.add(tp)
                 self._waiting_since[tp] = now
+        self.released_since = since
         return out

@@ -138,6 +138,18 @@ def test_an_overfull_buffer_releases_past_a_lagging_partition() -> None:
     assert merge.buffered == 3 and merge.forced == 2
 
 
+def test_a_release_says_when_its_oldest_record_was_fetched() -> None:
+    merge = _merge()
+    merge.assign([("m", 0), ("e", 0)])
+    merge.add([Rec("m", 0, 0, 5.0)], now=100.0)
+    assert merge.release({("m", 0): Fetch(1, 1)}, now=101.0) == []
+    assert merge.released_since is None
+    merge.add([Rec("e", 0, 0, 9.0)], now=102.0)
+    ends = {("m", 0): Fetch(1, 1), ("e", 0): Fetch(1, 1)}
+    assert len(merge.release(ends, now=103.0)) == 2
+    assert merge.released_since == 100.0
+
+
 def test_revoked_partitions_are_dropped_unreleased() -> None:
     merge = _merge()
     merge.assign([("m", 0), ("m", 1)])
