@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
@@ -37,6 +38,7 @@ from typing import Any
 from dlrover_events.bus import Consumer, Producer, Received
 from dlrover_events.envs import EnvRecord, EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
@@ -107,7 +109,14 @@ async def check_virtual(settings: Settings, dsn: str, env: str) -> EnvRecord:
 
 
 class VirtualOperator:
-    def __init__(self, settings: Settings, env: str, dsn: str, options: VirtualSettings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        env: str,
+        dsn: str,
+        options: VirtualSettings,
+        metrics: OperatorMetrics | None = None,
+    ) -> None:
         self.settings = settings
         self.env = env
         self.dsn = dsn
@@ -126,6 +135,11 @@ class VirtualOperator:
         self._ledger: PlanLedger | None = None
         self._checkpoints: ClusterCheckpoints | None = None
         self._pool: Any = None
+        #: plans answered by status, and how long from reading each to its result
+        self.metrics = metrics
+        # When each plan (by event id) was read, and the answers awaiting publication.
+        self._read_at: dict[uuid.UUID, float] = {}
+        self._answered: list[tuple[str, float]] = []
 
     @property
     def fleet(self) -> VirtualCluster | None:
@@ -281,6 +295,11 @@ class VirtualOperator:
             )
         await self._producer.publish_many(plain)
         self.state.outbox = []
+        now = time.monotonic()
+        if self.metrics is not None:
+            for status, read_at in self._answered:
+                self.metrics.answered(status, now - read_at)
+        self._answered.clear()
         # Whatever follows the last barrier waits for the next one.
         self.state.unbarriered = not outbox[-1].broadcast
         await self._checkpoints.mark_published()
@@ -329,8 +348,11 @@ class VirtualOperator:
             # submission: the job comes first. Other job events (ours included, and our
             # barriers) are not inputs. The sort is stable: a partition keeps its order, so
             # a plan read before its partition's acknowledgement belongs to that tick.
+            read_at = time.monotonic()
             for item in sorted(fresh, key=lambda r: not isinstance(r.event, JobSubmitted)):
                 event = item.event
+                if isinstance(event, ScalePlan):
+                    self._read_at[event.event_id] = read_at
                 if isinstance(event, JobSubmitted):
                     self._say(self._catch_up(event).submit(event))
                 elif isinstance(event, ScalePlan) and state.gate is not None:
@@ -393,6 +415,8 @@ class VirtualOperator:
             answer = Answer(outcome.status, outcome.reason, outcome.not_applied)
             self._pending[plan.plan_id] = (plan, answer)
         status, reason = answer.status, answer.reason
+        # (a plan held by a restored lockstep gate counts from now)
+        self._answered.append((status.value, self._read_at.pop(plan.event_id, time.monotonic())))
         self._say(
             [
                 ScaleResult(
@@ -559,7 +583,13 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     if not isinstance(from_env, Mapping):
         raise UserError(f"env {ctx.env!r}: settings.operator must be a mapping of options")
     merged = {**from_env, **options}
-    operator = VirtualOperator(ctx.settings, ctx.env, ctx.pg_dsn, virtual_settings(merged))
+    operator = VirtualOperator(
+        ctx.settings,
+        ctx.env,
+        ctx.pg_dsn,
+        virtual_settings(merged),
+        OperatorMetrics(ctx.metrics, ctx.env, "virtual"),
+    )
     o = operator.options
     pace = "as fast as possible" if o.fast else f"at {o.speed:g}x wall time"
     if o.lockstep:

@@ -303,3 +303,31 @@ async def test_the_envs_own_settings_configure_its_operator(
             await virtual.run(ServiceContext(settings, bad, pg_dsn), {})
     finally:
         await registry.delete(bad)
+
+
+async def test_answers_are_counted_by_status_with_their_latency(sim: Sim) -> None:
+    running = await sim.start()
+    registry = running.ctx.metrics
+
+    def count(status: str) -> float:
+        labels = {"env": sim.env, "platform": "virtual", "status": status}
+        return registry.get_sample_value("dlrover_events_operator_plans_total", labels) or 0.0
+
+    await sim.submit("job-m")
+    await sim.tap.until(lambda: samples(sim, "job-m", 1) or None, "1-worker sample")
+    up = sim.plan("job-m", "m-2", node_group_resources={"worker": NodeGroupResource(count=2)})
+    await sim.producer.publish(up)
+    await sim.producer.publish(
+        sim.plan("ghost", "m-ghost", node_group_resources={"worker": NodeGroupResource(count=2)})
+    )
+    await sim.producer.publish(sim.plan("job-m", "m-knobs", training={"local_batch_size": 8}))
+    await sim.tap.until(
+        lambda: count("applied") == 1 and count("rejected") == 1 and count("partial") == 1,
+        "one applied, one rejected and one partial answer counted",
+    )
+    latency = registry.get_sample_value(
+        "dlrover_events_operator_apply_duration_seconds_count",
+        {"env": sim.env, "platform": "virtual"},
+    )
+    assert latency == 3
+    assert count("failed") == 0
