@@ -1,17 +1,19 @@
 """The reconciler of one env on the cluster: ScalePlans in, pods made to match, results and
 node/job events out. A thin adapter around planning.py and podevents.py.
 
-- Watches TrainingJobs and pods from a resourceVersion, lists again on 410 Gone (events
-  were lost) and on any other watch failure after a pause; a list re-derives every event,
-  under the same ids, so nothing is lost and nothing duplicated.
+- Watches TrainingJobs and pods with the one informer (dlrover_events.kube.informer):
+  list, watch from the list's resourceVersion, list again on 410 Gone (events were lost)
+  and on any other failure after a backoff; a list re-derives every event, under the
+  same ids, so nothing is lost and nothing duplicated.
 - A plan is applied at most once: its id is written on the job object in the same patch
   as its change (a restarted operator finds the change made and only finishes the pods),
   in the env's ledger (scale_plans) and on the status (lastPlanId). A plan delivered
   again after it applied is answered as it was then (status, reason, parts not applied).
 - ``applied`` only when every part of the plan was; ``partial`` lists the parts that were
   not (training knobs await the job's own confirmation; see planning.UNSUPPORTED).
-- A plan that cannot apply gets a rejected or failed result with the reason; the consumer
-  goes on. Pod decisions are re-made from a fresh list each time, never from a cache.
+- A plan that cannot apply gets a rejected (planning.PlanRejected, raised wherever the
+  reason is found) or failed result with the reason; the consumer goes on. Pod
+  decisions are re-made from a fresh list each time, never from a cache.
 - Under leader election the platform is fenced (platform.FencedPlatform): once the lease
   is lost no write goes out, and a plan caught half-way is left, unanswered and
   uncommitted, to the next leader, whose ledger and the job's applied-plans annotation
@@ -34,6 +36,7 @@ from typing import Any
 from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.bus import Consumer, Producer, Received
+from dlrover_events.kube.informer import Informer
 from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
@@ -133,7 +136,10 @@ class EnvReconciler:
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._sent: OrderedDict[uuid.UUID, None] = OrderedDict()
-        self._synced = {"jobs": asyncio.Event(), "pods": asyncio.Event()}
+        self._informers = {
+            "jobs": self._informer("jobs", self._jobs_listed, self._job_event),
+            "pods": self._informer("pods", self._pods_listed, self._pod_event),
+        }
         self._producer: Producer | None = None
         self._ledger: PlanLedger | None = None
 
@@ -149,8 +155,10 @@ class EnvReconciler:
             async with Producer(self.settings) as producer:
                 self._producer = producer
                 tasks = [
-                    asyncio.create_task(self._informer("jobs"), name=f"{self.env}.kube.jobs"),
-                    asyncio.create_task(self._informer("pods"), name=f"{self.env}.kube.pods"),
+                    *(
+                        asyncio.create_task(i.run(), name=f"{self.env}.kube.{kind}")
+                        for kind, i in self._informers.items()
+                    ),
                     asyncio.create_task(self._worker(), name=f"{self.env}.kube.reconcile"),
                 ]
                 try:
@@ -177,7 +185,7 @@ class EnvReconciler:
 
     async def _until_synced(self, tasks: list[asyncio.Task[None]]) -> None:
         synced: list[asyncio.Task[Any]] = [
-            asyncio.create_task(e.wait()) for e in self._synced.values()
+            asyncio.create_task(i.synced.wait()) for i in self._informers.values()
         ]
         try:
             pending: set[asyncio.Task[Any]] = set(synced)
@@ -199,44 +207,35 @@ class EnvReconciler:
 
     # -- watches --------------------------------------------------------------------------
 
-    async def _informer(self, kind: str) -> None:
-        """List, then watch from the list's version; list again when the watch says 410
-        (or fails otherwise, after a pause). Never gives up: the API server may restart."""
-        while True:
-            try:
-                if kind == "jobs":
-                    items, version = await self.kube.list_jobs()
-                    await self._jobs_listed(items)
-                else:
-                    items, version = await self.kube.list_pods()
-                    await self._pods_listed(items)
-                self._synced[kind].set()
-                while True:
-                    async for typ, obj in self.kube.watch(kind, version, self.watch_timeout_s):
-                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                        if typ == "BOOKMARK":
-                            continue
-                        if kind == "jobs":
-                            self._job_event(typ, obj)
-                        else:
-                            await self._pod_event(typ, obj)
-            except asyncio.CancelledError:
-                raise
-            except ApiException as e:
-                if e.status == 410:
-                    log.info("env %s: %s watch expired (410 Gone); listing again", self.env, kind)
-                    continue
-                log.warning("env %s: %s watch failed (%s); listing again", self.env, kind, e)
-            except Exception:
-                log.exception("env %s: %s watch failed; listing again", self.env, kind)
-            await asyncio.sleep(self.retry_s)
+    def _informer(
+        self,
+        kind: str,
+        on_list: Callable[[list[dict[str, Any]]], Awaitable[None]],
+        on_event: Callable[[str, dict[str, Any]], Awaitable[None]],
+    ) -> Informer:
+        """The informer of ``kind`` (jobs, pods) of this env's platform."""
+
+        async def list_() -> tuple[list[dict[str, Any]], str]:
+            return await (self.kube.list_jobs() if kind == "jobs" else self.kube.list_pods())
+
+        def watch(version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+            return self.kube.watch(kind, version, self.watch_timeout_s)
+
+        return Informer(
+            f"env {self.env}: {kind}",
+            list_,
+            watch,
+            on_list=on_list,
+            on_event=on_event,
+            retry_s=self.retry_s,
+        )
 
     async def _jobs_listed(self, items: list[dict[str, Any]]) -> None:
         gone = set(self._jobs) - {i["metadata"]["name"] for i in items}
         self._jobs = {i["metadata"]["name"]: i for i in items}
         self._mark([*gone, *self._jobs])
 
-    def _job_event(self, typ: str, obj: dict[str, Any]) -> None:
+    async def _job_event(self, typ: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         if typ == "DELETED":
             self._jobs.pop(name, None)
@@ -467,17 +466,18 @@ class EnvReconciler:
             self.metrics.answered(outcome.status.value, time.monotonic() - read_at)
 
     async def _observed(self, plan: ScalePlan) -> dict[str, dict[str, int]]:
-        found = await self._find(plan)
-        if isinstance(found, str):
+        try:
+            _, job = await self._find(plan)
+        except PlanRejected:
             return {}
-        _, job = found
         return planning.counts(job, await self._pods_of(job.name))
 
-    async def _find(self, plan: ScalePlan) -> tuple[dict[str, Any], JobView] | str:
-        """The job the plan is for, or why there is none."""
+    async def _find(self, plan: ScalePlan) -> tuple[dict[str, Any], JobView]:
+        """The job the plan is for (its object and view); PlanRejected says why there is
+        none."""
         meta = plan.job
         if meta.namespace != self.kube.namespace and meta.name:
-            return (
+            raise PlanRejected(
                 f"job {meta.name} is in namespace {meta.namespace}; this operator serves "
                 f"namespace {self.kube.namespace}"
             )
@@ -487,26 +487,26 @@ class EnvReconciler:
         obj = await self.kube.get_job(name) if name else None
         if obj is None:
             who = meta.name or meta.uuid
-            return (
+            raise PlanRejected(
                 f"job {who} not found in namespace {self.kube.namespace}: deleted or never "
                 "submitted"
             )
         try:
             job = self.adapter.parse(obj)
         except InvalidJob as e:
-            return f"job {name} is invalid: {e}"
+            raise PlanRejected(f"job {name} is invalid: {e}") from None
         if job.uid != meta.uuid:
-            return (
+            raise PlanRejected(
                 f"job {name} was deleted: the plan is for uid {meta.uuid}, the job of that "
                 f"name now is uid {job.uid}"
             )
         return obj, job
 
     async def _apply(self, plan: ScalePlan) -> Outcome:
-        found = await self._find(plan)
-        if isinstance(found, str):
-            return Outcome(ScaleStatus.REJECTED, found, {})
-        obj, job = found
+        try:
+            obj, job = await self._find(plan)
+        except PlanRejected as e:
+            return Outcome(ScaleStatus.REJECTED, str(e), {})
         async with self._lock(job.name):
             reason = RESUMED
             # what no change of the job applies; the same if the change was made before

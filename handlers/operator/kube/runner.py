@@ -5,10 +5,11 @@ env is demoted, its reconciler is stopped (the operator stops touching the clust
 says so); when it is promoted again, or, with ``follow_real``, when any env is promoted,
 a reconciler for that env starts, without a restart of the process.
 
-This is the only operator module that loads cluster credentials: a kubeconfig
-(``kubeconfig`` option or DLROVER_EVENTS_OPERATOR_KUBECONFIG, then $KUBECONFIG /
-~/.kube/config) or the pod's in-cluster service account. The virtual operator never
-imports it. (The config gateway loads its own, read-only ones to watch ConfigMaps.)
+This is the only operator module that loads cluster credentials (through
+dlrover_events.kube.credentials, as the config gateway loads its own, read-only ones): a
+kubeconfig (``kubeconfig`` option or DLROVER_EVENTS_OPERATOR_KUBECONFIG, then $KUBECONFIG
+/ ~/.kube/config) or the pod's in-cluster service account. The virtual operator never
+imports it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -30,6 +30,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.control import EnvWatcher
 from dlrover_events.errors import UserError
+from dlrover_events.kube import credentials
 from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
@@ -42,8 +43,6 @@ from handlers.operator.platform import FencedPlatform, Platform
 from schemas.control import EnvAnnouncement, EnvMode
 
 log = logging.getLogger(__name__)
-
-SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class KubeSettings(BaseSettings):
@@ -125,42 +124,14 @@ def kube_settings(options: Mapping[str, Any]) -> KubeSettings:
         raise UserError(f"operator option{where}: {first['msg']}") from None
 
 
-def _kubeconfig(conf: KubeSettings) -> Path | None:
-    if conf.kubeconfig is not None:
-        return conf.kubeconfig.expanduser()
-    if env := os.environ.get("KUBECONFIG"):
-        return Path(env.split(os.pathsep)[0]).expanduser()
-    default = Path.home() / ".kube" / "config"
-    return default if default.exists() else None
-
-
 async def connect(conf: KubeSettings) -> tuple[client.ApiClient, str]:
     """An ApiClient with the cluster's credentials, and the namespace to work in."""
-    path = _kubeconfig(conf)
-    if path is not None:
-        if not path.exists():
-            raise UserError(f"kubeconfig {path} does not exist")
-        api = await config.new_client_from_config(config_file=str(path), context=conf.context)
-        namespace = conf.namespace
-        if namespace is None:
-            contexts, active = config.list_kube_config_contexts(config_file=str(path))
-            chosen = next((c for c in contexts if c["name"] == conf.context), active)
-            namespace = ((chosen or {}).get("context") or {}).get("namespace")
-        return api, namespace or "default"
-    try:
-        config.load_incluster_config()
-    except config.ConfigException as e:
-        raise UserError(
-            f"no cluster credentials: no kubeconfig and not in a pod ({e}); set "
-            "DLROVER_EVENTS_OPERATOR_KUBECONFIG"
-        ) from None
-    if conf.namespace:
-        return client.ApiClient(), conf.namespace
-    return client.ApiClient(), await asyncio.to_thread(_pod_namespace)
-
-
-def _pod_namespace() -> str:
-    return SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists() else "default"
+    return await credentials.connect(
+        conf.kubeconfig,
+        conf.context,
+        conf.namespace,
+        hint="set DLROVER_EVENTS_OPERATOR_KUBECONFIG",
+    )
 
 
 class EnvMetrics(Collector):

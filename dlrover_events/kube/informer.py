@@ -1,0 +1,149 @@
+"""One informer: list, then watch from the list's resourceVersion; list again on 410 Gone.
+
+What every watcher of a cluster needs, written once (the operator's jobs and pods, the
+gateway's ConfigMaps): a watch alone loses events whenever it breaks, and only a fresh
+list says what the objects are now. So:
+
+- the first list is handed over whole (``on_list``) and ``synced`` is set: the caller's
+  view is the cluster's as of then;
+- a watch goes on from the list's version; one that the server ends (its timeout) is
+  resumed from the last version seen, bookmarks included, and each change is handed
+  over (``on_event``: ADDED, MODIFIED, DELETED);
+- a 410 Gone (the version was compacted away, events were lost in between) lists again
+  at once; any other failure (the API server away, the caller's own store away) is
+  logged with why, and followed by a list after a backoff (``retry_s`` doubling to
+  ``max_retry_s``, back to ``retry_s`` after a good list). It never gives up: an API
+  server restarts, and the caller's ``on_list`` must converge from any state.
+
+The informer keeps no objects: what the caller keeps per object is the caller's to drop
+when the object goes (DELETED, or missing from a list). It talks to the cluster only
+through the two callables it is given, so a platform that is not Kubernetes (the local
+one) is watched the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client.rest import ApiException
+
+from dlrover_events.kube.api import api_error
+from dlrover_events.lifecycle import wait_for_any
+
+log = logging.getLogger(__name__)
+
+Object = dict[str, Any]
+#: items and the list's resourceVersion
+Lister = Callable[[], Awaitable[tuple[list[Object], str]]]
+#: (type, object) from a resourceVersion until the server ends the watch
+Watcher = Callable[[str], AsyncIterator[tuple[str, Object]]]
+OnList = Callable[[list[Object]], Awaitable[object]]
+OnEvent = Callable[[str, Object], Awaitable[object]]
+
+#: a cluster, its network or its client away: said in one line (anything else is a bug
+#: of ours, and its traceback is the why)
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    ApiException,
+    aiohttp.ClientError,
+    OSError,
+    TimeoutError,
+)
+CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+def next_backoff(backoff: float, retry_s: float, max_retry_s: float) -> float:
+    """The pause after the one of ``backoff``: doubling, at most ``max_retry_s``."""
+    return min(max(backoff, retry_s) * 2, max_retry_s)
+
+
+class Informer:
+    def __init__(
+        self,
+        what: str,
+        list_: Lister,
+        watch: Watcher,
+        *,
+        on_list: OnList,
+        on_event: OnEvent,
+        retry_s: float = 1.0,
+        max_retry_s: float = 30.0,
+    ) -> None:
+        #: how the logs name what is watched ("env prod: jobs", "ConfigMaps of ns")
+        self.what = what
+        self._list = list_
+        self._watch = watch
+        self._on_list = on_list
+        self._on_event = on_event
+        self.retry_s = retry_s
+        self.max_retry_s = max(max_retry_s, retry_s)
+        #: set once the first list has been handed over
+        self.synced = asyncio.Event()
+        #: lists handed over so far (the first included)
+        self.lists = 0
+
+    async def list_once(self) -> str:
+        """List, hand the items over; returns the list's resourceVersion."""
+        items, version = await self._list()
+        await self._on_list(items)
+        self.lists += 1
+        self.synced.set()
+        return version
+
+    async def watch_from(self, version: str) -> str:
+        """Hand over each change from ``version`` until the server ends the watch; returns
+        the last version seen (where the next watch resumes)."""
+        async for typ, obj in self._watch(version):
+            if typ == "ERROR":  # a watch that passes the server's Status through
+                raise ApiException(status=obj.get("code"), reason=str(obj.get("message")))
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            if typ in CHANGES:
+                await self._on_event(typ, obj)
+        return version
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Until ``stop`` is set (a watch in flight is cut at once) or the task is
+        cancelled."""
+        work = asyncio.create_task(self._loop(), name=f"informer: {self.what}")
+        try:
+            await wait_for_any([stop or asyncio.Event()], [work])
+        finally:
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+
+    async def _loop(self) -> None:
+        backoff = self.retry_s
+        while True:
+            try:
+                version = await self.list_once()
+                backoff = self.retry_s
+                while True:
+                    version = await self.watch_from(version)
+            except asyncio.CancelledError:
+                raise
+            except ApiException as e:
+                if e.status == 410:
+                    log.info("%s: watch expired (410 Gone: events lost); listing again", self.what)
+                    continue
+                self._failed(api_error(e), backoff, traceback=False)
+            except Exception as e:
+                self._failed(repr(e), backoff, traceback=not isinstance(e, UNAVAILABLE))
+            await asyncio.sleep(backoff)
+            backoff = next_backoff(backoff, self.retry_s, self.max_retry_s)
+
+    def _failed(self, why: str, backoff: float, *, traceback: bool) -> None:
+        log.warning(
+            "%s: list/watch failed (%s); listing again in %.1f s",
+            self.what,
+            why,
+            backoff,
+            exc_info=traceback,
+        )
+
+
+__all__ = ["UNAVAILABLE", "Informer", "Lister", "Watcher", "next_backoff"]
