@@ -13,41 +13,24 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import (
-    KafkaError,
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
 )
 
 from dlrover_events.errors import BusUnavailable
+from dlrover_events.kafka_client import start_kafka_client, topic_partitions
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
+from dlrover_events.topic_reader import read_topics
 from dlrover_events.topics import DLQ, topic, topic_of
 from schemas.codec import CodecError, decode, encode
 from schemas.dlq import DeadLetter, FailureKind, fitting_letter
 from schemas.envelope import Event
 
 log = logging.getLogger(__name__)
-
-
-def _unavailable(settings: Settings, err: Exception) -> BusUnavailable:
-    return BusUnavailable(
-        f"cannot reach Kafka at {settings.bootstrap_servers} ({err}); start the embedded "
-        "stack with `dlrover-events up` or set DLROVER_EVENTS_BOOTSTRAP_SERVERS"
-    )
-
-
-async def start_kafka_client(client: Any, settings: Settings) -> None:
-    """Start an aiokafka client; if the broker cannot be reached, release the client and
-    raise the one error a user sees for it."""
-    try:
-        await client.start()
-    except KafkaError as err:
-        stop = getattr(client, "stop", None) or client.close
-        await stop()
-        raise _unavailable(settings, err) from None
 
 
 class Producer(AsyncResource):
@@ -386,56 +369,11 @@ async def read_topic(
     expect: int | None = None,
     **consumer_args: Any,
 ) -> list[ConsumerRecord]:
-    """Read a whole topic from the beginning without a group (tools and tests).
-
-    Stops when ``expect`` records were read, or at the end: past the end offsets the
-    broker reports AND after a fetch that brought nothing. Both, because tansu reports
-    the last batch's base offset + 1 as the end, so its end offsets are a lower bound.
-    """
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        enable_auto_commit=False,
-        group_id=None,
-        **consumer_args,
+    """A whole topic from the beginning, without a group (tools and tests): until
+    ``expect`` records, or the end (see `dlrover_events.topic_reader`)."""
+    return await read_topics(
+        settings, [topic_name], timeout_s=timeout_s, expect=expect, **consumer_args
     )
-    await start_kafka_client(consumer, settings)
-    try:
-        parts = await topic_partitions(consumer, topic_name)
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        end_hint = await consumer.end_offsets(parts)
-        out: list[ConsumerRecord] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while loop.time() < deadline:
-            if expect is not None and len(out) >= expect:
-                break
-            batch = await consumer.getmany(timeout_ms=300)
-            for rs in batch.values():
-                out.extend(rs)
-            if not batch and expect is None and await _reached(consumer, end_hint):
-                break
-        out.sort(key=lambda r: (r.partition, r.offset))
-        return out
-    finally:
-        await consumer.stop()
-
-
-async def topic_partitions(consumer: AIOKafkaConsumer, topic_name: str) -> list[TopicPartition]:
-    """The partitions of a topic as the broker knows them now (empty: no such topic).
-
-    A group-less consumer only learns metadata for what it is assigned, so refresh first.
-    """
-    await consumer._client.force_metadata_update()
-    ids = consumer.partitions_for_topic(topic_name) or set()
-    return [TopicPartition(topic_name, p) for p in sorted(ids)]
-
-
-async def _reached(consumer: AIOKafkaConsumer, end: dict[TopicPartition, int]) -> bool:
-    for tp, offset in end.items():
-        if await consumer.position(tp) < offset:
-            return False
-    return True
 
 
 __all__ = [

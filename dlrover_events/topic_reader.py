@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from dlrover_events.bus import start_kafka_client, topic_partitions
 from dlrover_events.errors import UserError
+from dlrover_events.kafka_client import start_kafka_client, topic_partitions
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 
