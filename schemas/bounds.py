@@ -137,3 +137,30 @@ Labels = Annotated[
     ],
     Field(max_length=MAX_LABELS),
 ]
+
+#: A batch size in a job's batch limits (initial, maximum, local min/max), in samples:
+#: 2^40. A local batch times a replica count (at most 10,000 < 2^14) stays below 2^54,
+#: exact as a double, so every JSON reader and the brain's float arithmetic hold it.
+MAX_BATCH_SIZE = 2**40
+#: Gradient statistics (a squared norm, a variance's trace): finite and at most 1e100.
+#: Squares of float32 gradients summed over any real model stay far below it, and a
+#: product of two of them times a batch size stays finite as a double.
+MAX_GRAD_STAT = 1e100
+
+#: A batch size within the contract's bound.
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+
+
+def _grad_stat_bounded(value: float) -> float:
+    # pydantic's own `le` would write the bound as a 101-digit integer in the reason
+    if value > MAX_GRAD_STAT:
+        raise ValueError(f"must be at most {MAX_GRAD_STAT:g} (a gradient statistic)")
+    return value
+
+
+#: A gradient statistic within the contract's bound (the schema shows it as `maximum`).
+GradStat = Annotated[
+    float,
+    Field(ge=0, allow_inf_nan=False, json_schema_extra={"maximum": MAX_GRAD_STAT}),
+    AfterValidator(_grad_stat_bounded),
+]

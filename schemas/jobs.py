@@ -14,10 +14,12 @@ from schemas.bounds import (
     INT64_MAX,
     MAX_NODES,
     MAX_ROLES,
+    BatchSize,
     Bytes,
     Cpu,
     Document,
     Gpus,
+    GradStat,
     Int64,
     Labels,
     NodeId,
@@ -78,6 +80,40 @@ class JobSubmitted(JobEvent):
     )
     distribution: Literal["allreduce", "ps", "local", "custom"] = "allreduce"
     config: Document = Field(default_factory=dict)
+    # Batch limits: what a scheduler that re-chooses the batch per allocation (Pollux)
+    # may choose from. ``batch_size`` above is the initial global batch; replicas are
+    # bounded per role (``min_replicas``/``max_replicas``).
+    max_batch_size: BatchSize | None = Field(
+        default=None, description="largest global batch (samples per optimizer step)"
+    )
+    min_local_batch_size: BatchSize | None = Field(
+        default=None, description="smallest batch one replica may process per micro-step"
+    )
+    max_local_batch_size: BatchSize | None = Field(
+        default=None, description="largest batch one replica may process per micro-step"
+    )
+    adaptive_batch_size: bool = Field(
+        default=False,
+        description="whether plans may change the global batch within these limits "
+        "(the training keeps converging at another batch, e.g. with AdaScale)",
+    )
+
+    @model_validator(mode="after")
+    def _batch_limits_ordered(self) -> JobSubmitted:
+        # A limit pair that contradicts itself leaves a scheduler nothing to choose:
+        # refused at the contract, with both numbers, rather than guessed at later.
+        if (
+            self.batch_size is not None
+            and self.max_batch_size is not None
+            and self.batch_size > self.max_batch_size
+        ):
+            raise ValueError(
+                f"batch_size {self.batch_size} must be <= max_batch_size {self.max_batch_size}"
+            )
+        low, high = self.min_local_batch_size, self.max_local_batch_size
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"min_local_batch_size {low} must be <= max_local_batch_size {high}")
+        return self
 
 
 class JobStarted(JobEvent):
@@ -147,6 +183,10 @@ class NodeUsage(Model):
     step_time: Rate | None = Field(default=None, description="seconds per step")
 
 
+def _unset(value: object) -> bool:
+    return value is None
+
+
 class RuntimeSample(JobEvent):
     """A training job's progress and resource use at one moment."""
 
@@ -167,3 +207,45 @@ class RuntimeSample(JobEvent):
         description="processes training together when it was taken",
     )
     nodes: list[NodeUsage] = Field(default_factory=list, max_length=MAX_NODES)
+    # What jobs report for a cluster scheduler (issue 18). Left out of the JSON when
+    # unset, so a sample without them is the same bytes as before they existed (and takes
+    # the brain's fast read, which knows no field it was not built with).
+    num_nodes: int | None = Field(
+        default=None,
+        exclude_if=_unset,
+        ge=1,
+        le=MAX_NODES,
+        description="machines (pods, torchrun agents) the job's processes ran on",
+    )
+    # The gradient statistics Pollux's statistical efficiency needs, both or neither:
+    # the mean of the estimates made in this sample's interval, each from the gradients
+    # of several replicas (or micro-batches) against their average (AdaScale's estimator).
+    grad_sqr: GradStat | None = Field(
+        default=None, exclude_if=_unset, description="|E[g]|^2: squared norm of the true gradient"
+    )
+    grad_var: GradStat | None = Field(
+        default=None,
+        exclude_if=_unset,
+        description="tr(Cov[g]) of ONE sample's gradient: a mean over B samples has "
+        "variance grad_var / B; the gradient noise scale is grad_var / grad_sqr samples, "
+        "and the statistical efficiency of global batch M against M0 is "
+        "(grad_var + M0 * grad_sqr) / (grad_var + M * grad_sqr)",
+    )
+    # Where a step's time goes: the part a faster interconnect or fewer nodes would save.
+    compute_s: Rate | None = Field(
+        default=None,
+        exclude_if=_unset,
+        description="seconds per step computing (forward, backward, update)",
+    )
+    allreduce_s: Rate | None = Field(
+        default=None,
+        exclude_if=_unset,
+        description="seconds per step synchronising gradients (all-reduce)",
+    )
+
+    @model_validator(mode="after")
+    def _grad_stats_paired(self) -> RuntimeSample:
+        # One without the other is no efficiency: a consumer never sees half of it.
+        if (self.grad_sqr is None) != (self.grad_var is None):
+            raise ValueError("grad_sqr and grad_var come together: give both or neither")
+        return self

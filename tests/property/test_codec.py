@@ -27,10 +27,12 @@ from schemas import (
     encode,
 )
 from schemas.bounds import (
+    MAX_BATCH_SIZE,
     MAX_BYTES,
     MAX_CPU,
     MAX_DOCUMENT_VALUES,
     MAX_EVENT_BYTES,
+    MAX_GRAD_STAT,
     MAX_LABELS,
     MAX_NODES,
     MAX_REPLICAS,
@@ -38,7 +40,7 @@ from schemas.bounds import (
 from schemas.codec import decode_obj
 from schemas.dlq import DeadLetter, FailureKind
 from schemas.events import EVENT_TYPES
-from schemas.jobs import NodeRef, NodeUsage
+from schemas.jobs import JobSubmitted, NodeRef, NodeUsage, RoleSpec
 from schemas.plans import MigrateNode, Node, NodeGroupResource
 
 envs = st.from_regex(r"\A[a-z][a-z0-9-]{0,30}\Z")
@@ -51,6 +53,7 @@ when = st.datetimes(
     timezones=st.sampled_from([UTC, timezone(timedelta(hours=8)), timezone(timedelta(hours=-5))]),
 )
 floats = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
+grad_stats = st.floats(min_value=0, max_value=MAX_GRAD_STAT, allow_nan=False, allow_infinity=False)
 cores = st.floats(min_value=0, max_value=MAX_CPU, allow_nan=False, allow_infinity=False)
 counts = st.integers(min_value=0, max_value=2**40)
 roles = st.sampled_from(["worker", "ps", "chief", "evaluator", "learner", "collector"])
@@ -79,7 +82,7 @@ node_usage = st.builds(
 )
 resource = st.builds(NodeResource, cpu=cores, memory=counts, gpu_num=st.integers(0, 16))
 
-samples = st.builds(
+samples_without_grad_stats = st.builds(
     RuntimeSample,
     job=job_meta,
     global_step=counts,
@@ -87,6 +90,9 @@ samples = st.builds(
     samples_per_s=floats,
     batch_size=st.none() | st.integers(1, 1 << 20),
     nodes=st.lists(node_usage, max_size=4),
+    num_nodes=st.none() | st.integers(1, MAX_NODES),
+    compute_s=st.none() | floats,
+    allreduce_s=st.none() | floats,
     **envelope,
 )
 ooms = st.builds(
@@ -114,6 +120,45 @@ scale_plans = st.builds(
     migrate_nodes=st.lists(st.builds(MigrateNode, node=node_ref, resource=resource), max_size=2),
     **envelope,
 )
+
+
+@st.composite
+def samples_with_grad_stats(draw: st.DrawFn) -> RuntimeSample:
+    """Samples, half of them with the gradient statistics (both: one needs the other)."""
+    sample = draw(samples_without_grad_stats)
+    if not draw(st.booleans()):
+        return sample
+    stats = {"grad_sqr": draw(grad_stats), "grad_var": draw(grad_stats)}
+    return RuntimeSample.model_validate({**sample.model_dump(), **stats})
+
+
+samples = samples_with_grad_stats()
+batch_sizes = st.integers(1, MAX_BATCH_SIZE)
+
+
+@st.composite
+def submissions(draw: st.DrawFn) -> JobSubmitted:
+    """Submissions with batch limits: each maximum at or above what it bounds."""
+    initial = draw(st.none() | batch_sizes)
+    low = draw(st.none() | batch_sizes)
+    role = st.builds(
+        RoleSpec,
+        replicas=st.integers(0, 64),
+        min_replicas=st.none() | st.integers(0, 8),
+        max_replicas=st.none() | st.integers(8, MAX_REPLICAS),
+    )
+    return JobSubmitted(
+        job=draw(job_meta),
+        roles=draw(st.dictionaries(roles, role, max_size=2)),
+        batch_size=initial,
+        max_batch_size=draw(st.none() | st.integers(initial or 1, MAX_BATCH_SIZE)),
+        min_local_batch_size=low,
+        max_local_batch_size=draw(st.none() | st.integers(low or 1, MAX_BATCH_SIZE)),
+        adaptive_batch_size=draw(st.booleans()),
+        **{name: draw(values) for name, values in envelope.items()},
+    )
+
+
 scalars = st.one_of(
     st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=10),
     st.integers(-1000, 1000),
@@ -149,7 +194,7 @@ letters = st.builds(
     error=text,
     **envelope,
 )
-any_event = st.one_of(samples, ooms, scale_plans, changes, letters)
+any_event = st.one_of(samples, submissions(), ooms, scale_plans, changes, letters)
 
 
 @given(any_event)
@@ -230,7 +275,7 @@ def _set(obj: Any, path: tuple[Any, ...], value: Any) -> None:
 
 
 @settings(max_examples=300)
-@given(st.one_of(samples, ooms, scale_plans), st.data())
+@given(st.one_of(samples, submissions(), ooms, scale_plans), st.data())
 def test_no_number_is_read_from_a_boolean_or_a_string(event: Event, data: st.DataObject) -> None:
     """Strict decoding: `true` is not step 1, `"1"` is not version 1, for every consumer.
     (Every number of these events is a typed field: no free-form document holds one.)"""
@@ -269,6 +314,22 @@ _SUBMITTED = {
     "job": {"uuid": "job-1"},
     "roles": {"worker": {"replicas": 2}},
 }
+_SAMPLE_MEASURED = {
+    **_SAMPLE,
+    "num_nodes": 2,
+    "grad_sqr": 0.5,
+    "grad_var": 40.0,
+    "compute_s": 0.2,
+    "allreduce_s": 0.05,
+}
+_SUBMITTED_LIMITS = {
+    **_SUBMITTED,
+    "batch_size": 64,
+    "max_batch_size": 1024,
+    "min_local_batch_size": 8,
+    "max_local_batch_size": 128,
+    "adaptive_batch_size": True,
+}
 #: (a valid event, a path in it, a value past the contract, what the reason says)
 _POISON: list[tuple[dict[str, Any], tuple[Any, ...], Any, str]] = [
     (_SAMPLE, ("nodes", 0, "memory"), 10**30, f"less than or equal to {MAX_BYTES}"),
@@ -288,6 +349,22 @@ _POISON: list[tuple[dict[str, Any], tuple[Any, ...], Any, str]] = [
     (_SUBMITTED, ("config",), {"steps": 10**30}, "int64"),
     (_SUBMITTED, ("config",), {"n": list(range(MAX_DOCUMENT_VALUES))}, "more than"),
     (_SUBMITTED, ("job", "labels"), {str(i): "" for i in range(MAX_LABELS + 1)}, "at most"),
+    # what jobs report for a cluster scheduler (issue 18)
+    (_SAMPLE_MEASURED, ("num_nodes",), MAX_NODES + 1, f"less than or equal to {MAX_NODES}"),
+    (_SAMPLE_MEASURED, ("num_nodes",), 0, "greater than or equal to 1"),
+    (_SAMPLE_MEASURED, ("grad_sqr",), 1e101, f"at most {MAX_GRAD_STAT:g}"),
+    (_SAMPLE_MEASURED, ("grad_var",), 1e300, f"at most {MAX_GRAD_STAT:g}"),
+    (_SAMPLE_MEASURED, ("grad_var",), -1.0, "greater than or equal to 0"),
+    (_SAMPLE_MEASURED, ("grad_var",), None, "both or neither"),
+    (_SAMPLE, ("grad_sqr",), 1.0, "both or neither"),
+    (_SAMPLE_MEASURED, ("compute_s",), -0.1, "greater than or equal to 0"),
+    (_SAMPLE_MEASURED, ("allreduce_s",), 1e13, "less than or equal to 1"),
+    (_SUBMITTED_LIMITS, ("max_batch_size",), MAX_BATCH_SIZE + 1, str(MAX_BATCH_SIZE)),
+    (_SUBMITTED_LIMITS, ("max_local_batch_size",), 2**63, str(MAX_BATCH_SIZE)),
+    (_SUBMITTED_LIMITS, ("min_local_batch_size",), 0, "greater than or equal to 1"),
+    (_SUBMITTED_LIMITS, ("max_batch_size",), 32, "batch_size 64 must be <= max_batch_size 32"),
+    (_SUBMITTED_LIMITS, ("max_local_batch_size",), 4, "min_local_batch_size 8 must be <="),
+    (_SUBMITTED_LIMITS, ("adaptive_batch_size",), 1, "valid boolean"),
 ]
 
 
@@ -316,3 +393,38 @@ def test_an_event_larger_than_the_bus_bound_is_refused() -> None:
     obj = {**_SAMPLE, "source": "s" * MAX_EVENT_BYTES}
     with pytest.raises(CodecError, match=str(MAX_EVENT_BYTES)):
         decode(orjson.dumps(obj))
+
+
+def test_events_without_what_jobs_now_report_stay_valid() -> None:
+    """Producers from before issue 18 send none of the new fields: their events read as
+    before, the new fields unset."""
+    sample = decode(orjson.dumps(_SAMPLE))
+    assert isinstance(sample, RuntimeSample)
+    assert (sample.num_nodes, sample.grad_sqr, sample.grad_var) == (None, None, None)
+    assert (sample.compute_s, sample.allreduce_s) == (None, None)
+    submitted = decode(orjson.dumps(_SUBMITTED))
+    assert isinstance(submitted, JobSubmitted)
+    assert submitted.max_batch_size is None and submitted.adaptive_batch_size is False
+    assert (submitted.min_local_batch_size, submitted.max_local_batch_size) == (None, None)
+
+
+def test_what_jobs_report_reads_back_as_sent() -> None:
+    sample = decode(orjson.dumps(_SAMPLE_MEASURED))
+    assert isinstance(sample, RuntimeSample)
+    assert (sample.num_nodes, sample.grad_sqr, sample.grad_var) == (2, 0.5, 40.0)
+    assert (sample.compute_s, sample.allreduce_s) == (0.2, 0.05)
+    submitted = decode(orjson.dumps(_SUBMITTED_LIMITS))
+    assert isinstance(submitted, JobSubmitted)
+    assert (submitted.batch_size, submitted.max_batch_size) == (64, 1024)
+    assert (submitted.min_local_batch_size, submitted.max_local_batch_size) == (8, 128)
+    assert submitted.adaptive_batch_size is True
+
+
+def test_a_sample_without_the_new_fields_encodes_as_before() -> None:
+    """Unset, they are left out of the JSON: such samples are the bytes they were before
+    the fields existed, and so keep the brain's fast read (`streams/brain/samples.py`
+    refuses any field it was not built with)."""
+    event = RuntimeSample(env="prod", job=JobMeta(uuid="job-1"), global_step=1)
+    written = orjson.loads(encode(event))
+    assert not {"num_nodes", "grad_sqr", "grad_var", "compute_s", "allreduce_s"} & set(written)
+    assert decode(encode(event)) == event
