@@ -138,7 +138,7 @@ class Informer:
 
     def _failed(self, why: str, backoff: float, *, traceback: bool) -> None:
         log.warning(
-            "%s: list/watch failed (%s); listing again in %.1f s",
+            "%s: list/watch failed (%s); listing again in %.3g s",
             self.what,
             why,
             backoff,
