@@ -11,9 +11,9 @@ list says what the objects are now. So:
   over (``on_event``: ADDED, MODIFIED, DELETED);
 - a 410 Gone (the version was compacted away, events were lost in between) lists again
   at once; any other failure (the API server away, the caller's own store away) is
-  logged with why, and followed by a list after a backoff (``retry_s`` doubling to
-  ``max_retry_s``, back to ``retry_s`` after a good list). It never gives up: an API
-  server restarts, and the caller's ``on_list`` must converge from any state.
+  logged with why, and followed by a list after a backoff (the supervisor's: doubling
+  from its initial delay to its bound, starting again after a good list). It never gives
+  up: an API server restarts, and the caller's ``on_list`` must converge from any state.
 
 The informer keeps no objects: what the caller keeps per object is the caller's to drop
 when the object goes (DELETED, or missing from a list). It talks to the cluster only
@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import aiohttp
@@ -34,6 +35,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.kube.api import api_error
 from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.supervisor import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -56,40 +58,25 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
 
-def next_backoff(backoff: float, retry_s: float, max_retry_s: float) -> float:
-    """The pause after the one of ``backoff``: doubling, at most ``max_retry_s``."""
-    return min(max(backoff, retry_s) * 2, max_retry_s)
-
-
+@dataclass(eq=False)
 class Informer:
-    def __init__(
-        self,
-        what: str,
-        list_: Lister,
-        watch: Watcher,
-        *,
-        on_list: OnList,
-        on_event: OnEvent,
-        retry_s: float = 1.0,
-        max_retry_s: float = 30.0,
-    ) -> None:
-        #: how the logs name what is watched ("env prod: jobs", "ConfigMaps of ns")
-        self.what = what
-        self._list = list_
-        self._watch = watch
-        self._on_list = on_list
-        self._on_event = on_event
-        self.retry_s = retry_s
-        self.max_retry_s = max(max_retry_s, retry_s)
-        #: set once the first list has been handed over
-        self.synced = asyncio.Event()
-        #: lists handed over so far (the first included)
-        self.lists = 0
+    #: how the logs name what is watched ("env prod: jobs", "ConfigMaps of ns")
+    what: str
+    list_: Lister
+    watch: Watcher
+    _: KW_ONLY
+    on_list: OnList
+    on_event: OnEvent
+    backoff: Backoff = field(default_factory=lambda: Backoff(initial_s=1.0))
+    #: set once the first list has been handed over
+    synced: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    #: lists handed over so far (the first included)
+    lists: int = field(default=0, init=False)
 
     async def list_once(self) -> str:
         """List, hand the items over; returns the list's resourceVersion."""
-        items, version = await self._list()
-        await self._on_list(items)
+        items, version = await self.list_()
+        await self.on_list(items)
         self.lists += 1
         self.synced.set()
         return version
@@ -97,12 +84,12 @@ class Informer:
     async def watch_from(self, version: str) -> str:
         """Hand over each change from ``version`` until the server ends the watch; returns
         the last version seen (where the next watch resumes)."""
-        async for typ, obj in self._watch(version):
+        async for typ, obj in self.watch(version):
             if typ == "ERROR":  # a watch that passes the server's Status through
                 raise ApiException(status=obj.get("code"), reason=str(obj.get("message")))
             version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
             if typ in CHANGES:
-                await self._on_event(typ, obj)
+                await self.on_event(typ, obj)
         return version
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -117,11 +104,11 @@ class Informer:
                 await work
 
     async def _loop(self) -> None:
-        backoff = self.retry_s
+        failures = 0
         while True:
             try:
                 version = await self.list_once()
-                backoff = self.retry_s
+                failures = 0
                 while True:
                     version = await self.watch_from(version)
             except asyncio.CancelledError:
@@ -130,20 +117,21 @@ class Informer:
                 if e.status == 410:
                     log.info("%s: watch expired (410 Gone: events lost); listing again", self.what)
                     continue
-                self._failed(api_error(e), backoff, traceback=False)
+                failures += 1
+                self._failed(api_error(e), failures, traceback=False)
             except Exception as e:
-                self._failed(repr(e), backoff, traceback=not isinstance(e, UNAVAILABLE))
-            await asyncio.sleep(backoff)
-            backoff = next_backoff(backoff, self.retry_s, self.max_retry_s)
+                failures += 1
+                self._failed(repr(e), failures, traceback=not isinstance(e, UNAVAILABLE))
+            await asyncio.sleep(self.backoff.delay(failures))
 
-    def _failed(self, why: str, backoff: float, *, traceback: bool) -> None:
+    def _failed(self, why: str, failures: int, *, traceback: bool) -> None:
         log.warning(
             "%s: list/watch failed (%s); listing again in %.3g s",
             self.what,
             why,
-            backoff,
+            self.backoff.delay(failures),
             exc_info=traceback,
         )
 
 
-__all__ = ["UNAVAILABLE", "Informer", "Lister", "Watcher", "next_backoff"]
+__all__ = ["UNAVAILABLE", "Informer", "Lister", "Watcher"]

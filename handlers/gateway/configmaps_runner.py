@@ -25,6 +25,7 @@ from kubernetes_asyncio import client
 from dlrover_events.kube import credentials
 from dlrover_events.kube.api import list_objects, watch_objects
 from dlrover_events.kube.informer import Informer
+from dlrover_events.supervisor import Backoff
 from handlers.gateway.configmaps import ConfigMapSync, SyncReport, selector
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class ConfigMapWatcher:
             self._watch,
             on_list=self._listed,
             on_event=self.sync.observe,
-            retry_s=retry_s,
+            backoff=Backoff(initial_s=retry_s),
         )
         #: set once the first list has been written through: the store holds the cluster's
         #: ConfigMaps as of then.

@@ -40,6 +40,7 @@ from dlrover_events.kube.informer import Informer
 from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
+from dlrover_events.supervisor import Backoff
 from dlrover_events.topics import SCALE_PLANS
 from handlers.operator.kube import planning
 from handlers.operator.kube.adapter import PodCreatingAdapter, WorkloadAdapter
@@ -227,7 +228,7 @@ class EnvReconciler:
             watch,
             on_list=on_list,
             on_event=on_event,
-            retry_s=self.retry_s,
+            backoff=Backoff(initial_s=self.retry_s),
         )
 
     async def _jobs_listed(self, items: list[dict[str, Any]]) -> None:

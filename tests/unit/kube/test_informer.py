@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.rest import ApiException
 
-from dlrover_events.kube.informer import Informer, next_backoff
+from dlrover_events.kube.informer import Informer
+from dlrover_events.supervisor import Backoff
 
 #: bound of every wait here; each should take milliseconds
 DEADLINE_S = 10.0
@@ -69,8 +70,7 @@ class Script:
             self.watch,
             on_list=self.on_list,
             on_event=self.on_event,
-            retry_s=retry_s,
-            max_retry_s=max_retry_s,
+            backoff=Backoff(initial_s=retry_s, max_s=max_retry_s),
         )
 
     async def until_calls(self, n: int) -> None:
@@ -133,20 +133,26 @@ async def test_a_failure_is_logged_with_why_and_listed_again_after_the_backoff(
     script = Script(
         lists=[
             ConnectionRefusedError("connect to 127.0.0.1:6443"),
+            TimeoutError("list timed out"),
+            ConnectionRefusedError("connect to 127.0.0.1:6443"),
             ([obj("a", "5")], "10"),
             ([obj("a", "5")], "12"),
         ],
         watches=[[ApiException(status=500, reason="Internal Server Error")]],
     )
     informer = script.informer(retry_s=0.01, max_retry_s=0.02)
-    await run_until_calls(script, informer, 5)
-    assert script.calls == [("list",), ("list",), ("watch", "10"), ("list",), ("watch", "12")]
+    await run_until_calls(script, informer, 7)
+    assert script.calls == [*[("list",)] * 4, ("watch", "10"), ("list",), ("watch", "12")]
     assert script.listed == [["a"], ["a"]]
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert "connect to 127.0.0.1:6443" in warnings[0].getMessage()
-    assert "500 Internal Server Error" in warnings[1].getMessage()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 4, warnings
+    assert "connect to 127.0.0.1:6443" in warnings[0] and "list timed out" in warnings[1]
+    assert "500 Internal Server Error" in warnings[3]
+    # one backoff: doubling to its bound, and from the start again after a good list
+    delays = [w.rsplit("listing again in ", 1)[1] for w in warnings]
+    assert delays == ["0.01 s", "0.02 s", "0.02 s", "0.01 s"]
     # the cluster away is one line; no traceback for it
-    assert not any(r.exc_info for r in warnings)
+    assert not any(r.exc_info for r in caplog.records)
 
 
 async def test_a_bug_in_the_callers_handler_is_logged_with_its_traceback(
@@ -168,7 +174,7 @@ async def test_a_bug_in_the_callers_handler_is_logged_with_its_traceback(
         script.watch,
         on_list=on_list,
         on_event=script.on_event,
-        retry_s=0.01,
+        backoff=Backoff(initial_s=0.01),
     )
     await run_until_calls(script, informer, 3)
     assert script.listed == [[]] and informer.lists == 1  # the second list got through
@@ -186,10 +192,3 @@ async def test_stop_cuts_a_watch_in_flight() -> None:
     async with asyncio.timeout(DEADLINE_S):
         await task
     assert script.calls == [("list",), ("watch", "1")]
-
-
-def test_the_backoff_doubles_up_to_its_bound() -> None:
-    pauses = [1.0]
-    for _ in range(7):
-        pauses.append(next_backoff(pauses[-1], 1.0, 30.0))
-    assert pauses == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
