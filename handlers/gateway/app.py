@@ -109,6 +109,8 @@ class Gateway:
     plans: PlanBook
     publish: Publish
     limits: Limits = dataclasses.field(default_factory=Limits)
+    #: set while the bus answers (`up` clears it while the broker is away): not ready then
+    bus: asyncio.Event | None = None
     #: /v1/config long-polls waiting now
     config_waiting: int = 0
 
@@ -161,43 +163,57 @@ def json_response(
 class Metrics:
     def __init__(self, registry: CollectorRegistry, state: GatewayState, plans: PlanBook) -> None:
         self.requests = Counter(
-            "gateway_requests",
+            "dlrover_events_gateway_requests",
             "HTTP requests by route and status",
             ["route", "method", "status"],
             registry=registry,
         )
         self.latency = Histogram(
-            "gateway_request_seconds",
+            "dlrover_events_gateway_request_seconds",
             "HTTP request latency (long-polls included)",
             ["route"],
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30, 60),
             registry=registry,
         )
         self.waiting = Gauge(
-            "gateway_long_polls", "long-polls waiting for a change", registry=registry
+            "dlrover_events_gateway_long_polls",
+            "long-polls waiting for a change",
+            registry=registry,
         )
-        docs = Gauge("gateway_documents", "documents in the index", registry=registry)
+        docs = Gauge(
+            "dlrover_events_gateway_documents", "documents in the index", registry=registry
+        )
         docs.set_function(lambda: len(state.index))
         applied = Gauge(
-            "gateway_changes_applied", "changes applied from the feed", registry=registry
+            "dlrover_events_gateway_changes_applied",
+            "changes applied from the feed",
+            registry=registry,
         )
         applied.set_function(lambda: state.applied)
-        ready = Gauge("gateway_ready", "1 once the index has caught up", registry=registry)
+        ready = Gauge(
+            "dlrover_events_gateway_ready", "1 once the index has caught up", registry=registry
+        )
         ready.set_function(lambda: 1 if state.ready.is_set() else 0)
-        jobs = Gauge("gateway_plan_jobs", "jobs whose plan is tracked", registry=registry)
+        jobs = Gauge(
+            "dlrover_events_gateway_plan_jobs", "jobs whose plan is tracked", registry=registry
+        )
         jobs.set_function(lambda: len(plans))
         plan_waiting = Gauge(
-            "gateway_plan_waiters",
+            "dlrover_events_gateway_plan_waiters",
             "plan long-polls and optimize requests waiting",
             registry=registry,
         )
         plan_waiting.set_function(lambda: plans.waiting)
         evicted = Gauge(
-            "gateway_plan_jobs_evicted", "jobs forgotten to keep within the cap", registry=registry
+            "dlrover_events_gateway_plan_jobs_evicted",
+            "jobs forgotten to keep within the cap",
+            registry=registry,
         )
         evicted.set_function(lambda: plans.evicted)
         plans_ready = Gauge(
-            "gateway_plans_ready", "1 once the job and plan topics were read", registry=registry
+            "dlrover_events_gateway_plans_ready",
+            "1 once the job and plan topics were read",
+            registry=registry,
         )
         plans_ready.set_function(lambda: 1 if plans.ready.is_set() else 0)
 
@@ -377,8 +393,9 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 async def readyz(request: web.Request) -> web.StreamResponse:
     """Ready once the config feed and the job and plan topics were read to their end."""
     gw = request.app[GATEWAY]
-    ready = gw.state.ready.is_set() and gw.plans.ready.is_set()
-    body = {"ready": ready, "documents": len(gw.state.index), "jobs": len(gw.plans)}
+    bus = gw.bus is None or gw.bus.is_set()
+    ready = gw.state.ready.is_set() and gw.plans.ready.is_set() and bus
+    body = {"ready": ready, "bus": bus, "documents": len(gw.state.index), "jobs": len(gw.plans)}
     return json_response(body, 200 if ready else 503)
 
 

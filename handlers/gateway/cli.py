@@ -7,14 +7,15 @@ against a stack started by `dlrover-events up` they need no flags beyond the env
 from __future__ import annotations
 
 import asyncio
-import signal
 from pathlib import Path
 
 import typer
 
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.errors import UserError
+from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
+from dlrover_events.standalone import standalone
 from dlrover_events.store import create_pool, env_schema
 from dlrover_events.tokens import Scope, TokenInfo, Tokens
 from handlers.gateway.runtime import GatewayServer, GatewaySettings, prepare_env
@@ -50,13 +51,18 @@ def serve(
 
 
 async def _serve(settings: Settings, env: str, conf: GatewaySettings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with GatewayServer(settings, env, await _dsn(settings), conf) as server:
-        typer.echo(f"gateway of env {env} on {server.url} (OpenAPI at /openapi.json)")
-        await stop.wait()
+    dsn = await _dsn(settings)
+    await prepare_env(dsn, env)  # a missing env is one line, before anything starts
+    ctx = ServiceContext(settings, env, dsn)
+    async with (
+        standalone(ctx),
+        GatewayServer(settings, env, dsn, conf, registry=ctx.metrics) as server,
+    ):
+        typer.echo(
+            f"gateway of env {env} on {server.url} (OpenAPI at /openapi.json; "
+            f"metrics also at {ctx.endpoints['metrics']})"
+        )
+        await ctx.stop.wait()
 
 
 token_app = typer.Typer(

@@ -416,9 +416,13 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "Ready": {
                     "type": "object",
-                    "required": ["ready", "documents", "jobs"],
+                    "required": ["ready", "bus", "documents", "jobs"],
                     "properties": {
                         "ready": {"type": "boolean"},
+                        "bus": {
+                            "type": "boolean",
+                            "description": "false while the broker is away (not ready then)",
+                        },
                         "documents": {"type": "integer"},
                         "jobs": {"type": "integer", "description": "jobs whose plan is kept"},
                     },

@@ -106,8 +106,14 @@ class GatewayServer(AsyncResource):
         env: str,
         dsn: str,
         gateway_settings: GatewaySettings | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        bus: asyncio.Event | None = None,
     ) -> None:
         self.settings = settings
+        #: where its metrics go: the service's registry under `up` or a command
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.bus = bus
         self.env = env
         self.dsn = dsn
         self.conf = gateway_settings or GatewaySettings()
@@ -158,7 +164,7 @@ class GatewayServer(AsyncResource):
                 self.state,
                 store,
                 tokens,
-                CollectorRegistry(),
+                self.registry,
                 self.plans,
                 producer.publish,
                 Limits(
@@ -166,6 +172,7 @@ class GatewayServer(AsyncResource):
                     body_timeout_s=self.conf.body_timeout_s,
                     config_waiters=self.conf.config_waiters,
                 ),
+                bus=self.bus,
             )
             self._tasks.append(asyncio.create_task(self._follow(), name="gateway-follow"))
             for feed in self._plan_feeds:

@@ -17,7 +17,10 @@ log = logging.getLogger(__name__)
 
 
 async def run(ctx: ServiceContext) -> None:
-    async with GatewayServer(ctx.settings, ctx.env, ctx.pg_dsn, GatewaySettings()) as server:
+    server = GatewayServer(
+        ctx.settings, ctx.env, ctx.pg_dsn, GatewaySettings(), registry=ctx.metrics, bus=ctx.bus
+    )
+    async with server:
         await server.wait_ready()
         log.info("config gateway of env %s on %s", ctx.env, server.url)
         ctx.endpoints["config gateway"] = (
