@@ -114,13 +114,19 @@ async def run_env(
     await registry.create(env, EnvMode.VIRTUAL, settings=SETTINGS)
     run = Run(env)
     tap = Tap(settings, env, (JOB_EVENTS, BRAIN_PLANS, SCALE_PLANS, SCALE_RESULTS))
+    # Metrics on any free port: two envs run side by side, and a killed brain's port may
+    # linger.
+    port = {"DLROVER_EVENTS_METRICS_PORT": "0"}
     services = {
-        "brain": Service(settings, pg_dsn, ["brain", "--env", env], logs / f"{env}.brain.log"),
+        "brain": Service(
+            settings, pg_dsn, ["brain", "--env", env], logs / f"{env}.brain.log", extra_env=port
+        ),
         "operator": Service(
             settings,
             pg_dsn,
             ["operator", "--env", env],
             logs / f"{env}.operator.log",
+            extra_env=port,
             lock_key=operator_lock(env),
         ),
     }
