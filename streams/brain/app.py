@@ -1,13 +1,16 @@
 """`dlrover-events brain --env E`: the brain as a faust-streaming app.
 
-faust runs the group membership, rebalances, offsets and the producer; the records go
-from faust's fetcher straight to the BrainProcessor in the batches the broker returned.
-faust's own path from fetcher to agent (a Message, an Event, two tasks per record for its
-flow control, a queue and an ack each) cost more per record than deciding it, and capped
-the brain below the speed it must keep up with (`bench brain` shows both). The processor
-decides a batch and hands its plans and dead letters to a courier task, which publishes
-them, batch after batch in order, while the next batch is decided; at most
-`OUTBOX_BATCHES` decided batches wait for it, so backpressure reaches the fetcher.
+faust runs the group membership, rebalances and the producer; the records go from faust's
+fetcher straight to the brain in the batches the broker returned (the faust-specific code
+is in `streams.brain.faust_glue`, alone). The brain merges its input partitions into one
+order that depends on the records, not on the batches (`streams.brain.merge`), and the
+BrainProcessor decides them in that order. faust's own path from fetcher to agent (a
+Message, an Event, two tasks per record for its flow control, a queue and an ack each)
+cost more per record than deciding it, and capped the brain below the speed it must keep
+up with (`bench brain` shows both). The processor decides a batch and hands its plans and
+dead letters to a courier task, which publishes them, batch after batch in order, while
+the next batch is decided; at most `OUTBOX_BATCHES` decided batches wait for it, so
+backpressure reaches the fetcher.
 
 A checkpoint task waits until the courier has published every batch decided so far,
 writes the changed job states and the offsets they include to Postgres every few
@@ -31,16 +34,12 @@ import logging
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import faust
 import typer
-from aiokafka import TopicPartition
-from faust.sensors import Sensor
-from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
 from dlrover_events.bus import Producer, log_dead_letters
@@ -66,6 +65,13 @@ from schemas.codec import encode
 from schemas.plans import ScalePlan
 from streams.brain.checkpoint import BrainStore, Offsets, Snapshot
 from streams.brain.configs import ConfigFollower
+from streams.brain.faust_glue import (
+    FETCH_MAX_WAIT_MS,
+    BrainApp,
+    RecordSink,
+    commit,
+    fetch_progress,
+)
 from streams.brain.merge import Fetch, Merge, event_time
 from streams.brain.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
 from streams.brain.recovery import published_since, recover, stale_offsets, warn_stale
@@ -74,104 +80,6 @@ from streams.brain.triggers import Policy
 log = logging.getLogger(__name__)
 
 GROUP = "brain"
-#: tansu answers a fetch when its wait is over, not as soon as data arrives, so this wait
-#: is the floor of the plan latency (faust itself fixes it at 1500 ms: about 0.4 s per
-#: event measured at low rates); an idle brain pays with a fetch every 10 ms.
-FETCH_MAX_WAIT_MS = 10
-
-
-class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = getattr(self.app, "fetch_max_wait_ms", FETCH_MAX_WAIT_MS)
-        return consumer
-
-
-RecordSink = Callable[[list[Any]], Awaitable[None]]
-
-
-class _Consumer(faust_kafka.Consumer):
-    def _new_consumer_thread(self) -> Any:
-        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-    async def _drain_messages(self, fetcher: Any) -> None:
-        """Hand each fetched batch to the app's record sink (aiokafka's ConsumerRecords,
-        partition by partition in offset order), waiting for it before fetching on."""
-        sink: RecordSink | None = getattr(self.app, "record_sink", None)
-        if sink is None:
-            await super()._drain_messages(fetcher)
-            return
-        consumer_stopped = self._stopped.is_set
-        fetcher_stopped = fetcher._stopped.is_set
-        read_offset = self._read_offset
-        # faust's livelock check reads when records last reached a stream, from its Monitor
-        inbound = self.app.monitor.stream_inbound_time
-        try:
-            while not (consumer_stopped() or fetcher_stopped()):
-                records, active = await self._wait_next_records(1.0)
-                if not records:
-                    # the sink may hold records that may go now: a partition it waited
-                    # for was found read to its end, or waited too long
-                    await asyncio.shield(sink([]))
-                    continue
-                # Even with a rebalance begun: the fetcher's position has moved past
-                # these, so a batch dropped here would be lost until the next seek. The
-                # sink keeps what is still ours and skips by offset what it has decided.
-                batch: list[Any] = []
-                now = time.monotonic()
-                for tp, items in records.items():
-                    if items and (active is None or tp in active):
-                        batch.extend(items)
-                        read_offset[tp] = items[-1].offset
-                        inbound[tp] = now
-                if batch:
-                    # a rebalance cancels the fetcher: the batch is still decided and its
-                    # plans published (the revocation waits for it), never half of it
-                    await asyncio.shield(sink(batch))
-        except self.consumer_stopped_errors:
-            if self.transport.app.should_stop:
-                return
-            raise
-        except asyncio.CancelledError:
-            if self.transport.app.should_stop:
-                return
-            raise
-
-
-class _Transport(faust_kafka.Transport):
-    Consumer = _Consumer
-
-
-class BrainApp(faust.App):
-    """faust's App with a fetch wait of our choosing (faust has no setting for it) and
-    without the sensor of its web view."""
-
-    fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
-    #: where fetched records go, in batches; None: through faust's agents and streams
-    record_sink: RecordSink | None = None
-    #: faust's Monitor sensor keeps per-event statistics for its web view, which the
-    #: brain does not serve: four calls per event for nothing.
-    monitored: bool = False
-
-    def _new_transport(self) -> Any:
-        return _Transport(self.conf.broker_consumer, self)
-
-    def on_init_dependencies(self) -> Any:
-        dependencies = super().on_init_dependencies()
-        if not self.monitored:
-            self.sensors.remove(self.monitor)
-            self.sensors.add(_RebalanceSensor())
-        return dependencies
-
-
-class _RebalanceSensor(Sensor):
-    """Does nothing per event; it only gives faust's rebalance bookkeeping a state, which
-    it warns about at every rebalance when no sensor is left."""
-
-    def on_rebalance_start(self, app: Any) -> dict[str, Any]:
-        return {"brain": True}
-
-
 #: gc thresholds of a brain process (young, middle, old generation).
 GC_THRESHOLDS = (50_000, 50, 1_000)
 
@@ -431,7 +339,7 @@ class Brain:
                 if new:
                     await self._load(new)
                 now = time.monotonic()
-                fetch = self._fetch_progress(inputs)
+                fetch = fetch_progress(self.app, inputs)
                 counters = self.processor.counters
                 before = (counters.decisions, _seen(counters))
                 if self.processor.policy.lockstep:
@@ -504,22 +412,6 @@ class Brain:
                 merge.max_buffered,
             )
         return released
-
-    def _fetch_progress(self, inputs: set[tuple[str, int]]) -> dict[tuple[str, int], Fetch]:
-        """Where faust's aiokafka consumer stands on each input partition: the position
-        it handed records up to, and the log's end as its last fetch saw it."""
-        consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
-        subscription = getattr(getattr(consumer, "_subscription", None), "subscription", None)
-        if subscription is None:
-            return {}
-        assignment = subscription.assignment
-        out: dict[tuple[str, int], Fetch] = {}
-        for tp in inputs:
-            state = assignment.state_value(TopicPartition(*tp))
-            if state is not None:
-                position = state.position if state.has_valid_position else None
-                out[tp] = Fetch(position, state.highwater)
-        return out
 
     def _check_log_ends(self, fetch: dict[tuple[str, int], Fetch]) -> None:
         """A log that now ends before what the states include restarted under a running
@@ -843,7 +735,7 @@ class Brain:
             return
         todo, self._to_commit = self._to_commit, {}
         try:
-            await cast(Any, self.app.consumer)._commit_offsets(todo)
+            await commit(self.app, todo)
         except Exception:
             log.warning("committing the brain's offsets of %s failed; retrying", self.env)
             self._to_commit = {**todo, **self._to_commit}
@@ -859,7 +751,14 @@ class Brain:
         self.ready.set()
 
 
-__all__ = ["Brain", "BrainApp", "published_since", "service"]
+__all__ = [
+    "FETCH_MAX_WAIT_MS",
+    "Brain",
+    "BrainApp",
+    "RecordSink",
+    "published_since",
+    "service",
+]
 
 
 # -- `up` and the command ----------------------------------------------------------------

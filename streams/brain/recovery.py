@@ -24,6 +24,7 @@ from dlrover_events.settings import Settings
 from schemas.codec import CodecError, decode
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Offsets
+from streams.brain.faust_glue import refresh_metadata
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ async def recover(
     consumer = _consumer(settings)
     await consumer.start()
     try:
-        await consumer._client.force_metadata_update()
+        await refresh_metadata(consumer)
         outs = [
             TopicPartition(name, p)
             for name in outputs
