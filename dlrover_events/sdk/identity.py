@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlrover_events.config_matching import job_attributes
+from schemas.bounds import MAX_NODES
 from schemas.envelope import _check_env
 from schemas.jobs import JobMeta, NodeRef
 
@@ -38,6 +39,11 @@ LABELS_ENV = "DLROVER_EVENTS_LABELS"
 #: DLROVER_EVENTS_WORLD_SIZE (the operator's replica count, for roles without torchrun).
 LAUNCHER_RANK_ENV = "RANK"
 LAUNCHER_WORLD_SIZE_ENV = "WORLD_SIZE"
+#: Machines the job trains on: torchrun's agents in this rendezvous (GROUP_WORLD_SIZE), or
+#: what a launcher without torchrun says (DLROVER_EVENTS_NUM_NODES). Samples carry it: a
+#: step's all-reduce crosses the network only between nodes.
+LAUNCHER_NUM_NODES_ENV = "GROUP_WORLD_SIZE"
+NUM_NODES_ENV = "DLROVER_EVENTS_NUM_NODES"
 
 #: A directory the platform gives a job's processes for their checkpoints (the local
 #: platform sets it); a job's file there is named after the job, so a resubmitted job
@@ -79,6 +85,8 @@ class JobIdentity:
     world_size: int = 1
     extra_attributes: Mapping[str, str] = field(default_factory=dict)
     process_rank: int = 0
+    #: machines the job's processes run on (None: not known).
+    num_nodes: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -93,6 +101,10 @@ class JobIdentity:
             raise IdentityError(f"{WORLD_SIZE_ENV} must be >= 1, got {self.world_size}")
         if self.process_rank < 0:
             raise IdentityError(f"{LAUNCHER_RANK_ENV} must be >= 0, got {self.process_rank}")
+        if self.num_nodes is not None and not 1 <= self.num_nodes <= MAX_NODES:
+            raise IdentityError(
+                f"{NUM_NODES_ENV} must be within [1, {MAX_NODES}], got {self.num_nodes}"
+            )
 
     @property
     def node(self) -> NodeRef:
@@ -144,6 +156,7 @@ class JobIdentity:
             rank=_int(env, (RANK_ENV, LAUNCHER_RANK_ENV), 0),
             world_size=_int(env, (LAUNCHER_WORLD_SIZE_ENV, WORLD_SIZE_ENV), 1),
             process_rank=_int(env, (LAUNCHER_RANK_ENV,), 0),
+            num_nodes=_optional_int(env, (LAUNCHER_NUM_NODES_ENV, NUM_NODES_ENV)),
         )
 
 
@@ -168,3 +181,9 @@ def _int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
             except ValueError:
                 raise IdentityError(f"{name} must be an integer, got {raw!r}") from None
     return default
+
+
+def _optional_int(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
+    if not any(env.get(name, "").strip() for name in names):
+        return None
+    return _int(env, names, 0)

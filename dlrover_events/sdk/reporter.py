@@ -136,6 +136,10 @@ class Reporter:
         # Training thread -> reporter thread. Appends and poplefts are atomic in CPython.
         self._steps: deque[StepRecord] = deque(maxlen=step_buffer)
         self._append = self._steps.append
+        #: gradient estimates and step splits, rarer than steps: the newest 1,024 of each
+        #: while the thread is away.
+        self._grads: deque[tuple[float, float]] = deque(maxlen=1024)
+        self._splits: deque[tuple[float, float]] = deque(maxlen=1024)
         self._seq = 0
         self._outbox: deque[Event] = deque()
         self._flush_waiters: deque[threading.Event] = deque()
@@ -149,7 +153,7 @@ class Reporter:
         self._close_timeout_s = 0.0
 
         # Owned by the reporter thread; their counters are read by anyone.
-        self._cutter = SampleCutter(self._steps, probe_list)
+        self._cutter = SampleCutter(self._steps, probe_list, self._grads, self._splits)
         self._buffer = DropBuffer(buffer_size, identity.job.uuid, lambda: self._sender.last_error)
         self._sender = Sender(
             self._settings,
@@ -185,6 +189,17 @@ class Reporter:
         for item in iterable:
             yield item
             self.step(samples=samples)
+
+    def observe_gradients(self, grad_sqr: float, grad_var: float) -> None:
+        """One step's unbiased estimates of |E[g]|^2 and of one sample's tr(Cov[g]) (either
+        may be negative); the next sample carries the mean of those since the last one.
+        ``dlrover_events.sdk.torch.GradientStats`` computes them from torch gradients."""
+        self._grads.append((grad_sqr, grad_var))
+
+    def observe_split(self, compute_s: float, allreduce_s: float) -> None:
+        """Seconds one step spent computing and synchronising gradients (the caller's
+        measure, or ``dlrover_events.sdk.torch.StepTimer``'s); samples carry the mean."""
+        self._splits.append((compute_s, allreduce_s))
 
     def publish(self, event: Event) -> None:
         """Queue any event (an OOM, a lifecycle mark) for the reporter thread to send."""

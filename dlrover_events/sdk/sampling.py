@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from dlrover_events.sdk.identity import JobIdentity
 from dlrover_events.sdk.probes import Probe
-from dlrover_events.sdk.window import StepRecord, StepWindow
+from dlrover_events.sdk.window import GradStatsWindow, SplitWindow, StepRecord, StepWindow
 from schemas.jobs import NodeUsage, RuntimeSample
 
 log = logging.getLogger("dlrover_events.sdk.reporter")
@@ -23,11 +23,23 @@ log = logging.getLogger("dlrover_events.sdk.reporter")
 class SampleCutter:
     """The window being measured (first and last step records seen), cut on demand."""
 
-    def __init__(self, steps: deque[StepRecord], probes: list[Probe]) -> None:
+    def __init__(
+        self,
+        steps: deque[StepRecord],
+        probes: list[Probe],
+        grads: deque[tuple[float, float]] | None = None,
+        splits: deque[tuple[float, float]] | None = None,
+    ) -> None:
         self._steps = steps
+        #: (grad_sqr, grad_var) estimates and (compute_s, allreduce_s) of timed steps,
+        #: appended by the training thread now and then (see ``Reporter.observe_*``).
+        self._grads: deque[tuple[float, float]] = grads if grads is not None else deque()
+        self._splits: deque[tuple[float, float]] = splits if splits is not None else deque()
         #: resource probes, read at each cut; one that raises is disabled.
         self.probes = probes
         self.window = StepWindow()
+        self.grad_window = GradStatsWindow()
+        self.split_window = SplitWindow()
         #: samples made so far.
         self.made = 0
 
@@ -36,6 +48,11 @@ class SampleCutter:
         steps, add = self._steps, self.window.add
         while steps:
             add(steps.popleft())
+        grads, splits = self._grads, self._splits
+        while grads:
+            self.grad_window.add(*grads.popleft())
+        while splits:
+            self.split_window.add(*splits.popleft())
 
     def cut(
         self,
@@ -51,6 +68,8 @@ class SampleCutter:
         window = self.window.cut()
         if window is None:
             return None
+        grads = self.grad_window.cut()
+        split = self.split_window.cut()
         speed = window.speed
         local_batch_size, accumulation_steps = batch
         if batch_size is not None:
@@ -74,6 +93,11 @@ class SampleCutter:
                 accumulation_steps=accumulation_steps,
                 world_size=ident.world_size,
                 nodes=[self._usage(ident, window.step_time)],
+                num_nodes=ident.num_nodes,
+                grad_sqr=grads[0] if grads else None,
+                grad_var=grads[1] if grads else None,
+                compute_s=split[0] if split else None,
+                allreduce_s=split[1] if split else None,
             )
         except ValidationError as err:
             log.warning("dlrover-events: cannot build a runtime sample: %s", err)
