@@ -34,15 +34,12 @@ import logging
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import typer
 from faust.types import TP
 
-from dlrover_events.bus import Producer, log_dead_letters
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
@@ -53,18 +50,15 @@ from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import EnvStore
 from dlrover_events.topics import (
     BRAIN_PLANS,
-    DLQ,
     JOB_EVENTS,
     JOB_METRICS,
     SCALE_PLANS,
     SCALE_RESULTS,
     topic,
-    topic_of,
 )
-from schemas.codec import encode
-from schemas.plans import ScalePlan
 from streams.brain.checkpoint import BrainStore, Offsets, Snapshot
 from streams.brain.configs import ConfigFollower
+from streams.brain.courier import OUTBOX_BATCHES, Courier
 from streams.brain.faust_glue import (
     FETCH_MAX_WAIT_MS,
     BrainApp,
@@ -75,6 +69,7 @@ from streams.brain.faust_glue import (
 from streams.brain.merge import Fetch, Merge, event_time
 from streams.brain.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
 from streams.brain.recovery import published_since, recover, stale_offsets, warn_stale
+from streams.brain.retry import MAX_BACKOFF_S, Stopping, backoff, sleep_unless, unless
 from streams.brain.triggers import Policy
 
 log = logging.getLogger(__name__)
@@ -86,30 +81,14 @@ GC_THRESHOLDS = (50_000, 50, 1_000)
 #: How long a starting brain waits for the env's config documents.
 CONFIGS_WAIT_S = 30.0
 
-#: Decided batches whose plans wait to be published while the next batch is decided. A
-#: batch's plans wait for the broker's acks (acks=all): deciding the next batch only after
-#: them left the brain idle a tenth of its time, and made each batch's events wait for the
-#: previous batch's acks. One courier publishes the batches in order, as before.
-OUTBOX_BATCHES = 2
 #: How long a checkpoint waits for the courier to catch up before it holds the stream.
 CATCH_UP_S = 1.0
 #: How long the merge of the input partitions waits for one that lags without delivering
 #: (`streams.brain.merge`), and how many records it buffers at most meanwhile.
 MAX_IDLE_S = 5.0
 MAX_BUFFERED = 100_000
-#: Retry loops (loading a checkpoint, publishing, checkpointing) back off up to this.
-MAX_BACKOFF_S = 30.0
 #: How long a stopping brain gives its last checkpoint.
 STOP_CHECKPOINT_S = 20.0
-
-
-def backoff(attempt: int, first: float = 0.2) -> float:
-    """Seconds before retry `attempt` + 1: doubling from `first`, at most MAX_BACKOFF_S."""
-    return min(first * 2 ** min(attempt - 1, 20), MAX_BACKOFF_S)
-
-
-class Stopping(Exception):
-    """The brain is stopping: what was under way is left for the next start to redo."""
 
 
 def _record_time(record: Any) -> float:
@@ -119,18 +98,6 @@ def _record_time(record: Any) -> float:
 def _seen(counters: Any) -> int:
     """Input records the processor is done with, whatever it made of them."""
     return int(counters.processed + counters.ignored + counters.dead_lettered)
-
-
-@dataclass(frozen=True)
-class _Record:
-    """One record the brain publishes; `plan`: its offset is where a restart looks for
-    plans published after the checkpoint."""
-
-    topic: str
-    key: bytes | None
-    value: bytes
-    partition: int | None = None
-    plan: bool = False
 
 
 #: The brain reads what jobs and the operator say; scale results update a job's resources.
@@ -170,16 +137,8 @@ class Brain:
         self._policy_given = policy is not None
         self.checkpoint_every_s = checkpoint_every_s
         self._freeze_gc = freeze_gc
-        self._dlq = topic(env, DLQ)
         self._inputs = [topic(env, name) for name in INPUTS]
         self._outputs = [topic(env, BRAIN_PLANS), topic(env, SCALE_PLANS)]
-        #: next offset per output partition after the plans this process published
-        self._produced: Offsets = {}
-        #: plan ids found on the outputs after the checkpoint we resumed from
-        self._published: set[str] = set()
-        self.republish_skipped = 0
-        #: partitions of the topics published to every partition of (lockstep acks)
-        self._partitions: dict[str, list[int]] = {}
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if datadir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="dlrover-brain-")
@@ -222,14 +181,16 @@ class Brain:
         self._to_commit: dict[TP, int] = {}
         self._store: BrainStore | None = None
         #: decided batches' output, published in order by the courier
-        #: (and when the oldest record they decided was fetched: the plans' latency)
-        self._outbox: asyncio.Queue[tuple[Output, float]] = asyncio.Queue(maxsize=OUTBOX_BATCHES)
-        self._courier: asyncio.Task[None] | None = None
         self._checkpointer: asyncio.Task[None] | None = None
         self._stopping = False
         #: set as soon as a stop begins: every retry loop gives up at once
         self._closing = asyncio.Event()
+        #: publishes the decided batches, in order, while the next ones are decided
+        self.courier = Courier(
+            settings, env, self._send, self.metrics, self._closing, publish=self._publish
+        )
         self.checkpoints = 0
+        self._what = f"the brain of {env}"
         #: the input partitions merged into one order (`streams.brain.merge`)
         self._merge: Merge[Any] = Merge(
             _record_time, max_idle_s=MAX_IDLE_S, max_buffered=MAX_BUFFERED
@@ -255,10 +216,10 @@ class Brain:
             await self.configs.caught_up(CONFIGS_WAIT_S)
             env_store = await EnvStore.open(self.pg_dsn, self.env, max_size=4)
             self._store = BrainStore(env_store)
-            self._courier = asyncio.create_task(self._courier_loop(), name="brain-courier")
+            self.courier.start()
             await self.app.start()
         except BaseException as exc:
-            await self._stop_courier()
+            await self.courier.stop()
             await self.configs.stop()
             if isinstance(exc, TimeoutError) and self._store is None:
                 raise UserError(
@@ -301,7 +262,7 @@ class Brain:
             self._stopping = True
             await self.app.stop()
         finally:
-            await self._stop_courier()
+            await self.courier.stop()
             if self._store is not None:
                 await self._store.store.close()
             await self.configs.stop()
@@ -354,7 +315,7 @@ class Brain:
                     fetched_at = self._merge.released_since or now
                 self._measure(fetch, before)
                 if out.plans or out.letters or out.acks:
-                    await self._until_courier_done(self._outbox.put((out, fetched_at)))
+                    await self.courier.put(out, fetched_at)
             except Stopping:
                 return  # not checkpointed: the next start reads them again
 
@@ -445,7 +406,7 @@ class Brain:
                     since = await store.offsets(self._outputs)
                     return loaded, await recover(self.settings, inputs, self._outputs, since)
 
-                loaded, found = await self._unless_closing(load())
+                loaded, found = await unless(self._closing, load(), self._what)
                 break
             except Stopping:
                 raise
@@ -462,166 +423,32 @@ class Brain:
                     exc,
                     exc_info=attempt == 1,
                 )
-                await self._sleep_unless_closing(delay)
+                await sleep_unless(self._closing, delay, self._what)
         stale = stale_offsets(loaded.offsets, found.ends)
         warn_stale(stale, f"brain of {self.env}: input")
         warn_stale(found.stale_outputs, f"brain of {self.env}: output")
         for tp in stale:
             del loaded.offsets[tp]
         self._resets.update(dict.fromkeys([*stale, *found.stale_outputs], 0))
-        self._published |= found.published
+        self.courier.published |= found.published
         self.processor.install(partitions, loaded)
-
-    async def _unless_closing(self, work: Awaitable[Any]) -> Any:
-        """`work`'s result, or Stopping (and `work` cancelled) as soon as a stop begins."""
-        task = asyncio.ensure_future(work)
-        closing = asyncio.ensure_future(self._closing.wait())
-        try:
-            await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            closing.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-            raise Stopping(f"the brain of {self.env} is stopping")
-        return task.result()
-
-    async def _sleep_unless_closing(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._closing.wait(), seconds)
-        if self._closing.is_set():
-            raise Stopping(f"the brain of {self.env} is stopping")
 
     # -- publishing ---------------------------------------------------------------------
 
-    async def _courier_loop(self) -> None:
-        """Publish the decided batches in the order they were decided. A failure here is
-        not retried (`_deliver` retries sends for ever): it stops the courier, and with
-        it the brain (`_until_courier_done`), before a checkpoint can cover the batch."""
-        while True:
-            out, fetched_at = await self._outbox.get()
-            try:
-                await self._publish(out)
-                self._count(out, fetched_at)
-            finally:
-                self._outbox.task_done()
-
-    def _count(self, out: Output, fetched_at: float) -> None:
-        """A published batch in the metrics; `fetched_at`: when the oldest record it
-        decided was fetched (a plan's latency runs from there to the broker's ack)."""
-        metrics = self.metrics
-        published = [p for p in out.plans if p.plan_id not in self._published]
-        if published:
-            latency = time.monotonic() - fetched_at
-            for plan in published:
-                kind = "scale" if isinstance(plan, ScalePlan) else "optimize"
-                metrics.plans.labels(self.env, kind).inc()
-                metrics.plan_latency.observe(latency)
-        for letter in out.letters:
-            metrics.dead_letters.labels(self.env, letter.error_kind.value).inc()
-
-    async def _until_courier_done(self, work: Awaitable[None]) -> None:
-        """`work`, unless the courier stops first: then its error, not a wait for ever."""
-        courier = self._courier
-        assert courier is not None, "the brain is not started"
-        task = asyncio.ensure_future(work)
-        try:
-            await asyncio.wait({task, courier}, return_when=asyncio.FIRST_COMPLETED)
-            if courier.done():
-                error = None if courier.cancelled() else courier.exception()
-                if isinstance(error, Stopping):
-                    raise Stopping(f"the brain of {self.env} stopped publishing") from error
-                raise RuntimeError(f"the brain of {self.env} stopped publishing") from error
-            await task
-        finally:
-            task.cancel()  # (done already, unless the courier stopped or we were cancelled)
-
-    async def _published_all(self) -> None:
-        """Wait until the outbox is empty: every batch decided so far published and
-        acked. Only a caller holding the batch lock knows that no batch was added since."""
-        await self._until_courier_done(self._outbox.join())
-
-    async def _stop_courier(self) -> None:
-        if self._courier is not None:
-            self._courier.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._courier
-
     async def _publish(self, out: Output) -> None:
-        """Plans and dead letters, acked by the broker before the batch counts as done;
-        then, in lockstep, the acks of the ticks decided."""
-        if not (out.plans or out.letters or out.acks):
-            return
-        todo: list[_Record] = []
-        for plan in out.plans:
-            if plan.plan_id in self._published:
-                self.republish_skipped += 1
-                continue
-            key = plan.key.encode() if plan.key is not None else None
-            todo.append(_Record(topic_of(plan), key, encode(plan), plan=True))
-        for letter in out.letters:
-            key = letter.key.encode() if letter.key is not None else None
-            todo.append(_Record(self._dlq, key, encode(letter)))
-        await self._deliver(todo)
-        if out.acks:
-            # after the tick's plans, on every partition: whoever reads any of them has
-            # read that partition's plans of the tick when it meets the ack
-            plans = topic(self.env, SCALE_PLANS)
-            parts = await self._partitions_of(plans)
-            await self._deliver(
-                [_Record(plans, None, encode(ack), p) for ack in out.acks for p in parts]
-            )
-        log_dead_letters(out.letters)
+        """What the courier does with a decided batch (a test may put itself between)."""
+        await self.courier.publish(out)
 
-    async def _deliver(self, todo: list[_Record]) -> None:
-        """The batch is not done (and no checkpoint can cover it) until the broker has
-        every record: retry what failed, saying why, until it is done or the brain stops
-        (then the batch is left to the next start)."""
-        attempt = 0
-        while todo:
-            attempt += 1
-            results = await asyncio.gather(
-                *(self._send(r.topic, r.key, r.value, r.partition) for r in todo),
-                return_exceptions=True,
-            )
-            failed = []
-            why: BaseException | None = None
-            for record, result in zip(todo, results, strict=True):
-                if isinstance(result, BaseException):
-                    if isinstance(result, asyncio.CancelledError):
-                        raise result
-                    failed.append(record)
-                    why = result
-                elif record.plan:
-                    tp = (result.topic, result.partition)
-                    self._produced[tp] = max(self._produced.get(tp, 0), result.offset + 1)
-            if failed:
-                delay = backoff(attempt, first=0.1)
-                log.warning(
-                    "brain of %s: publishing %d records failed (attempt %d; retrying in "
-                    "%.1f s): %s: %s",
-                    self.env,
-                    len(failed),
-                    attempt,
-                    delay,
-                    type(why).__name__,
-                    why,
-                )
-                await self._sleep_unless_closing(delay)
-            todo = failed
+    @property
+    def republish_skipped(self) -> int:
+        """Plans not published again: a crashed brain had published them."""
+        return self.courier.republish_skipped
 
     async def _send(
         self, name: str, key: bytes | None, value: bytes, partition: int | None = None
     ) -> Any:
         future = await self.app.producer.send(name, key, value, partition, None, None)
         return await future
-
-    async def _partitions_of(self, name: str) -> list[int]:
-        if name not in self._partitions:
-            async with Producer(self.settings) as producer:  # once: topics keep their count
-                self._partitions[name] = await producer.partitions(name)
-        return self._partitions[name]
 
     # -- checkpoints --------------------------------------------------------------------
 
@@ -658,9 +485,9 @@ class Brain:
             # for what was decided meanwhile: the offsets must not get ahead of the plans,
             # and the events that arrive while the stream is held wait with it.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._published_all(), CATCH_UP_S)
+                await asyncio.wait_for(self.courier.published_all(), CATCH_UP_S)
             async with self._batch_lock:
-                await self._published_all()
+                await self.courier.published_all()
                 snap = self._snapshot()
             await self._save(snap)
 
@@ -674,7 +501,7 @@ class Brain:
             if stopping:
                 self._stopping = True  # batches taken from now on are left unacked
             try:
-                await self._published_all()  # the offsets must not get ahead of the plans
+                await self.courier.published_all()  # the offsets must not get ahead of the plans
                 snap = self._snapshot()
                 # no commit while partitions are revoked: faust's consumer thread waits
                 # for this handler, and a commit would wait for that thread
@@ -703,7 +530,7 @@ class Brain:
     def _snapshot(self) -> Snapshot:
         snap = self.processor.snapshot()
         if snap.offsets:
-            snap.offsets.update(self._produced)  # outputs: where a restart looks for plans
+            snap.offsets.update(self.courier.produced)  # outputs: where a restart looks
         snap.reset, self._resets = self._resets, {}
         return snap
 
@@ -753,9 +580,12 @@ class Brain:
 
 __all__ = [
     "FETCH_MAX_WAIT_MS",
+    "MAX_BACKOFF_S",
+    "OUTBOX_BATCHES",
     "Brain",
     "BrainApp",
     "RecordSink",
+    "Stopping",
     "published_since",
     "service",
 ]
