@@ -11,6 +11,7 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
+from streams.brain.memo import SampleMemo
 from streams.brain.optimizers import REGISTRY, OptimizeContext, Proposal, Registry
 from streams.brain.planner import SOURCE, Limits, plan_event_id, plan_id, plan_scale
 from streams.brain.router import Route, RouteError, route
@@ -122,13 +123,15 @@ def decide(
     free_gpus: int | None = None,
     registry: Registry = REGISTRY,
     limits: Limits | None = None,
+    memo: SampleMemo | None = None,
 ) -> Decision | NoDecision | RouteError:
     """What the brain does about `state` now, caused by the input event `caused_by`
-    (default: the last event folded into the state)."""
-    chosen = route(state, optimizer, registry)
+    (default: the last event folded into the state); `memo` is the job's, if it has one
+    (`streams.brain.memo`)."""
+    chosen = route(state, optimizer, registry, memo)
     if isinstance(chosen, RouteError):
         return chosen
-    ctx = OptimizeContext(state=state, now=now, history=history, free_gpus=free_gpus)
+    ctx = OptimizeContext(state=state, now=now, history=history, free_gpus=free_gpus, memo=memo)
     proposals = run_route(ctx, chosen, registry)
     if isinstance(proposals, RouteError):
         return proposals

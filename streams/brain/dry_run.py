@@ -19,7 +19,7 @@ from dlrover_events.errors import UserError
 from streams.brain.core import Decision, NoDecision, decide
 from streams.brain.optimizers import REGISTRY, Registry
 from streams.brain.router import RouteError
-from streams.brain.state import JobState
+from streams.brain.state import REFUSE_UNKNOWN_STAGE, JobState
 
 _HISTORY = TypeAdapter(list[JobState])
 
@@ -35,14 +35,14 @@ def _summary(exc: ValidationError, what: str) -> str:
 
 def parse_state(text: str | bytes, what: str = "state") -> JobState:
     try:
-        return JobState.model_validate_json(text)
+        return JobState.model_validate_json(text, context=REFUSE_UNKNOWN_STAGE)
     except ValidationError as exc:
         raise UserError(_summary(exc, what)) from None
 
 
 def parse_history(text: str | bytes, what: str = "history") -> list[JobState]:
     try:
-        return _HISTORY.validate_json(text)
+        return _HISTORY.validate_json(text, context=REFUSE_UNKNOWN_STAGE)
     except ValidationError as exc:
         raise UserError(_summary(exc, what)) from None
 

@@ -38,7 +38,6 @@ from streams.brain.state import (
     Pinned,
     RoleResources,
     Stage,
-    normalize_stage,
     parse_node_key,
 )
 
@@ -236,8 +235,7 @@ def plan_scale(
     limits = limits or DEFAULT_LIMITS
     notes: list[str] = []
     urgent = bool(set(plan.optimizer.split("+")) & limits.urgent)
-    stage = normalize_stage(plan.stage, state.distribution)
-    if not urgent and stage == Stage.RUNNING:
+    if not urgent and plan.stage == Stage.RUNNING:  # (the brain writes a Stage's value)
         since = _seconds(state.last_running_plan_at, now)
         if since is not None and since < limits.running_cooldown_s:
             notes.append(

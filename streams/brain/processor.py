@@ -17,7 +17,7 @@ import heapq
 import logging
 import uuid
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -34,10 +34,11 @@ from schemas.jobs import JobEvent
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
-from streams.brain.configs import ConfigIndex
+from streams.brain.config_index import ConfigIndex
+from streams.brain.memo import SampleMemo
 from streams.brain.samples import SampleRead, read_sample
 from streams.brain.state import JobState, JobStatus, gpus_claimed
-from streams.brain.triggers import FINISHED, Policy, step
+from streams.brain.triggers import FINISHED, Policy, StepOutcome, step
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,119 @@ def _merge_key(item: tuple[InputRecord, Input | None, int]) -> tuple[float, int]
     return (event.occurred_at.timestamp() if event is not None else float("-inf"), rank)
 
 
+@dataclass(slots=True)
+class JobEntry:
+    """One job the processor holds in memory, and everything kept for it alone: all of it
+    comes with the job (an event, a loaded checkpoint) and goes with it (finished and
+    checkpointed, its partition dropped)."""
+
+    state: JobState
+    #: the input partition its events come from (the same on every job topic)
+    partition: int
+    #: GPUs it holds or waits for, counted in the processor's free GPUs
+    held: int = 0
+    #: the routing error last dead-lettered, and the config problems: said once per change
+    last_error: str | None = None
+    config_errors: tuple[str, ...] = ()
+    #: what the brain derives from its samples, made once per sample
+    memo: SampleMemo = field(default_factory=SampleMemo)
+
+
+class JobStates(Mapping[str, JobState]):
+    """The states of the jobs a processor holds, by job id (a read-only view)."""
+
+    __slots__ = ("_jobs",)
+
+    def __init__(self, jobs: dict[str, JobEntry]) -> None:
+        self._jobs = jobs
+
+    def __getitem__(self, job_uuid: str) -> JobState:
+        return self._jobs[job_uuid].state
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
+class Lockstep:
+    """A virtual env's ticks, decided whole (`Policy.lockstep`, `schemas.lockstep`).
+
+    Records wait here until their tick's barrier is in on every input partition; then
+    the tick's records of all partitions are merged in an order that depends on what the
+    partitions hold, not on when it arrived. The processor's offsets move only with what
+    is decided, so a checkpoint never covers a held record and a restart reads it again.
+    """
+
+    def __init__(self) -> None:
+        #: the input partitions a tick's barrier must come from
+        self.inputs: set[tuple[str, int]] = set()
+        #: records read but waiting for their tick (decoded), per input partition
+        self.waiting: dict[tuple[str, int], deque[tuple[InputRecord, Input | None]]] = {}
+        #: barriers among the waiting records, and the next offset read, per partition
+        self.barriers: dict[tuple[str, int], int] = {}
+        self.read_to: dict[tuple[str, int], int] = {}
+
+    def hold(self, record: InputRecord, event: Input | None) -> None:
+        tp = (record.topic, record.partition)
+        self.read_to[tp] = record.offset + 1
+        self.waiting.setdefault(tp, deque()).append((record, event))
+        if isinstance(event, Barrier):
+            self.barriers[tp] = self.barriers.get(tp, 0) + 1
+
+    def read(self, tp: tuple[str, int], decided: int) -> int:
+        """The offset below which a record of `tp` is decided or held already."""
+        return max(decided, self.read_to.get(tp, 0))
+
+    def tick_ready(self) -> bool:
+        return bool(self.inputs) and all(self.barriers.get(tp, 0) for tp in self.inputs)
+
+    def next_tick(
+        self,
+    ) -> tuple[Barrier, list[tuple[InputRecord, Input]], dict[tuple[str, int], int]]:
+        """The records of the lowest tick held whole, merged: each partition's order is
+        kept, and they interleave by event time, then topic, then partition number.
+        Returns the tick's barrier, the records (undecodable ones left out: their dead
+        letters are filed already), and each partition's offset past its barrier."""
+        fronts: dict[tuple[str, int], int] = {}
+        for tp in self.inputs:
+            for _, event in self.waiting[tp]:
+                if isinstance(event, Barrier):
+                    fronts[tp] = event.tick
+                    break
+        tick = min(fronts.values())
+        # a partition whose next barrier is a later tick has nothing of this one
+        runs = []
+        passed: dict[tuple[str, int], int] = {}
+        last: Barrier | None = None
+        for rank, tp in enumerate(sorted(tp for tp, t in fronts.items() if t == tick)):
+            queue = self.waiting[tp]
+            run = []
+            while True:
+                record, event = queue.popleft()
+                if isinstance(event, Barrier):
+                    self.barriers[tp] -= 1
+                    passed[tp] = record.offset + 1
+                    last = event
+                    break
+                run.append((record, event, rank))
+            runs.append(run)
+        assert last is not None  # the lowest tick's partitions each had its barrier
+        merged = [
+            (record, event)
+            for record, event, _ in heapq.merge(*runs, key=_merge_key)
+            if event is not None
+        ]
+        return last, merged, passed
+
+    def drop(self, gone: set[int]) -> None:
+        for held in (self.waiting, self.barriers, self.read_to):
+            for tp in [tp for tp in held if tp[1] in gone]:
+                del held[tp]
+        self.inputs = {tp for tp in self.inputs if tp[1] not in gone}
+
+
 class BrainProcessor:
     def __init__(
         self,
@@ -131,8 +245,9 @@ class BrainProcessor:
         self.configs = configs
         self.group = group
         self.policy = policy or Policy()
-        self.states: dict[str, JobState] = {}
-        self.partition_of: dict[str, int] = {}
+        #: the jobs held in memory (not finished, or finished and not yet checkpointed)
+        self.jobs: dict[str, JobEntry] = {}
+        self.states: Mapping[str, JobState] = JobStates(self.jobs)
         #: next offset per input (topic, partition) that the states include
         self.offsets: Offsets = {}
         #: input partitions (numbers: a job has the same one on every job topic) whose
@@ -143,16 +258,9 @@ class BrainProcessor:
         self._changed_offsets: set[tuple[str, int]] = set()
         self._unsaved_plans: list[OptimizePlan | ScalePlan] = []
         self._history: dict[str, deque[JobState]] = {}
-        self._last_error: dict[str, str] = {}
-        #: GPUs each job of this instance holds or waits for, and their sum (free GPUs)
-        self._held: dict[str, int] = {}
+        #: the sum of the jobs' `held`: the cluster's GPUs less this are free
         self._held_total = 0
-        #: lockstep: the input partitions a tick's barrier must come from, the records
-        #: read but waiting for their tick (decoded), and the barriers among them
-        self.inputs: set[tuple[str, int]] = set()
-        self._waiting: dict[tuple[str, int], deque[tuple[InputRecord, Input | None]]] = {}
-        self._barriers: dict[tuple[str, int], int] = {}
-        self._read_to: dict[tuple[str, int], int] = {}
+        self.lockstep = Lockstep()
         #: jobs that finished (-> partition): their states leave memory once checkpointed,
         #: and what still comes for them is ignored, as a finished job's state would
         self.finished: dict[str, int] = {}
@@ -160,6 +268,15 @@ class BrainProcessor:
         #: the latest event time decided: retention's clock, so a virtual env replaying
         #: last year prunes by its own time, and a restart by the same as a live run
         self.event_time: datetime | None = None
+
+    @property
+    def inputs(self) -> set[tuple[str, int]]:
+        """Lockstep: the input partitions a tick's barrier must come from."""
+        return self.lockstep.inputs
+
+    @inputs.setter
+    def inputs(self, inputs: set[tuple[str, int]]) -> None:
+        self.lockstep.inputs = inputs
 
     # -- partitions ---------------------------------------------------------------------
 
@@ -173,32 +290,33 @@ class BrainProcessor:
             if state.status in FINISHED:
                 self.finished[job_uuid] = partition
                 continue
-            self.states[job_uuid] = state
-            self.partition_of[job_uuid] = partition
-            self._hold(job_uuid, state)
+            self._forget_job(job_uuid)  # (a job held already: the checkpoint's is the one)
+            entry = self.jobs[job_uuid] = JobEntry(state, partition)
+            self._hold(entry)
         merge_offsets(self.offsets, loaded.offsets)
         self.loaded.update(partitions)
 
     def drop(self, partitions: Iterable[int]) -> None:
         """Forget partitions another instance now owns (after they were checkpointed)."""
         gone = set(partitions)
-        for job_uuid in [u for u, p in self.partition_of.items() if p in gone]:
-            self._held_total -= self._held.pop(job_uuid, 0)
-            del self.states[job_uuid]
-            del self.partition_of[job_uuid]
+        for job_uuid in [u for u, e in self.jobs.items() if e.partition in gone]:
+            self._forget_job(job_uuid)
             self._dirty.discard(job_uuid)
             self._evict.discard(job_uuid)
-            self._last_error.pop(job_uuid, None)
         for job_uuid in [u for u, p in self.finished.items() if p in gone]:
             del self.finished[job_uuid]
         for tp in [tp for tp in self.offsets if tp[1] in gone]:
             del self.offsets[tp]
             self._changed_offsets.discard(tp)
-        for held in (self._waiting, self._barriers, self._read_to):
-            for tp in [tp for tp in held if tp[1] in gone]:
-                del held[tp]
-        self.inputs = {tp for tp in self.inputs if tp[1] not in gone}
+        self.lockstep.drop(gone)
         self.loaded -= gone
+
+    def _forget_job(self, job_uuid: str) -> JobEntry | None:
+        """The job's entry out of memory, with all that was kept for it."""
+        entry = self.jobs.pop(job_uuid, None)
+        if entry is not None:
+            self._held_total -= entry.held
+        return entry
 
     # -- records ------------------------------------------------------------------------
 
@@ -224,63 +342,37 @@ class BrainProcessor:
 
     def _wait_for_ticks(self, records: Iterable[InputRecord], out: Output) -> None:
         """Hold records until their tick's barrier is in on every input partition, then
-        decide the tick. The offsets move only with what is decided, so a checkpoint
-        never covers a held record and a restart reads it again."""
+        decide the tick (see `Lockstep`)."""
+        lockstep = self.lockstep
         for record in records:
             tp = (record.topic, record.partition)
-            if record.offset < max(self.offsets.get(tp, 0), self._read_to.get(tp, 0)):
+            if record.offset < lockstep.read(tp, self.offsets.get(tp, 0)):
                 self.counters.skipped += 1  # decided, or held already (read again)
                 continue
-            self._read_to[tp] = record.offset + 1
-            event = self._decode(record, out)  # a dead letter is filed now; order is moot
-            self._waiting.setdefault(tp, deque()).append((record, event))
-            if isinstance(event, Barrier):
-                self._barriers[tp] = self._barriers.get(tp, 0) + 1
-        while self.inputs and all(self._barriers.get(tp, 0) for tp in self.inputs):
+            # a dead letter is filed now; order is moot
+            lockstep.hold(record, self._decode(record, out))
+        while lockstep.tick_ready():
             self._decide_tick(out)
 
     def _decide_tick(self, out: Output) -> None:
-        """Decide the records before the lowest barrier of every input partition, merged in
-        an order that depends on what the partitions hold, not on when it arrived: each
-        partition's order is kept, and they interleave by event time, then topic, then
-        partition number."""
-        fronts: dict[tuple[str, int], int] = {}
-        for tp in self.inputs:
-            for _, event in self._waiting[tp]:
-                if isinstance(event, Barrier):
-                    fronts[tp] = event.tick
-                    break
-        tick = min(fronts.values())
-        # a partition whose next barrier is a later tick has nothing of this one
-        runs = []
-        for rank, tp in enumerate(sorted(tp for tp, t in fronts.items() if t == tick)):
-            queue = self._waiting[tp]
-            run = []
-            while True:
-                record, event = queue.popleft()
-                if isinstance(event, Barrier):
-                    self._barriers[tp] -= 1
-                    self.offsets[tp] = record.offset + 1
-                    self._changed_offsets.add(tp)
-                    last = event
-                    break
-                run.append((record, event, rank))
-            runs.append(run)
+        barrier, records, passed = self.lockstep.next_tick()
+        for tp, offset in passed.items():
+            self.offsets[tp] = offset
+            self._changed_offsets.add(tp)
         # (each partition's offset already stands past its barrier: the tick is decided
         # whole within this call, so no checkpoint sees it half done)
-        for record, event, _ in heapq.merge(*runs, key=_merge_key):
-            if event is not None:
-                self._one(record, event, out)
+        for record, event in records:
+            self._one(record, event, out)
         self.counters.ticks += 1
         out.acks.append(
             BarrierAck(
                 env=self.env,
                 # one answer per tick and brain: a brain that decides it again says the same
-                event_id=uuid.uuid5(_ACK_NAMESPACE, f"{self.group}/{tick}"),
-                occurred_at=last.sim_at,
+                event_id=uuid.uuid5(_ACK_NAMESPACE, f"{self.group}/{barrier.tick}"),
+                occurred_at=barrier.sim_at,
                 source=self.group,
-                tick=tick,
-                sim_at=last.sim_at,
+                tick=barrier.tick,
+                sim_at=barrier.sim_at,
             )
         )
 
@@ -311,7 +403,9 @@ class BrainProcessor:
             self.counters.ignored += 1  # a late report of a finished job decides nothing
             self.counters.late += 1
             return
-        state = self.states.get(job_uuid)
+        entry = self.jobs.get(job_uuid)
+        state = None if entry is None else entry.state
+        memo = SampleMemo() if entry is None else entry.memo
         try:
             outcome = step(
                 state,
@@ -320,6 +414,7 @@ class BrainProcessor:
                 self._history_for(state, event),
                 self.free_gpus(),
                 None if self.configs is None else self.configs.config_for,
+                memo,
             )
         except Exception as err:  # a bug for one job must not stop the brain for all
             log.exception(
@@ -335,17 +430,35 @@ class BrainProcessor:
         self.counters.processed += 1
         if outcome is None:
             return
-        self.states[job_uuid] = outcome.state
-        self.partition_of[job_uuid] = record.partition
-        self._dirty.add(job_uuid)
         after = outcome.state
-        if state is None or after.roles is not state.roles or after.status != state.status:
-            self._hold(job_uuid, after)  # (a sample changes neither: folds keep the dict)
+        if entry is None:
+            entry = self.jobs[job_uuid] = JobEntry(after, record.partition, memo=memo)
+            self._hold(entry)
+        else:
+            before, entry.state, entry.partition = entry.state, after, record.partition
+            if after.roles is not before.roles or after.status != before.status:
+                self._hold(entry)  # (a sample changes neither: folds keep the dict)
+        self._dirty.add(job_uuid)
+        self._publish(record, entry, outcome, out)
+        if after.status in FINISHED and (state is None or state.status not in FINISHED):
+            self._remember(after)
+            self._evict.add(job_uuid)
+
+    def _publish(
+        self, record: InputRecord, entry: JobEntry, outcome: StepOutcome, out: Output
+    ) -> None:
+        """What a step says: plans, and the user's errors (once per change)."""
         if outcome.trigger is not None:
             self.counters.decisions += 1
+        if outcome.config_errors and outcome.config_errors != entry.config_errors:
+            for problem in outcome.config_errors:
+                text = f"brain: invalid_config: {problem} (decided without it)"
+                out.letters.append(self._letter(record, FailureKind.HANDLER, text))
+        if outcome.config_errors or outcome.trigger is not None:
+            entry.config_errors = outcome.config_errors
         if outcome.error is not None:
             error = outcome.error
-            self._route_error(record, job_uuid, f"{error.code}: {error.message}", out)
+            self._route_error(record, entry, f"{error.code}: {error.message}", out)
         if outcome.optimize_plan is not None:
             self.counters.optimize_plans += 1
         if outcome.scale_plan is not None:
@@ -354,9 +467,6 @@ class BrainProcessor:
             plans = outcome.plans
             out.plans.extend(plans)
             self._unsaved_plans.extend(plans)
-        if outcome.state.status in FINISHED and (state is None or state.status not in FINISHED):
-            self._remember(outcome.state)
-            self._evict.add(job_uuid)
 
     def free_gpus(self) -> int | None:
         """The cluster's GPUs that no job holds or waits for; None when the cluster is
@@ -369,18 +479,18 @@ class BrainProcessor:
             return None
         return max(0, self.policy.cluster_gpus - self._held_total)
 
-    def _hold(self, job_uuid: str, state: JobState) -> None:
-        held = gpus_claimed(state)
-        self._held_total += held - self._held.get(job_uuid, 0)
-        self._held[job_uuid] = held
+    def _hold(self, entry: JobEntry) -> None:
+        held = gpus_claimed(entry.state)
+        self._held_total += held - entry.held
+        entry.held = held
 
-    def _route_error(self, record: InputRecord, job_uuid: str, message: str, out: Output) -> None:
+    def _route_error(self, record: InputRecord, entry: JobEntry, message: str, out: Output) -> None:
         """A job whose config names an unknown optimizer fails the same way at every
         decision: say it once per change, not at every sample."""
         self.counters.errors += 1
-        if self._last_error.get(job_uuid) == message:
+        if entry.last_error == message:
             return
-        self._last_error[job_uuid] = message
+        entry.last_error = message
         out.letters.append(self._letter(record, FailureKind.HANDLER, f"brain: {message}"))
 
     def _letter(self, record: InputRecord, kind: FailureKind, error: str) -> DeadLetter:
@@ -405,7 +515,7 @@ class BrainProcessor:
         """Finished jobs whose tombstones retention deleted: an event of theirs is now
         one of an unknown job (see `streams.brain.retention`)."""
         for job_uuid in job_uuids:
-            if job_uuid not in self.states:  # (finished jobs only; a live one stays)
+            if job_uuid not in self.jobs:  # (finished jobs only; a live one stays)
                 self.finished.pop(job_uuid, None)
 
     # -- checkpoints --------------------------------------------------------------------
@@ -413,8 +523,9 @@ class BrainProcessor:
     def snapshot(self) -> Snapshot:
         """Everything changed since the last snapshot; call it only between batches whose
         plans are published, so the offsets never get ahead of the published plans."""
+        jobs = self.jobs
         snap = Snapshot(
-            states={u: (self.partition_of[u], self.states[u]) for u in self._dirty},
+            states={u: (jobs[u].partition, jobs[u].state) for u in self._dirty},
             offsets={tp: self.offsets[tp] for tp in self._changed_offsets},
             plans=self._unsaved_plans,
         )
@@ -422,22 +533,21 @@ class BrainProcessor:
         self._changed_offsets = set()
         self._unsaved_plans = []
         for job_uuid in self._evict:  # their last state is in this snapshot
-            self.finished[job_uuid] = self.partition_of.pop(job_uuid)
-            del self.states[job_uuid]
-            self._held_total -= self._held.pop(job_uuid, 0)
-            self._last_error.pop(job_uuid, None)
+            entry = self._forget_job(job_uuid)
+            assert entry is not None
+            self.finished[job_uuid] = entry.partition
         self._evict = set()
         return snap
 
     def restore(self, snap: Snapshot) -> None:
         """A snapshot that could not be written: write it (and what came since) next time."""
         for job_uuid, (partition, state) in snap.states.items():
-            if job_uuid not in self.states and self.finished.get(job_uuid) == partition:
+            if job_uuid not in self.jobs and self.finished.get(job_uuid) == partition:
                 # evicted with this snapshot: back until one that is written has it
                 del self.finished[job_uuid]
-                self.states[job_uuid] = state
-                self.partition_of[job_uuid] = partition
+                entry = self.jobs[job_uuid] = JobEntry(state, partition)
+                self._hold(entry)
                 self._evict.add(job_uuid)
-        self._dirty.update(u for u in snap.states if u in self.states)
+        self._dirty.update(u for u in snap.states if u in self.jobs)
         self._changed_offsets.update(tp for tp in snap.offsets if tp in self.offsets)
         self._unsaved_plans = [*snap.plans, *self._unsaved_plans]

@@ -18,9 +18,10 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from schemas.jobs import OOMKind
+from streams.brain.memo import SampleMemo
 from streams.brain.optimizers import REGISTRY, Registry
 from streams.brain.optimizers.gpu import StragglerParams, find_stragglers
-from streams.brain.state import PS, JobState, Stage, normalize_stage, parse_node_key
+from streams.brain.state import PS, JobState, Stage, parse_node_key
 
 #: Steps run in order and their proposals are merged; within a step, the first optimizer
 #: that proposes something wins (the others are its fallbacks).
@@ -107,14 +108,14 @@ def oom_route(state: JobState, stage: Stage) -> Steps:
 _STRAGGLER = StragglerParams()
 
 
-def condition(state: JobState, stage: Stage) -> Condition:
+def condition(state: JobState, stage: Stage, memo: SampleMemo | None = None) -> Condition:
     # the kinds of OOM not answered yet, in one pass over the job's OOM records
     open_ = {r.kind for records in state.ooms.values() for r in records if not r.handled}
     if OOMKind.HOST_MEMORY in open_:
         return Condition.HOST_OOM
     if OOMKind.GPU_MEMORY in open_:
         return Condition.GPU_OOM
-    if stage == Stage.RUNNING and find_stragglers(state, _STRAGGLER):
+    if stage == Stage.RUNNING and find_stragglers(state, _STRAGGLER, memo):
         return Condition.STRAGGLER
     return Condition.HEALTHY
 
@@ -154,24 +155,27 @@ def _unknown(name: str, registry: Registry) -> RouteError:
 
 
 def route(
-    state: JobState, optimizer: str | None = None, registry: Registry = REGISTRY
+    state: JobState,
+    optimizer: str | None = None,
+    registry: Registry = REGISTRY,
+    memo: SampleMemo | None = None,
 ) -> Route | RouteError:
-    """The optimizers to run for this job now, or why there are none to run."""
+    """The optimizers to run for this job now, or why there are none to run; `memo` is
+    the job's (`streams.brain.memo`), if it has one."""
     try:
-        return _route(state, optimizer, registry)
+        return _route(state, optimizer, registry, memo)
     except Exception as exc:  # a user-registered detector must not take the brain down
         return RouteError("invalid_config", f"routing failed: {type(exc).__name__}: {exc}")
 
 
-def _route(state: JobState, optimizer: str | None, registry: Registry) -> Route | RouteError:
-    stage = normalize_stage(state.stage, state.distribution)
-    if stage is None:
-        known = ", ".join(s.value for s in Stage)
-        return RouteError("unknown_stage", f"unknown stage {state.stage!r}; known: {known}")
+def _route(
+    state: JobState, optimizer: str | None, registry: Registry, memo: SampleMemo | None
+) -> Route | RouteError:
+    stage = state.stage
     params = _config_params(state.config)
     if isinstance(params, RouteError):
         return params
-    now = condition(state, stage)
+    now = condition(state, stage, memo)
     if optimizer is not None:
         if optimizer not in registry:
             return _unknown(optimizer, registry)

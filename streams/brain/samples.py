@@ -19,9 +19,10 @@ and its dead letter, never a job's state. A property test holds it to that.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Annotated, Any, Literal, TypeVar, cast
+from types import MappingProxyType
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -40,8 +41,6 @@ from schemas.bounds import (
 )
 from schemas.envelope import ENV_NAME_PATTERN, SCHEMA_VERSION
 from schemas.jobs import JobMeta, RuntimeSample
-
-T = TypeVar("T")
 
 NonNegInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 PosInt = Annotated[int, Meta(ge=1, le=INT64_MAX)]
@@ -83,7 +82,11 @@ class Sample(Struct, frozen=True, gc=False, kw_only=True):
 
     def usage(self, role: str) -> tuple[NodeUse, ...]:
         """The role's nodes."""
-        return sample_memo(self, "by-role", _group_by_role).get(role, _NO_NODES)
+        nodes = self.nodes
+        for n in nodes:
+            if n.type != role:
+                return tuple(n for n in nodes if n.type == role)
+        return nodes  # all of them (a job of one role): the tuple itself
 
     def count(self, role: str) -> int:
         return len(self.usage(role))
@@ -115,36 +118,6 @@ def _json_schema() -> dict[str, Any]:
 
 
 _JSON_SCHEMA = _json_schema()
-
-#: What optimizers derive from a sample, made once per sample: they read all 60 samples
-#: of a job at every decision, and a sample never changes. Keyed by the sample's id with
-#: the sample held, so an id is not reused while in here.
-_MEMO: dict[tuple[int, str], tuple[Sample, Any]] = {}
-MEMO_LIMIT = 200_000
-_NO_NODES: tuple[NodeUse, ...] = ()
-
-
-def sample_memo(sample: Sample, name: str, compute: Callable[[Sample], T]) -> T:
-    """`compute(sample)`, once per sample and `name` (which must say all `compute`
-    depends on besides the sample)."""
-    key = (id(sample), name)
-    found = _MEMO.get(key)
-    if found is not None:
-        return cast(T, found[1])
-    value = compute(sample)
-    if len(_MEMO) >= MEMO_LIMIT:
-        _MEMO.clear()  # jobs come and go; a miss costs microseconds
-    _MEMO[key] = (sample, value)
-    return value
-
-
-def _group_by_role(sample: Sample) -> dict[str, tuple[NodeUse, ...]]:
-    """Tuples, not lists: once the collector has seen them, they and the dict holding them
-    are untracked (they hold only gc=False structs), so a memo of them costs no gc time."""
-    by_role: dict[str, list[NodeUse]] = {}
-    for n in sample.nodes:
-        by_role.setdefault(n.type, []).append(n)
-    return {role: tuple(nodes) for role, nodes in by_role.items()}
 
 
 def _sample_from(value: Any) -> Sample:
@@ -240,16 +213,20 @@ class SampleReport(Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_f
 _REPORT = msgspec.json.Decoder(SampleReport)
 _AWARE: TypeAdapter[datetime] = TypeAdapter(AwareDatetime)
 #: one tzinfo per offset: pydantic makes a new one per timestamp, and a state's 60
-#: samples of 100 jobs kept 27,000 of them for the garbage collector to walk
-_ZONES: dict[timedelta, timezone] = {timedelta(0): UTC}
+#: samples of 100 jobs kept 27,000 of them for the garbage collector to walk. Every
+#: whole-minute offset within a day, made once (read only).
+_ZONES: Mapping[timedelta, timezone] = MappingProxyType(
+    {timedelta(minutes=m): timezone(timedelta(minutes=m)) for m in range(-1439, 1440)}
+    | {timedelta(0): UTC}
+)
 
 
 def _shared_zone(at: datetime) -> datetime:
     offset = at.utcoffset()
     assert offset is not None  # aware
     zone = _ZONES.get(offset)
-    if zone is None:  # offsets are whole minutes within a day: a few thousand at most
-        zone = _ZONES[offset] = timezone(offset)
+    if zone is None:  # an offset with seconds: its own
+        return at
     return at.replace(tzinfo=zone)
 
 

@@ -13,14 +13,14 @@ state.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
-from functools import lru_cache
+from types import MappingProxyType
 from typing import Any, Literal
 
 import msgspec
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, model_validator
 
 from schemas.bounds import Bytes, Cpu, Gpus, NodeId, Replicas, Steps
 from schemas.envelope import EnvName, Event, Model
@@ -48,6 +48,7 @@ from schemas.plans import (
     ScaleStatus,
     TrainingApplied,
 )
+from streams.brain.memo import SampleMemo
 
 # NodeUse, Sample: re-exported, optimizers read samples through this module
 from streams.brain.samples import NodeUse as NodeUse
@@ -76,14 +77,13 @@ class Stage(StrEnum):
     RUNNING = "running"
 
 
-@lru_cache(maxsize=256)
 def normalize_stage(raw: str, distribution: Distribution = "allreduce") -> Stage | None:
     """Accept the spellings masters actually send (DLRover's `job_stage_ps_initial`,
     `ps_initial`, ...) so that no stage the master sends goes unrouted; None when unknown.
 
     A bare `initial` means the PS stage for PS jobs and the worker stage for the others.
-    Cached: it is asked at every runtime sample and several times per decision, and the
-    spellings are few (a bounded cache, as a request may name any stage).
+    Asked where a stage comes in (an optimize request, a state read from JSON): a job's
+    state holds the Stage itself.
     """
     name = raw.strip().lower().replace("_", "-")
     name = name.removeprefix("job-stage-")
@@ -191,6 +191,12 @@ class Pinned(Model):
 
 _PINNED = TypeAdapter(dict[str, Pinned])
 
+#: Validation context of a state a user wrote: a stage no brain knows is an error.
+REFUSE_UNKNOWN_STAGE = MappingProxyType({"unknown_stage": "refuse"})
+
+#: Fields of states written by earlier brains that no reader needs: their JSON still loads.
+_RETIRED_FIELDS = ("config_errors", "last_plan_at")
+
 
 class AwaitedTraining(Model):
     """Training knobs of a plan the operator accepted but only the job can apply: until
@@ -214,8 +220,7 @@ class JobState(Model):
     application: str = ""
     batch_size: Steps | None = Field(default=None, ge=1, description="global batch size")
     config: dict[str, Any] = Field(default_factory=dict)
-    config_errors: list[str] = Field(default_factory=list)
-    stage: str = Stage.CREATE.value
+    stage: Stage = Stage.CREATE
     stage_samples: int = Field(default=0, ge=0, description="samples seen in this stage")
     status: JobStatus = JobStatus.SUBMITTED
     submitted_at: datetime | None = None
@@ -233,7 +238,6 @@ class JobState(Model):
         default_factory=dict, description="local_batch_size, accumulation_steps as running"
     )
     last_plan: OptimizePlan | None = None
-    last_plan_at: datetime | None = None
     last_running_plan_at: datetime | None = None
     last_ps_change_at: datetime | None = None
     pending_scale_plan: ScalePlan | None = None
@@ -244,6 +248,34 @@ class JobState(Model):
     #: set when retention pruned the finished job (streams/brain/retention.py): what is
     #: left is who it was and when it ended, so that its late events stay ignored
     pruned_at: datetime | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_older_json(cls, data: Any, info: ValidationInfo) -> Any:
+        """States as earlier brains wrote them (checkpoints, state files): a stage as the
+        master spelled it (`job_stage_running`, a bare `initial`), and fields since
+        retired.
+
+        A stage no brain knows (an earlier brain kept whatever an optimize request named,
+        and answered every decision with `unknown_stage`) is read as `create`, so that a
+        checkpoint holding one still loads and the job walks the stages again; read with
+        the context `REFUSE_UNKNOWN_STAGE` (a user's state file) it is refused, naming
+        the known ones."""
+        if not isinstance(data, dict):
+            return data
+        raw = data.get("stage")
+        retired = [name for name in _RETIRED_FIELDS if name in data]
+        if not retired and (raw is None or isinstance(raw, Stage)):
+            return data
+        data = {k: v for k, v in data.items() if k not in _RETIRED_FIELDS}
+        if isinstance(raw, str) and not isinstance(raw, Stage):
+            distribution = data.get("distribution", "allreduce")
+            stage = normalize_stage(raw, distribution if distribution == "ps" else "allreduce")
+            if stage is None and info.context == REFUSE_UNKNOWN_STAGE:
+                known = ", ".join(s.value for s in Stage)
+                raise ValueError(f"unknown stage {raw!r}; known: {known}")
+            data["stage"] = Stage.CREATE if stage is None else stage
+        return data
 
     # -- views optimizers share -------------------------------------------------------
 
@@ -277,7 +309,6 @@ class JobState(Model):
 
 
 _SAMPLES_JSON = msgspec.json.Encoder()
-_NO_SAMPLES = {"samples"}
 _SAMPLE_LIST: TypeAdapter[list[Sample]] = TypeAdapter(list[Sample])
 
 
@@ -286,7 +317,7 @@ def state_json(state: JobState, *, with_samples: bool = True) -> str:
     time: pydantic wrote each of the 60 samples through a dict of it (90 of 160 ms of CPU
     for 100 states, measured); msgspec writes the sample structs directly. Without
     samples: the state as a checkpoint writes it, its samples going apart."""
-    rest = state.model_dump_json(exclude=_NO_SAMPLES)
+    rest = state.model_dump_json(exclude={"samples"})
     if not with_samples:
         return rest
     return f'{rest[:-1]},"samples":{samples_json(state.samples)}}}'
@@ -309,9 +340,11 @@ def _empty_state(event: JobEvent) -> JobState:
     return JobState(env=event.env, job=event.job)
 
 
-def config_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """Typed fields the brain reads from a job's config; bad values are reported in
-    `config_errors` rather than failing the whole job's state."""
+def read_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The typed fields the brain reads from a job's config (`total_steps`,
+    `recv_op_count`, `restart_count`, `pinned`), and what it could not read: a bad value
+    is left out (the field keeps what it had) rather than failing the job's state, and
+    the processor reports it."""
     update: dict[str, Any] = {}
     errors: list[str] = []
     for field, minimum in (("total_steps", 1), ("recv_op_count", 0), ("restart_count", 0)):
@@ -327,8 +360,16 @@ def config_fields(config: dict[str, Any]) -> dict[str, Any]:
             update["pinned"] = _PINNED.validate_python(config["pinned"])
         except ValidationError as exc:
             errors.append(f"config pinned is invalid: {exc.errors()[0]['msg']}")
-    update["config_errors"] = errors
-    return update
+    return update, tuple(errors)
+
+
+def with_config(state: JobState, config: dict[str, Any]) -> JobState:
+    """The state with `config` as its config and the typed fields read from it: the one
+    place they are parsed, for the job's own config (folds) and for the config a
+    decision is made with (env default and config documents merged in)."""
+    update, _ = read_config(config)
+    update["config"] = config
+    return state.model_copy(update=update)
 
 
 def _role(spec: RoleSpec) -> RoleResources:
@@ -349,12 +390,10 @@ def _fold_submitted(state: JobState, event: JobSubmitted) -> JobState:
         "distribution": event.distribution,
         "application": event.application,
         "batch_size": event.batch_size,
-        "config": dict(event.config),
         "roles": roles,
         "submitted_at": event.occurred_at,
     }
-    update.update(config_fields(event.config))
-    return state.model_copy(update=update)
+    return with_config(state.model_copy(update=update), dict(event.config))
 
 
 def _start_stage(distribution: Distribution) -> Stage:
@@ -364,56 +403,44 @@ def _start_stage(distribution: Distribution) -> Stage:
 def _fold_started(state: JobState, event: JobStarted) -> JobState:
     update: dict[str, Any] = {"status": JobStatus.RUNNING}
     if state.stage == Stage.CREATE:
-        update.update(stage=_start_stage(state.distribution).value, stage_samples=0)
+        update.update(stage=_start_stage(state.distribution), stage_samples=0)
     return state.model_copy(update=update)
 
 
-def _next_stage(state: JobState) -> tuple[str, int]:
+def _next_stage(state: JobState) -> tuple[Stage, int]:
     """Move through the initial stages by samples seen, as DLRover's master would."""
     stage, seen = state.stage, state.stage_samples + 1
     if stage == Stage.CREATE:
-        return _start_stage(state.distribution).value, 1
+        return _start_stage(state.distribution), 1
     if seen >= INITIAL_STAGE_SAMPLES:
         if stage == Stage.PS_INITIAL:
-            return Stage.WORKER_INITIAL.value, 0
+            return Stage.WORKER_INITIAL, 0
         if stage == Stage.WORKER_INITIAL:
-            return Stage.RUNNING.value, 0
+            return Stage.RUNNING, 0
     return stage, seen
 
 
-#: The event ids in a job's samples list, for the next fold's duplicate check: looked
-#: for sample by sample, 60 strings spread over memory cost a fifth of the processor's
-#: time with 100 jobs (cache misses). Keyed by the list's id with the list held; a fold
-#: takes its state's entry out and puts the set, updated, under its new list, so an
-#: entry is never shared. A state folded twice (rare) misses and counts again.
-_SAMPLE_IDS: dict[int, tuple[list[Sample], set[str]]] = {}
-SAMPLE_IDS_LIMIT = 100_000
-
-
-def _sample_ids(samples: list[Sample]) -> set[str]:
-    found = _SAMPLE_IDS.pop(id(samples), None)
-    if found is not None and found[0] is samples:
-        return found[1]
-    return {s.event_id for s in samples}
-
-
-def _fold_sample(state: JobState, sample: Sample) -> JobState:
+def _fold_sample(state: JobState, sample: Sample, memo: SampleMemo | None) -> JobState:
     """The hottest fold (every sample of every job): it sets `last_event_id` itself so the
-    state is copied once, and rebuilds a node's peak only when it rises."""
+    state is copied once, and rebuilds a node's peak only when it rises. The job's memo
+    keeps its samples' ids for the duplicate check (looked for sample by sample, 60
+    strings spread over memory cost a fifth of the processor's time with 100 jobs)."""
     event_id = sample.event_id
-    ids = _sample_ids(state.samples)
+    ids = memo.ids_of(state.samples) if memo is not None else {s.event_id for s in state.samples}
     if event_id in ids:  # read again: a retry, a replay
-        _SAMPLE_IDS[id(state.samples)] = (state.samples, ids)
+        if memo is not None:
+            memo.keep(state.samples, ids, ())
         return state.model_copy(update={"last_event_id": event_id})
     samples = [*state.samples, sample]
+    dropped: list[Sample] = []
     if len(samples) > MAX_SAMPLES:
-        for dropped in samples[:-MAX_SAMPLES]:
-            ids.discard(dropped.event_id)
+        dropped = samples[:-MAX_SAMPLES]
+        for gone in dropped:
+            ids.discard(gone.event_id)
         samples = samples[-MAX_SAMPLES:]
     ids.add(event_id)
-    if len(_SAMPLE_IDS) >= SAMPLE_IDS_LIMIT:
-        _SAMPLE_IDS.clear()  # lists of jobs gone; a miss costs one pass over 60 samples
-    _SAMPLE_IDS[id(samples)] = (samples, ids)
+    if memo is not None:
+        memo.keep(samples, ids, dropped)
     # Peaks and nodes rarely change once a job runs: copy them only when they do (the
     # state's own dicts are never mutated, so older states stay as they were).
     peaks, nodes = state.peaks, state.nodes
@@ -515,12 +542,12 @@ def _fold_oom(state: JobState, event: NodeOOM) -> JobState:
 
 
 def _fold_request(state: JobState, event: OptimizeRequest) -> JobState:
-    config = {**state.config, **event.config}
-    update: dict[str, Any] = {"config": config}
-    if event.stage != state.stage:
-        update.update(stage=event.stage, stage_samples=0)
-    update.update(config_fields(config))
-    return state.model_copy(update=update)
+    """The request's config over the job's, and its stage when the brain knows it (the
+    request itself is then answered with `unknown_stage`, see `triggers.step`)."""
+    stage = normalize_stage(event.stage, state.distribution)
+    if stage is not None and stage != state.stage:
+        state = state.model_copy(update={"stage": stage, "stage_samples": 0})
+    return with_config(state, {**state.config, **event.config})
 
 
 #: A ScaleResult that says the operator took the plan on (some or all of it).
@@ -634,10 +661,13 @@ def apply_scale_plan(
     return state.model_copy(update={"roles": roles, "nodes": nodes})
 
 
-def fold(state: JobState | None, event: Event | SampleRead) -> JobState | None:
+def fold(
+    state: JobState | None, event: Event | SampleRead, memo: SampleMemo | None = None
+) -> JobState | None:
     """Fold one event of a job into its state. Events that say nothing about a job leave
     the state as it is; a job-keyed event for a job not seen yet starts its state (a replay
-    may begin after the job's submission)."""
+    may begin after the job's submission). `memo` is the job's (see `streams.brain.memo`),
+    kept in step with the samples folded; without it the fold counts afresh."""
     if isinstance(event, SampleRead):  # most events: runtime samples read off the bus
         if state is None:
             state = JobState(env=event.env, job=event.job.meta())
@@ -645,7 +675,7 @@ def fold(state: JobState | None, event: Event | SampleRead) -> JobState | None:
             raise ValueError(
                 f"event for job {event.job.uuid!r} folded into the state of {state.job.uuid!r}"
             )
-        return _fold_sample(state, event.sample)
+        return _fold_sample(state, event.sample, memo)
     if not isinstance(event, JobEvent):
         return state
     if state is None:
@@ -660,7 +690,7 @@ def fold(state: JobState | None, event: Event | SampleRead) -> JobState | None:
         case JobStarted():
             state = _fold_started(state, event)
         case RuntimeSample():
-            return _fold_sample(state, sample_of(event))  # sets last_event_id itself
+            return _fold_sample(state, sample_of(event), memo)  # sets last_event_id itself
         case NodeStarted():
             state = _with_node_status(state, event.node.type, event.node.id, NodeStatus.RUNNING)
         case NodeExited():
@@ -701,9 +731,10 @@ def record_decision(
     handled_ooms: Iterable[str],
     now: datetime,
 ) -> JobState:
-    """Remember what the brain decided: the OOMs it addressed (never again), the plan and
-    when (for cooldowns), and the ScalePlan whose result will update the resources."""
-    update: dict[str, Any] = {"last_plan": plan, "last_plan_at": now}
+    """Remember what the brain decided: the OOMs it addressed (never again), the plan (a
+    wish repeated is not published again), when a running-stage or PS change was planned
+    (cooldowns), and the ScalePlan whose result will update the resources."""
+    update: dict[str, Any] = {"last_plan": plan}
     handled = set(handled_ooms)
     if handled:  # most decisions answer no OOM: the records stay as they are
         update["ooms"] = {
@@ -714,7 +745,7 @@ def record_decision(
         }
     if scale_plan is not None:
         update["pending_scale_plan"] = scale_plan
-        if normalize_stage(state.stage, state.distribution) == Stage.RUNNING:
+        if state.stage == Stage.RUNNING:
             update["last_running_plan_at"] = now
         if touches_role(scale_plan, PS):
             update["last_ps_change_at"] = now

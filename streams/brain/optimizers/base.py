@@ -9,27 +9,31 @@ optimizer with one decorator and `names()`/`describe()` tell what is available.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_GPUS, MAX_REPLICAS
 from schemas.envelope import Model
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
-from streams.brain.state import JobState, JobStatus, Sample
+from streams.brain.memo import SampleMemo
+from streams.brain.state import JobState, JobStatus
 
 
 @dataclass(frozen=True)
 class OptimizeContext:
-    """Inputs of every optimizer; history and free GPUs are optional knowledge."""
+    """Inputs of every optimizer; history and free GPUs are optional knowledge. `memo`
+    is the job's (`streams.brain.memo`): what an optimizer derives from one sample, it
+    may derive through it, once per sample (none: afresh)."""
 
     state: JobState
     now: datetime
     history: Sequence[JobState] = ()
     free_gpus: int | None = None
+    memo: SampleMemo | None = None
 
     def scenario_history(self, days: float) -> list[JobState]:
         """Completed jobs of the same scenario in the last `days`: DLRover's history.
@@ -91,59 +95,6 @@ class NoParams(Model):
 
 
 P = TypeVar("P", bound=BaseModel)
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
-
-class PerSample(Generic[K, V]):
-    """`derive(sample, args)` made once per sample and `args`, for readers of a few of a
-    job's samples at every decision (the straggler detector, the newest few).
-
-    One small table per job and `args`, keyed by the sample's id with the sample held (so
-    that its id is not reused while in here), cut back to the job's current samples when
-    it holds twice as many: one table of every sample of every job outgrows the CPU's
-    caches, and a lookup in it measured several times slower (60 lookups: 7 us in a table
-    of 6,000 samples, 39 us in one of 200,000).
-    `derive` must be pure and depend on nothing but the sample and `args`.
-    """
-
-    def __init__(self, derive: Callable[[Sample, K], V], limit: int = 200_000) -> None:
-        self._derive = derive
-        self._limit = limit
-        self._tables: dict[tuple[str, K], dict[int, tuple[Sample, V]]] = {}
-        self._size = 0
-
-    def of(self, job: str, sample: Sample, args: K, live: Sequence[Sample]) -> V:
-        """What `derive` makes of one of the job's samples; `live` are the job's samples
-        now, what its table is cut back to."""
-        key = (job, args)
-        table = self._tables.get(key)
-        if table is None:
-            table = self._tables[key] = {}
-        hit = table.get(id(sample))
-        if hit is not None:
-            return hit[1]
-        if self._size >= self._limit:  # jobs come and go; a miss costs microseconds
-            table.clear()
-            self._tables = {key: table}
-            self._size = 0
-        value = self._derive(sample, args)
-        table[id(sample)] = (sample, value)
-        self._size += 1
-        if len(table) > 2 * len(live) + 16:
-            kept = {id(s): hit for s in live if (hit := table.get(id(s))) is not None}
-            self._tables[key] = kept
-            self._size += len(kept) - len(table)
-        return value
-
-    def clear(self) -> None:
-        self._tables.clear()
-        self._size = 0
-
-    def __len__(self) -> int:
-        return self._size
-
-
 OptimizerFn = Callable[[OptimizeContext, Any], Proposal | None]
 
 

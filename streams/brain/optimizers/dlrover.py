@@ -46,7 +46,6 @@ from streams.brain.state import (
     ceil_int,
     mean,
     median,
-    normalize_stage,
     parse_node_key,
 )
 
@@ -571,7 +570,7 @@ def worker_resource(ctx: OptimizeContext, p: WorkerResourceParams) -> Proposal |
             why += f"; PS exhausted ({top:.2f}): {p.step} worker(s) fewer"
         elif 0 < top < p.target_util and trend != "decelerated":
             wanted = ceil_int(p.target_util / top * current)
-            if normalize_stage(state.stage, state.distribution) == Stage.WORKER_INITIAL:
+            if state.stage == Stage.WORKER_INITIAL:
                 speed = mean_speed(samples)
                 job_time = (
                     state.total_steps / (speed / current)

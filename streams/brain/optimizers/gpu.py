@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import math
-from array import array
 from dataclasses import dataclass
 
 from msgspec import Struct
@@ -20,13 +19,8 @@ from pydantic import Field
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
-from streams.brain.optimizers.base import (
-    OptimizeContext,
-    PerSample,
-    Proposal,
-    node_resource,
-    register,
-)
+from streams.brain.memo import SampleMemo, derived, derived_all
+from streams.brain.optimizers.base import OptimizeContext, Proposal, node_resource, register
 from streams.brain.optimizers.fit import nnls
 from streams.brain.state import (
     WORKER,
@@ -58,10 +52,9 @@ class GoodputParams(Model):
 
 
 class StepObservation(Struct, frozen=True, gc=False):
-    """One sample's step time at its scale. A struct: a decision makes one for each sample
-    folded since the last (a frozen dataclass took a microsecond more each), reads all of
-    them mostly out of the CPU's caches (a slot is one read where an instance dict is
-    three), and the collector never walks them."""
+    """One sample's step time at its scale. A struct: a job's memo keeps one per sample
+    (a frozen dataclass took a microsecond more to make), and the collector never walks
+    them."""
 
     replicas: int
     gpus: int
@@ -142,9 +135,10 @@ def _observe(
     )
 
 
-#: What goodput reads of one sample: its observation when the sample says its own local
-#: batch (it then depends on nothing else), else its replicas and step time (the local
-#: batch then comes from the job's state); None when it says nothing of the step time.
+#: What goodput reads of one sample (once per sample, through the job's memo): its
+#: observation when the sample says its own local batch (it then depends on nothing
+#: else), else its replicas and step time (the local batch then comes from the job's
+#: state); None when it says nothing of the step time.
 Seen = StepObservation | tuple[int, float] | None
 
 
@@ -160,140 +154,21 @@ def _seen(sample: Sample, args: tuple[str, int]) -> Seen:
     )
 
 
-#: `_Window.kinds` of a sample that needs the job's state, and of one that says nothing
-_PENDING, _NOTHING = 0, -1
-
-
-class _Window:
-    """What goodput read of one job's samples at the job's last decision, kept in step
-    with them: folds drop a job's oldest samples and append new ones, so a decision
-    reads the few samples folded since its last one, and the rest stands.
-
-    Only the samples that come and go are touched: reading every sample and observation
-    of the job again (even to copy or count a reference to it) costs a cache miss each
-    at every decision, as they sit in memory among every other job's. The counts of the
-    observations' GPUs tell goodput whether the job ran at more than one scale without
-    reading the observations either.
-    """
-
-    __slots__ = ("gpus", "ids", "kinds", "obs", "pending", "samples", "seen")
-
-    def __init__(self) -> None:
-        self.samples: list[Sample] = []  # held, so that the ids in `ids` stay theirs
-        self.ids = array("q")  # the samples' ids, searched without touching a sample
-        self.seen: list[Seen] = []
-        #: what each of `seen` is, so samples leave without a read of theirs: an
-        #: observation's GPUs (>= 1), _PENDING or _NOTHING
-        self.kinds = array("q")
-        self.obs: list[StepObservation] = []  # the `seen` that are observations, in order
-        self.pending = 0  # `seen` that need the job's state for a local batch
-        self.gpus: dict[int, int] = {}  # observations by their GPUs
-
-    def update(self, now: list[Sample], args: tuple[str, int]) -> None:
-        """Make the window that of `now`, the job's samples."""
-        if self.samples == now:  # compared by identity first, sample by sample
-            return
-        if now and self.samples:
-            try:
-                start = self.ids.index(id(now[0]))
-            except ValueError:
-                start = -1
-            kept = len(self.samples) - start
-            if start >= 0 and kept <= len(now):
-                self._drop(start)
-                self._add(now[kept:], args)
-                if self.samples == now:
-                    return
-        self._reset(now, args)
-
-    def observations(self, state: JobState, per_gpu: int) -> list[StepObservation]:
-        """The observations of the window in the job's `state`: shared unless a sample
-        needs the state (read, never change, the list)."""
-        if not self.pending:
-            return self.obs
-        found: list[StepObservation] = []
-        for sample, one in zip(self.samples, self.seen, strict=True):
-            if isinstance(one, StepObservation):
-                found.append(one)
-            elif one is not None:
-                local_batch = _local_batch(state, sample, one[0])
-                found.append(_observe(sample, one, per_gpu, local_batch))
-        return found
-
-    def _drop(self, count: int) -> None:
-        observed = 0
-        gpus = self.gpus
-        for kind in self.kinds[:count]:
-            if kind > 0:
-                observed += 1
-                left = gpus[kind] - 1
-                if left:
-                    gpus[kind] = left
-                else:
-                    del gpus[kind]
-            elif kind == _PENDING:
-                self.pending -= 1
-        del self.samples[:count]
-        del self.ids[:count]
-        del self.seen[:count]
-        del self.kinds[:count]
-        del self.obs[:observed]
-
-    def _add(self, samples: list[Sample], args: tuple[str, int]) -> None:
-        for sample in samples:
-            self._append(sample, _seen(sample, args))
-
-    def _append(self, sample: Sample, one: Seen) -> None:
-        self.samples.append(sample)
-        self.ids.append(id(sample))
-        self.seen.append(one)
-        if isinstance(one, StepObservation):
-            self.obs.append(one)
-            self.gpus[one.gpus] = self.gpus.get(one.gpus, 0) + 1
-            self.kinds.append(one.gpus)
-        elif one is not None:
-            self.pending += 1
-            self.kinds.append(_PENDING)
-        else:
-            self.kinds.append(_NOTHING)
-
-    def _reset(self, now: list[Sample], args: tuple[str, int]) -> None:
-        """A window that does not continue the last one: what it shares with the last
-        one by identity is kept, the rest derived."""
-        known = dict(zip(self.ids, self.seen, strict=True))
-        held = self.samples  # keeps the known ids theirs until done
-        self.samples, self.ids, self.seen, self.obs = [], array("q"), [], []
-        self.kinds = array("q")
-        self.pending, self.gpus = 0, {}
-        for sample in now:
-            key = id(sample)
-            if key not in known:
-                known[key] = _seen(sample, args)
-            self._append(sample, known[key])
-        del held
-
-
-#: Per (job, role, GPUs per replica), least recently used first; bounded.
-_WINDOWS: dict[tuple[str, str, int], _Window] = {}
-WINDOW_LIMIT = 4096
-
-
-def _window(state: JobState, role: str, per_gpu: int) -> _Window:
-    key = (state.job.uuid, role, per_gpu)
-    window = _WINDOWS.pop(key, None)
-    if window is None:
-        window = _Window()
-        if len(_WINDOWS) >= WINDOW_LIMIT:
-            del _WINDOWS[next(iter(_WINDOWS))]
-    _WINDOWS[key] = window
-    samples = state.samples
-    window.update(samples if isinstance(samples, list) else list(samples), (role, per_gpu))
-    return window
-
-
-def observations(state: JobState, role: str) -> list[StepObservation]:
+def observations(
+    state: JobState, role: str, memo: SampleMemo | None = None
+) -> list[StepObservation]:
+    """The step time of each sample that says it, at the scale and batch it ran with."""
     per_gpu = _gpus_per_replica(state, role)
-    return list(_window(state, role, per_gpu).observations(state, per_gpu))
+    found: list[StepObservation] = []
+    samples = state.samples
+    for sample, one in zip(
+        samples, derived_all(memo, "goodput", (role, per_gpu), samples, _seen), strict=True
+    ):
+        if isinstance(one, StepObservation):
+            found.append(one)
+        elif one is not None:  # the local batch comes from the job's state
+            found.append(_observe(sample, one, per_gpu, _local_batch(state, sample, one[0])))
+    return found
 
 
 def fit_throughput(obs: list[StepObservation]) -> ThroughputModel | None:
@@ -313,9 +188,8 @@ def fit_throughput(obs: list[StepObservation]) -> ThroughputModel | None:
 def goodput(ctx: OptimizeContext, p: GoodputParams) -> Proposal | None:
     state = ctx.state
     spec = state.role(p.role)
-    per_gpu = max(spec.gpu_num, 1)  # _gpus_per_replica, without asking the state again
-    window = _window(state, p.role, per_gpu)
-    obs = window.observations(state, per_gpu)  # shared: read only
+    per_gpu = _gpus_per_replica(state, p.role)
+    obs = observations(state, p.role, ctx.memo)
     if len(obs) < p.min_samples:
         return None
     latest = obs[-1]
@@ -326,8 +200,7 @@ def goodput(ctx: OptimizeContext, p: GoodputParams) -> Proposal | None:
         hi = min(hi, current + max(ctx.free_gpus, 0) // per_gpu)
     if hi < lo:
         return None
-    scales = len(window.gpus) if not window.pending else len({o.gpus for o in obs})
-    if scales < 2:
+    if len({o.gpus for o in obs}) < 2:  # one scale known
         if not p.explore or current >= hi:
             return None
         target = min(hi, max(current + 1, current * 2))
@@ -547,25 +420,24 @@ def _outliers(sample: Sample, args: OutlierArgs) -> dict[str, float] | bool:
     return {node_key(role, node_id): t for node_id, t in times.items() if t > above and t > over}
 
 
-#: The router asks at every decision of a running job, and the straggler optimizer again
-#: when the router chose it; decisions a few samples apart (OOMs, requests) share samples.
-_OUTLIERS: PerSample[OutlierArgs, dict[str, float] | bool] = PerSample(_outliers)
-
-
-def find_stragglers(state: JobState, p: StragglerParams) -> dict[str, float]:
+def find_stragglers(
+    state: JobState, p: StragglerParams, memo: SampleMemo | None = None
+) -> dict[str, float]:
     """Nodes slow in every one of the last `window` samples, with their latest step time.
 
     Requiring every sample keeps a node that was just replaced (fast now) from being
-    replaced again on the strength of its old samples.
+    replaced again on the strength of its old samples. The router asks at every decision
+    of a running job, and the straggler optimizer again: a sample's outliers are made
+    once, through the job's `memo`.
     """
     args = (p.role, p.k, p.min_ratio, p.min_nodes)
-    job, samples = state.job.uuid, state.samples
+    samples = state.samples
     # newest first, so that the usual answer (no outlier in the newest sample) costs the
     # newest sample's outliers alone; the times kept are the newest sample's
     common: dict[str, float] | None = None
     window = 0
     for s in reversed(samples):
-        slow = _OUTLIERS.of(job, s, args, samples)
+        slow = derived(memo, "outliers", args, s, _outliers)
         if slow is False:
             continue  # no node of the role: not one of the window's samples
         if slow is True:
@@ -592,7 +464,7 @@ def find_stragglers(state: JobState, p: StragglerParams) -> dict[str, float]:
     StragglerParams,
 )
 def straggler(ctx: OptimizeContext, p: StragglerParams) -> Proposal | None:
-    slow = find_stragglers(ctx.state, p)
+    slow = find_stragglers(ctx.state, p, ctx.memo)
     if not slow:
         return None
     # An all-default NodeResource asks the planner to relaunch the node as it is.

@@ -69,8 +69,11 @@ def test_unknown_optimizer_is_a_user_error() -> None:
 
 
 def test_unknown_stage_is_a_user_error() -> None:
+    text = state().model_dump_json().replace('"stage":"create"', '"stage":"warmup"')
+    with pytest.raises(UserError, match="unknown stage 'warmup'; known: create, "):
+        parse_state(text, "state file s.json")
     with pytest.raises(UserError, match="unknown stage 'warmup'"):
-        dry_run(state(stage="warmup"), T0)
+        parse_history(f"[{text}]")
 
 
 @pytest.mark.parametrize(

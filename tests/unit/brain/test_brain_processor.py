@@ -237,3 +237,95 @@ def test_late_events_of_a_finished_job_change_nothing_before_the_checkpoint() ->
     # once evicted, the same: ignored and counted
     p.process(records([encode(late[0])], start=8))
     assert p.counters.late == len(late) + 1 and JOB.uuid not in p.states
+
+
+def test_config_errors_are_dead_lettered_once_and_the_job_decided() -> None:
+    p = processor()
+    bad = lifecycle()[0].model_copy(update={"config": {"total_steps": "many"}})
+    request = OptimizeRequest(env=ENV, job=JOB, occurred_at=T0, stage="worker-initial")
+    out = p.process(records([encode(e) for e in (bad, request, request)]))
+    assert [letter.error for letter in out.letters] == [
+        "brain: invalid_config: config total_steps must be an integer >= 1, got 'many'"
+        " (decided without it)"
+    ]
+    assert out.letters[0].error_kind == FailureKind.HANDLER
+    assert p.counters.decisions == 3 and JOB.uuid in p.states
+
+
+def _samples_of(job: JobMeta, count: int, start: int = 0) -> list[bytes]:
+    from schemas.jobs import NodeUsage, RuntimeSample
+
+    return [
+        encode(
+            RuntimeSample(
+                env=ENV,
+                job=job,
+                occurred_at=T0,
+                global_step=i,
+                speed=1,
+                nodes=[NodeUsage(type="worker", id=k, step_time=1.0 + k / 10) for k in range(3)],
+            )
+        )
+        for i in range(start, start + count)
+    ]
+
+
+def test_a_jobs_memo_is_its_own_and_goes_with_it() -> None:
+    """Each job's entry has its own memo, two processors in one process share none, and
+    a job's memo leaves with the job (finished and checkpointed, or partition dropped)."""
+    first, second = processor(), processor()
+    for p in (first, second):
+        p.process(records([encode(e) for e in lifecycle()[:2]]))
+        p.process(records(_samples_of(JOB, 12), start=2))
+    other = JobMeta(uuid="job-q")
+    first.process(
+        [Rec(TOPIC, 2, i, other.uuid.encode(), v) for i, v in enumerate(_samples_of(other, 3))]
+    )
+    memos = [first.jobs[JOB.uuid].memo, first.jobs["job-q"].memo, second.jobs[JOB.uuid].memo]
+    assert len({id(m) for m in memos}) == 3
+    assert len(memos[0]) > 0 and len(memos[2]) > 0  # the decisions derived through them
+    first.drop([2])
+    assert "job-q" not in first.jobs
+    first.process(records([encode(JobCompleted(env=ENV, job=JOB, occurred_at=T0))], start=14))
+    assert JOB.uuid in first.jobs  # until its last state is checkpointed
+    first.snapshot()
+    assert first.jobs == {} and first.states == {}
+    assert second.states[JOB.uuid].stage == "running"  # the other processor unaffected
+
+
+def _module_state() -> dict[str, object]:
+    """What every module of the brain holds at module level in containers and caches."""
+    import collections
+    import importlib
+    import pkgutil
+    from functools import _lru_cache_wrapper
+
+    import streams.brain as package
+
+    found: dict[str, object] = {}
+    for info in pkgutil.walk_packages(package.__path__, "streams.brain."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if name.startswith("__"):
+                continue
+            if isinstance(value, _lru_cache_wrapper):
+                found[f"{info.name}.{name}"] = value.cache_info().currsize
+            elif isinstance(value, dict | list | set | bytearray | collections.deque):
+                found[f"{info.name}.{name}"] = repr(value)
+    return found
+
+
+def test_processing_leaves_no_state_at_module_level() -> None:
+    """What the brain keeps, a processor keeps (per job): nothing at module level, which
+    every brain of a process would share (`up` runs several services, `ab run` one brain
+    per arm). Jobs that decide (goodput, stragglers, OOMs, requests) leave every
+    module's containers and caches as they were."""
+    before = _module_state()
+    for p in (processor(), processor()):
+        p.process(records([encode(e) for e in lifecycle()]))
+        p.process(records(_samples_of(JOB, 30), start=3))
+        request = OptimizeRequest(env=ENV, job=JOB, occurred_at=T0, stage="job_stage_running")
+        p.process(records([encode(request)], start=33))
+        assert p.counters.decisions > 5
+        p.snapshot()
+    assert _module_state() == before

@@ -52,10 +52,15 @@ def test_stage_routes(
     assert chosen.condition == Condition.HEALTHY
 
 
-def test_unknown_stage_is_an_error_value() -> None:
-    error = _error(state(stage="warmup"))
-    assert error.code == "unknown_stage"
-    assert "warmup" in error.message
+def test_a_state_never_holds_an_unknown_stage() -> None:
+    """A stage no brain knows in an older state loads as create (routed as such); an
+    optimize request naming one is answered with `unknown_stage` (test_brain_triggers),
+    and a user's state file naming one is refused (test_brain_dry_run)."""
+    job = state(stage="warmup")
+    assert job.stage is Stage.CREATE
+    assert _route(job).steps == (("worker-create",),)
+    assert state(stage="job_stage_ps_initial").stage is Stage.PS_INITIAL
+    assert state(stage="initial", distribution="ps").stage is Stage.PS_INITIAL
 
 
 def test_host_oom_routes_by_role_and_stage() -> None:

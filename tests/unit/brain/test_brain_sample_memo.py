@@ -1,25 +1,26 @@
-"""The per-sample memos of the GPU optimizers give what a plain computation gives.
+"""A job's memo (`streams.brain.memo`) gives what a plain computation gives.
 
 goodput's observations and the straggler detector read every sample of a job at every
-decision, so what they derive from a sample is made once per sample; these tests hold
-them to a straightforward computation from the samples, edge cases included, and check
-that nothing a memo keeps leaks from one job's state into another's.
+decision, so what they derive from a sample is made once per sample, in the job's memo;
+these tests hold them to a straightforward computation from the samples, edge cases
+included, with and without a memo, and check that nothing a memo keeps leaks from one
+job's state into another's or outlives the samples the job keeps.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.jobs import NodeUsage, RuntimeSample
+from streams.brain.memo import TABLE_LIMIT, SampleMemo
 from streams.brain.optimizers import gpu
-from streams.brain.optimizers.base import PerSample
 from streams.brain.optimizers.gpu import (
     StepObservation,
     StragglerParams,
@@ -27,6 +28,7 @@ from streams.brain.optimizers.gpu import (
     observations,
 )
 from streams.brain.state import (
+    MAX_SAMPLES,
     WORKER,
     JobState,
     NodeStatus,
@@ -109,7 +111,7 @@ def _usage(role: str, node_id: int, step_time: float | None) -> NodeUsage:
     return NodeUsage(type=role, id=node_id, step_time=step_time)
 
 
-def _job(rows: list[dict[str, Any]], **fields: Any) -> JobState:
+def _job(rows: list[dict[str, Any]], memo: SampleMemo | None = None, **fields: Any) -> JobState:
     """A job with one folded sample per row (RuntimeSample fields; `nodes` as usages)."""
     job: JobState | None = state(**fields)
     for i, row in enumerate(rows):
@@ -121,7 +123,7 @@ def _job(rows: list[dict[str, Any]], **fields: Any) -> JobState:
             global_step=i,
             **row,
         )
-        job = fold(job, event)
+        job = fold(job, event, memo)
     assert job is not None
     return job
 
@@ -145,6 +147,7 @@ EDGE_ROWS: list[dict[str, Any]] = [
 
 def test_observations_of_a_job_without_samples() -> None:
     assert observations(state(), WORKER) == [] == _plain_observations(state(), WORKER)
+    assert observations(state(), WORKER, SampleMemo()) == []
 
 
 def test_observations_match_a_plain_computation_on_edge_cases() -> None:
@@ -156,8 +159,10 @@ def test_observations_match_a_plain_computation_on_edge_cases() -> None:
                 batch_size=batch_size,
             )
             want = _plain_observations(job, WORKER)
+            memo = SampleMemo()
             assert observations(job, WORKER) == want
-            assert observations(job, WORKER) == want  # and again, from the memo
+            assert observations(job, WORKER, memo) == want
+            assert observations(job, WORKER, memo) == want  # and again, from the memo
     assert observations(_job(EDGE_ROWS), "ps") == _plain_observations(_job(EDGE_ROWS), "ps")
     assert observations(_job(EDGE_ROWS), "chief") == []
 
@@ -165,8 +170,9 @@ def test_observations_match_a_plain_computation_on_edge_cases() -> None:
 def test_observations_read_the_state_a_sample_is_decided_in() -> None:
     """The same sample objects in jobs that differ in GPUs per worker and in the known
     local batch: the memo keeps nothing that depends on the job."""
-    first = _job(EDGE_ROWS, roles={WORKER: RoleResources(gpu_num=1)})
-    assert observations(first, WORKER) == _plain_observations(first, WORKER)
+    memo = SampleMemo()
+    first = _job(EDGE_ROWS, memo, roles={WORKER: RoleResources(gpu_num=1)})
+    assert observations(first, WORKER, memo) == _plain_observations(first, WORKER)
     for update in (
         {"roles": {WORKER: RoleResources(gpu_num=4)}},
         {"training": {"local_batch_size": 8}},
@@ -174,7 +180,7 @@ def test_observations_read_the_state_a_sample_is_decided_in() -> None:
         {"samples": [*first.samples, first.samples[0], first.samples[0]]},
     ):
         other = first.model_copy(update=update)
-        assert observations(other, WORKER) == _plain_observations(other, WORKER)
+        assert observations(other, WORKER, memo) == _plain_observations(other, WORKER)
 
 
 @settings(max_examples=60, deadline=None)
@@ -204,9 +210,11 @@ def test_observations_read_the_state_a_sample_is_decided_in() -> None:
 def test_observations_and_stragglers_match_plain_computations(
     rows: list[dict[str, Any]], gpu_num: int
 ) -> None:
-    job = _job(rows, roles={WORKER: RoleResources(gpu_num=gpu_num)})
+    memo = SampleMemo()
+    job = _job(rows, memo, roles={WORKER: RoleResources(gpu_num=gpu_num)})
     for role in (WORKER, "ps"):
         assert observations(job, role) == _plain_observations(job, role)
+        assert observations(job, role, memo) == _plain_observations(job, role)
         for p in (
             StragglerParams(role=role),
             StragglerParams(role=role, window=1, k=0.5),
@@ -214,6 +222,7 @@ def test_observations_and_stragglers_match_plain_computations(
             StragglerParams(role=role, window=5, k=0.1, min_ratio=0),
         ):
             assert find_stragglers(job, p) == _plain_stragglers(job, p)
+            assert find_stragglers(job, p, memo) == _plain_stragglers(job, p)
 
 
 def _straggling(slow: list[float | None], others: int = 4) -> list[dict[str, Any]]:
@@ -234,13 +243,17 @@ def test_stragglers_match_a_plain_computation_on_edge_cases() -> None:
     ]
     for rows in cases:
         for status in (NodeStatus.RUNNING, NodeStatus.PENDING):
-            job = _job(rows).model_copy(update={"nodes": nodes(node(WORKER, 9, status=status))})
+            memo = SampleMemo()
+            job = _job(rows, memo).model_copy(
+                update={"nodes": nodes(node(WORKER, 9, status=status))}
+            )
             for p in (StragglerParams(), StragglerParams(window=2), StragglerParams(k=50)):
                 assert find_stragglers(job, p) == _plain_stragglers(job, p)
+                assert find_stragglers(job, p, memo) == _plain_stragglers(job, p)
     assert _plain_stragglers(_job(cases[0]), StragglerParams()) == {"worker-9": 1.9}
 
 
-# -- the memos themselves --------------------------------------------------------------
+# -- the memo itself ---------------------------------------------------------------------
 
 
 class _Derive:
@@ -276,7 +289,7 @@ def _observed_samples(count: int, local_batch: int | None = 32) -> list[Sample]:
 
 @pytest.fixture
 def derived(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The samples goodput derives an observation of, in order, with no window kept."""
+    """The samples goodput derives an observation of, in order."""
     calls: list[str] = []
     derive = gpu._seen
 
@@ -285,25 +298,26 @@ def derived(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return derive(sample, args)
 
     monkeypatch.setattr(gpu, "_seen", counting)
-    monkeypatch.setattr(gpu, "_WINDOWS", {})
     return calls
 
 
-def test_observation_window_derives_only_the_samples_folded_since(derived: list[str]) -> None:
+def test_memo_derives_only_the_samples_folded_since(derived: list[str]) -> None:
     rows = _observed_samples(12)
+    memo = SampleMemo()
     for start, end in ((0, 6), (2, 9), (2, 9), (2, 10), (5, 10)):
         job = _role_job(rows[start:end])
-        assert observations(job, WORKER) == _plain_observations(job, WORKER)
+        assert observations(job, WORKER, memo) == _plain_observations(job, WORKER)
     assert derived == [s.event_id for s in rows[:10]]  # each sample once
-    assert observations(_role_job([]), WORKER) == []
+    assert observations(_role_job([]), WORKER, memo) == []
 
 
-def test_observation_window_of_windows_that_do_not_continue_the_last(derived: list[str]) -> None:
+def test_memo_of_windows_that_do_not_continue_the_last(derived: list[str]) -> None:
     rows = _observed_samples(8)
-    last = rows[:5]
-    observations(_role_job(last), WORKER)
+    memo = SampleMemo()
+    seen: set[str] = set()
     for window in (
-        rows[3:4],  # shorter than what the last window kept
+        rows[:5],
+        rows[3:4],  # shorter than the last
         [rows[4], rows[0], rows[0], rows[3]],  # reordered, a sample twice
         [rows[3], rows[6], rows[4]],  # continues, then not
         [rows[2], rows[6], rows[7]],  # starts like the last, goes on otherwise
@@ -311,46 +325,35 @@ def test_observation_window_of_windows_that_do_not_continue_the_last(derived: li
     ):
         derived.clear()
         job = _role_job(window)
-        assert observations(job, WORKER) == _plain_observations(job, WORKER)
-        # what the last window had and this one keeps in place, or takes anew, is kept
-        new = {s.event_id for s in window if not any(s is k for k in last)}
-        assert new <= set(derived) <= {s.event_id for s in window}
+        assert observations(job, WORKER, memo) == _plain_observations(job, WORKER)
+        # only samples not derived before are derived, each once
+        assert set(derived) == {s.event_id for s in window} - seen
         assert len(derived) == len(set(derived))
-        last = window
+        seen |= {s.event_id for s in window}
 
 
-def test_observation_window_holds_equal_samples_apart() -> None:
-    """A sample equal to another is still another sample: the window follows identity,
-    and what it keeps of an equal sample is what that sample gives too."""
+def test_memo_holds_equal_ids_of_other_samples_apart() -> None:
+    """A sample under an id the memo holds for another sample is derived anew: a value
+    is only given back for an equal sample."""
     rows = _observed_samples(3)
     twin = _observed_samples(3)[0]
     assert twin == rows[0] and twin is not rows[0]
-    for window in (rows, [twin, *rows[1:]], [twin, rows[0]], rows):
+    other = _observed_samples(3, local_batch=8)[0]
+    assert other.event_id == rows[0].event_id and other != rows[0]
+    memo = SampleMemo()
+    for window in (rows, [twin, *rows[1:]], [twin, rows[0]], [other, rows[1]], rows):
         job = _role_job(window)
-        assert observations(job, WORKER) == _plain_observations(job, WORKER)
+        assert observations(job, WORKER, memo) == _plain_observations(job, WORKER)
 
 
-def test_observation_windows_per_job_role_and_gpus(derived: list[str]) -> None:
+def test_memo_tables_per_role_and_gpus(derived: list[str]) -> None:
     rows = _observed_samples(4)
+    memo = SampleMemo()
     for gpu_num in (1, 2, 1):
         job = _role_job(rows, gpu_num=gpu_num)
-        assert observations(job, WORKER) == _plain_observations(job, WORKER)
-    other = _role_job(rows).model_copy(update={"job": meta("job-2")})
-    assert observations(other, WORKER) == _plain_observations(other, WORKER)
-    assert observations(other, "ps") == []
-    assert len(derived) == 4 * 3 + 4  # windows of gpu 1, gpu 2, job-2, and ps
-
-
-def test_observation_windows_are_bounded(
-    derived: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(gpu, "WINDOW_LIMIT", 2)
-    rows = _observed_samples(2)
-    for uuid_ in ("a", "b", "c", "a"):
-        job = _role_job(rows).model_copy(update={"job": meta(uuid_)})
-        assert observations(job, WORKER) == _plain_observations(job, WORKER)
-        assert len(gpu._WINDOWS) <= 2
-    assert len(derived) == 2 * 4  # "a" again after "c" pushed it out
+        assert observations(job, WORKER, memo) == _plain_observations(job, WORKER)
+    assert observations(_role_job(rows), "ps", memo) == []
+    assert len(derived) == 4 * 3  # tables of gpu 1, gpu 2, and ps
 
 
 def _scales(obs: list[StepObservation]) -> int:
@@ -368,86 +371,113 @@ def _scales(obs: list[StepObservation]) -> int:
         max_size=8,
     )
 )
-def test_observation_window_gives_what_each_window_gives(
-    calls: list[tuple[str, list[int], int]],
-) -> None:
-    """Any order of windows, continuing or not, of two jobs sharing samples, some of
-    which need the job's state for their local batch: the observations, and the number
-    of scales goodput reads off the window, are those of the window's samples."""
+def test_memo_gives_what_each_window_gives(calls: list[tuple[str, list[int], int]]) -> None:
+    """Any order of windows, continuing or not, of two jobs sharing samples (each with
+    its own memo), some of which need the job's state for their local batch."""
     pool = _POOL_OBSERVED
+    memos = {"j": SampleMemo(), "k": SampleMemo()}
     for uuid_, picks, gpu_num in calls:
         job = _role_job([pool[i] for i in picks], gpu_num=gpu_num, batch_size=96).model_copy(
             update={"job": meta(uuid_)}
         )
         want = _plain_observations(job, WORKER)
-        assert observations(job, WORKER) == want
-        window = gpu._window(job, WORKER, max(gpu_num, 1))
-        obs = window.observations(job, max(gpu_num, 1))
-        assert obs == want
-        if not window.pending:
-            assert len(window.gpus) == _scales(want)
+        assert observations(job, WORKER, memos[uuid_]) == want
 
 
 _POOL_OBSERVED = _observed_samples(5) + _observed_samples(5, local_batch=None)
-_SCALING = list(
-    _job(
-        [
-            {"nodes": _workers(*[1.0] * n), "local_batch_size": 32}
-            for n in (1, 1, 2, 2, 2, 4, 1, 3, 3, 4, 4, 4, 2, 1, 1, 1, 5, 5, 2, 2)
-        ]
-    ).samples
-)
+_SCALING = [
+    {"nodes": _workers(*[1.0] * n), "local_batch_size": 32}
+    for n in (1, 1, 2, 2, 2, 4, 1, 3, 3, 4, 4, 4, 2, 1, 1, 1, 5, 5, 2, 2)
+]
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), max_size=12))
-def test_observation_window_sliding_as_folds_slide_it(steps: list[tuple[int, int]]) -> None:
-    """Windows as folds make them (the oldest dropped, new ones appended) over samples
-    whose scales come and go: the scales counted in step are those of the window."""
-    start = end = 0
-    for drop, add in steps:
-        end = min(end + add, len(_SCALING))
-        start = min(start + drop, end)
-        job = _role_job(_SCALING[start:end])
-        want = _plain_observations(job, WORKER)
-        assert observations(job, WORKER) == want
-        window = gpu._window(job, WORKER, 1)
-        assert len(window.gpus) == _scales(want)
-        assert sorted(window.gpus.items()) == sorted(Counter(o.gpus for o in want).items())
+def test_memo_follows_the_folds_and_keeps_only_the_jobs_samples() -> None:
+    """Folded with the job's memo, past MAX_SAMPLES: the observations and stragglers are
+    those of the job's samples, and the memo holds values of those samples only."""
+    memo = SampleMemo()
+    rows = _SCALING * 4  # 80 samples
+    job: JobState | None = state(roles={WORKER: RoleResources(gpu_num=1)})
+    for i, row in enumerate(rows):
+        event = RuntimeSample(
+            event_id=uuid.UUID(int=i + 1),
+            env=ENV,
+            job=meta(),
+            occurred_at=T0 + timedelta(seconds=15 * (i + 1)),
+            global_step=i,
+            **row,
+        )
+        job = fold(job, event, memo)
+        assert job is not None
+        if i % 7 == 0:
+            assert observations(job, WORKER, memo) == _plain_observations(job, WORKER)
+            assert _scales(observations(job, WORKER, memo)) == _scales(
+                _plain_observations(job, WORKER)
+            )
+            p = StragglerParams(window=1, k=0.1, min_ratio=0)
+            assert find_stragglers(job, p, memo) == _plain_stragglers(job, p)
+    assert job is not None and len(job.samples) == MAX_SAMPLES
+    assert len(memo) <= 2 * MAX_SAMPLES  # two tables, of the job's samples only
 
 
-def test_per_sample_memo_derives_once_per_sample_and_args() -> None:
+def test_fold_with_a_memo_skips_a_replayed_sample_as_without() -> None:
+    """The memo's ids of a job's samples serve the fold's duplicate check; a state that
+    is not the one the memo last followed (a step the processor did not keep) is
+    counted afresh."""
+    memo = SampleMemo()
+    events = [
+        RuntimeSample(
+            event_id=uuid.UUID(int=i + 1),
+            env=ENV,
+            job=meta(),
+            occurred_at=T0 + timedelta(seconds=15 * (i + 1)),
+            global_step=i,
+        )
+        for i in range(MAX_SAMPLES + 5)
+    ]
+    job: JobState | None = state()
+    plain: JobState | None = state()
+    for event in events:
+        job, plain = fold(job, event, memo), fold(plain, event)
+    kept = job
+    assert kept is not None
+    fork = fold(kept, events[0].model_copy(update={"event_id": uuid.UUID(int=999)}), memo)
+    assert fork is not None and fork.samples[-1].event_id == str(uuid.UUID(int=999))
+    # the processor kept `kept`: the fork's sample is not one of its samples
+    again = fold(kept, events[0].model_copy(update={"event_id": uuid.UUID(int=999)}), memo)
+    assert again is not None and again.samples == fork.samples
+    for event in events[-3:]:  # replays
+        job, plain = fold(job, event, memo), fold(plain, event)
+        assert job is not None and plain is not None
+        assert [s.event_id for s in job.samples] == [s.event_id for s in plain.samples]
+
+
+def test_memo_derives_once_per_sample_and_args() -> None:
     derive = _Derive()
-    memo: PerSample[str, str] = PerSample(derive)
+    memo = SampleMemo()
     rows = _samples(3)
     a, b, c = rows
-    assert [memo.of("j", s, "x", rows) for s in (a, b, a, c)] == _want([a, b, a, c], "x")
-    assert memo.of("j", a, "y", rows) == f"{a.event_id}/y"
-    assert memo.of("k", a, "x", rows) == f"{a.event_id}/x"
+    assert [memo.derived("t", "x", s, derive) for s in (a, b, a, c)] == _want([a, b, a, c], "x")
+    assert memo.derived("t", "y", a, derive) == f"{a.event_id}/y"
+    assert memo.derived_all("t", "x", rows, derive) == _want(rows, "x")
     assert derive.calls == [
         (a.event_id, "x"),
         (b.event_id, "x"),
         (c.event_id, "x"),
         (a.event_id, "y"),
-        (a.event_id, "x"),
     ]
-    assert len(memo) == 5
+    assert len(memo) == 4
 
 
-def test_per_sample_memo_keeps_a_jobs_live_samples_and_is_bounded() -> None:
+def test_memo_tables_are_bounded() -> None:
     derive = _Derive()
-    memo: PerSample[str, str] = PerSample(derive)
-    rows = _samples(60)
-    for end in range(3, 61):  # a window of three sliding over the job's samples
-        live = rows[end - 3 : end]
-        assert [memo.of("j", s, "x", live) for s in live] == _want(live, "x")
-        assert len(memo) <= 2 * len(live) + 17
-    assert len(derive.calls) == 60
-    small: PerSample[int, str] = PerSample(lambda s, n: f"{s.event_id}/{n}", limit=5)
-    for n in range(3):
-        assert [small.of("j", s, n, rows) for s in rows[:12]] == [
-            f"{s.event_id}/{n}" for s in rows[:12]
-        ]
-        assert len(small) <= 5
-    small.clear()
-    assert len(small) == 0
+    memo = SampleMemo()
+    rows = _samples(MAX_SAMPLES)
+    many = [_renamed(s, n) for n in range(5) for s in rows]
+    for sample in many:  # samples of steps never kept: no fold drops them
+        memo.derived("t", "x", sample, derive)
+        assert len(memo) <= TABLE_LIMIT
+    assert len(derive.calls) == len(many)
+
+
+def _renamed(sample: Sample, n: int) -> Sample:
+    return msgspec.structs.replace(sample, event_id=f"{sample.event_id}/{n}")

@@ -21,7 +21,7 @@ from schemas.jobs import (
 from schemas.plans import OptimizeRequest
 from streams.brain.planner import plan_id
 from streams.brain.state import GiB, JobState
-from streams.brain.triggers import Outcome, Policy, step
+from streams.brain.triggers import Policy, StepOutcome, step
 
 from .builders import ENV, T0
 
@@ -51,9 +51,9 @@ def oom(node: int) -> NodeOOM:
     )
 
 
-def run(events: Sequence[Event], policy: Policy | None = None) -> list[Outcome]:
+def run(events: Sequence[Event], policy: Policy | None = None) -> list[StepOutcome]:
     state: JobState | None = None
-    out: list[Outcome] = []
+    out: list[StepOutcome] = []
     for event in events:
         outcome = step(state, event, policy or Policy())
         assert outcome is not None
@@ -240,3 +240,37 @@ def test_a_finished_jobs_state_is_final_whatever_comes_after() -> None:
         out = step(final, late, policy)
         assert out is not None
         assert out.late and out.state is final and out.plans == [] and out.trigger is None
+
+
+def test_a_request_for_an_unknown_stage_is_answered_with_unknown_stage() -> None:
+    """The request's config is taken, its stage is not: the job decides on in the stage
+    it is in (an earlier brain kept the unknown stage and failed every decision after)."""
+    events: list[Event] = [submitted(), JobStarted(env=ENV, job=JOB, occurred_at=T0)]
+    request = OptimizeRequest(env=ENV, job=JOB, stage="warmup", config={"total_steps": 7})
+    outcomes = run([*events, request, sample(0), sample(1)])
+    answer = outcomes[2]
+    assert answer.error is not None and answer.error.code == "unknown_stage"
+    assert "'warmup'; known: create, ps-initial, worker-initial, running" in answer.error.message
+    assert answer.state.stage == "worker-initial" and answer.state.total_steps == 7
+    assert [o.error for o in outcomes[3:]] == [None, None]
+    assert outcomes[4].trigger is not None  # the second sample of the stage decides
+
+
+def test_a_request_in_another_spelling_of_the_stage_keeps_its_count() -> None:
+    events: list[Event] = [submitted(), JobStarted(env=ENV, job=JOB, occurred_at=T0), sample(0)]
+    request = OptimizeRequest(env=ENV, job=JOB, stage="job_stage_worker_initial")
+    outcomes = run([*events, request])
+    assert outcomes[-1].state.stage == "worker-initial"
+    assert outcomes[-1].state.stage_samples == outcomes[-2].state.stage_samples == 1
+
+
+def test_config_errors_are_told_with_the_decision_that_went_on_without_them() -> None:
+    bad = submitted().model_copy(update={"config": {"total_steps": "many", "restart_count": 2}})
+    first = run([bad])[0]
+    assert first.trigger is not None and first.error is None  # decided anyway
+    assert first.config_errors == ("config total_steps must be an integer >= 1, got 'many'",)
+    assert first.state.restart_count == 2 and first.state.total_steps is None
+    policy = Policy(job_config={"pinned": {"worker": {"replicas": -1}}})
+    merged = run([submitted()], policy)[0]
+    assert merged.config_errors and "config pinned is invalid" in merged.config_errors[0]
+    assert merged.state.pinned == {}  # (the env's default is decided with, not kept)
