@@ -27,7 +27,7 @@ job id, then by size, then by node order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -293,7 +293,7 @@ def _greedy(
     start: Mapping[str, int],
     packer: _Packer,
     total: int,
-    terms: Mapping[str, Mapping[int, float]],
+    term: Callable[[str, int], float],
 ) -> tuple[dict[str, int], dict[str, Placement]] | None:
     counts = dict(start)
     placed = packer.place(counts)
@@ -309,16 +309,17 @@ def _greedy(
             if job.pinned or job.table is None:
                 continue
             cur = counts[key]
-            here = terms[key][cur]
+            here = term(key, cur)
             for r in job.table.sizes:
                 if r <= cur or r - cur > total - used or (key, r) in banned:
                     continue
-                if terms[key][r] <= here:
+                there = term(key, r)
+                if there <= here or job.table.choice(r) is None:
                     continue
                 # the next size worth more than the current one, not any larger one:
                 # a jump straight to a big size would take GPUs that another job's next
                 # size was worth more per GPU
-                gain = (terms[key][r] - here) / (r - cur)
+                gain = (there - here) / (r - cur)
                 if best is None or gain > best[0]:
                     best = (gain, key, r)
                 break
@@ -367,7 +368,7 @@ def schedule(
         ok = j.job_id in valid
         table = speedup_table(j.model, candidates, fair)
         current = j.replicas if ok else 0
-        if table is not None and current and current not in table.choices:
+        if table is not None and current and table.choice(current) is None:
             # its size is one it may no longer have (limits changed): not kept
             current = 0
         state[j.job_id] = _Job(
@@ -380,17 +381,16 @@ def schedule(
             pinned=running and not j.preemptible and ok and current > 0,
         )
 
-    terms: dict[str, dict[int, float]] = {}
-    for key, job in state.items():
-        sizes = [0, *(job.table.sizes if job.table is not None else [])]
-        terms[key] = {
-            r: utility(
-                _value(job, r, r == job.current and r > 0, scale, p.hysteresis),
-                p.fairness_p,
-                p.epsilon,
-            )
-            for r in sizes
-        }
+    terms: dict[tuple[str, int], float] = {}
+
+    def term(key: str, r: int) -> float:
+        """The job's term of the objective at `r` GPUs (kept when it holds them now)."""
+        got = terms.get((key, r))
+        if got is None:
+            job = state[key]
+            value = _value(job, r, r == job.current and r > 0, scale, p.hysteresis)
+            got = terms[key, r] = utility(value, p.fairness_p, p.epsilon)
+        return got
 
     packer = _Packer(cluster, state)
     keep = {k: job.current for k, job in state.items()}
@@ -408,7 +408,7 @@ def schedule(
     before = objective(keep, current_placed)
     best: tuple[float, dict[str, int], dict[str, Placement]] = (before, keep, current_placed)
     for start in (keep, pinned_only):
-        found = _greedy(state, start, packer, total, terms)
+        found = _greedy(state, start, packer, total, term)
         if found is None:
             continue
         value = objective(*found)
@@ -422,15 +422,16 @@ def schedule(
         r = counts.get(key, 0)
         placement = placed.get(key, ()) if r else ()
         spec = job.spec
-        choice = job.table.choices[r][1] if r and job.table is not None else None
+        got = job.table.choice(r) if r and job.table is not None else None
+        choice = got[1] if got is not None else None
         speedup = job.table.speedup(r) if r and job.table is not None else 0.0
         old = spec.replicas
         moved = placement != spec.placement or (r > 0 and not job.valid_current)
         if not moved:
             batch_now = None
             if r and spec.local_batch is not None and choice is not None:
-                shape = job.table.choices[r][0] if job.table is not None else None
-                assert shape is not None
+                assert got is not None
+                shape = got[0]
                 batch_now = spec.model.evaluate(shape.nodes, r, spec.local_batch, spec.accumulation)
                 same = (choice.local_batch, choice.accumulation) == (
                     spec.local_batch,

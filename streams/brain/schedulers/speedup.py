@@ -39,43 +39,67 @@ def fair_share(total_gpus: int, jobs: int) -> int:
     return max(1, math.ceil(total_gpus / max(jobs, 1)))
 
 
-@dataclass(frozen=True, slots=True)
 class SpeedupTable:
-    """One job's best batch and speedup at each size it may have (sizes it cannot use,
-    for its limits or its batch, are absent)."""
+    """One job's best batch and speedup at each size it may have, computed when first
+    asked: a tick with many jobs visits only a few sizes of each (the greedy search
+    stops at the first size worth more than the current one), and the batch search is
+    what a tick spends its time on. Local to one tick: nothing is shared between calls.
+    """
 
-    base_goodput: float
-    choices: dict[int, tuple[Shape, BatchChoice]]
+    __slots__ = ("_base", "_choices", "_fair", "_model", "_shapes", "sizes")
 
-    def speedup(self, replicas: int) -> float:
-        if replicas == 0:
-            return 0.0
-        return self.choices[replicas][1].goodput / self.base_goodput
+    def __init__(self, model: JobModel, candidates: Iterable[Shape], fair: int) -> None:
+        lim = model.limits
+        self._model = model
+        self._fair = fair
+        self._shapes = {
+            s.replicas: s
+            for s in candidates
+            if s.replicas >= lim.min_replicas
+            and (lim.max_replicas is None or s.replicas <= lim.max_replicas)
+        }
+        #: sizes within the job's limits, ascending; one may still fit no batch (choice None)
+        self.sizes: list[int] = sorted(self._shapes)
+        self._choices: dict[int, tuple[Shape, BatchChoice] | None] = {}
+        self._base: float | None = None
+
+    def choice(self, replicas: int) -> tuple[Shape, BatchChoice] | None:
+        """The shape and best batch at `replicas`; None when the job cannot have it."""
+        if replicas in self._choices:
+            return self._choices[replicas]
+        shape = self._shapes.get(replicas)
+        best = None if shape is None else self._model.best_batch(shape.nodes, replicas)
+        got = None if shape is None or best is None else (shape, best)
+        self._choices[replicas] = got
+        return got
 
     @property
-    def sizes(self) -> list[int]:
-        return sorted(self.choices)
+    def base_goodput(self) -> float:
+        """The best goodput within a fair share, else at the smallest usable size;
+        0 when no size is usable."""
+        if self._base is None:
+            within = [c[1].goodput for r in self.sizes if r <= self._fair and (c := self.choice(r))]
+            if within:
+                self._base = max(within)
+            else:
+                first = next((c for r in self.sizes if (c := self.choice(r))), None)
+                self._base = first[1].goodput if first else 0.0
+        return self._base
+
+    def speedup(self, replicas: int) -> float:
+        """Goodput at `replicas` over the base; 0 for no GPUs or a size it cannot have."""
+        got = self.choice(replicas) if replicas else None
+        if got is None or self.base_goodput <= 0:
+            return 0.0
+        return got[1].goodput / self.base_goodput
 
 
 def speedup_table(model: JobModel, candidates: Iterable[Shape], fair: int) -> SpeedupTable | None:
     """The job's speedups relative to its best goodput within a fair share of `fair`
     GPUs (or at its smallest usable size when that is above the fair share); None when
     no size fits its limits."""
-    lim = model.limits
-    choices: dict[int, tuple[Shape, BatchChoice]] = {}
-    for shape in candidates:
-        if shape.replicas < lim.min_replicas:
-            continue
-        if lim.max_replicas is not None and shape.replicas > lim.max_replicas:
-            continue
-        best = model.best_batch(shape.nodes, shape.replicas)
-        if best is not None:
-            choices[shape.replicas] = (shape, best)
-    if not choices:
-        return None
-    within = [c.goodput for r, (_, c) in choices.items() if r <= fair]
-    base = max(within) if within else choices[min(choices)][1].goodput
-    return SpeedupTable(base, choices)
+    table = SpeedupTable(model, candidates, fair)
+    return table if table.base_goodput > 0 else None
 
 
 def restart_factor(age_s: float, restarts: int, restart_cost_s: float) -> float:
