@@ -111,7 +111,7 @@ def memory_model(application: str) -> MemoryModel:
     return MEMORY_MODELS.get(application, DEFAULT_MEMORY_MODEL)
 
 
-class JobState(StrEnum):
+class JobPhase(StrEnum):
     PENDING = "pending"  # not (yet) admitted: waiting for the whole gang to fit
     RESTARTING = "restarting"  # pods placed, job (re)loading its checkpoint
     RUNNING = "running"
@@ -121,10 +121,10 @@ class JobState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class JobStatus:
+class JobSnapshot:
     """What the job looks like now: the seed's status(), in the brain's vocabulary."""
 
-    state: JobState
+    state: JobPhase
     clock: float
     speed: float  # optimizer steps per second
     samples_per_s: float
@@ -221,7 +221,7 @@ class JobSimulator:
         self._target_batch = submitted.batch_size or application.init_batch_size
         self._batch_override: tuple[int, int] | None = None
         self._allocation: Allocation | None = None
-        self._state = JobState.PENDING
+        self._state = JobPhase.PENDING
         self._waiting_for = "admission"
         self._resume_at = 0.0
         self._progress = 0.0
@@ -300,7 +300,7 @@ class JobSimulator:
         job._batch_override = None if override is None else (override[0], override[1])
         allocation = state["allocation"]
         job._allocation = None if allocation is None else Allocation.restore(allocation)
-        job._state = JobState(state["state"])
+        job._state = JobPhase(state["state"])
         job._waiting_for = state["waiting_for"]
         job._resume_at = state["resume_at"]
         job._progress = state["progress"]
@@ -321,7 +321,7 @@ class JobSimulator:
         return self._clock
 
     @property
-    def state(self) -> JobState:
+    def state(self) -> JobPhase:
         return self._state
 
     @property
@@ -355,14 +355,14 @@ class JobSimulator:
         epoch = min(self.app.epoch_at(self._progress), self.app.max_epochs - 1)
         return step, iteration, batch, self.app.gain(batch, epoch) / iteration
 
-    def status(self) -> JobStatus:
+    def status(self) -> JobSnapshot:
         replicas = self._replicas(self._running_pods() or self._desired)
         local_bsz, accumulation = self._batch(replicas)
         speed = samples = goodput = 0.0
-        if self._state is JobState.RUNNING:
+        if self._state is JobPhase.RUNNING:
             _, iteration, batch, goodput = self._rates()
             speed, samples = 1 / iteration, batch / iteration
-        return JobStatus(
+        return JobSnapshot(
             state=self._state,
             clock=self._clock,
             speed=speed,
@@ -387,9 +387,9 @@ class JobSimulator:
         counts: dict[str, dict[str, int]] = {}
         running = self._running_pods()
         phase = {
-            JobState.COMPLETED: "succeeded",
-            JobState.FAILED: "failed",
-            JobState.STALLED: "failed",
+            JobPhase.COMPLETED: "succeeded",
+            JobPhase.FAILED: "failed",
+            JobPhase.STALLED: "failed",
         }.get(self._state, "running")
         for key, pod in self._desired.items():
             role = counts.setdefault(
@@ -462,7 +462,7 @@ class JobSimulator:
         earlier = self._applied.get(plan.plan_id)
         if earlier is not None:
             return replace(earlier, reason="already applied", events=[])
-        if self._state in (JobState.COMPLETED, JobState.FAILED):
+        if self._state in (JobPhase.COMPLETED, JobPhase.FAILED):
             return PlanOutcome(ScaleStatus.REJECTED, f"job is {self._state.value}")
         try:
             desired = self._desired_after(plan)
@@ -485,10 +485,10 @@ class JobSimulator:
             self._eta = None
             if self._allocation is not None and not pods_changed:
                 # The training script re-reads its batch settings on restart from checkpoint.
-                self._state, self._resume_at = JobState.RESTARTING, self._clock + self.restart_delay
+                self._state, self._resume_at = JobPhase.RESTARTING, self._clock + self.restart_delay
         elif (
             self._to_confirm == plan.plan_id
-            and self._state is JobState.RUNNING
+            and self._state is JobPhase.RUNNING
             and not pods_changed
         ):
             events.extend(self._confirm())  # it trains with them already
@@ -574,13 +574,13 @@ class JobSimulator:
 
     def try_admit(self) -> list[JobEvent]:
         """Ask the cluster for the desired gang; on success the job restarts on it."""
-        if self._state in (JobState.COMPLETED, JobState.FAILED):
+        if self._state in (JobPhase.COMPLETED, JobPhase.FAILED):
             return []
         if self._allocation is not None and dict(self._allocation.pods) == self._desired:
             return []
         pods = list(self._desired.values())
         if not self.cluster.can_ever_fit(pods):
-            self._state = JobState.FAILED
+            self._state = JobPhase.FAILED
             self._waiting_for = ""
             self.cluster.release(self.job.uuid)
             self._allocation = None
@@ -594,7 +594,7 @@ class JobSimulator:
         previous = self._running_pods()
         self._allocation = allocation
         self._waiting_for = ""
-        self._state = JobState.RESTARTING
+        self._state = JobPhase.RESTARTING
         self._resume_at = self._clock + self.restart_delay
         self._eta = None
         return [
@@ -611,8 +611,8 @@ class JobSimulator:
             raise ValueError("time does not run backwards")
         end = self._clock + dt
         events: list[JobEvent] = []
-        while self._clock < end and self._state in (JobState.RESTARTING, JobState.RUNNING):
-            if self._state is JobState.RESTARTING:
+        while self._clock < end and self._state in (JobPhase.RESTARTING, JobPhase.RUNNING):
+            if self._state is JobPhase.RESTARTING:
                 if self._resume_at > end:
                     break
                 self._clock = self._resume_at
@@ -656,17 +656,17 @@ class JobSimulator:
                 self._rates()
             except OutOfTraceError as e:
                 # Beyond what was measured the simulator would only guess; say so loudly.
-                self._state = JobState.FAILED
+                self._state = JobPhase.FAILED
                 self._waiting_for = ""
                 self.cluster.release(self.job.uuid)
                 self._allocation = None
                 return [JobFailed(**self._meta("failed"), reason=f"not simulable: {e}")]
         if events:
-            self._state = JobState.STALLED
+            self._state = JobPhase.STALLED
             self._waiting_for = "a plan that gives the job the memory it needs"
             self._eta = None
             return events
-        self._state = JobState.RUNNING
+        self._state = JobPhase.RUNNING
         events.extend(self._confirm())
         if self.sample_interval:
             self._next_sample = (
@@ -704,7 +704,7 @@ class JobSimulator:
 
     def _complete(self) -> list[JobEvent]:
         events: list[JobEvent] = [self._sample()] if self.sample_interval else []
-        self._state = JobState.COMPLETED
+        self._state = JobPhase.COMPLETED
         self._completed_at = self._clock
         self._eta = self._clock
         self.cluster.release(self.job.uuid)
@@ -716,9 +716,9 @@ class JobSimulator:
         """Clock of the next thing the job says if no plan comes: the end of its restart,
         its next sample, or its completion. None while only a plan or free capacity can move
         it, so a clock that jumps from event to event knows there is nothing to jump to."""
-        if self._state is JobState.RESTARTING:
+        if self._state is JobPhase.RESTARTING:
             return self._resume_at
-        if self._state is not JobState.RUNNING:
+        if self._state is not JobPhase.RUNNING:
             return None
         times = [t for t in (self._next_sample, self.eta()) if t is not None and t < math.inf]
         return min(times, default=None)
@@ -727,9 +727,9 @@ class JobSimulator:
         """Clock at which the job completes if nothing changes; None if it never will."""
         if self._eta is not None:
             return self._eta
-        if self._state is JobState.RUNNING:
+        if self._state is JobPhase.RUNNING:
             t, progress = self._clock, self._progress
-        elif self._state is JobState.RESTARTING:
+        elif self._state is JobPhase.RESTARTING:
             t, progress = self._resume_at, self._progress
             local_bsz, _ = self._batch(self._replicas(self._running_pods()))
             if local_bsz > self.app.max_local_bsz:
@@ -776,9 +776,9 @@ __all__ = [
     "DEFAULT_RESTART_DELAY",
     "MEMORY_MODELS",
     "TRAINING_ROLES",
+    "JobPhase",
     "JobSimulator",
-    "JobState",
-    "JobStatus",
+    "JobSnapshot",
     "MemoryModel",
     "PlanOutcome",
     "memory_model",

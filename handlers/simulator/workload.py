@@ -22,8 +22,8 @@ from handlers.simulator.cluster import Cluster, GiB
 from handlers.simulator.job import (
     DEFAULT_ORIGIN,
     DEFAULT_RESTART_DELAY,
+    JobPhase,
     JobSimulator,
-    JobState,
     memory_model,
 )
 from handlers.simulator.throughput import load_application, pollux_dir
@@ -113,7 +113,7 @@ class JobOutcome:
     submitted: float
     started: float | None
     completed: float | None
-    state: JobState
+    state: JobPhase
 
     @property
     def jct(self) -> float | None:
@@ -163,7 +163,7 @@ def run_static(
             raise RuntimeError(f"stuck: {len(queue)} jobs queued and nothing running")
         for job in (*active, *queue):
             job.advance(max(0.0, now - job.clock))
-        active = [j for j in active if j.state not in (JobState.COMPLETED, JobState.FAILED)]
+        active = [j for j in active if j.state not in (JobPhase.COMPLETED, JobPhase.FAILED)]
         while arrivals and arrivals[0].time <= now:
             sub = arrivals.popleft()
             app = load_application(sub.event.application, root)
@@ -180,10 +180,10 @@ def run_static(
             jobs.append(job)
         while queue:
             queue[0].try_admit()
-            if queue[0].state is JobState.PENDING:
+            if queue[0].state is JobPhase.PENDING:
                 break
             head = queue.popleft()
-            if head.state is not JobState.FAILED:
+            if head.state is not JobPhase.FAILED:
                 active.append(head)
     else:
         raise RuntimeError("the workload did not finish within its bound on event-loop turns")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from handlers.simulator.cluster import Cluster, GiB
-from handlers.simulator.job import JobSimulator, JobState, memory_model
+from handlers.simulator.job import JobPhase, JobSimulator, memory_model
 from handlers.simulator.throughput import load_application
 from schemas.jobs import (
     JobCompleted,
@@ -66,7 +66,7 @@ def run_to_end(job: JobSimulator, step: float = 3600.0, limit: int = 1000) -> li
     events: list[JobEvent] = []
     for _ in range(limit):
         events += job.advance(step)
-        if job.state is JobState.COMPLETED:
+        if job.state is JobPhase.COMPLETED:
             return events
     raise AssertionError("job did not complete")
 
@@ -94,7 +94,7 @@ def test_a_job_runs_at_the_traced_speed_and_completes_at_the_final_epoch() -> No
     assert sample.speed == pytest.approx(1 / step.step_time)
     assert sample.samples_per_s == pytest.approx(2048 / step.step_time)
     status = job.status()
-    assert status.state is JobState.RUNNING
+    assert status.state is JobPhase.RUNNING
     # 30 s of restart, then 70 s of training at the traced step time.
     assert status.global_step == int(70 / step.step_time)
 
@@ -145,7 +145,7 @@ def test_a_plan_that_gives_less_memory_than_needed_ends_in_host_oom() -> None:
     assert {o.kind for o in ooms} == {OOMKind.HOST_MEMORY}
     assert {o.exit_code for o in ooms} == {137}
     assert {o.node.id for o in ooms} == {0, 1, 2, 3}
-    assert job.state is JobState.STALLED
+    assert job.state is JobPhase.STALLED
     assert job.status().progress == before, "a crash-looping job makes no progress"
     assert job.eta() is None
 
@@ -158,7 +158,7 @@ def test_a_plan_that_gives_less_memory_than_needed_ends_in_host_oom() -> None:
     assert outcome.status is ScaleStatus.APPLIED
     events = job.advance(300.0)
     assert not of(events, NodeOOM)
-    assert job.status().state is JobState.RUNNING
+    assert job.status().state is JobPhase.RUNNING
     assert job.status().progress > before
 
 
@@ -168,7 +168,7 @@ def test_a_local_batch_beyond_gpu_memory_ends_in_gpu_oom() -> None:
     job.update(plan("big", training={"local_batch_size": 4096}))
     events = job.advance(60.0)
     assert {o.kind for o in of(events, NodeOOM)} == {OOMKind.GPU_MEMORY}
-    assert job.state is JobState.STALLED
+    assert job.state is JobPhase.STALLED
 
 
 def test_scaling_changes_placement_and_speed_and_gives_gpus_back() -> None:
@@ -225,12 +225,12 @@ def test_a_job_waits_for_its_whole_gang() -> None:
         cluster,
     )
     assert second.try_admit() == []
-    assert second.state is JobState.PENDING
+    assert second.state is JobPhase.PENDING
     assert "capacity" in second.status().waiting_for
     assert cluster.free_gpus == 1
     run_to_end(first)
     assert second.try_admit()
-    assert second.status().state is JobState.RESTARTING
+    assert second.status().state is JobPhase.RESTARTING
 
 
 def drive() -> list[dict[str, Any]]:

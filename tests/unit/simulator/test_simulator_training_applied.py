@@ -8,7 +8,7 @@ from typing import Any
 
 from handlers.simulator.cluster import Cluster, GiB
 from handlers.simulator.fleet import VirtualCluster
-from handlers.simulator.job import DEFAULT_ORIGIN, JobSimulator, JobState
+from handlers.simulator.job import DEFAULT_ORIGIN, JobPhase, JobSimulator
 from handlers.simulator.throughput import load_application
 from schemas.jobs import JobEvent, JobMeta, JobSubmitted, NodeOOM, RoleSpec
 from schemas.plan_parts import AWAITING_JOB
@@ -52,7 +52,7 @@ def started() -> JobSimulator:
     job = new_job()
     job.try_admit()
     job.advance(120.0)
-    assert job.state is JobState.RUNNING
+    assert job.state is JobPhase.RUNNING
     return job
 
 
@@ -92,7 +92,7 @@ def test_a_job_that_cannot_train_with_the_knobs_does_not_confirm_them() -> None:
     events = job.advance(120.0)
     assert of(events, NodeOOM)
     assert not of(events, TrainingApplied)
-    assert job.state is JobState.STALLED
+    assert job.state is JobPhase.STALLED
 
 
 def test_gpu_memory_and_type_are_not_modelled_so_not_applied() -> None:

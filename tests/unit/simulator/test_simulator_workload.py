@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from handlers.simulator.job import JobState
+from handlers.simulator.job import JobPhase
 from handlers.simulator.workload import parse_workload, read_workload, run_static, workload_path
 
 
@@ -46,7 +46,7 @@ def test_workload_6_on_16_nodes_of_4_gpus_finishes_every_job() -> None:
     result = run_static(read_workload(workload_path("workload-6")), num_nodes=16, gpus_per_node=4)
     assert len(result.jobs) == 160
     assert result.all_completed
-    assert {j.state for j in result.jobs} == {JobState.COMPLETED}
+    assert {j.state for j in result.jobs} == {JobPhase.COMPLETED}
     for job in result.jobs:
         assert job.started is not None
         assert job.completed is not None
