@@ -13,7 +13,7 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator
 
-from handlers.gateway.plans import JobView, PlanAnswer, fold, render
+from handlers.gateway.plans import JobPlans, PlanAnswer, fold, render
 from schemas.jobs import JobEvent
 from schemas.plans import OptimizePlan
 
@@ -48,8 +48,8 @@ class PlanBook:
         self.evicted = 0
         self.rejected = 0
         #: oldest change first; a job leaves ``_active`` for ``_finished`` when it ends
-        self._active: OrderedDict[str, JobView] = OrderedDict()
-        self._finished: OrderedDict[str, JobView] = OrderedDict()
+        self._active: OrderedDict[str, JobPlans] = OrderedDict()
+        self._finished: OrderedDict[str, JobPlans] = OrderedDict()
         self._answers: dict[str, PlanAnswer] = {}
         self._ticks: dict[str, _Tick] = {}
         self._pending: dict[str, asyncio.Future[OptimizePlan]] = {}
@@ -57,7 +57,7 @@ class PlanBook:
     def __len__(self) -> int:
         return len(self._active) + len(self._finished)
 
-    def view(self, job: str) -> JobView | None:
+    def view(self, job: str) -> JobPlans | None:
         return self._active.get(job) or self._finished.get(job)
 
     def apply(self, events: Iterable[JobEvent]) -> int:
@@ -146,7 +146,7 @@ class PlanBook:
         if future is not None and not future.done():
             future.set_result(plan)
 
-    def _store(self, job: str, view: JobView) -> None:
+    def _store(self, job: str, view: JobPlans) -> None:
         self._active.pop(job, None)
         self._finished.pop(job, None)
         (self._finished if view.finished else self._active)[job] = view

@@ -47,7 +47,7 @@ MAX_JOB = 256
 
 
 @dataclass(frozen=True, slots=True)
-class JobView:
+class JobPlans:
     """What the gateway knows of one job; ``finished`` jobs are evicted first."""
 
     job: JobMeta
@@ -75,7 +75,7 @@ class JobView:
         )
 
 
-def fold(view: JobView | None, event: JobEvent) -> JobView | None:
+def fold(view: JobPlans | None, event: JobEvent) -> JobPlans | None:
     """The job's view after ``event``; None while the job is not known.
 
     A job is known from its submission or any plan, result or confirmation of it; its
@@ -85,7 +85,7 @@ def fold(view: JobView | None, event: JobEvent) -> JobView | None:
     if view is None:
         if event.type in FINISHING:
             return None
-        view = JobView(job=event.job)
+        view = JobPlans(job=event.job)
     elif not view.submitted:
         view = replace(view, job=event.job)
     match event:
@@ -137,7 +137,7 @@ class PlanAnswer:
     body: bytes
 
 
-def render(view: JobView) -> PlanAnswer:
+def render(view: JobPlans) -> PlanAnswer:
     body = orjson.dumps(view.plan().model_dump(mode="json", by_alias=True))
     return PlanAnswer(f'"{hashlib.sha256(body).hexdigest()[:32]}"', body)
 

@@ -74,25 +74,25 @@ StepHook = Callable[[str, ScalePlan], Awaitable[None]]
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ApplyResult:
     status: ScaleStatus
     reason: str
     observed: dict[str, dict[str, int]]
     not_applied: tuple[NotApplied, ...] = ()
 
 
-def answered_again(earlier: Answer, observed: dict[str, dict[str, int]]) -> Outcome:
+def answered_again(earlier: Answer, observed: dict[str, dict[str, int]]) -> ApplyResult:
     """A plan that already applied, answered as it was the first time, and saying so."""
     again = earlier.repeated()
-    return Outcome(again.status, again.reason, observed, again.not_applied)
+    return ApplyResult(again.status, again.reason, observed, again.not_applied)
 
 
 def accepted(
     reason: str, observed: dict[str, dict[str, int]], not_applied: tuple[NotApplied, ...]
-) -> Outcome:
+) -> ApplyResult:
     """Applied when every part was, partial (with the parts) when some were not."""
     status = ScaleStatus.PARTIAL if not_applied else ScaleStatus.APPLIED
-    return Outcome(status, reason, observed, not_applied)
+    return ApplyResult(status, reason, observed, not_applied)
 
 
 def _owned_by(job: str) -> str:
@@ -424,7 +424,7 @@ class EnvReconciler:
                 raise
             except Exception as e:
                 log.exception("env %s: plan %s", self.env, plan.plan_id)
-                outcome = Outcome(ScaleStatus.FAILED, f"operator error: {e!r}", {})
+                outcome = ApplyResult(ScaleStatus.FAILED, f"operator error: {e!r}", {})
             if not await self._ledger.record(
                 plan, outcome.status, outcome.reason, outcome.not_applied
             ):
@@ -433,7 +433,7 @@ class EnvReconciler:
                 outcome = (
                     answered_again(earlier, outcome.observed)
                     if earlier is not None
-                    else Outcome(ScaleStatus.APPLIED, ALREADY_APPLIED, outcome.observed)
+                    else ApplyResult(ScaleStatus.APPLIED, ALREADY_APPLIED, outcome.observed)
                 )
         log.info(
             "env %s: plan %s of job %s %s: %s",
@@ -503,11 +503,11 @@ class EnvReconciler:
             )
         return obj, job
 
-    async def _apply(self, plan: ScalePlan) -> Outcome:
+    async def _apply(self, plan: ScalePlan) -> ApplyResult:
         try:
             obj, job = await self._find(plan)
         except PlanRejected as e:
-            return Outcome(ScaleStatus.REJECTED, str(e), {})
+            return ApplyResult(ScaleStatus.REJECTED, str(e), {})
         async with self._lock(job.name):
             reason = RESUMED
             # what no change of the job applies; the same if the change was made before
@@ -519,7 +519,7 @@ class EnvReconciler:
                 try:
                     change = self.adapter.plan_change(job, pods, plan)
                 except PlanRejected as e:
-                    return Outcome(ScaleStatus.REJECTED, str(e), planning.counts(job, pods))
+                    return ApplyResult(ScaleStatus.REJECTED, str(e), planning.counts(job, pods))
                 assert change.patch is not None
                 try:
                     obj = await self.kube.patch_job(job.name, change.patch)
@@ -527,26 +527,28 @@ class EnvReconciler:
                     if e.status == 409:  # changed meanwhile: decide again on what it is now
                         got = await self.kube.get_job(job.name)
                         if got is None:
-                            return Outcome(ScaleStatus.REJECTED, f"job {job.name} was deleted", {})
+                            return ApplyResult(
+                                ScaleStatus.REJECTED, f"job {job.name} was deleted", {}
+                            )
                         obj, job = got, self.adapter.parse(got)
                         continue
                     if e.status == 404:
-                        return Outcome(ScaleStatus.REJECTED, f"job {job.name} was deleted", {})
+                        return ApplyResult(ScaleStatus.REJECTED, f"job {job.name} was deleted", {})
                     if e.status in (400, 403, 422):
-                        return Outcome(ScaleStatus.REJECTED, api_error(e), {})
+                        return ApplyResult(ScaleStatus.REJECTED, api_error(e), {})
                     raise
                 job = self.adapter.parse(obj)
                 reason = "; ".join([change.summary, *change.notes])
                 left_out = change.not_applied
                 break
             else:
-                return Outcome(ScaleStatus.FAILED, "the job kept changing under the plan", {})
+                return ApplyResult(ScaleStatus.FAILED, "the job kept changing under the plan", {})
             await self._step("patched", plan)
             try:
                 pods = await self._converge(obj, job, last_plan=plan.plan_id)
             except ApiException as e:
                 if e.status in (400, 403, 422):  # quota, admission, invalid pod
-                    return Outcome(ScaleStatus.FAILED, f"pods: {api_error(e)}", {})
+                    return ApplyResult(ScaleStatus.FAILED, f"pods: {api_error(e)}", {})
                 raise
             await self._step("pods", plan)
             return accepted(reason, planning.counts(job, pods), left_out)
@@ -574,8 +576,8 @@ __all__ = [
     "ALREADY_APPLIED",
     "GROUP",
     "RESUMED",
+    "ApplyResult",
     "EnvReconciler",
-    "Outcome",
     "StepHook",
     "accepted",
     "answered_again",

@@ -9,7 +9,7 @@ import pytest
 from aiokafka import ConsumerRecord
 
 from handlers.gateway.plan_state import Busy, PlanBook
-from handlers.gateway.plans import RESULTS_KEPT, JobView, fold, has_nul, read_record, render
+from handlers.gateway.plans import RESULTS_KEPT, JobPlans, fold, has_nul, read_record, render
 from schemas.codec import encode
 from schemas.jobs import (
     JobCompleted,
@@ -69,7 +69,7 @@ def applied(plan_id: str = "s1") -> TrainingApplied:
     )
 
 
-def fold_all(events: list[JobEvent]) -> JobView | None:
+def fold_all(events: list[JobEvent]) -> JobPlans | None:
     view = None
     for e in events:
         view = fold(view, e)
@@ -78,10 +78,10 @@ def fold_all(events: list[JobEvent]) -> JobView | None:
 
 def test_a_job_is_known_from_its_submission_or_a_plan_not_from_its_end_alone() -> None:
     assert fold(None, JobCompleted(env=ENV, job=JOB)) is None
-    assert fold(None, submitted()) == JobView(job=JOB, submitted=True)
+    assert fold(None, submitted()) == JobPlans(job=JOB, submitted=True)
     from_plan = fold(None, scale_plan())
     assert from_plan is not None and not from_plan.submitted
-    assert fold(None, JobStarted(env=ENV, job=JOB)) == JobView(job=JOB)
+    assert fold(None, JobStarted(env=ENV, job=JOB)) == JobPlans(job=JOB)
 
 
 def test_the_plan_is_the_latest_of_each_part_and_the_result_of_that_scale_plan() -> None:
