@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -301,6 +302,33 @@ def test_state_json_round_trips() -> None:
     job = fold_all(base(), [runtime(i) for i in range(3)])
     assert job is not None
     assert JobState.model_validate_json(job.model_dump_json()) == job
+
+
+def test_state_json_of_earlier_brains_loads() -> None:
+    """Checkpoints written before the stage was a Stage and before `config_errors` and
+    `last_plan_at` were retired: the stage as the master spelled it, the retired fields
+    present (extra fields are refused otherwise)."""
+    job = fold_all(base(), [runtime(i) for i in range(3)])
+    assert job is not None
+    doc = json.loads(job.model_dump_json())
+    assert doc["stage"] == "ps-initial" and "config_errors" not in doc
+    for spelled, distribution, stage in (
+        ("job_stage_running", "ps", Stage.RUNNING),
+        ("ps_initial", "ps", Stage.PS_INITIAL),
+        ("initial", "ps", Stage.PS_INITIAL),
+        ("initial", "allreduce", Stage.WORKER_INITIAL),
+        ("warmup", "ps", Stage.CREATE),  # a stage no brain knows: the stages again
+    ):
+        old = {
+            **doc,
+            "distribution": distribution,
+            "stage": spelled,
+            "config_errors": ["config total_steps must be an integer >= 1, got 'x'"],
+            "last_plan_at": "2026-01-01T00:00:00Z",
+        }
+        loaded = JobState.model_validate_json(json.dumps(old))
+        assert loaded.stage is stage
+        assert loaded == job.model_copy(update={"stage": stage, "distribution": distribution})
 
 
 def test_stage_and_node_key_spellings() -> None:
