@@ -69,6 +69,7 @@ class Fetch:
 _UNKNOWN = Fetch(None, None)
 
 _OCCURRED_AT = re.compile(rb'"occurred_at"\s*:\s*"([^"]{1,64})"')
+_COMPACT = b'"occurred_at":"'
 
 
 def event_time(value: bytes | None) -> float:
@@ -77,11 +78,20 @@ def event_time(value: bytes | None) -> float:
     be dead-lettered) sorts first: its place changes no decision."""
     if not value:
         return float("-inf")
-    found = _OCCURRED_AT.search(value)
-    if found is None:
-        return float("-inf")
+    start = value.find(_COMPACT)  # as this project's encoder writes it: no regex needed
+    if start >= 0:
+        start += len(_COMPACT)
+        end = value.find(b'"', start, start + 65)
+        if end < 0:
+            return float("-inf")
+        text = value[start:end]
+    else:
+        found = _OCCURRED_AT.search(value)
+        if found is None:
+            return float("-inf")
+        text = found.group(1)
     try:
-        at = datetime.fromisoformat(found.group(1).decode("ascii"))
+        at = datetime.fromisoformat(text.decode("ascii"))
     except (ValueError, UnicodeDecodeError):
         return float("-inf")
     if at.tzinfo is None:

@@ -162,5 +162,8 @@ def test_revoked_partitions_are_dropped_unreleased() -> None:
 def test_event_time_reads_the_envelope_without_decoding() -> None:
     assert event_time(b'{"type":"x","occurred_at":"2026-03-01T00:00:15Z"}') == 1772323215.0
     assert event_time(b'{"occurred_at" : "2026-03-01T01:00:15+01:00"}') == 1772323215.0
-    for bad in (None, b"", b"{}", b'{"occurred_at":"yesterday"}', b'{"occurred_at":"2026-03-01"}'):
+    unterminated = b'{"occurred_at":"2026-03-01T00:00:15Z'
+    too_long = b'{"occurred_at":"' + b"9" * 100 + b'"}'
+    bad_ones = (b'{"occurred_at":"yesterday"}', b'{"occurred_at":"2026-03-01"}')
+    for bad in (None, b"", b"{}", unterminated, too_long, *bad_ones):
         assert event_time(bad) == float("-inf")
