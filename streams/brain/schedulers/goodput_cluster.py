@@ -334,6 +334,11 @@ def _greedy(
         counts, placed = trial, got
 
 
+def _same(a: Placement, b: Placement) -> bool:
+    """The same GPUs on the same nodes, in whatever order the caller listed them."""
+    return sorted(a) == sorted(b)
+
+
 def _nodes_text(placement: Placement) -> str:
     return "+".join(f"{name}:{g}" for name, g in placement) or "none"
 
@@ -400,7 +405,7 @@ def schedule(
         values = []
         for key, job in state.items():
             r = counts.get(key, 0)
-            kept = r > 0 and job.valid_current and placed.get(key) == job.spec.placement
+            kept = r > 0 and job.valid_current and _same(placed.get(key, ()), job.spec.placement)
             values.append(_value(job, r, kept, scale, p.hysteresis))
         return power_mean(values, p.fairness_p, p.epsilon)
 
@@ -426,7 +431,7 @@ def schedule(
         choice = got[1] if got is not None else None
         speedup = job.table.speedup(r) if r and job.table is not None else 0.0
         old = spec.replicas
-        moved = placement != spec.placement or (r > 0 and not job.valid_current)
+        moved = not _same(placement, spec.placement) or (r > 0 and not job.valid_current)
         if not moved:
             batch_now = None
             if r and spec.local_batch is not None and choice is not None:

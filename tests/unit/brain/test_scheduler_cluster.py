@@ -178,6 +178,28 @@ def test_a_non_preemptible_job_keeps_its_gpus() -> None:
     assert schedule(10_000, cluster, jobs).decisions == ()
 
 
+def test_a_multi_node_job_listed_in_another_node_order_is_not_moved() -> None:
+    """A waiting 4-GPU job fits only once the 1-GPU jobs are packed onto one node: the
+    nodes are placed again, and the multi-node job, on the same nodes it listed the
+    other way round, is left alone."""
+    fast_net = PerfParams(alpha_c=0.2, beta_c=0.004, alpha_r=0.001, alpha_n=0.002)
+    cluster = Cluster.uniform(4, 4)
+    jobs = [
+        job(
+            "big",
+            (("node-3", 4), ("node-0", 4)),
+            m=model(perf=fast_net, min_replicas=8, max_replicas=8),
+            local_batch=32,
+        ),
+        job("s1", (("node-1", 1),), m=model(max_replicas=1), local_batch=256),
+        job("s2", (("node-2", 1),), m=model(max_replicas=1), local_batch=256),
+        job("m", m=model(min_replicas=4, max_replicas=4)),
+    ]
+    s = schedule(10_000, cluster, jobs)
+    assert ("m", Action.ADMIT, 4) in actions(s)
+    assert "big" not in {d.job_id for d in s.decisions}
+
+
 def test_a_placement_on_a_vanished_node_is_placed_again() -> None:
     cluster = Cluster(4, (ClusterNode("n0", 4),))
     s = schedule(10_000, cluster, [job("a", (("gone", 4),), local_batch=64)])
