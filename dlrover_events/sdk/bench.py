@@ -9,6 +9,10 @@ GIL to build, encode and publish samples shows up as overhead too, as it would i
 The reporter samples every ``--interval-s`` (short by default, so it really works during
 the runs) and publishes to a real broker: Kafka as the settings find it, else an embedded
 tansu. The median over runs is reported; the last line printed is one JSON object.
+
+Where torch is installed it also times what the gradient statistics (``GradientStats``,
+issue 18) add to a real, small torch training step: every ``--grad-stats-every`` steps,
+as a job would run them, and every step, the cost of one measured step.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import logging
 import statistics
 import uuid
 from collections.abc import Callable
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import Any
 
 import typer
@@ -96,6 +100,85 @@ def measure(reporter: Reporter, steps: int, runs: int, work: Callable[[], int]) 
     }
 
 
+def measure_grad_stats(reporter: Reporter, steps: int, runs: int, every: int) -> dict[str, Any]:
+    """What ``GradientStats`` costs a torch training step (CPU, one thread), in us.
+
+    A small MLP trains on a fixed batch of 32 samples, without and with the statistics,
+    in alternating order: every ``every`` steps and every step
+    (the cost of a measured step), with two micro-batches of 16 per step (the estimator
+    of several gradients) and with one (a process alone: pairs of steps, a copy of the
+    gradients). Times are the training thread's CPU time (torch runs on it, one thread),
+    so other processes on a shared machine do not count; the overhead is the median over
+    runs of each run's difference. Empty when torch is not installed (the light SDK
+    install)."""
+    try:
+        import torch
+
+        from dlrover_events.sdk.torch import GradientStats
+    except ImportError:
+        return {}
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(32, 256), torch.randint(0, 10, (32,))
+
+        def loop(n: int, micro: int, stats: GradientStats | None) -> float:
+            xs, ys = x.chunk(micro), y.chunk(micro)
+            t = thread_time()
+            for _ in range(n):
+                if stats is not None:
+                    stats.begin()
+                for xm, ym in zip(xs, ys, strict=True):
+                    (torch.nn.functional.cross_entropy(model(xm), ym) / micro).backward()
+                if stats is not None:
+                    stats.end()
+                optimizer.step()
+                optimizer.zero_grad()
+            return (thread_time() - t) / n * 1e6
+
+        def stats_every(n: int) -> GradientStats:
+            return GradientStats(reporter, model, every=n, local_batch_size=16)
+
+        arms: dict[str, tuple[int, Callable[[], GradientStats | None]]] = {
+            "base": (2, lambda: None),
+            "every_n": (2, lambda: stats_every(every)),
+            "every_1": (2, lambda: stats_every(1)),
+            "alone_base": (1, lambda: None),
+            "alone_every_1": (1, lambda: stats_every(1)),
+        }
+        for micro, make in arms.values():
+            loop(min(steps, 50), micro, make())  # warm up
+        times: dict[str, list[float]] = {name: [] for name in arms}
+        names = list(arms)
+        for i in range(runs):
+            for name in names if i % 2 == 0 else reversed(names):
+                micro, make = arms[name]
+                times[name].append(loop(steps, micro, make()))
+    finally:
+        torch.set_num_threads(threads)
+
+    def overhead(arm: str, base: str) -> float:
+        """Median over runs of the arm's time less its base's in the same run."""
+        return round(
+            statistics.median(a - b for a, b in zip(times[arm], times[base], strict=True)), 1
+        )
+
+    return {
+        "grad_stats_every": every,
+        "train_step_us": round(statistics.median(times["base"]), 1),
+        "grad_stats_every_n_overhead_us": overhead("every_n", "base"),
+        "grad_stats_every_step_overhead_us": overhead("every_1", "base"),
+        "grad_stats_alone_train_step_us": round(statistics.median(times["alone_base"]), 1),
+        "grad_stats_alone_every_step_overhead_us": overhead("alone_every_1", "alone_base"),
+        "grad_stats_runs_us": {name: [round(v, 1) for v in vs] for name, vs in times.items()},
+    }
+
+
 async def _create_topics(settings: Settings, env: str) -> None:
     async with TopicAdmin(settings) as admin:
         await admin.ensure_env_topics(env, 1)
@@ -117,6 +200,15 @@ def bench_sdk(
     ),
     broker_down: bool = typer.Option(
         False, "--broker-down", help="Report to a port nobody listens on: the outage path."
+    ),
+    grad_stats_every: int = typer.Option(
+        10,
+        min=0,
+        help="Also time a torch training step with gradient statistics every N steps "
+        "(and every step); 0: skip.",
+    ),
+    torch_steps: int = typer.Option(
+        200, min=10, help="Steps per timed loop of the gradient statistics' bench."
     ),
 ) -> None:
     """Per-step overhead of the SDK reporter in microseconds (median of runs vs a baseline)."""
@@ -150,6 +242,8 @@ def bench_sdk(
             work = make_work(work_us)
             typer.echo(f"reporter publishing to {where}, a sample every {interval_s:g}s")
             result = measure(reporter, steps, runs, work)
+            if grad_stats_every:
+                result.update(measure_grad_stats(reporter, torch_steps, runs, grad_stats_every))
             reporter.flush(5.0)
         finally:
             stats = reporter.close(timeout_s=2.0)
@@ -164,6 +258,15 @@ def bench_sdk(
         f"{result['per_step_overhead_us']:.3f} us/step (median of {runs}; target < "
         f"{TARGET_US:g}); step() alone {result['step_call_us']:.3f} us"
     )
+    if "train_step_us" in result:
+        typer.echo(
+            f"gradient statistics: a training step of {result['train_step_us']:.0f} us "
+            f"costs {result['grad_stats_every_n_overhead_us']:.1f} us more with them every "
+            f"{grad_stats_every} steps, {result['grad_stats_every_step_overhead_us']:.1f} us "
+            f"every step (one process alone, every step: "
+            f"{result['grad_stats_alone_every_step_overhead_us']:.1f} us of "
+            f"{result['grad_stats_alone_train_step_us']:.0f})"
+        )
     summary = {
         "bench": "sdk",
         **result,
