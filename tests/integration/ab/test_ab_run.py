@@ -18,7 +18,7 @@ from schemas import decode
 from schemas.plans import ScaleResult, ScaleStatus
 from streams.ab.arms import Arm
 from streams.ab.report import compare
-from streams.ab.runner import ABTest, Cluster
+from streams.ab.runner import ABTest, ArmCluster
 from streams.ab.summary import SCHEMA_VERSION, build_summary, write_summary
 from tests.conftest import cli_environ
 
@@ -45,7 +45,7 @@ async def test_same_settings_give_the_same_result_and_arms_are_isolated(
         pg_dsn,
         [Arm("a", static), Arm("b", static)],
         trace=trace,
-        cluster=Cluster(nodes=2, gpus_per_node=4, speed=None),
+        cluster=ArmCluster(nodes=2, gpus_per_node=4, speed=None),
         timeout_s=300,
         keep_envs=True,
         poll_s=0.5,
@@ -147,7 +147,7 @@ async def test_two_arms_with_the_same_brain_settings_give_the_same_result(
         pg_dsn,
         [Arm("a", goodput), Arm("b", goodput)],
         trace=trace,
-        cluster=Cluster(nodes=2, gpus_per_node=4, lockstep=True),
+        cluster=ArmCluster(nodes=2, gpus_per_node=4, lockstep=True),
         timeout_s=240,
         keep_envs=True,
         poll_s=0.5,
