@@ -37,12 +37,13 @@ class SampleMemo:
     processor kept an older state after a failed step) is counted afresh, never trusted.
     """
 
-    __slots__ = ("_anchor", "_ids", "_tables")
+    __slots__ = ("_ids", "_length", "_newest", "_tables")
 
     def __init__(self) -> None:
-        #: (length, newest event id) of the sample list `_ids` belongs to: folds only
+        #: length and newest event id of the sample list `_ids` belongs to: folds only
         #: append (a new id) and drop from the front, so no other list of the job has both
-        self._anchor: tuple[int, str] | None = None
+        self._length = 0
+        self._newest = ""
         self._ids: set[str] = set()
         self._tables: dict[Hashable, dict[str, tuple[Sample, Any]]] = {}
 
@@ -51,8 +52,8 @@ class SampleMemo:
     def ids_of(self, samples: Sequence[Sample]) -> set[str]:
         """The event ids of `samples`, the job's samples now; the caller may change the
         set it gets and must `keep` it (or lose it)."""
-        if samples and self._anchor == (len(samples), samples[-1].event_id):
-            ids, self._ids, self._anchor = self._ids, set(), None
+        if samples and len(samples) == self._length and samples[-1].event_id == self._newest:
+            ids, self._ids, self._length = self._ids, set(), 0
             return ids
         return {s.event_id for s in samples}
 
@@ -60,7 +61,8 @@ class SampleMemo:
         """Record `ids` as those of `samples`, the job's samples after a fold that
         dropped `dropped` (whose derived values go with them)."""
         self._ids = ids
-        self._anchor = (len(samples), samples[-1].event_id) if samples else None
+        self._length = len(samples)
+        self._newest = samples[-1].event_id if samples else ""
         if dropped and self._tables:
             for table in self._tables.values():
                 for sample in dropped:
@@ -93,16 +95,17 @@ class SampleMemo:
         if table is None:
             table = self._tables[key] = {}
         found: list[V] = []
+        get, append = table.get, found.append
         for sample in samples:
-            hit = table.get(sample.event_id)
+            hit = get(sample.event_id)
             if hit is not None and (hit[0] is sample or hit[0] == sample):
-                found.append(hit[1])
+                append(hit[1])
                 continue
             value = derive(sample, args)
             if len(table) >= TABLE_LIMIT:
                 table.clear()
             table[sample.event_id] = (sample, value)
-            found.append(value)
+            append(value)
         return found
 
     def __len__(self) -> int:
