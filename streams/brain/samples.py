@@ -33,6 +33,7 @@ from schemas.bounds import (
     INT64_MAX,
     MAX_BYTES,
     MAX_CPU,
+    MAX_GRAD_STAT,
     MAX_LABEL_CHARS,
     MAX_LABELS,
     MAX_NODE_ID,
@@ -46,6 +47,8 @@ NonNegInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 PosInt = Annotated[int, Meta(ge=1, le=INT64_MAX)]
 Rate = Annotated[float, Meta(ge=0, le=MAX_RATE)]
 Bytes = Annotated[int, Meta(ge=0, le=MAX_BYTES)]
+NodeCount = Annotated[int, Meta(ge=1, le=MAX_NODES)]
+GradStat = Annotated[float, Meta(ge=0, le=MAX_GRAD_STAT)]
 #: what `str(uuid.UUID(...))` gives: such an id reads the same as text and as a UUID
 _CANONICAL_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
 
@@ -79,6 +82,12 @@ class Sample(Struct, frozen=True, gc=False, kw_only=True):
     accumulation_steps: PosInt = 1
     world_size: PosInt | None = None
     nodes: Annotated[tuple[NodeUse, ...], Meta(max_length=MAX_NODES)] = ()
+    #: what a cluster scheduler fits a job's goodput from (`schemas.jobs.RuntimeSample`)
+    num_nodes: NodeCount | None = None
+    grad_sqr: GradStat | None = None
+    grad_var: GradStat | None = None
+    compute_s: Rate | None = None
+    allreduce_s: Rate | None = None
 
     def usage(self, role: str) -> tuple[NodeUse, ...]:
         """The role's nodes."""
@@ -154,6 +163,11 @@ def _sample(
         accumulation_steps=of.accumulation_steps,
         world_size=of.world_size,
         nodes=nodes,
+        num_nodes=of.num_nodes,
+        grad_sqr=of.grad_sqr,
+        grad_var=of.grad_var,
+        compute_s=of.compute_s,
+        allreduce_s=of.allreduce_s,
     )
 
 
@@ -204,10 +218,17 @@ class SampleReport(Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_f
     accumulation_steps: PosInt = 1
     world_size: PosInt | None = None
     nodes: Annotated[tuple[NodeUse, ...], Meta(max_length=MAX_NODES)] = ()
+    num_nodes: NodeCount | None = None
+    grad_sqr: GradStat | None = None
+    grad_var: GradStat | None = None
+    compute_s: Rate | None = None
+    allreduce_s: Rate | None = None
 
     def __post_init__(self) -> None:
         if self.key is not None and self.key != self.job.uuid:
             raise ValueError("key must be the job's uuid")
+        if (self.grad_sqr is None) != (self.grad_var is None):
+            raise ValueError("grad_sqr and grad_var come together")
 
 
 _REPORT = msgspec.json.Decoder(SampleReport)

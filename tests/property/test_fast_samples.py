@@ -16,6 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 from schemas.bounds import (
     MAX_BYTES,
     MAX_CPU,
+    MAX_GRAD_STAT,
     MAX_LABEL_CHARS,
     MAX_LABELS,
     MAX_NODE_ID,
@@ -142,10 +143,16 @@ def valid_reports(draw: st.DrawFn) -> dict[str, Any]:
         "local_batch_size": st.one_of(st.integers(1, 512), st.none()),
         "accumulation_steps": st.integers(1, 16),
         "nodes": st.lists(nodes(), max_size=4),
+        "num_nodes": st.one_of(st.integers(1, MAX_NODES), st.none()),
+        "compute_s": st.one_of(valid_numbers, st.none()),
+        "allreduce_s": st.one_of(valid_numbers, st.none()),
     }
     for name, values in optional.items():
         if draw(st.booleans()):
             doc[name] = draw(values)
+    if draw(st.booleans()):  # the gradient statistics come together
+        stat = st.floats(min_value=0, max_value=MAX_GRAD_STAT, allow_nan=False)
+        doc["grad_sqr"], doc["grad_var"] = draw(stat), draw(stat)
     return doc
 
 
@@ -165,6 +172,11 @@ MUTATIONS: dict[str, st.SearchStrategy[Any]] = {
     "local_batch_size": st.one_of(st.integers(-1, 1), odd),
     "accumulation_steps": st.one_of(st.integers(-1, 1), odd),
     "nodes": st.one_of(odd, st.lists(odd, max_size=2)),
+    "num_nodes": st.one_of(st.integers(-1, 1), st.just(MAX_NODES + 1), odd),
+    "grad_sqr": st.one_of(st.just(MAX_GRAD_STAT * 10), odd),
+    "grad_var": st.one_of(st.just(-1.0), odd),
+    "compute_s": odd,
+    "allreduce_s": odd,
     "job": st.sampled_from(
         [
             {"uuid": ""},
