@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -44,9 +43,11 @@ from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.metrics import BrainMetrics, CollectorRegistry, MetricsServer
+from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.metrics import BrainMetrics, CollectorRegistry
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings, load_settings
+from dlrover_events.standalone import standalone
 from dlrover_events.store import EnvStore
 from dlrover_events.topics import (
     BRAIN_PLANS,
@@ -69,6 +70,7 @@ from streams.brain.faust_glue import (
 from streams.brain.merge import Fetch, Merge, event_time
 from streams.brain.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
 from streams.brain.recovery import published_since, recover, stale_offsets, warn_stale
+from streams.brain.retention import Pruner
 from streams.brain.retry import MAX_BACKOFF_S, Stopping, backoff, sleep_unless, unless
 from streams.brain.triggers import Policy
 
@@ -121,7 +123,7 @@ class Brain:
         checkpoint_every_s: float = 2.0,
         batch_max: int | None = None,
         datadir: Path | None = None,
-        freeze_gc: bool = True,
+        freeze_gc: bool = False,
         metrics: BrainMetrics | None = None,
     ) -> None:
         self.settings = settings
@@ -136,7 +138,10 @@ class Brain:
         #: without a policy given, the env's settings (`brain` in the registry) say
         self._policy_given = policy is not None
         self.checkpoint_every_s = checkpoint_every_s
+        #: gc frozen and its thresholds raised: for the whole process, so only where the
+        #: brain has the process to itself (`brain --tune-gc`, `bench brain`)
         self._freeze_gc = freeze_gc
+        self._pruner: Pruner | None = None
         self._inputs = [topic(env, name) for name in INPUTS]
         self._outputs = [topic(env, BRAIN_PLANS), topic(env, SCALE_PLANS)]
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -216,6 +221,7 @@ class Brain:
             await self.configs.caught_up(CONFIGS_WAIT_S)
             env_store = await EnvStore.open(self.pg_dsn, self.env, max_size=4)
             self._store = BrainStore(env_store)
+            self._pruner = Pruner(env_store, self.processor)
             self.courier.start()
             await self.app.start()
         except BaseException as exc:
@@ -490,6 +496,11 @@ class Brain:
                 await self.courier.published_all()
                 snap = self._snapshot()
             await self._save(snap)
+            if self._pruner is not None:
+                # finished jobs past the retention (every `prune_every_s` at most), with
+                # the stream held: a late event must not meet a job half pruned
+                async with self._batch_lock:
+                    await self._pruner.maybe_prune()
 
     async def _checkpoint_held(
         self, *, stopping: bool = False, drop: set[int] | None = None
@@ -594,16 +605,18 @@ __all__ = [
 # -- `up` and the command ----------------------------------------------------------------
 
 
-async def run(ctx: ServiceContext) -> None:
-    brain = Brain(ctx.settings, ctx.env, ctx.pg_dsn, metrics=BrainMetrics(ctx.metrics, ctx.env))
+async def run(ctx: ServiceContext, *, freeze_gc: bool = False) -> None:
+    brain = Brain(
+        ctx.settings,
+        ctx.env,
+        ctx.pg_dsn,
+        metrics=BrainMetrics(ctx.metrics, ctx.env),
+        freeze_gc=freeze_gc,
+    )
     await brain.start()
     try:
-        ready = asyncio.create_task(brain.ready.wait())
-        stop = asyncio.create_task(ctx.stop.wait())
-        await asyncio.wait({ready, stop}, return_when=asyncio.FIRST_COMPLETED)
-        ready.cancel()
-        stop.cancel()
-        ctx.ready.set()
+        if await wait_for_any([brain.ready, ctx.stop]):
+            ctx.ready.set()
         await brain.run_until(ctx.stop)
     finally:
         await brain.stop()
@@ -616,35 +629,29 @@ service = Service(
 )
 
 
-async def _standalone(settings: Settings, env: str) -> None:
+async def _standalone(settings: Settings, env: str, freeze_gc: bool) -> None:
     pg = await resolve_postgres(settings)
     try:
         if await EnvRegistry(settings, pg.dsn).get(env) is None:
             raise UserError(
                 f"env {env!r} does not exist; create it with `dlrover-events env create`"
             )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        ctx = ServiceContext(settings, env, pg.dsn, stop=stop)
-        server = MetricsServer(settings.metrics_host, settings.metrics_port)
-        server.add(ctx.metrics)
-        try:
-            await server.start()
-            typer.echo(f"brain of {env}: metrics on {server.url}", err=True)
-        except OSError as exc:  # `up` serves that port already: the brain runs without
-            log.warning("brain of %s: no metrics served (%s)", env, exc)
-        try:
-            await run(ctx)
-        finally:
-            await server.stop()
+        ctx = ServiceContext(settings, env, pg.dsn)
+        async with standalone(ctx):
+            typer.echo(f"brain of {env}: metrics on {ctx.endpoints['metrics']}", err=True)
+            await run(ctx, freeze_gc=freeze_gc)
     finally:
         pg.stop()
 
 
 def brain(
     env: str = typer.Option(..., "--env", "-e", help="the env whose job topics to decide on"),
+    tune_gc: bool = typer.Option(
+        False,
+        "--tune-gc",
+        help="freeze the objects of imported modules and collect less often (the whole "
+        "process: for a brain with a process of its own; higher throughput, shorter pauses)",
+    ),
 ) -> None:
     """Run the brain of one env: job topics in, OptimizePlans and ScalePlans out."""
-    run_async(_standalone(load_settings(), env))
+    run_async(_standalone(load_settings(), env, tune_gc))

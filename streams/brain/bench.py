@@ -346,7 +346,9 @@ async def run_bench(
             progress("faust agent that only takes and acks")
             raw = await _faust_raw(settings, env, total, settings.consumer_batch)
         progress("brain")
-        brain = Brain(settings, env, pg.dsn)
+        brain = Brain(
+            settings, env, pg.dsn, freeze_gc=True
+        )  # its own process, as `brain --tune-gc`
         await brain.start()
         brain_rate = await _brain_phase(brain, total)
         counters = dict(vars(brain.processor.counters))

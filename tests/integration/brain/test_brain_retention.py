@@ -5,22 +5,26 @@ events instead of starting it again."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from dlrover_events.bus import Producer
+from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore, connect, env_schema, prepare_env
 from dlrover_events.store.database import quote_ident
 from schemas import encode
 from schemas.jobs import JobCompleted, JobMeta, JobStarted
+from streams.brain.app import Brain
 from streams.brain.checkpoint import BrainStore, Snapshot
 from streams.brain.processor import BrainProcessor
 from streams.brain.retention import Pruned, Pruner, prune
 from streams.brain.samples import JobRef, SampleRead
 from streams.brain.state import JobState, JobStatus, Sample, fold
 from streams.brain.triggers import Policy, Retention
-from tests.conftest import unique_env
+from tests.conftest import EnvFactory, unique_env
 from tests.unit.brain.builders import Rec
 
 pytestmark = pytest.mark.integration
@@ -174,3 +178,39 @@ async def test_a_failed_prune_is_logged_and_tried_again_not_raised(
     assert "retention: pruning finished jobs failed" in caplog.text
     await store.pool.execute("ALTER TABLE job_states_away RENAME TO job_states")
     assert await pruner.maybe_prune() == Pruned()  # the next one, once due, works
+
+
+async def tombstone_of(store: EnvStore, uuid: str) -> JobState:
+    while True:
+        found = (await rows(store)).get(uuid)
+        if found is not None and found.pruned_at is not None:
+            return found
+        await asyncio.sleep(0.2)
+
+
+async def test_a_running_brain_prunes_at_its_checkpoints(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    """The brain's checkpoint loop runs the pruner: a job that finished longer ago (on
+    the brain's event time) than the retention becomes a tombstone by itself."""
+    env = (await make_env(partitions=1)).name
+    done, later = JobMeta(uuid="done"), JobMeta(uuid="later")
+    rules = Retention(after_s=60, tombstone_s=86400, max_tombstones=10, every_s=0.1)
+    async with Producer(settings) as producer:
+        await producer.publish_many(
+            [
+                JobStarted(env=env, job=done, occurred_at=T0),
+                JobCompleted(env=env, job=done, occurred_at=T0 + timedelta(seconds=1)),
+                # the brain's clock moves past the retention with the next job's events
+                JobStarted(env=env, job=later, occurred_at=T0 + DAY),
+            ]
+        )
+    brain = Brain(settings, env, pg_dsn, policy=Policy(retention=rules), checkpoint_every_s=0.2)
+    await brain.start()
+    try:
+        async with await EnvStore.open(pg_dsn, env) as store, asyncio.timeout(30):
+            found = await tombstone_of(store, "done")
+        assert found.status == JobStatus.COMPLETED
+        assert found.pruned_at == T0 + DAY  # the brain's event time, not the wall clock's
+    finally:
+        await brain.stop()
