@@ -51,7 +51,6 @@ RELIES_ON: tuple[tuple[type, str], ...] = (
     (faust.App, "on_init_dependencies"),
     (AIOKafkaConsumer, "_fetch_max_wait_ms"),
     (AIOKafkaConsumer, "_subscription"),
-    (AIOKafkaConsumer, "_client"),
     (TopicPartitionState, "has_valid_position"),
     (TopicPartitionState, "position"),
     (TopicPartitionState, "highwater"),
@@ -174,8 +173,3 @@ async def commit(app: faust.App, offsets: Mapping[TP, int]) -> None:
     """Commit `offsets` to the group through faust's consumer (no Event to ack: the
     brain takes records past faust's streams)."""
     await cast(Any, app.consumer)._commit_offsets(offsets)
-
-
-async def refresh_metadata(consumer: AIOKafkaConsumer) -> None:
-    """Learn every topic's partitions now, for a consumer without a subscription."""
-    await consumer._client.force_metadata_update()

@@ -13,18 +13,17 @@ offset).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from dlrover_events.settings import Settings
+from dlrover_events.topic_reader import TopicReader
 from schemas.codec import CodecError, decode
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Offsets
-from streams.brain.faust_glue import refresh_metadata
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +62,6 @@ class Recovered:
     stale_outputs: dict[TP, tuple[int, int]] = field(default_factory=dict)
 
 
-def _consumer(settings: Settings) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        client_id=f"{settings.client_id}-brain-recovery",
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        request_timeout_ms=settings.request_timeout_ms,
-    )
-
-
 async def recover(
     settings: Settings,
     inputs: Iterable[TP],
@@ -84,54 +72,36 @@ async def recover(
     """The ends of `inputs`, and the plan ids on `outputs` from the checkpointed offsets
     `since` to their end (from the start where none was checkpointed, or where the
     checkpointed one is beyond the end)."""
-    consumer = _consumer(settings)
-    await consumer.start()
-    try:
-        await refresh_metadata(consumer)
-        outs = [
-            TopicPartition(name, p)
-            for name in outputs
-            for p in sorted(consumer.partitions_for_topic(name) or ())
-        ]
-        ins = [TopicPartition(name, p) for name, p in inputs]
-        asked = list(dict.fromkeys([*ins, *outs]))
-        ends_tp = await consumer.end_offsets(asked) if asked else {}
-        ends = {(tp.topic, tp.partition): end for tp, end in ends_tp.items()}
-        out_ends = {(tp.topic, tp.partition): ends[(tp.topic, tp.partition)] for tp in outs}
-        stale = stale_offsets({tp: o for tp, o in since.items() if tp in out_ends}, out_ends)
-        start = {tp: 0 if tp in stale else since.get(tp, 0) for tp in out_ends}
-        found = await _plan_ids(consumer, start, out_ends, timeout_s)
-        return Recovered(ends, found, stale)
-    finally:
-        await consumer.stop()
+    in_topics = sorted({name for name, _ in inputs} - set(outputs))
+    # positioned without reading: the end of every partition of these topics
+    async with TopicReader(
+        settings, [*outputs, *in_topics], client_id="brain-recovery", require=False
+    ) as reader:
+        ends = {(tp.topic, tp.partition): end for tp, end in reader.end_hint.items()}
+    out_ends = {tp: end for tp, end in ends.items() if tp[0] in outputs}
+    stale = stale_offsets({tp: o for tp, o in since.items() if tp in out_ends}, out_ends)
+    start = {tp: 0 if tp in stale else since.get(tp, 0) for tp in out_ends}
+    found = await _plan_ids(settings, outputs, start, timeout_s)
+    return Recovered(ends, found, stale)
 
 
 async def _plan_ids(
-    consumer: AIOKafkaConsumer, start: Mapping[TP, int], ends: Mapping[TP, int], timeout_s: float
+    settings: Settings, outputs: Sequence[str], start: Mapping[TP, int], timeout_s: float
 ) -> set[str]:
-    todo = {TopicPartition(*tp): ends[tp] for tp in start if start[tp] < ends[tp]}
-    if not todo:
-        return set()
-    consumer.assign(list(todo))
-    for tp in todo:
-        consumer.seek(tp, start[(tp.topic, tp.partition)])
+    begin = {TopicPartition(*tp): offset for tp, offset in start.items()}
     found: set[str] = set()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while todo and loop.time() < deadline:
-        batch = await consumer.getmany(timeout_ms=200)
-        for tp, records in batch.items():
-            for record in records:
-                try:
-                    event = decode(record.value)
-                except CodecError:
-                    continue
-                if isinstance(event, OptimizePlan | ScalePlan):
-                    found.add(event.plan_id)
-            if records and records[-1].offset + 1 >= todo.get(tp, 0):
-                todo.pop(tp, None)
-    if todo:
-        log.warning("brain recovery did not reach the end of %s", sorted(map(str, todo)))
+    async with TopicReader(
+        settings, outputs, client_id="brain-recovery", begin=begin, require=False
+    ) as reader:
+        for record in await reader.read_to_end(timeout_s=timeout_s):
+            try:
+                event = decode(record.value)
+            except CodecError:
+                continue
+            if isinstance(event, OptimizePlan | ScalePlan):
+                found.add(event.plan_id)
+        if not await reader.caught_up():
+            log.warning("brain recovery did not reach the end of %s", ", ".join(outputs))
     return found
 
 
