@@ -1,6 +1,7 @@
 """Parity with DLRover's Brain: its resource algorithms for PS and worker jobs.
 
-The formulas are those of spec/dlrover-optimizers.md. Where the original had known
+The formulas are those of DLRover's Brain optimizers, as this project's spec restates
+them (the tests cite each rule). Where the original had known
 defects, these differ on purpose: zero workers never divide, OOM optimizers act only on
 OOM events not yet answered (never twice for one OOM), and parameters are typed values
 rather than config keys looked up as values.
