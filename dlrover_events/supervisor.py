@@ -32,6 +32,7 @@ from prometheus_client.metrics_core import Metric
 
 from dlrover_events.embedded import Broker, kafka_reachable
 from dlrover_events.errors import BusUnavailable, StoreUnavailable, UserError
+from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.metrics import MetricsServer, ServiceMetrics
 from dlrover_events.services import Service, ServiceContext
 
@@ -138,13 +139,11 @@ class Supervised:
             self.state = State.STARTING
             task = asyncio.create_task(self.service.run(ctx), name=self.name)
             ready = asyncio.create_task(self._on_ready(ctx))
-            stopping = asyncio.create_task(self._stop.wait())
             self._gauge(1)
             try:
-                await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                await wait_for_any([self._stop], [task])
             finally:
                 ready.cancel()
-                stopping.cancel()
             if not task.done():  # `up` stops
                 await self._end(task, own_stop)
                 break

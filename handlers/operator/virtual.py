@@ -38,6 +38,7 @@ from typing import Any
 from dlrover_events.bus import Consumer, Producer, Received
 from dlrover_events.envs import EnvRecord, EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
@@ -314,13 +315,12 @@ class VirtualOperator:
             asyncio.create_task(self._consume(consumer, stop), name=f"{self.env}.operator.consume"),
             asyncio.create_task(clock, name=f"{self.env}.operator.clock"),
         ]
-        stopping = asyncio.create_task(stop.wait())
         try:
-            await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
+            await wait_for_any([stop], tasks)
         finally:
-            for task in (*tasks, stopping):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, stopping, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
         for task in tasks:
             if not task.cancelled() and (err := task.exception()) is not None:
                 raise err

@@ -277,12 +277,10 @@ class Brain:
 
     async def run_until(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set or faust stops by itself (a crash), then stop cleanly."""
-        waiter = asyncio.create_task(stop.wait())
         stopped = asyncio.create_task(self.app.wait_until_stopped())
         try:
-            await asyncio.wait({waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            await wait_for_any([stop], [stopped])
         finally:
-            waiter.cancel()
             stopped.cancel()
         if self.app.crash_reason is not None:
             raise RuntimeError(f"brain of {self.env} crashed: {self.app.crash_reason!r}")

@@ -8,6 +8,8 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from dlrover_events.lifecycle import wait_for_any
+
 T = TypeVar("T")
 
 #: Retry loops (loading a checkpoint, publishing, checkpointing) back off up to this.
@@ -34,11 +36,7 @@ async def sleep_unless(closing: asyncio.Event, seconds: float, what: str) -> Non
 async def unless(closing: asyncio.Event, work: Awaitable[T], what: str) -> T:
     """`work`'s result, or Stopping (and `work` cancelled) as soon as `closing` is set."""
     task = asyncio.ensure_future(work)
-    stop = asyncio.ensure_future(closing.wait())
-    try:
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop.cancel()
+    await wait_for_any([closing], [task])
     if not task.done():
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -37,6 +37,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.bus import Consumer, Producer, Received
 from dlrover_events.kube.informer import Informer
+from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
@@ -169,13 +170,9 @@ class EnvReconciler:
                         tasks.append(
                             asyncio.create_task(self._consume(consumer, stop), name="plans")
                         )
-                        stopping = asyncio.create_task(stop.wait())
-                        done, _ = await asyncio.wait(
-                            [*tasks, stopping], return_when=asyncio.FIRST_COMPLETED
-                        )
-                        stopping.cancel()
-                        for task in done:
-                            if task is not stopping and (err := task.exception()) is not None:
+                        await wait_for_any([stop], tasks)
+                        for task in tasks:
+                            if task.done() and (err := task.exception()) is not None:
                                 raise err
                 finally:
                     for task in tasks:
