@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from msgspec import Struct
@@ -19,7 +20,7 @@ from pydantic import Field
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
-from streams.brain.memo import SampleMemo, derived, derived_all
+from streams.brain.memo import SampleMemo, Series, derived, series
 from streams.brain.optimizers.base import OptimizeContext, Proposal, node_resource, register
 from streams.brain.optimizers.fit import nnls
 from streams.brain.state import (
@@ -84,17 +85,32 @@ def _gpus_per_replica(state: JobState, role: str) -> int:
     return max(state.role(role).gpu_num, 1)
 
 
-def _local_batch(state: JobState, sample: Sample, replicas: int) -> int:
+#: What of a job's state an observation's local batch falls back to when its sample does
+#: not say it: the local batch the job was told (None unless a positive int), its global
+#: batch.
+BatchKnown = tuple[int | None, int | None]
+
+
+def _batch_known(state: JobState) -> BatchKnown:
+    known = state.training.get("local_batch_size")
+    return (known if isinstance(known, int) and known > 0 else None), state.batch_size
+
+
+def _local_batch_of(sample: Sample, replicas: int, known: BatchKnown) -> int:
     if sample.local_batch_size is not None:
         return sample.local_batch_size
-    known = state.training.get("local_batch_size")
-    if isinstance(known, int) and known > 0:
-        return known
-    batch = sample.batch_size or state.batch_size
+    local, global_batch = known
+    if local is not None:
+        return local
+    batch = sample.batch_size or global_batch
     per_replica = replicas * sample.accumulation_steps
     if batch is not None and per_replica > 0 and batch % per_replica == 0:
         return batch // per_replica
     return 1  # unknown: throughput is then counted in replica-steps, which still ranks n
+
+
+def _local_batch(state: JobState, sample: Sample, replicas: int) -> int:
+    return _local_batch_of(sample, replicas, _batch_known(state))
 
 
 def _step_time(sample: Sample, role: str) -> tuple[int, float] | None:
@@ -122,56 +138,49 @@ def _step_time(sample: Sample, role: str) -> tuple[int, float] | None:
     return None
 
 
-def _observe(
-    sample: Sample, known: tuple[int, float], per_gpu: int, local_batch: int
-) -> StepObservation:
-    replicas, step_time = known
+#: What an observation depends on besides its sample: the role, GPUs per replica, and
+#: what the job's state says of the batch (`BatchKnown`).
+ObserveArgs = tuple[str, int, BatchKnown]
+
+
+def _seen(sample: Sample, args: ObserveArgs) -> StepObservation | None:
+    """The sample's step time at the scale and batch it ran with; None when it says
+    nothing of the step time."""
+    role, per_gpu, known = args
+    step = _step_time(sample, role)
+    if step is None:
+        return None
+    replicas, step_time = step
     return StepObservation(
-        replicas=replicas,
-        gpus=replicas * per_gpu,
-        local_batch=local_batch,
-        accumulation=sample.accumulation_steps,
-        step_time=step_time,
+        replicas,
+        replicas * per_gpu,
+        _local_batch_of(sample, replicas, known),
+        sample.accumulation_steps,
+        step_time,
     )
 
 
-#: What goodput reads of one sample (once per sample, through the job's memo): its
-#: observation when the sample says its own local batch (it then depends on nothing
-#: else), else its replicas and step time (the local batch then comes from the job's
-#: state); None when it says nothing of the step time.
-Seen = StepObservation | tuple[int, float] | None
+def _gpus(observation: StepObservation) -> int:
+    return observation.gpus
 
 
-def _seen(sample: Sample, args: tuple[str, int]) -> Seen:
-    role, per_gpu = args
-    known = _step_time(sample, role)
-    local_batch = sample.local_batch_size
-    if known is None or local_batch is None:
-        return known
-    replicas, step_time = known
-    return StepObservation(
-        replicas, replicas * per_gpu, local_batch, sample.accumulation_steps, step_time
-    )
+def observed(
+    state: JobState, role: str, memo: SampleMemo | None = None
+) -> Series[StepObservation, int]:
+    """The observation of each sample that says its step time, in order, and how many
+    were made at each number of GPUs; through the job's `memo` (read, never change)."""
+    args = (role, _gpus_per_replica(state, role), _batch_known(state))
+    return series(memo, "goodput", args, state.samples, _seen, _gpus)
 
 
 def observations(
     state: JobState, role: str, memo: SampleMemo | None = None
-) -> list[StepObservation]:
+) -> Sequence[StepObservation]:
     """The step time of each sample that says it, at the scale and batch it ran with."""
-    per_gpu = _gpus_per_replica(state, role)
-    found: list[StepObservation] = []
-    samples = state.samples
-    for sample, one in zip(
-        samples, derived_all(memo, "goodput", (role, per_gpu), samples, _seen), strict=True
-    ):
-        if isinstance(one, StepObservation):
-            found.append(one)
-        elif one is not None:  # the local batch comes from the job's state
-            found.append(_observe(sample, one, per_gpu, _local_batch(state, sample, one[0])))
-    return found
+    return observed(state, role, memo).values
 
 
-def fit_throughput(obs: list[StepObservation]) -> ThroughputModel | None:
+def fit_throughput(obs: Sequence[StepObservation]) -> ThroughputModel | None:
     coef = nnls(
         [[o.accumulation, o.local_batch * o.accumulation, math.log2(max(o.gpus, 1))] for o in obs],
         [o.step_time for o in obs],
@@ -189,7 +198,8 @@ def goodput(ctx: OptimizeContext, p: GoodputParams) -> Proposal | None:
     state = ctx.state
     spec = state.role(p.role)
     per_gpu = _gpus_per_replica(state, p.role)
-    obs = observations(state, p.role, ctx.memo)
+    seen = observed(state, p.role, ctx.memo)
+    obs = seen.values
     if len(obs) < p.min_samples:
         return None
     latest = obs[-1]
@@ -200,7 +210,7 @@ def goodput(ctx: OptimizeContext, p: GoodputParams) -> Proposal | None:
         hi = min(hi, current + max(ctx.free_gpus, 0) // per_gpu)
     if hi < lo:
         return None
-    if len({o.gpus for o in obs}) < 2:  # one scale known
+    if len(seen.counts) < 2:  # observed at one number of GPUs only
         if not p.explore or current >= hi:
             return None
         target = min(hi, max(current + 1, current * 2))

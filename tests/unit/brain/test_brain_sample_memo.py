@@ -293,7 +293,7 @@ def derived(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     derive = gpu._seen
 
-    def counting(sample: Sample, args: tuple[str, int]) -> gpu.Seen:
+    def counting(sample: Sample, args: gpu.ObserveArgs) -> StepObservation | None:
         calls.append(sample.event_id)
         return derive(sample, args)
 
