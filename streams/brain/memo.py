@@ -188,6 +188,8 @@ class SampleMemo:
         covered = len(series)
         if covered < len(samples):
             series.extend([derive(s, args) for s in samples[covered:]])
+        elif covered > len(samples):  # folds only append and drop from the front
+            raise AssertionError(f"series of {covered} samples for {len(samples)}")
         return series
 
     # -- values derived from one sample -------------------------------------------------
