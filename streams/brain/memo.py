@@ -186,10 +186,11 @@ class SampleMemo:
             series.drop(behind)  # all it covers, at most
             series.first = self._first
         covered = len(series)
+        if covered > len(samples):  # never: folds append and drop from the front only
+            series = self._series[table] = _Followed(key, self._first, self._epoch)
+            covered = 0
         if covered < len(samples):
             series.extend([derive(s, args) for s in samples[covered:]])
-        elif covered > len(samples):  # folds only append and drop from the front
-            raise AssertionError(f"series of {covered} samples for {len(samples)}")
         return series
 
     # -- values derived from one sample -------------------------------------------------
