@@ -43,6 +43,13 @@ def test_only_registered_threads_are_held_back_on_every_aiokafka_logger() -> Non
     old_level = root.level
     root.setLevel(logging.DEBUG)
     registered = threading.Event()
+    # an earlier test of the session may have run a command in-process, which quiets
+    # aiokafka's logger (dlrover_events/cli/app.py): this test's loggers start plain
+    kafka_loggers = [logging.getLogger(n) for n in ("aiokafka", "aiokafka.producer.sender")]
+    saved = [(lg.disabled, lg.level, lg.propagate) for lg in kafka_loggers]
+    for lg in kafka_loggers:
+        lg.disabled, lg.propagate = False, True
+        lg.setLevel(logging.NOTSET)
     try:
         module_logger = logging.getLogger("aiokafka.producer.sender")
         assert log_filter in module_logger.filters  # a record is checked where it is logged
@@ -65,6 +72,9 @@ def test_only_registered_threads_are_held_back_on_every_aiokafka_logger() -> Non
         assert log_filter.unregister(reporter) == 2
         assert log_filter.held(reporter) == 0
     finally:
+        for lg, (disabled, level, propagate) in zip(kafka_loggers, saved, strict=True):
+            lg.disabled, lg.propagate = disabled, propagate
+            lg.setLevel(level)
         root.removeHandler(handler)
         root.setLevel(old_level)
         for name in list(logging.Logger.manager.loggerDict):
