@@ -14,7 +14,8 @@ two registries and say which is which by their `env` label.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -191,6 +192,10 @@ class _Registries(Collector):
             yield from registry.collect()
 
 
+#: whether a process is ready, and what to say about it (`up`: the bus and each service)
+Readiness = Callable[[], tuple[bool, dict[str, Any]]]
+
+
 class MetricsServer:
     """`GET /metrics` for the registries of this process, on 127.0.0.1 unless configured.
 
@@ -198,9 +203,16 @@ class MetricsServer:
     service it runs; a standalone command starts one for its own service.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        readiness: Readiness | None = None,
+    ) -> None:
         self.host = host
         self.port = port
+        #: with it, also /healthz (the process answers) and /readyz (503 while not ready)
+        self._readiness = readiness
         self._registries: list[CollectorRegistry] = []
         self._runner: web.AppRunner | None = None
 
@@ -216,17 +228,34 @@ class MetricsServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        assert self._readiness is not None
+        ready, body = self._readiness()
+        return web.json_response({"ready": ready, **body}, status=200 if ready else 503)
+
     async def start(self) -> None:
+        """Listen; OSError when the port is taken (the caller says what to do then)."""
         app = web.Application()
         app.router.add_get("/metrics", self._metrics, allow_head=False)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = site._server
-        if self.port == 0 and server is not None and server.sockets:  # type: ignore[attr-defined]
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        log.info("metrics on http://%s:%d/metrics", self.host, self.port)
+        if self._readiness is not None:
+            app.router.add_get("/healthz", self._healthz, allow_head=False)
+            app.router.add_get("/readyz", self._readyz, allow_head=False)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        server: Any = site._server
+        if self.port == 0 and server is not None and server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
+        log.info("metrics on %s", self.url)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -234,8 +263,12 @@ class MetricsServer:
             self._runner = None
 
     @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/metrics"
+        return f"{self.base_url}/metrics"
 
 
 __all__ = [

@@ -25,15 +25,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
 from dlrover_events.embedded import Broker, kafka_reachable
 from dlrover_events.errors import BusUnavailable, StoreUnavailable, UserError
 from dlrover_events.lifecycle import wait_for_any
-from dlrover_events.metrics import MetricsServer, ServiceMetrics
+from dlrover_events.metrics import ServiceMetrics
 from dlrover_events.services import Service, ServiceContext
 
 log = logging.getLogger(__name__)
@@ -303,64 +301,6 @@ class BusWatch:
         log.warning("topics of every env (%d) re-created with their partitions", len(envs))
         self._resync_pending = False
         self._back()
-
-
-class SupervisorServer:
-    """/metrics of every service `up` runs, /healthz (the process answers) and /readyz
-    (the bus answers and every service is ready), on 127.0.0.1 unless configured."""
-
-    def __init__(
-        self,
-        metrics: MetricsServer,
-        readiness: Callable[[], tuple[bool, dict[str, Any]]],
-        host: str = "127.0.0.1",
-        port: int = 0,
-    ) -> None:
-        self.metrics = metrics
-        self._readiness = readiness
-        self.host = host
-        self.port = port
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics, allow_head=False)
-        app.router.add_get("/healthz", self._healthz, allow_head=False)
-        app.router.add_get("/readyz", self._readyz, allow_head=False)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        try:
-            await site.start()
-        except OSError as err:
-            await self._runner.cleanup()
-            raise UserError(
-                f"cannot serve metrics on {self.host}:{self.port} ({err.strerror}); "
-                "set DLROVER_EVENTS_METRICS_PORT (0: any free port)"
-            ) from None
-        server: Any = site._server
-        if self.port == 0 and server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        body = self.metrics.exposition()
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def _readyz(self, request: web.Request) -> web.Response:
-        ready, body = self._readiness()
-        return web.json_response({"ready": ready, **body}, status=200 if ready else 503)
 
 
 def readiness(bus: BusWatch, supervised: Iterable[Supervised]) -> tuple[bool, dict[str, Any]]:

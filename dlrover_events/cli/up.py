@@ -34,7 +34,6 @@ from dlrover_events.supervisor import (
     Backoff,
     BusWatch,
     Supervised,
-    SupervisorServer,
     readiness,
     wait_or_stop,
 )
@@ -121,7 +120,12 @@ async def _supervise(
     backoff = Backoff(max_s=settings.restart_backoff_max_s)
     own = CollectorRegistry(auto_describe=True)
     service_metrics = ServiceMetrics(own)
-    metrics = MetricsServer(settings.metrics_host, settings.metrics_port)
+    # every service's metrics, and up's /healthz and /readyz (the bus, each service)
+    metrics = MetricsServer(
+        settings.metrics_host,
+        settings.metrics_port,
+        readiness=lambda: readiness(bus, supervised),
+    )
     metrics.add(own)
     bus = BusWatch(
         settings.bootstrap_servers,
@@ -142,17 +146,20 @@ async def _supervise(
     ]
     for s in supervised:
         metrics.add(s.registry)
-    server = SupervisorServer(
-        metrics, lambda: readiness(bus, supervised), settings.metrics_host, settings.metrics_port
-    )
     async with EnvFence(settings, dsn, env, stop) as fence:
-        await server.start()
+        try:
+            await metrics.start()
+        except OSError as err:
+            raise UserError(
+                f"cannot serve metrics on {metrics.host}:{metrics.port} ({err.strerror}); "
+                "set DLROVER_EVENTS_METRICS_PORT (0: any free port)"
+            ) from None
         tasks = [asyncio.create_task(bus.run(), name="bus")]
         tasks += [asyncio.create_task(s.run(), name=s.name) for s in supervised]
         try:
             await _wait_ready(supervised, stop)
             if not stop.is_set():
-                _print_where(settings, stack, env, n_envs, supervised, server)
+                _print_where(settings, stack, env, n_envs, supervised, metrics)
             await wait_for_any([stop, *(s.failed for s in supervised)])
         finally:
             stop.set()
@@ -160,7 +167,7 @@ async def _supervise(
             for t in pending:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await server.stop()
+            await metrics.stop()
     if fence.reason is not None:
         raise UserError(f"{fence.reason}; `up` stopped its services")
     for s in supervised:
@@ -188,7 +195,7 @@ def _print_where(
     env: str,
     n_envs: int,
     supervised: list[Supervised],
-    server: SupervisorServer,
+    server: MetricsServer,
 ) -> None:
     console = Console()
     table = Table("part", "where", title="dlrover-events is up")
@@ -198,7 +205,7 @@ def _print_where(
     table.add_row(f"Postgres: {stack.postgres.kind}", _redact(stack.postgres.dsn))
     table.add_row("real env", f"{env} (topics {env}.*, schema env_{env.replace('-', '_')})")
     table.add_row("envs", f"{n_envs} (every env's topics made with its partitions)")
-    table.add_row("metrics, health", f"{server.url}/metrics  /healthz  /readyz")
+    table.add_row("metrics, health", f"{server.base_url}/metrics  /healthz  /readyz")
     for s in supervised:
         table.add_row("service", s.name)
         if s.ctx is not None:

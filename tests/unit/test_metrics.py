@@ -47,3 +47,29 @@ async def test_server_listens_on_loopback_and_serves_the_text_format() -> None:
         assert "dlrover_events_operator_apply_duration_seconds_count" in body
     finally:
         await server.stop()
+
+
+@pytest.mark.asyncio
+async def test_with_a_readiness_it_also_answers_healthz_and_readyz() -> None:
+    ready = {"now": False}
+    server = MetricsServer(port=0, readiness=lambda: (ready["now"], {"bus": ready["now"]}))
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{server.base_url}/healthz") as resp:
+                assert resp.status == 200
+            async with session.get(f"{server.base_url}/readyz") as resp:
+                assert (resp.status, await resp.json()) == (503, {"ready": False, "bus": False})
+            ready["now"] = True
+            async with session.get(f"{server.base_url}/readyz") as resp:
+                assert resp.status == 200
+    finally:
+        await server.stop()
+    plain = MetricsServer(port=0)  # without one: metrics only
+    await plain.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{plain.base_url}/readyz") as resp:
+                assert resp.status == 404
+    finally:
+        await plain.stop()
