@@ -68,8 +68,10 @@ async def test_with_a_readiness_it_also_answers_healthz_and_readyz() -> None:
     plain = MetricsServer(port=0)  # without one: metrics only
     await plain.start()
     try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"{plain.base_url}/readyz") as resp:
-                assert resp.status == 404
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{plain.base_url}/readyz") as resp,
+        ):
+            assert resp.status == 404
     finally:
         await plain.stop()
