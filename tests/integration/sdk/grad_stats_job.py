@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -79,19 +81,17 @@ def main() -> int:
     flushed = reporter.flush(10.0)
     final = reporter.close(2.0)
     dist.destroy_process_group()
-    print(
-        json.dumps(
-            {
-                "rank": rank,
-                "estimates": stats.made,
-                "samples": final.samples,
-                "published": final.published,
-                "dropped": final.dropped,
-                "flushed": flushed,
-            }
-        ),
-        flush=True,
-    )
+    summary = {
+        "rank": rank,
+        "estimates": stats.made,
+        "samples": final.samples,
+        "published": final.published,
+        "dropped": final.dropped,
+        "flushed": flushed,
+    }
+    # one write of the whole line: both ranks share the pipe, and print() writes the text
+    # and its newline apart (two summaries were seen on one line)
+    os.write(sys.stdout.fileno(), (json.dumps(summary) + "\n").encode())
     return 0
 
 
