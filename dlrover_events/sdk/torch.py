@@ -448,19 +448,15 @@ class StepTimer:
         """Whether the current step is timed."""
         return self._steps % self.every == 0
 
-    @contextlib.contextmanager
-    def compute(self) -> Iterator[None]:
-        if not self.timing:
-            yield
-            return
-        t = self._now()
-        try:
-            yield
-        finally:
-            self.compute_s += self._now() - t
+    def compute(self) -> contextlib.AbstractContextManager[None]:
+        return self._timed("compute_s")
+
+    def allreduce(self) -> contextlib.AbstractContextManager[None]:
+        return self._timed("allreduce_s")
 
     @contextlib.contextmanager
-    def allreduce(self) -> Iterator[None]:
+    def _timed(self, total: str) -> Iterator[None]:
+        """Add the block's time to `total` on a timed step; nothing otherwise."""
         if not self.timing:
             yield
             return
@@ -468,7 +464,7 @@ class StepTimer:
         try:
             yield
         finally:
-            self.allreduce_s += self._now() - t
+            setattr(self, total, getattr(self, total) + self._now() - t)
 
     def step(self) -> None:
         """The step ended: a timed one goes to the reporter."""
