@@ -52,8 +52,7 @@ def serve(
 
 async def _serve(settings: Settings, env: str, conf: GatewaySettings) -> None:
     dsn = await _dsn(settings)
-    await prepare_env(dsn, env)  # a missing env is one line, before anything starts
-    ctx = ServiceContext(settings, env, dsn)
+    ctx = ServiceContext(settings, env, dsn)  # the fence refuses a missing env in one line
     async with (
         standalone(ctx),
         GatewayServer(settings, env, dsn, conf, registry=ctx.metrics) as server,
