@@ -79,16 +79,41 @@ def bounded(parts: Sequence[NotApplied]) -> list[NotApplied]:
     return list(coarse.values())[:MAX_NOT_APPLIED]
 
 
-def not_applied(plan: ScalePlan, unsupported: Mapping[str, str]) -> tuple[NotApplied, ...]:
-    """What a platform that cannot express ``unsupported`` leaves out of ``plan``."""
-    return tuple(bounded([*resource_parts(plan, unsupported), *training_parts(plan)]))
+#: Why a platform without node pinning leaves a scheduler's placement out.
+NO_PLACEMENT = "this platform places pods itself: the plan's node placement is not applied"
+
+
+def placement_parts(plan: ScalePlan, *, pins_nodes: bool) -> list[NotApplied]:
+    """The plan's placement, when the platform cannot pin pods to named nodes."""
+    if not plan.placement or pins_nodes:
+        return []
+    return [NotApplied(part="placement", reason=NO_PLACEMENT)]
+
+
+def not_applied(
+    plan: ScalePlan, unsupported: Mapping[str, str], *, pins_nodes: bool = False
+) -> tuple[NotApplied, ...]:
+    """What a platform that cannot express ``unsupported`` (nor, unless ``pins_nodes``,
+    a placement) leaves out of ``plan``. A suspend is not a part: a platform that cannot
+    suspend rejects the plan (nothing of it would be applied)."""
+    return tuple(
+        bounded(
+            [
+                *placement_parts(plan, pins_nodes=pins_nodes),
+                *resource_parts(plan, unsupported),
+                *training_parts(plan),
+            ]
+        )
+    )
 
 
 __all__ = [
     "AWAITING_JOB",
+    "NO_PLACEMENT",
     "UNKNOWN_KNOB",
     "bounded",
     "not_applied",
+    "placement_parts",
     "resource_parts",
     "training_parts",
 ]

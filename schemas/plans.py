@@ -91,6 +91,14 @@ class MigrateNode(Model):
     resource: NodeResource
 
 
+def _empty(value: object) -> bool:
+    return not value
+
+
+def _false(value: object) -> bool:
+    return value is False
+
+
 class ScalePlan(JobEvent):
     """The concrete diff the operator applies, once per plan_id."""
 
@@ -105,6 +113,29 @@ class ScalePlan(JobEvent):
     remove_nodes: list[NodeRef] = Field(default_factory=list, max_length=MAX_NODES)
     migrate_nodes: list[MigrateNode] = Field(default_factory=list, max_length=MAX_NODES)
     training: Document = Field(default_factory=dict)
+    # What a cluster scheduler (streams.brain.schedulers) decides beyond counts. Left out
+    # of the JSON when unset, so a plan without them is the same bytes as before.
+    placement: dict[Text, Gpus] = Field(
+        default_factory=dict,
+        max_length=MAX_NODES,
+        exclude_if=_empty,
+        description="cluster node name -> GPUs of the job's training replicas there, as the "
+        "scheduler placed them (whole nodes for a multi-node job); a platform that cannot "
+        "pin pods to nodes lists it not applied",
+    )
+    suspend: bool = Field(
+        default=False,
+        exclude_if=_false,
+        description="preempt: stop every training replica and free its GPUs, progress "
+        "kept (checkpoint); a later plan with a count resumes the job",
+    )
+
+    @model_validator(mode="after")
+    def _suspend_is_alone(self) -> ScalePlan:
+        # A suspend that also resized or placed the job would say two things at once.
+        if self.suspend and (self.placement or self.launch_nodes or self.migrate_nodes):
+            raise ValueError("a suspend plan places, launches and migrates nothing")
+        return self
 
 
 class ScaleStatus(StrEnum):

@@ -122,6 +122,11 @@ class JobInput:
     accumulation: int = 1
     restarts: int = 0
     preemptible: bool = True
+    #: what a policy that does not resize jobs gives it: the replicas it asked for
+    requested_replicas: int = 1
+    #: GPU-seconds it has held GPUs so far (restarts included): least-attained-service
+    #: policies (Tiresias) order jobs by it
+    attained_gpu_s: float = 0.0
 
     @property
     def replicas(self) -> int:
