@@ -30,6 +30,7 @@ from streams.brain.memo import SampleMemo
 from streams.brain.optimizers import REGISTRY, Registry
 from streams.brain.planner import Limits
 from streams.brain.router import RouteError
+from streams.brain.schedulers import get_scheduler
 from streams.brain.state import (
     JobState,
     JobStatus,
@@ -66,6 +67,23 @@ class Retention:
 
 
 @dataclass(frozen=True)
+class SchedulerPolicy:
+    """The env's cluster scheduler (streams.brain.schedulers): it, not the per-job
+    optimizers, decides who holds which GPUs, over every arrived job of the env at once.
+
+    It runs at the end of every lockstep tick, or (a real env, on event time) whenever
+    the events' time passes the next multiple of `interval_s`, so a replay of the same
+    events decides at the same instants.
+    """
+
+    name: str
+    params: Model
+    nodes: int
+    gpus_per_node: int
+    interval_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class Policy:
     """How often the brain decides, and the limits its planner applies."""
 
@@ -90,6 +108,8 @@ class Policy:
     lockstep: bool = False
     #: pruning of finished jobs; None: kept for as long as the env lives
     retention: Retention | None = Retention()
+    #: a cluster scheduler owns the env's GPUs (None: per-job optimizers only)
+    scheduler: SchedulerPolicy | None = None
 
     @classmethod
     def from_settings(cls, raw: Any) -> Policy:
@@ -114,6 +134,24 @@ class Policy:
                 max_tombstones=parsed.max_tombstones,
                 every_s=parsed.prune_every_s,
             )
+        scheduler = None
+        if parsed.scheduler is not None:
+            sched = parsed.scheduler
+            try:
+                spec = get_scheduler(sched.name)
+            except KeyError as exc:
+                raise ValueError(f"env setting brain.scheduler.name: {exc.args[0]}") from None
+            try:
+                params = spec.parse(sched.params)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"]) or "params"
+                raise ValueError(
+                    f"env setting brain.scheduler.params.{where}: {first['msg']}"
+                ) from None
+            scheduler = SchedulerPolicy(
+                spec.name, params, sched.nodes, sched.gpus_per_node, sched.interval_s
+            )
         return cls(
             sample_every=parsed.sample_every,
             running_every=parsed.running_every,
@@ -122,6 +160,7 @@ class Policy:
             cluster_gpus=parsed.cluster_gpus,
             lockstep=parsed.lockstep,
             retention=retention,
+            scheduler=scheduler,
         )
 
 
@@ -134,6 +173,18 @@ class LimitSettings(Model):
     running_cooldown_s: float | None = Field(default=None, ge=0)
     max_memory_step: int | None = Field(
         default=None, gt=0, description="the most one plan raises a node's memory (bytes)"
+    )
+
+
+class SchedulerSettings(Model):
+    """`settings["brain"]["scheduler"]`: which cluster scheduler, on what cluster."""
+
+    name: str = Field(min_length=1, description="a registered scheduler, e.g. goodput-cluster")
+    params: dict[str, Any] = Field(default_factory=dict)
+    nodes: int = Field(ge=1, le=100_000, description="nodes of the cluster it schedules")
+    gpus_per_node: int = Field(ge=1, le=64)
+    interval_s: float = Field(
+        default=60.0, gt=0, le=86400, description="event-time seconds between two rounds"
     )
 
 
@@ -168,6 +219,9 @@ class BrainSettings(Model):
         default=Retention.max_tombstones, ge=0, description="pruned job ids kept per brain"
     )
     prune_every_s: float = Field(default=Retention.every_s, gt=0, le=86400)
+    scheduler: SchedulerSettings | None = Field(
+        default=None, description="a cluster scheduler that owns the env's GPUs"
+    )
 
 
 @dataclass(frozen=True)
