@@ -139,22 +139,32 @@ class Cluster:
     def jobs(self) -> tuple[str, ...]:
         return tuple(self._allocations)
 
-    def can_ever_fit(self, pods: Sequence[PodRequest]) -> bool:
-        """Whether the pods would fit on the empty cluster: else waiting is pointless."""
+    def can_ever_fit(
+        self, pods: Sequence[PodRequest], pinned: Mapping[tuple[str, int], int] | None = None
+    ) -> bool:
+        """Whether the pods would fit on the empty cluster (``pinned`` pods on their
+        nodes): else waiting is pointless."""
         num_nodes, gpus, cpu, memory = self._shape
         empty = Cluster(num_nodes, gpus, cpu_per_node=cpu, memory_per_node=memory)
-        return empty._pack(pods) is not None
+        return empty._place(pods, pinned or {}) is not None
 
-    def admit(self, job: str, pods: Sequence[PodRequest]) -> Allocation | None:
+    def admit(
+        self,
+        job: str,
+        pods: Sequence[PodRequest],
+        pinned: Mapping[tuple[str, int], int] | None = None,
+    ) -> Allocation | None:
         """Place all of a job's pods, or none of them (gang admission).
 
         A job already holding pods is re-placed as a whole (its old pods count as free),
         which is how a rescale looks to the scheduler: all replicas restart together.
+        ``pinned`` pods (by key) go on the node index given or nowhere: a scheduler that
+        chose the nodes is told "not yet", never given other nodes.
         """
         previous = self._allocations.pop(job, None)
         if previous is not None:
             self._give_back(previous)
-        placed = self._pack(pods)
+        placed = self._place(pods, pinned or {})
         if placed is None:
             if previous is not None:  # the old gang keeps running
                 self._take(previous)
@@ -217,6 +227,30 @@ class Cluster:
     def _give_back(self, allocation: Allocation) -> None:
         for key, node in allocation.nodes.items():
             self.nodes[node].give(allocation.pods[key])
+
+    def _place(
+        self, pods: Sequence[PodRequest], pinned: Mapping[tuple[str, int], int]
+    ) -> dict[tuple[str, int], int] | None:
+        """Pinned pods on their nodes (each must fit there now), the others packed
+        around them; None, with nothing taken, when any does not fit."""
+        taken: list[tuple[int, PodRequest]] = []
+        placed: dict[tuple[str, int], int] = {}
+        for pod in pods:
+            index = pinned.get(pod.key)
+            if index is None:
+                continue
+            if not 0 <= index < len(self.nodes) or self.nodes[index].fits(pod) < 1:
+                break
+            self.nodes[index].take(pod)
+            taken.append((index, pod))
+            placed[pod.key] = index
+        else:
+            rest = self._pack([p for p in pods if p.key not in pinned])
+            if rest is not None:
+                placed.update(rest)
+        for node, pod in taken:  # admit() takes them for real once the gang is complete
+            self.nodes[node].give(pod)
+        return placed if len(placed) == len(pods) else None
 
     def _pack(self, pods: Sequence[PodRequest]) -> dict[tuple[str, int], int] | None:
         """Fewest nodes first: a node that takes all remaining pods of a kind, tightest fit

@@ -21,6 +21,7 @@ from handlers.simulator.cluster import Cluster
 from handlers.simulator.job import (
     DEFAULT_ORIGIN,
     DEFAULT_RESTART_DELAY,
+    Admission,
     JobSimulator,
     PlanOutcome,
 )
@@ -41,7 +42,11 @@ Loader = Callable[[str], Application]
 class VirtualCluster:
     """The jobs of one virtual env, admitted greedily in submission order: whenever
     capacity may have changed, each waiting gang that fits starts, even if an earlier and
-    bigger one still waits (no job blocks the queue behind it)."""
+    bigger one still waits (no job blocks the queue behind it).
+
+    With ``admission="brain"`` a cluster scheduler in the brain owns admission: a job
+    waits until a plan gives it replicas, and freed capacity starts only gangs some plan
+    asked for (job.Admission)."""
 
     def __init__(
         self,
@@ -52,8 +57,10 @@ class VirtualCluster:
         sample_interval: float | None = 30.0,
         source: str = "virtual-operator",
         loader: Loader = load_application,
+        admission: Admission = "cluster",
     ) -> None:
         self.cluster = cluster
+        self.admission: Admission = admission
         self.origin = origin
         self.restart_delay = restart_delay
         self.sample_interval = sample_interval
@@ -90,6 +97,7 @@ class VirtualCluster:
             "origin": None if self.origin is None else self.origin.isoformat(),
             "restart_delay": self.restart_delay,
             "sample_interval": self.sample_interval,
+            "admission": self.admission,
             "clock": self._clock,
             "jobs": [job.snapshot() for job in self._jobs.values()],
             "arrivals": [[at, key, seq, _text(e)] for at, key, seq, e in self._arrivals],
@@ -117,6 +125,8 @@ class VirtualCluster:
             sample_interval=state["sample_interval"],
             source=source,
             loader=loader,
+            # (absent from a snapshot made before it existed: the cluster admitted)
+            admission=_admission(state.get("admission", "cluster")),
         )
         fleet._clock = state["clock"]
         for raw in state["jobs"]:
@@ -217,6 +227,7 @@ class VirtualCluster:
             restart_delay=self.restart_delay,
             sample_interval=self.sample_interval,
             source=self.source,
+            admission=self.admission,
         )
         return self._admit()
 
@@ -299,6 +310,12 @@ class VirtualCluster:
         for job in self._jobs.values():
             events.extend(job.try_admit())
         return events
+
+
+def _admission(value: object) -> Admission:
+    if value == "cluster" or value == "brain":
+        return value
+    raise ValueError(f"admission is 'cluster' or 'brain', not {value!r}")
 
 
 def _text(event: JobSubmitted) -> str:

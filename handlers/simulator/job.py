@@ -14,12 +14,13 @@ per-job sequence number and the simulated clock, so the same inputs give the sam
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
@@ -32,6 +33,7 @@ from schemas.jobs import (
     JobMeta,
     JobStarted,
     JobSubmitted,
+    NodeExited,
     NodeOOM,
     NodeRef,
     NodeStarted,
@@ -56,6 +58,22 @@ TRAINING_ROLES: frozenset[str] = frozenset({"worker", "chief"})
 
 #: Pollux's simulator charges every re-allocation 30 s of checkpoint-restart.
 DEFAULT_RESTART_DELAY = 30.0
+
+#: Who decides when a job's gang starts. "cluster": the simulated cluster admits each
+#: submitted job as soon as its gang fits (the static baseline). "brain": a cluster
+#: scheduler in the brain does: a job starts only when a plan gives it replicas, and what
+#: frees GPUs starts only gangs that a plan asked for.
+Admission = Literal["cluster", "brain"]
+
+#: What the job waits for while only its scheduler can start it.
+AWAITING_SCHEDULER = "the scheduler"
+AWAITING_RESUME = "a plan that resumes it"
+
+#: The exit code of a pod the platform stopped (SIGTERM, 128 + 15), as Kubernetes reports it.
+TERMINATED_EXIT_CODE = 143
+
+#: A plan's placement names nodes as the simulated cluster does: node-<index from 0>.
+_NODE_NAME = re.compile(r"node-(0|[1-9][0-9]*)")
 
 #: Simulated time 0; fixed so that two runs of the same input give equal timestamps.
 DEFAULT_ORIGIN = datetime(2021, 1, 1, tzinfo=UTC)
@@ -116,6 +134,7 @@ class JobPhase(StrEnum):
     RESTARTING = "restarting"  # pods placed, job (re)loading its checkpoint
     RUNNING = "running"
     STALLED = "stalled"  # pods crash-loop (OOM) until a plan gives them what they need
+    SUSPENDED = "suspended"  # preempted by a plan: no pods, progress kept, until resumed
     COMPLETED = "completed"
     FAILED = "failed"
 
@@ -196,6 +215,7 @@ class JobSimulator:
         sample_interval: float | None = 30.0,
         memory: MemoryModel | None = None,
         source: str = "simulator",
+        admission: Admission = "cluster",
     ) -> None:
         self.job = submitted.job
         self.env = submitted.env
@@ -206,6 +226,7 @@ class JobSimulator:
         self.sample_interval = sample_interval
         self.memory = memory or memory_model(application.name)
         self.source = source
+        self.admission: Admission = admission
         self.submitted_at = clock
         self._clock = clock
         self._seq = 0
@@ -222,7 +243,13 @@ class JobSimulator:
         self._batch_override: tuple[int, int] | None = None
         self._allocation: Allocation | None = None
         self._state = JobPhase.PENDING
-        self._waiting_for = "admission"
+        # Whether the job may hold pods: the cluster grants it at submission, a brain
+        # with a plan that gives it replicas; a suspend takes it back.
+        self._granted = admission == "cluster"
+        self._waiting_for = "admission" if self._granted else AWAITING_SCHEDULER
+        # Node index -> GPUs of the training replicas there, as the latest plan placed
+        # them; None: the cluster packs the gang itself.
+        self._pin: dict[int, int] | None = None
         self._resume_at = 0.0
         self._progress = 0.0
         self._steps = 0.0
@@ -247,6 +274,9 @@ class JobSimulator:
             "memory": [self.memory.base, self.memory.per_sample],
             "restart_delay": self.restart_delay,
             "sample_interval": self.sample_interval,
+            "admission": self.admission,
+            "granted": self._granted,
+            "pin": None if self._pin is None else sorted([n, g] for n, g in self._pin.items()),
             "submitted_at": self.submitted_at,
             "clock": self._clock,
             "seq": self._seq,
@@ -291,6 +321,14 @@ class JobSimulator:
         job.sample_interval = state["sample_interval"]
         job.memory = MemoryModel(*state["memory"])
         job.source = source
+        # (absent from a snapshot made before they existed: a cluster-admitted job)
+        admission = state.get("admission", "cluster")
+        if admission not in ("cluster", "brain"):
+            raise ValueError(f"a job's admission is 'cluster' or 'brain', not {admission!r}")
+        job.admission = admission
+        job._granted = state.get("granted", True)
+        pin = state.get("pin")
+        job._pin = None if pin is None else {int(n): int(g) for n, g in pin}
         job.submitted_at = state["submitted_at"]
         job._clock = state["clock"]
         job._seq = state["seq"]
@@ -431,6 +469,9 @@ class JobSimulator:
             )
             for pod in self._running_pods().values()
         ]
+        epoch = min(self.app.epoch_at(self._progress), self.app.max_epochs - 1)
+        grad_sqr, grad_var = self.app.grad_stats(batch, epoch)
+        placement = self._placement()
         return RuntimeSample(
             **self._meta("sample"),
             global_step=int(self._steps + _EPS),
@@ -439,7 +480,17 @@ class JobSimulator:
             batch_size=batch,
             local_batch_size=local_bsz,
             accumulation_steps=accumulation,
+            world_size=self._replicas(self._running_pods()),
             nodes=nodes,
+            num_nodes=len(placement),
+            grad_sqr=grad_sqr,
+            # The traces' variance is that of a mean over the initial batch; the sample's
+            # is that of one sample's gradient (schemas.jobs.RuntimeSample.grad_var).
+            grad_var=grad_var * self.app.init_batch_size,
+            # Per optimizer step: the all-reduce the compute did not hide happens once,
+            # after the last micro-step; the rest is compute (k micro-steps).
+            compute_s=iteration - step.sync_time,
+            allreduce_s=step.sync_time,
         )
 
     def _memory_used(self, pod: PodRequest, local_bsz: int) -> int:
@@ -453,9 +504,11 @@ class JobSimulator:
     def update(self, plan: ScalePlan) -> PlanOutcome:
         """Make the plan the job's desired state; each plan_id takes effect once.
 
-        Pods whose set or resources change restart the whole gang (all-reduce rendezvous);
-        so does a change of batch settings, which the training script reads on start. A gang
-        that does not fit yet keeps the old one running and waits (see try_admit).
+        Pods whose set, resources or nodes change restart the whole gang (all-reduce
+        rendezvous). A change of batch settings alone does not: the training process
+        applies its knobs at a step boundary and confirms them at once, as the SDK does.
+        A gang that does not fit yet waits (see try_admit). A suspend frees every pod
+        and keeps the progress for a later plan that gives replicas again.
         """
         if plan.job.uuid != self.job.uuid:
             return PlanOutcome(ScaleStatus.REJECTED, f"plan is for job {plan.job.uuid}")
@@ -464,37 +517,52 @@ class JobSimulator:
             return replace(earlier, reason="already applied", events=[])
         if self._state in (JobPhase.COMPLETED, JobPhase.FAILED):
             return PlanOutcome(ScaleStatus.REJECTED, f"job is {self._state.value}")
+        if plan.suspend:
+            if plan.node_group_resources or plan.remove_nodes or plan.training:
+                return PlanOutcome(
+                    ScaleStatus.REJECTED,
+                    "a suspend plan carries nothing else: a later plan with a count resumes it",
+                )
+            return self._answer(plan, self._suspend())
         try:
             desired = self._desired_after(plan)
-            override = self._override_after(plan.training)
+            override = self._override_after(plan.training, desired)
+            pin = self._pin_after(plan, desired)
         except ValueError as e:
             return PlanOutcome(ScaleStatus.REJECTED, str(e))
         if not any(p.role in TRAINING_ROLES and p.gpu for p in desired.values()):
             return PlanOutcome(
                 ScaleStatus.REJECTED, "plan leaves the job without training replicas"
             )
-        if not self.cluster.can_ever_fit(list(desired.values())):
-            return PlanOutcome(ScaleStatus.REJECTED, "the job's pods cannot fit on the cluster")
-        pods_changed = desired != self._desired or self._allocation is None
-        self._desired = desired
+        if not self.cluster.can_ever_fit(list(desired.values()), self._pinned(desired, pin)):
+            where = "" if pin is None else f" on {_node_names(pin)}"
+            return PlanOutcome(ScaleStatus.REJECTED, f"the job's pods cannot fit{where}")
+        pods_changed = desired != self._desired or self._allocation is None or not self._holds(pin)
+        self._desired, self._pin = desired, pin
+        if _gives_replicas(plan):
+            self._granted = True
         events: list[JobEvent] = []
         if any(knob in plan.training for knob in TRAINING_KNOBS):
             self._to_confirm = plan.plan_id
-        if override != self._batch_override:
+        batch_changed = override != self._batch_override
+        if batch_changed:
             self._batch_override = override
             self._eta = None
-            if self._allocation is not None and not pods_changed:
-                # The training script re-reads its batch settings on restart from checkpoint.
-                self._state, self._resume_at = JobPhase.RESTARTING, self._clock + self.restart_delay
-        elif (
-            self._to_confirm == plan.plan_id
-            and self._state is JobPhase.RUNNING
-            and not pods_changed
-        ):
-            events.extend(self._confirm())  # it trains with them already
         if pods_changed:
             events.extend(self.try_admit())
-        left_out = not_applied(plan, UNSUPPORTED)
+        # The gang kept its pods (no change, or the new one waits): the knobs act on it.
+        if batch_changed and self._state is JobPhase.RUNNING:
+            events.extend(self._rebatch())
+        elif batch_changed and self._state is JobPhase.STALLED:
+            # A crash-looping job reads its batch settings as it restarts.
+            self._state, self._resume_at = JobPhase.RESTARTING, self._clock + self.restart_delay
+        elif self._to_confirm == plan.plan_id and self._state is JobPhase.RUNNING:
+            events.extend(self._confirm())  # it trains with them already
+        return self._answer(plan, events)
+
+    def _answer(self, plan: ScalePlan, events: list[JobEvent]) -> PlanOutcome:
+        """The outcome of an accepted plan, kept for a plan given again."""
+        left_out = not_applied(plan, UNSUPPORTED, pins_nodes=True)
         status = ScaleStatus.PARTIAL if left_out else ScaleStatus.APPLIED
         reason = (
             f"waiting for {self._waiting_for}"
@@ -504,6 +572,120 @@ class JobSimulator:
         outcome = PlanOutcome(status, reason, events, left_out)
         self._applied[plan.plan_id] = replace(outcome, events=[])
         return outcome
+
+    def _suspend(self) -> list[JobEvent]:
+        """Preempted: every pod stops (its checkpoint keeps the progress) and nothing
+        starts the job again but a plan that gives it replicas. A job without pods only
+        loses its claim to start."""
+        self._granted = False
+        self._eta = None
+        stopped = sorted(self._running_pods().values(), key=lambda p: (p.role, p.index))
+        if self._allocation is not None:
+            self.cluster.release(self.job.uuid)
+            self._allocation = None
+        if stopped or self._state is JobPhase.SUSPENDED or self._started_at is not None:
+            self._state = JobPhase.SUSPENDED
+            self._waiting_for = AWAITING_RESUME
+        elif self.admission == "brain":
+            self._waiting_for = AWAITING_SCHEDULER
+        else:
+            self._waiting_for = AWAITING_RESUME
+        return [
+            NodeExited(
+                **self._meta("node.exited"), node=self._node(pod), exit_code=TERMINATED_EXIT_CODE
+            )
+            for pod in stopped
+        ]
+
+    def _rebatch(self) -> list[JobEvent]:
+        """New knobs in a running gang, from this step on: the job confirms them, or its
+        replicas run out of memory at the first step with them."""
+        oom = self._oom_events()
+        if oom:
+            self._state = JobPhase.STALLED
+            self._waiting_for = "a plan that gives the job the memory it needs"
+            self._eta = None
+            return oom
+        try:
+            self._rates()
+        except OutOfTraceError as e:
+            return self._unsimulable(e)
+        return self._confirm()
+
+    def _pin_after(
+        self, plan: ScalePlan, desired: Mapping[tuple[str, int], PodRequest]
+    ) -> dict[int, int] | None:
+        """The nodes the plan puts the training replicas on: its placement, else the
+        ones they were put on before while they still match the replicas; None: the
+        cluster chooses. A placement it cannot follow is refused (ValueError)."""
+        replicas = self._replicas(desired)
+        if not plan.placement:
+            kept = self._pin
+            if kept is None or sum(kept.values()) != replicas:
+                return None
+            try:
+                self._pinned(desired, kept)
+            except ValueError:
+                return None
+            return kept
+        num_nodes, gpus_per_node, _, _ = self.cluster.shape
+        pin: dict[int, int] = {}
+        for name, gpus in plan.placement.items():
+            match = _NODE_NAME.fullmatch(name)
+            if match is None or int(match.group(1)) >= num_nodes:
+                raise ValueError(
+                    f"placement names {name!r}: the simulated cluster's nodes are "
+                    f"node-0 to node-{num_nodes - 1}"
+                )
+            if gpus > gpus_per_node:
+                raise ValueError(f"placement puts {gpus} GPUs on {name}, which has {gpus_per_node}")
+            if gpus:
+                pin[int(match.group(1))] = gpus
+        if sum(pin.values()) != replicas:
+            raise ValueError(
+                f"placement holds {sum(pin.values())} GPUs, the job's training replicas "
+                f"need {replicas}"
+            )
+        self._pinned(desired, pin)
+        return pin
+
+    def _pinned(
+        self, pods: Mapping[tuple[str, int], PodRequest], pin: Mapping[int, int] | None
+    ) -> dict[tuple[str, int], int] | None:
+        """The node of each training pod under ``pin``: lowest node first, pods in index
+        order, a node filled to its GPUs before the next. ValueError when the pods do not
+        split that way (a pod of 2 GPUs cannot take one GPU here and one there)."""
+        if pin is None:
+            return None
+        training = sorted(
+            (p for p in pods.values() if p.role in TRAINING_ROLES and p.gpu),
+            key=lambda p: (p.role, p.index),
+        )
+        nodes: dict[tuple[str, int], int] = {}
+        slots = iter(sorted(pin.items()))
+        node, left = next(slots, (-1, 0))
+        for pod in training:
+            while left == 0:
+                node, left = next(slots, (-1, -1))
+            if pod.gpu > left:
+                raise ValueError(
+                    f"placement {_node_names(pin)} does not split into the job's pods of "
+                    f"{pod.gpu} GPUs each"
+                )
+            nodes[pod.key] = node
+            left -= pod.gpu
+        return nodes
+
+    def _holds(self, pin: Mapping[int, int] | None) -> bool:
+        """Whether the running gang already sits where ``pin`` puts it."""
+        if pin is None or self._allocation is None:
+            return True
+        have: dict[int, int] = {}
+        for key, node in self._allocation.nodes.items():
+            pod = self._allocation.pods[key]
+            if pod.role in TRAINING_ROLES and pod.gpu:
+                have[node] = have.get(node, 0) + pod.gpu
+        return have == dict(pin)
 
     def _desired_after(self, plan: ScalePlan) -> dict[tuple[str, int], PodRequest]:
         pods = dict(self._desired)
@@ -562,10 +744,14 @@ class JobSimulator:
             )
         ]
 
-    def _override_after(self, training: Mapping[str, Any]) -> tuple[int, int] | None:
+    def _override_after(
+        self, training: Mapping[str, Any], desired: Mapping[tuple[str, int], PodRequest]
+    ) -> tuple[int, int] | None:
+        """The (local batch, accumulation) the plan sets; a knob it leaves out is what the
+        job would use at the plan's replicas."""
         if "local_batch_size" not in training and "accumulation_steps" not in training:
             return self._batch_override
-        local_bsz, accumulation = self._batch(self._replicas(self._desired))
+        local_bsz, accumulation = self._batch(self._replicas(desired))
         local_bsz = int(training.get("local_batch_size", local_bsz))
         accumulation = int(training.get("accumulation_steps", accumulation))
         if local_bsz < 1 or accumulation < 1:
@@ -573,13 +759,19 @@ class JobSimulator:
         return (local_bsz, accumulation)
 
     def try_admit(self) -> list[JobEvent]:
-        """Ask the cluster for the desired gang; on success the job restarts on it."""
-        if self._state in (JobPhase.COMPLETED, JobPhase.FAILED):
+        """Ask the cluster for the desired gang, on its planned nodes if it has any; on
+        success the job restarts on it. A job nobody granted pods waits untouched."""
+        if self._state in (JobPhase.COMPLETED, JobPhase.FAILED) or not self._granted:
             return []
-        if self._allocation is not None and dict(self._allocation.pods) == self._desired:
+        if (
+            self._allocation is not None
+            and dict(self._allocation.pods) == self._desired
+            and self._holds(self._pin)
+        ):
             return []
         pods = list(self._desired.values())
-        if not self.cluster.can_ever_fit(pods):
+        pinned = self._pinned(self._desired, self._pin)
+        if not self.cluster.can_ever_fit(pods, pinned):
             self._state = JobPhase.FAILED
             self._waiting_for = ""
             self.cluster.release(self.job.uuid)
@@ -587,9 +779,15 @@ class JobSimulator:
             return [
                 JobFailed(**self._meta("failed"), reason="the job's pods cannot fit on the cluster")
             ]
-        allocation = self.cluster.admit(self.job.uuid, pods)
+        allocation = self.cluster.admit(self.job.uuid, pods, pinned)
         if allocation is None:
-            self._waiting_for = f"capacity: {self._replicas(self._desired)} GPUs as one gang"
+            self._waiting_for = (
+                f"capacity: {self._replicas(self._desired)} GPUs as one gang"
+                if self._pin is None
+                else f"room on {_node_names(self._pin)}"
+            )
+            if self.admission == "brain" and self._allocation is not None:
+                return self._give_up_old_gang()
             return []
         previous = self._running_pods()
         self._allocation = allocation
@@ -601,6 +799,22 @@ class JobSimulator:
             NodeStarted(**self._meta("node.started"), node=self._node(pod))
             for key, pod in allocation.pods.items()
             if previous.get(key) != pod
+        ]
+
+    def _give_up_old_gang(self) -> list[JobEvent]:
+        """Under a brain's admission the scheduler has given the GPUs of the job's old
+        gang to others in the same decision (two jobs may swap nodes): the old pods stop
+        while the new gang waits for its room, as a real restart deletes them first."""
+        stopped = sorted(self._running_pods().values(), key=lambda p: (p.role, p.index))
+        self.cluster.release(self.job.uuid)
+        self._allocation = None
+        self._state = JobPhase.PENDING
+        self._eta = None
+        return [
+            NodeExited(
+                **self._meta("node.exited"), node=self._node(pod), exit_code=TERMINATED_EXIT_CODE
+            )
+            for pod in stopped
         ]
 
     # -- time -----------------------------------------------------------------------------
@@ -622,14 +836,15 @@ class JobSimulator:
         self._clock = max(self._clock, end)
         return events
 
-    def _resume(self) -> list[JobEvent]:
-        """Training starts on the new gang, unless its pods do not have the memory."""
+    def _oom_events(self) -> list[JobEvent]:
+        """What the training replicas say at their first step with the current batch
+        when it does not fit: the GPU's memory (a micro-batch beyond the largest traced)
+        or the pod's (OOMKilled); nothing when it fits."""
         replicas = self._replicas(self._running_pods())
         local_bsz, _ = self._batch(replicas)
-        events: list[JobEvent] = []
         training = [p for p in self._running_pods().values() if p.role in TRAINING_ROLES]
         if local_bsz > self.app.max_local_bsz:
-            events = [
+            return [
                 NodeOOM(
                     **self._meta("node.oom"),
                     node=self._node(pod),
@@ -638,29 +853,35 @@ class JobSimulator:
                 )
                 for pod in training
             ]
-        else:
-            need = self.memory.need(local_bsz)
-            events = [
-                NodeOOM(
-                    **self._meta("node.oom"),
-                    node=self._node(pod),
-                    kind=OOMKind.HOST_MEMORY,
-                    memory=need,
-                    exit_code=137,
-                )
-                for pod in training
-                if pod.memory and pod.memory < need
-            ]
+        need = self.memory.need(local_bsz)
+        return [
+            NodeOOM(
+                **self._meta("node.oom"),
+                node=self._node(pod),
+                kind=OOMKind.HOST_MEMORY,
+                memory=need,
+                exit_code=137,
+            )
+            for pod in training
+            if pod.memory and pod.memory < need
+        ]
+
+    def _unsimulable(self, error: OutOfTraceError) -> list[JobEvent]:
+        """Beyond what was measured the simulator would only guess; it says so loudly."""
+        self._state = JobPhase.FAILED
+        self._waiting_for = ""
+        self.cluster.release(self.job.uuid)
+        self._allocation = None
+        return [JobFailed(**self._meta("failed"), reason=f"not simulable: {error}")]
+
+    def _resume(self) -> list[JobEvent]:
+        """Training starts on the new gang, unless its pods do not have the memory."""
+        events = self._oom_events()
         if not events:
             try:
                 self._rates()
             except OutOfTraceError as e:
-                # Beyond what was measured the simulator would only guess; say so loudly.
-                self._state = JobPhase.FAILED
-                self._waiting_for = ""
-                self.cluster.release(self.job.uuid)
-                self._allocation = None
-                return [JobFailed(**self._meta("failed"), reason=f"not simulable: {e}")]
+                return self._unsimulable(e)
         if events:
             self._state = JobPhase.STALLED
             self._waiting_for = "a plan that gives the job the memory it needs"
@@ -761,6 +982,20 @@ class JobSimulator:
         return t
 
 
+def _gives_replicas(plan: ScalePlan) -> bool:
+    """Whether the plan gives the job training replicas: what lets a brain's scheduler
+    start (or resume) a job, as opposed to re-tuning one."""
+    return (
+        bool(plan.placement)
+        or any(g.count for r, g in plan.node_group_resources.items() if r in TRAINING_ROLES)
+        or any(n.type in TRAINING_ROLES for n in plan.launch_nodes)
+    )
+
+
+def _node_names(pin: Mapping[int, int]) -> str:
+    return ", ".join(f"node-{n} ({g} GPUs)" for n, g in sorted(pin.items()))
+
+
 def _with_resource(pod: PodRequest, resource: NodeResource) -> PodRequest:
     """Apply a plan's resources to a pod: a 0 field means unchanged."""
     return replace(
@@ -772,10 +1007,14 @@ def _with_resource(pod: PodRequest, resource: NodeResource) -> PodRequest:
 
 
 __all__ = [
+    "AWAITING_RESUME",
+    "AWAITING_SCHEDULER",
     "DEFAULT_ORIGIN",
     "DEFAULT_RESTART_DELAY",
     "MEMORY_MODELS",
+    "TERMINATED_EXIT_CODE",
     "TRAINING_ROLES",
+    "Admission",
     "JobPhase",
     "JobSimulator",
     "JobSnapshot",

@@ -1,16 +1,19 @@
 """The simulated job tells the brain what a real one would: the operator's answer to a plan
 with training knobs is partial, and the job confirms the knobs itself (training.applied)
-once it trains with them, with ids that derive from the input alone."""
+once it trains with them (at once when it runs: knobs apply in place), with ids that
+derive from the input alone."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from handlers.simulator.cluster import Cluster, GiB
 from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.job import DEFAULT_ORIGIN, JobPhase, JobSimulator
 from handlers.simulator.throughput import load_application
-from schemas.jobs import JobEvent, JobMeta, JobSubmitted, NodeOOM, RoleSpec
+from schemas.jobs import JobEvent, JobMeta, JobSubmitted, NodeOOM, NodeStarted, RoleSpec
 from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import (
     NodeGroupResource,
@@ -56,7 +59,9 @@ def started() -> JobSimulator:
     return job
 
 
-def test_the_job_confirms_its_knobs_when_it_restarts_with_them() -> None:
+def test_a_running_job_applies_new_knobs_in_place_and_confirms_them_at_once() -> None:
+    # The SDK applies knobs at a step boundary without restarting (the simulator used to
+    # restart the gang for them, 30 s lost that no real job loses).
     job = started()
     step = job.status().global_step
     outcome = job.update(plan("p1", training={"local_batch_size": 256}))
@@ -64,16 +69,32 @@ def test_the_job_confirms_its_knobs_when_it_restarts_with_them() -> None:
     assert [(p.part, p.reason) for p in outcome.not_applied] == [
         ("training.local_batch_size", AWAITING_JOB)
     ]
-    assert not of(outcome.events, TrainingApplied), "not before it trains with them"
-    early = job.advance(10.0)
-    assert not of(early, TrainingApplied)  # still restarting (30 s)
-    (confirmed,) = of(job.advance(60.0), TrainingApplied)
+    (confirmed,) = of(outcome.events, TrainingApplied)
+    assert not of(outcome.events, NodeStarted), "no pod restarts"
     assert confirmed.plan_id == "p1"
     assert confirmed.training == {"local_batch_size": 256, "accumulation_steps": 1}
-    assert (confirmed.occurred_at - DEFAULT_ORIGIN).total_seconds() == 150.0  # 120 + 30
+    assert (confirmed.occurred_at - DEFAULT_ORIGIN).total_seconds() == 120.0
     assert (confirmed.node.type, confirmed.node.id) == ("worker", 0)
     assert confirmed.global_step == step  # the first step trained with them
+    status = job.status()
+    assert status.state is JobPhase.RUNNING
+    assert (status.local_batch_size, status.batch_size) == (256, 1024)
+    app = load_application("cifar10")
+    assert status.speed == pytest.approx(1 / app.step_time((4,), 256).step_time)
     assert not of(job.advance(600.0), TrainingApplied), "said once"
+
+
+def test_knobs_that_come_with_new_pods_are_confirmed_when_the_gang_restarts() -> None:
+    job = started()
+    grow = NodeGroupResource(count=8)
+    outcome = job.update(
+        plan("p1", node_group_resources={"worker": grow}, training={"local_batch_size": 256})
+    )
+    assert not of(outcome.events, TrainingApplied), "not before it trains with them"
+    assert not of(job.advance(10.0), TrainingApplied)  # still restarting (30 s)
+    (confirmed,) = of(job.advance(60.0), TrainingApplied)
+    assert (confirmed.occurred_at - DEFAULT_ORIGIN).total_seconds() == 150.0  # 120 + 30
+    assert confirmed.training == {"local_batch_size": 256, "accumulation_steps": 1}
 
 
 def test_knobs_it_already_trains_with_are_confirmed_at_once() -> None:
@@ -88,8 +109,9 @@ def test_knobs_it_already_trains_with_are_confirmed_at_once() -> None:
 
 def test_a_job_that_cannot_train_with_the_knobs_does_not_confirm_them() -> None:
     job = started()
-    job.update(plan("big", training={"local_batch_size": 4096}))
-    events = job.advance(120.0)
+    # in place: the replicas run out of GPU memory at the first step with them
+    events = job.update(plan("big", training={"local_batch_size": 4096})).events
+    events += job.advance(120.0)
     assert of(events, NodeOOM)
     assert not of(events, TrainingApplied)
     assert job.state is JobPhase.STALLED
