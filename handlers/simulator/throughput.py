@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from scipy.interpolate import LinearNDInterpolator
@@ -124,6 +125,60 @@ def normalize_placement(placement: Sequence[int]) -> tuple[int, ...]:
         raise ValueError("a placement needs at least one replica")
     ring = tuple(nodes)
     return min(ring[i:] + ring[:i] for i in range(len(ring)))
+
+
+def split_batch(batch_size: int, num_replicas: int, max_local_bsz: int) -> tuple[int, int]:
+    """(local_bsz, accumulation_steps) for a global batch over replicas: accumulate only
+    when a replica's share does not fit in GPU memory (max_local_bsz)."""
+    if num_replicas < 1:
+        raise ValueError("a batch needs at least one replica")
+    share = math.ceil(batch_size / num_replicas - 1e-8)
+    accumulation = max(1, math.ceil(share / max_local_bsz - 1e-8))
+    local_bsz = max(1, math.ceil(share / accumulation - 1e-8))
+    return local_bsz, accumulation
+
+
+class SimulatedApplication(Protocol):
+    """What a simulated job asks of its application: step times by placement and local
+    batch, how much one step at a batch is worth, and how much it must make. A traced
+    Pollux model (Application) answers from its traces; a job replayed from a real env
+    answers from its own measured samples (handlers.simulator.measured)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def init_batch_size(self) -> int:
+        """The global batch a step is worth one unit of progress at."""
+        ...
+
+    @property
+    def max_local_bsz(self) -> int:
+        """The largest local batch that fits on a GPU."""
+        ...
+
+    @property
+    def max_epochs(self) -> int: ...
+
+    @property
+    def target_progress(self) -> float: ...
+
+    def step_time(self, placement: Sequence[int], local_bsz: int) -> StepTime: ...
+
+    def gain(self, batch_size: float, epoch: int) -> float:
+        """Progress one optimizer step at this global batch makes."""
+        ...
+
+    def grad_stats(self, batch_size: float, epoch: int) -> tuple[float, float] | None:
+        """(grad_sqr, grad_var of a mean over the initial batch) the job's samples report;
+        None: the job reports none."""
+        ...
+
+    def epoch_at(self, progress: float) -> int: ...
+
+    def epoch_end_progress(self, epoch: int) -> float: ...
+
+    def split_batch(self, batch_size: int, num_replicas: int) -> tuple[int, int]: ...
 
 
 def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
@@ -289,12 +344,7 @@ class Application:
         Accumulate only when a replica's share does not fit in GPU memory, like the
         artifact's fixed-batch policies (without its forced accumulation for one replica).
         """
-        if num_replicas < 1:
-            raise ValueError("a batch needs at least one replica")
-        share = math.ceil(batch_size / num_replicas - 1e-8)
-        accumulation = max(1, math.ceil(share / self.max_local_bsz - 1e-8))
-        local_bsz = max(1, math.ceil(share / accumulation - 1e-8))
-        return local_bsz, accumulation
+        return split_batch(batch_size, num_replicas, self.max_local_bsz)
 
 
 # -- loading -----------------------------------------------------------------------------
