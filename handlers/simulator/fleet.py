@@ -12,10 +12,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from handlers.simulator.cluster import Cluster
 from handlers.simulator.job import (
@@ -25,9 +25,10 @@ from handlers.simulator.job import (
     JobSimulator,
     PlanOutcome,
 )
+from handlers.simulator.measured import MeasuredApplication, measure
 from handlers.simulator.throughput import Application, TraceDataError, load_application
 from schemas.codec import decode, encode
-from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
+from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted, RuntimeSample
 from schemas.plans import ScalePlan, ScaleStatus
 
 #: The smallest step of the clock. A completion estimate that float error leaves a hair
@@ -78,6 +79,10 @@ class VirtualCluster:
         # puts time zero at the earliest of them, whatever order they were read in.
         self._held: list[JobSubmitted] = []
         self._unsimulable: dict[str, str] = {}
+        # What jobs measured in the real env this one is fed from, and the models of the
+        # arrived jobs simulated from them (their application has no traces).
+        self._measurements: dict[str, list[RuntimeSample]] = {}
+        self._measured: dict[str, MeasuredApplication] = {}
         # Outcomes of applied plans: a plan re-delivered before its effect was recorded
         # elsewhere gets the answer it got the first time, not "already applied".
         self._outcomes: dict[str, PlanOutcome] = {}
@@ -104,6 +109,7 @@ class VirtualCluster:
             "arriving": sorted(self._arriving),
             "held": [_text(e) for e in self._held],
             "unsimulable": dict(self._unsimulable),
+            "measured": {k: v.snapshot() for k, v in sorted(self._measured.items())},
             "outcomes": {k: v.snapshot() for k, v in self._outcomes.items()},
         }
 
@@ -129,10 +135,16 @@ class VirtualCluster:
             admission=_admission(state.get("admission", "cluster")),
         )
         fleet._clock = state["clock"]
+        # (absent from a snapshot made before measured jobs existed: none)
+        fleet._measured = {
+            k: MeasuredApplication.restore(v) for k, v in state.get("measured", {}).items()
+        }
         for raw in state["jobs"]:
             assert origin is not None, "jobs run only once the clock has started"
+            measured = fleet._measured.get(raw["job"]["uuid"])
+            application = _simulated(measured) if measured else loader(raw["application"])
             job = JobSimulator.restore(
-                raw, loader(raw["application"]), fleet.cluster, origin=origin, source=source
+                raw, application, fleet.cluster, origin=origin, source=source
             )
             fleet._jobs[job.job.uuid] = job
         fleet._arrivals = [
@@ -196,14 +208,35 @@ class VirtualCluster:
             return []
         return self._arrive(event)
 
-    def _arrive(self, event: JobSubmitted) -> list[JobEvent]:
-        assert self.origin is not None, "jobs arrive only once the clock has started"
-        key = event.job.uuid
+    def measured(self, samples: Iterable[RuntimeSample]) -> None:
+        """Samples that jobs measured in the real env this one is fed from: a job whose
+        application has no traces is simulated from its own (handlers.simulator.measured)
+        when it arrives. The models of jobs that arrived are in the snapshot; samples of
+        jobs still to arrive are given again to a restored cluster."""
+        for sample in samples:
+            self._measurements.setdefault(sample.job.uuid, []).append(sample)
+
+    def _application(self, event: JobSubmitted) -> Application:
+        """The job's traced application, else the model of its own measurements;
+        TraceDataError says why neither exists."""
         name = event.application or event.job.app
         try:
             if not name:
                 raise TraceDataError("the submission names no application")
-            application = self._loader(name)
+            return self._loader(name)
+        except TraceDataError as untraced:
+            samples = self._measurements.get(event.job.uuid)
+            if not samples:
+                raise TraceDataError(f"no measured samples ({untraced})") from None
+            measured = measure(event, samples)
+            self._measured[event.job.uuid] = measured
+            return _simulated(measured)
+
+    def _arrive(self, event: JobSubmitted) -> list[JobEvent]:
+        assert self.origin is not None, "jobs arrive only once the clock has started"
+        key = event.job.uuid
+        try:
+            application = self._application(event)
         except TraceDataError as e:
             # Without measurements the simulator could only guess; the job fails loudly.
             reason = f"not simulable: {e}"
@@ -228,6 +261,7 @@ class VirtualCluster:
             sample_interval=self.sample_interval,
             source=self.source,
             admission=self.admission,
+            memory=measured.memory if (measured := self._measured.get(key)) else None,
         )
         return self._admit()
 
@@ -316,6 +350,13 @@ def _admission(value: object) -> Admission:
     if value == "cluster" or value == "brain":
         return value
     raise ValueError(f"admission is 'cluster' or 'brain', not {value!r}")
+
+
+def _simulated(measured: MeasuredApplication) -> Application:
+    """A measured model where JobSimulator's signature says Application: it implements
+    throughput.SimulatedApplication, all that JobSimulator uses of one. (Goes once
+    JobSimulator takes a SimulatedApplication.)"""
+    return cast(Application, measured)
 
 
 def _text(event: JobSubmitted) -> str:
