@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -34,11 +35,12 @@ from schemas.jobs import JobEvent
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
+from streams.brain.cluster_round import run_round
 from streams.brain.config_index import ConfigIndex
 from streams.brain.memo import SampleMemo
 from streams.brain.samples import SampleRead, read_sample
 from streams.brain.state import JobState, JobStatus, gpus_claimed
-from streams.brain.triggers import FINISHED, Policy, StepOutcome, step
+from streams.brain.triggers import FINISHED, Policy, StepOutcome, arrive, step
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +270,13 @@ class BrainProcessor:
         #: the latest event time decided: retention's clock, so a virtual env replaying
         #: last year prunes by its own time, and a restart by the same as a live run
         self.event_time: datetime | None = None
+        #: lockstep: the simulated time of the tick being decided; a submission stamped
+        #: later waits for it (`awaiting_arrival`), in `_awaiting` (job -> its time)
+        self.tick_at: datetime | None = None
+        self._awaiting: dict[str, datetime] = {}
+        #: the cluster scheduler's last round (event time; lockstep: its tick)
+        self.last_round: datetime | None = None
+        self.rounds = 0
 
     @property
     def inputs(self) -> set[tuple[str, int]]:
@@ -293,6 +302,10 @@ class BrainProcessor:
             self._forget_job(job_uuid)  # (a job held already: the checkpoint's is the one)
             entry = self.jobs[job_uuid] = JobEntry(state, partition)
             self._hold(entry)
+            self._note_arrival(job_uuid, state)
+            since = state.share.since if state.share is not None else None
+            if since is not None and (self.last_round is None or since > self.last_round):
+                self.last_round = since  # (a round counts every share it holds)
         merge_offsets(self.offsets, loaded.offsets)
         self.loaded.update(partitions)
 
@@ -316,7 +329,14 @@ class BrainProcessor:
         entry = self.jobs.pop(job_uuid, None)
         if entry is not None:
             self._held_total -= entry.held
+        self._awaiting.pop(job_uuid, None)
         return entry
+
+    def _note_arrival(self, job_uuid: str, state: JobState) -> None:
+        if state.awaiting_arrival and state.submitted_at is not None:
+            self._awaiting[job_uuid] = state.submitted_at
+        else:
+            self._awaiting.pop(job_uuid, None)
 
     # -- records ------------------------------------------------------------------------
 
@@ -332,6 +352,8 @@ class BrainProcessor:
                     continue
                 event = self._decode(record, out)
                 if event is not None:
+                    if self.policy.scheduler is not None:
+                        self._round_if_due(event.occurred_at, out)
                     self._one(record, event, out)
                 self.offsets[tp] = record.offset + 1
                 self._changed_offsets.add(tp)
@@ -361,8 +383,19 @@ class BrainProcessor:
             self._changed_offsets.add(tp)
         # (each partition's offset already stands past its barrier: the tick is decided
         # whole within this call, so no checkpoint sees it half done)
+        self.tick_at = barrier.sim_at
+        due = sorted(
+            (at, job_uuid) for job_uuid, at in self._awaiting.items() if at <= barrier.sim_at
+        )
         for record, event in records:
+            # jobs arrive at their own time, among the tick's events (before a tie)
+            while due and due[0][0] <= event.occurred_at:
+                self._arrive(due.pop(0)[1], out)
             self._one(record, event, out)
+        for _, job_uuid in due:
+            self._arrive(job_uuid, out)
+        if self.policy.scheduler is not None:
+            self._round(barrier.sim_at, out)
         self.counters.ticks += 1
         out.acks.append(
             BarrierAck(
@@ -375,6 +408,68 @@ class BrainProcessor:
                 sim_at=barrier.sim_at,
             )
         )
+
+    # -- arrivals and the cluster scheduler -----------------------------------------------
+
+    def _arrive(self, job_uuid: str, out: Output) -> None:
+        """A lockstep job whose submission was read early reaches its time: from now on
+        it exists for every decision (free GPUs, the scheduler), and is decided as its
+        submission would have been."""
+        entry = self.jobs.get(job_uuid)
+        self._awaiting.pop(job_uuid, None)
+        if entry is None or not entry.state.awaiting_arrival:
+            return
+        outcome = arrive(
+            entry.state,
+            self.policy,
+            self._history_for(entry.state, None),
+            self.free_gpus(),
+            None if self.configs is None else self.configs.config_for,
+            entry.memo,
+        )
+        entry.state = outcome.state
+        self._hold(entry)
+        self._dirty.add(job_uuid)
+        self._publish_outcome(entry, outcome, out)
+
+    def _round_if_due(self, at: datetime, out: Output) -> None:
+        """On event time: a round at each multiple of the interval that `at` passed
+        (one, at the last of them: rounds in between would have seen nothing new)."""
+        scheduler = self.policy.scheduler
+        assert scheduler is not None
+        every = scheduler.interval_s
+        boundary = datetime.fromtimestamp(math.floor(at.timestamp() / every) * every, tz=at.tzinfo)
+        if self.last_round is None:
+            self.last_round = boundary  # (the clock starts: nothing came before to decide)
+            return
+        if boundary > self.last_round:
+            self._round(boundary, out)
+
+    def _round(self, now: datetime, out: Output) -> None:
+        scheduler = self.policy.scheduler
+        assert scheduler is not None
+        self.last_round = now
+        self.rounds += 1
+        try:
+            result = run_round(self.states, now, scheduler, self.policy.limits)
+        except Exception:  # a bug of the scheduler must not stop the brain for all
+            log.exception("cluster scheduler %s failed at %s", scheduler.name, now)
+            self.counters.errors += 1
+            return
+        for job_uuid, state in result.states.items():
+            entry = self.jobs[job_uuid]
+            entry.state = state
+            self._hold(entry)
+            self._dirty.add(job_uuid)
+        if result.plans:
+            self.counters.decisions += len(result.plans) // 2
+            for plan in result.plans:
+                if isinstance(plan, ScalePlan):
+                    self.counters.scale_plans += 1
+                else:
+                    self.counters.optimize_plans += 1
+            out.plans.extend(result.plans)
+            self._unsaved_plans.extend(result.plans)
 
     # -- one record ---------------------------------------------------------------------
 
@@ -415,6 +510,7 @@ class BrainProcessor:
                 self.free_gpus(),
                 None if self.configs is None else self.configs.config_for,
                 memo,
+                self.tick_at if self.policy.lockstep else None,
             )
         except Exception as err:  # a bug for one job must not stop the brain for all
             log.exception(
@@ -434,10 +530,16 @@ class BrainProcessor:
         if entry is None:
             entry = self.jobs[job_uuid] = JobEntry(after, record.partition, memo=memo)
             self._hold(entry)
+            self._note_arrival(job_uuid, after)
         else:
             before, entry.state, entry.partition = entry.state, after, record.partition
-            if after.roles is not before.roles or after.status != before.status:
+            if (
+                after.roles is not before.roles
+                or after.status != before.status
+                or after.awaiting_arrival != before.awaiting_arrival
+            ):
                 self._hold(entry)  # (a sample changes neither: folds keep the dict)
+                self._note_arrival(job_uuid, after)
         self._dirty.add(job_uuid)
         self._publish(record, entry, outcome, out)
         if after.status in FINISHED and (state is None or state.status not in FINISHED):
@@ -465,6 +567,30 @@ class BrainProcessor:
             self.counters.scale_plans += 1
         if outcome.optimize_plan is not None or outcome.scale_plan is not None:
             plans = outcome.plans
+            out.plans.extend(plans)
+            self._unsaved_plans.extend(plans)
+
+    def _publish_outcome(self, entry: JobEntry, outcome: StepOutcome, out: Output) -> None:
+        """What a decision without an input record says (an arrival): its plans; an error
+        is counted and logged, there being no record to dead-letter."""
+        if outcome.trigger is not None:
+            self.counters.decisions += 1
+        if outcome.error is not None:
+            self.counters.errors += 1
+            if entry.last_error != outcome.error.message:
+                entry.last_error = outcome.error.message
+                log.warning(
+                    "brain: %s: %s (job %s)",
+                    outcome.error.code,
+                    outcome.error.message,
+                    entry.state.job.uuid,
+                )
+        if outcome.optimize_plan is not None:
+            self.counters.optimize_plans += 1
+        if outcome.scale_plan is not None:
+            self.counters.scale_plans += 1
+        plans = outcome.plans
+        if plans:
             out.plans.extend(plans)
             self._unsaved_plans.extend(plans)
 
@@ -497,11 +623,13 @@ class BrainProcessor:
         return dead_letter(self.env, record, kind, error, self.group)
 
     def _history_for(
-        self, state: JobState | None, event: SampleRead | JobEvent
+        self, state: JobState | None, event: SampleRead | JobEvent | None
     ) -> Sequence[JobState]:
         if not self._history:
             return ()  # no job has completed yet (this costs every event a lookup)
-        scenario = (state.job if state is not None else event.job).scenario
+        if state is None and event is None:
+            return ()
+        scenario = (state.job if state is not None else event.job).scenario  # type: ignore[union-attr]
         found = self._history.get(scenario) if scenario else None
         return found if found else ()  # read only while deciding this event
 

@@ -206,6 +206,54 @@ class AwaitedTraining(Model):
     training: dict[str, Any] = Field(default_factory=dict)
 
 
+#: Step-time profile points kept per job: one per configuration it ran at (Pollux keeps
+#: every configuration; a job that tried more than this forgets its oldest ones).
+MAX_PROFILE_POINTS = 48
+
+
+class BatchBounds(Model):
+    """The batch limits a submission declared (`schemas.jobs.JobSubmitted`): what a
+    cluster scheduler may choose the job's batch from. `init_batch` is the batch it was
+    submitted with, kept apart from `JobState.batch_size` (which follows the samples)."""
+
+    init_batch: Steps = Field(ge=1)
+    max_batch: Steps | None = None
+    min_local: Steps | None = None
+    max_local: Steps | None = None
+    adaptive: bool = False
+
+
+class ProfilePoint(Model):
+    """The mean step of one configuration the job ran at: what its throughput model is
+    fitted from (`streams.brain.schedulers.goodput.fit_perf_params`)."""
+
+    nodes: int = Field(ge=1)
+    replicas: int = Field(ge=1)
+    local_batch: int = Field(ge=1)
+    accumulation: int = Field(ge=1)
+    count: int = Field(ge=1)
+    step_time: float = Field(gt=0, description="seconds per optimizer step (mean)")
+    sync_time: float = Field(ge=0, description="all-reduce seconds not hidden (mean)")
+    memory: Bytes = Field(default=0, description="largest host memory one replica used")
+
+
+class Share(Model):
+    """What the env's cluster scheduler gave the job, as the brain planned it: the
+    scheduler's next round starts from it (restart penalty, attained service)."""
+
+    placement: dict[str, Gpus] = Field(default_factory=dict, description="node -> GPUs")
+    local_batch: Steps | None = None
+    accumulation: Steps = 1
+    restarts: Steps = 0
+    attained_gpu_s: float = Field(default=0.0, ge=0)
+    #: the round its attained service was last counted at
+    since: datetime | None = None
+
+    @property
+    def replicas(self) -> int:
+        return sum(self.placement.values())
+
+
 class JobState(Model):
     """Everything the brain knows about one job.
 
@@ -248,6 +296,16 @@ class JobState(Model):
     #: set when retention pruned the finished job (streams/brain/retention.py): what is
     #: left is who it was and when it ended, so that its late events stay ignored
     pruned_at: datetime | None = None
+    #: what a cluster scheduler needs (none of it is read without one)
+    batch_bounds: BatchBounds | None = None
+    profile: list[ProfilePoint] = Field(default_factory=list, max_length=MAX_PROFILE_POINTS)
+    grad_stats: tuple[float, float] | None = Field(
+        default=None, description="(grad_sqr, grad_var) of the latest sample that had them"
+    )
+    share: Share | None = None
+    #: a lockstep env read the submission before the tick its simulated clock reaches it:
+    #: the job exists for no decision until then (`streams.brain.processor`)
+    awaiting_arrival: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -392,8 +450,61 @@ def _fold_submitted(state: JobState, event: JobSubmitted) -> JobState:
         "batch_size": event.batch_size,
         "roles": roles,
         "submitted_at": event.occurred_at,
+        "batch_bounds": None
+        if event.batch_size is None
+        else BatchBounds(
+            init_batch=event.batch_size,
+            max_batch=event.max_batch_size,
+            min_local=event.min_local_batch_size,
+            max_local=event.max_local_batch_size,
+            adaptive=event.adaptive_batch_size,
+        ),
     }
     return with_config(state.model_copy(update=update), dict(event.config))
+
+
+def _profiled(state: JobState, sample: Sample) -> list[ProfilePoint] | None:
+    """The profile with the sample's step in it; None when the sample does not say which
+    configuration it was taken at (or took no time)."""
+    replicas, local = sample.world_size, sample.local_batch_size
+    if replicas is None or local is None or not sample.speed > 0:
+        return None
+    step = 1.0 / sample.speed
+    sync = min(sample.allreduce_s or 0.0, step * 0.999)
+    nodes = sample.num_nodes or 1
+    accumulation = sample.accumulation_steps
+    memory = max((n.memory for n in sample.nodes), default=0)
+    points = list(state.profile)
+    for i, p in enumerate(points):
+        if (p.nodes, p.replicas, p.local_batch, p.accumulation) == (
+            nodes,
+            replicas,
+            local,
+            accumulation,
+        ):
+            n = p.count + 1
+            points[i] = p.model_copy(
+                update={
+                    "count": n,
+                    "step_time": p.step_time + (step - p.step_time) / n,
+                    "sync_time": p.sync_time + (sync - p.sync_time) / n,
+                    "memory": max(p.memory, memory),
+                }
+            )
+            return points
+    points.append(
+        ProfilePoint(
+            nodes=nodes,
+            replicas=replicas,
+            local_batch=local,
+            accumulation=accumulation,
+            count=1,
+            step_time=step,
+            sync_time=sync,
+            memory=memory,
+        )
+    )
+    return points[-MAX_PROFILE_POINTS:]
 
 
 def _start_stage(distribution: Distribution) -> Stage:
@@ -493,6 +604,12 @@ def _fold_sample(state: JobState, sample: Sample, memo: SampleMemo | None) -> Jo
         update["status"] = JobStatus.RUNNING
     if sample.batch_size and sample.batch_size != state.batch_size:
         update["batch_size"] = sample.batch_size
+    if sample.world_size is not None:  # (a sample that says its size may profile the job)
+        profile = _profiled(state, sample)
+        if profile is not None:
+            update["profile"] = profile
+    if sample.grad_sqr is not None and sample.grad_var is not None:
+        update["grad_stats"] = (sample.grad_sqr, sample.grad_var)
     return state.model_copy(update=update)
 
 
@@ -771,7 +888,7 @@ def gpus_claimed(state: JobState) -> int:
     needs starves the queue (an A/B test on Pollux workload-6 doubled the mean queueing
     delay when only running jobs were counted).
     """
-    if state.status not in (JobStatus.RUNNING, JobStatus.SUBMITTED):
+    if state.status not in (JobStatus.RUNNING, JobStatus.SUBMITTED) or state.awaiting_arrival:
         return 0
     return sum(role.replicas * role.gpu_num for role in state.roles.values())
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from msgspec import Struct
@@ -305,6 +306,7 @@ def step(
     free_gpus: int | None = None,
     service: Callable[[JobMeta], Mapping[str, Any]] | None = None,
     memo: SampleMemo | None = None,
+    clock: datetime | None = None,
 ) -> StepOutcome | None:
     """Fold one event of a job and decide if it calls for it; None for events that say
     nothing about a job, and the finished state unchanged (`late`) for events after the
@@ -313,7 +315,9 @@ def step(
 
     `service` gives the config service's documents for a job; asked only when deciding.
     `memo` is the job's (`streams.brain.memo`), if it has one: the fold and the decision
-    keep and read what they derive from the job's samples there.
+    keep and read what they derive from the job's samples there. `clock` is a lockstep
+    env's simulated time (its tick): a submission stamped later has not arrived yet, and
+    waits for `arrive` instead of being decided now.
     """
     if not isinstance(event, SampleRead | JobEvent):
         return None
@@ -324,26 +328,78 @@ def step(
         return StepOutcome(state, late=True)
     after = fold(state, event, memo)
     assert after is not None  # a job event always yields a state
+    if clock is not None and isinstance(event, JobSubmitted) and event.occurred_at > clock:
+        after = after.model_copy(update={"awaiting_arrival": True})
+    if after.awaiting_arrival:
+        # (a lockstep env's submission read before its tick: `arrive` decides it then)
+        return StepOutcome(after)
     why = trigger(state, after, event, policy)
-    if why is None:
+    if why is None or policy.scheduler is not None:
+        # a cluster scheduler owns the env's GPUs: per-job optimizers decide nothing there
         return StepOutcome(after)
     if isinstance(event, OptimizeRequest) and normalize_stage(event.stage) is None:
         known = ", ".join(s.value for s in Stage)
         unknown = f"unknown stage {event.stage!r}; known: {known}"  # (the stage stays)
         return StepOutcome(after, why, error=RouteError("unknown_stage", unknown))
-    now = event.occurred_at
+    config_given = isinstance(event, JobSubmitted | OptimizeRequest)
+    return _decide(
+        after,
+        why,
+        policy,
+        event.occurred_at,
+        str(event.event_id),
+        config_given,
+        history,
+        free_gpus,
+        service,
+        memo,
+    )
+
+
+def arrive(
+    state: JobState,
+    policy: Policy,
+    history: Sequence[JobState] = (),
+    free_gpus: int | None = None,
+    service: Callable[[JobMeta], Mapping[str, Any]] | None = None,
+    memo: SampleMemo | None = None,
+) -> StepOutcome:
+    """A job whose submission was read before its simulated arrival arrives now: decided
+    as its submission would have been, at its submission's time (`awaiting_arrival`)."""
+    after = state.model_copy(update={"awaiting_arrival": False})
+    if after.status in FINISHED or policy.scheduler is not None or after.submitted_at is None:
+        return StepOutcome(after)
+    cause = after.last_event_id or "arrival"
+    why = Trigger("job submitted")
+    return _decide(
+        after, why, policy, after.submitted_at, cause, True, history, free_gpus, service, memo
+    )
+
+
+def _decide(
+    after: JobState,
+    why: Trigger,
+    policy: Policy,
+    now: datetime,
+    caused_by: str,
+    config_given: bool,
+    history: Sequence[JobState],
+    free_gpus: int | None,
+    service: Callable[[JobMeta], Mapping[str, Any]] | None,
+    memo: SampleMemo | None,
+) -> StepOutcome:
     seen = after
     found = service(after.job) if service is not None else {}
     problems: tuple[str, ...] = ()
     if policy.job_config or found:  # decided with them, kept without them
         seen = with_config(after, effective_config(policy.job_config, found, after.config))
         _, problems = read_config(seen.config)
-    elif isinstance(event, JobSubmitted | OptimizeRequest):  # a config given
+    elif config_given:  # a config given
         _, problems = read_config(after.config)
     result = decide(
         seen,
         now,
-        caused_by=str(event.event_id),
+        caused_by=caused_by,
         optimizer=why.optimizer,
         history=history,
         free_gpus=free_gpus,

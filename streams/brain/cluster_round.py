@@ -1,0 +1,280 @@
+"""One round of the env's cluster scheduler: the brain's job states in, plans out.
+
+The scheduler (`streams.brain.schedulers`) sees jobs as goodput models and placements;
+the brain keeps jobs as states folded from their events. This module is the translation
+both ways, pure: what each arrived job looks like to the scheduler (its throughput model
+fitted from its own profile, its gradient statistics, its batch limits, what the brain
+gave it last), and what each of the scheduler's decisions becomes (an OptimizePlan that
+says why, a ScalePlan the operator applies, and the job's new `Share`).
+
+A job is explored as Pollux explores it: it may grow to at most twice the largest size
+it has been measured at, so its fitted model is never trusted far beyond its data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
+from streams.brain.planner import DEFAULT_LIMITS, SOURCE, Limits, plan_event_id, plan_id
+from streams.brain.schedulers import get_scheduler
+from streams.brain.schedulers.goodput import (
+    BatchLimits,
+    GradStats,
+    JobModel,
+    PerfParams,
+    StepSample,
+    fit_perf_params,
+)
+from streams.brain.schedulers.goodput_cluster import (
+    Action,
+    Cluster,
+    Decision,
+    JobInput,
+    Schedule,
+)
+from streams.brain.state import WORKER, JobState, JobStatus, Share, record_decision
+from streams.brain.triggers import SchedulerPolicy
+
+#: A job never measured: one second per micro-step whatever its batch. Its exploration
+#: bound (one replica) keeps this guess from deciding anything but its admission.
+PRIOR = PerfParams(alpha_c=1.0, beta_c=0.0)
+
+#: The stage a scheduler's plans are filed under.
+STAGE = "running"
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    """What one round decided: the new states of the jobs it changed (or whose service
+    it counted) and the plans to publish, in the order to publish them."""
+
+    states: Mapping[str, JobState]
+    plans: Sequence[OptimizePlan | ScalePlan]
+    schedule: Schedule
+
+
+def _node_order(name: str) -> tuple[int, str]:
+    head, _, tail = name.rpartition("-")
+    return (int(tail), head) if tail.isdigit() else (1 << 30, name)
+
+
+def scheduled(state: JobState) -> bool:
+    """Whether the scheduler decides for the job: a live data-parallel job that said its
+    batch (the scheduler chooses batches per allocation; without one it could not)."""
+    return (
+        state.status in (JobStatus.SUBMITTED, JobStatus.RUNNING)
+        and not state.awaiting_arrival
+        and state.submitted_at is not None
+        and state.batch_bounds is not None
+        and state.distribution == "allreduce"
+    )
+
+
+def job_model(state: JobState) -> JobModel:
+    """The job as the scheduler sees it: step time fitted from its profile, statistical
+    efficiency from its latest gradient statistics, limits from its submission and how
+    far it has been measured."""
+    bounds = state.batch_bounds
+    assert bounds is not None
+    samples = [
+        StepSample(p.nodes, p.replicas, p.local_batch, p.accumulation, p.step_time, p.sync_time)
+        for p in state.profile
+    ]
+    perf = fit_perf_params(samples) or PRIOR
+    role = state.roles.get(WORKER)
+    measured = max((p.replicas for p in state.profile), default=0)
+    explore = max(1, 2 * measured)
+    if role is not None and role.max_replicas:
+        explore = min(explore, role.max_replicas)
+    min_replicas = min(role.min_replicas or 1, explore) if role is not None else 1
+    max_local = bounds.max_local
+    min_local = min(bounds.min_local or 1, max_local) if max_local else (bounds.min_local or 1)
+    grad = None
+    if bounds.adaptive and state.grad_stats is not None:
+        sqr, var = state.grad_stats
+        grad = GradStats(sqr=sqr, var=var / bounds.init_batch)
+    limits = BatchLimits(
+        init_batch=bounds.init_batch,
+        max_batch=max(bounds.max_batch or bounds.init_batch, bounds.init_batch),
+        min_local=max(1, min_local),
+        max_local=max_local,
+        adaptive=bounds.adaptive,
+        min_replicas=max(1, min_replicas),
+        max_replicas=explore,
+    )
+    return JobModel(perf, grad, limits)
+
+
+def job_input(state: JobState) -> JobInput:
+    share = state.share or Share()
+    role = state.roles.get(WORKER)
+    assert state.submitted_at is not None
+    return JobInput(
+        job_id=state.job.uuid,
+        submitted_at=state.submitted_at.timestamp(),
+        model=job_model(state),
+        placement=tuple(sorted(share.placement.items(), key=lambda kv: _node_order(kv[0]))),
+        local_batch=share.local_batch,
+        accumulation=share.accumulation,
+        restarts=share.restarts,
+        requested_replicas=max(1, role.replicas if role is not None else 1),
+        attained_gpu_s=share.attained_gpu_s,
+    )
+
+
+def memory_for(state: JobState, local_batch: int, limits: Limits) -> int:
+    """Host memory one replica needs at `local_batch`, never less than it has: the line
+    through the smallest and largest local batch it was measured at (a replica's memory
+    is a fixed part plus a part per sample), or, measured at one, that one scaled by the
+    batch (an upper bound for a larger batch); capped by the planner's limit. 0 (keep
+    what it has) when nothing is known."""
+    role = state.roles.get(WORKER)
+    current = role.memory if role is not None else 0
+    points = sorted(
+        {(p.local_batch, p.memory) for p in state.profile if p.memory > 0}, key=lambda x: x
+    )
+    if points:
+        (b0, m0), (b1, m1) = points[0], points[-1]
+        if b1 > b0 and m1 >= m0:
+            need = m0 + (m1 - m0) * (local_batch - b0) / (b1 - b0)
+        else:
+            need = m0 * local_batch / b0 if local_batch > b0 else m0
+    elif current and state.batch_bounds is not None and role is not None and role.replicas:
+        sized_for = math.ceil(state.batch_bounds.init_batch / role.replicas)
+        need = current * local_batch / sized_for if local_batch > sized_for else current
+    else:
+        return 0
+    wanted = min(max(current, math.ceil(need)), max(limits.max_memory, current))
+    return wanted if wanted != current else 0
+
+
+def _account(share: Share, now: datetime) -> Share:
+    """The share with its attained service counted up to `now` (a job without GPUs
+    attains nothing: its clock starts when it is given some)."""
+    replicas = share.replicas
+    if not replicas:
+        return share
+    if share.since is None:
+        return share.model_copy(update={"since": now})
+    held = max(0.0, (now - share.since).total_seconds())
+    return share.model_copy(
+        update={"attained_gpu_s": share.attained_gpu_s + replicas * held, "since": now}
+    )
+
+
+def _plans(
+    state: JobState, decision: Decision, now: datetime, scheduler: str, limits: Limits
+) -> tuple[OptimizePlan, ScalePlan]:
+    cause = f"{scheduler}@{now.isoformat()}"
+    optimize_id = plan_id(state.job.uuid, cause, "optimize")
+    scale_id = plan_id(state.job.uuid, cause, "scale")
+    training: dict[str, object] = {}
+    if decision.local_batch is not None:
+        training["local_batch_size"] = decision.local_batch
+    if decision.accumulation is not None:
+        training["accumulation_steps"] = decision.accumulation
+    groups: dict[str, NodeGroupResource] = {}
+    if decision.action is not Action.SUSPEND and decision.action is not Action.REBATCH:
+        memory = memory_for(state, decision.local_batch, limits) if decision.local_batch else 0
+        groups[WORKER] = NodeGroupResource(
+            count=decision.replicas, node_resource=NodeResource(memory=memory)
+        )
+    resource = ResourcePlan(node_group_resources=groups, training=training)
+    optimize = OptimizePlan(
+        event_id=plan_event_id(optimize_id),
+        env=state.env,
+        job=state.job,
+        occurred_at=now,
+        source=SOURCE,
+        plan_id=optimize_id,
+        stage=STAGE,
+        optimizer=scheduler,
+        reason=f"{decision.action.value}: {decision.reason}",
+        resource=resource,
+        caused_by=cause,
+    )
+    scale = ScalePlan(
+        event_id=plan_event_id(scale_id),
+        env=state.env,
+        job=state.job,
+        occurred_at=now,
+        source=SOURCE,
+        plan_id=scale_id,
+        source_plan=optimize_id,
+        node_group_resources=groups,
+        training=training,
+        placement=dict(decision.placement) if decision.action is not Action.REBATCH else {},
+        suspend=decision.action is Action.SUSPEND,
+    )
+    return optimize, scale
+
+
+def _shared(share: Share, decision: Decision, now: datetime) -> Share:
+    """The share after the decision: where the job is and with what batch, and one more
+    restart when a job that held GPUs is moved, resized or suspended."""
+    if decision.action is Action.REBATCH:
+        return share.model_copy(
+            update={
+                "local_batch": decision.local_batch,
+                "accumulation": decision.accumulation or 1,
+            }
+        )
+    restarted = bool(share.placement)
+    return share.model_copy(
+        update={
+            "placement": dict(decision.placement),
+            "local_batch": decision.local_batch,
+            "accumulation": decision.accumulation or 1,
+            "restarts": share.restarts + (1 if restarted else 0),
+            "since": now,
+        }
+    )
+
+
+def run_round(
+    states: Mapping[str, JobState],
+    now: datetime,
+    policy: SchedulerPolicy,
+    limits: Limits | None = None,
+) -> RoundResult:
+    """The scheduler's round at `now` over every job the brain holds: which jobs it
+    decides for is `scheduled`; the rest are left alone."""
+    lim = limits or DEFAULT_LIMITS
+    spec = get_scheduler(policy.name)
+    jobs = {u: s for u, s in states.items() if scheduled(s) and s.submitted_at <= now}  # type: ignore[operator]
+    accounted: dict[str, JobState] = {}
+    for uuid, state in jobs.items():
+        if state.share is None:
+            continue
+        share = _account(state.share, now)
+        if share is not state.share:
+            accounted[uuid] = state.model_copy(update={"share": share})
+    jobs = {**jobs, **accounted}
+    cluster = Cluster.uniform(policy.nodes, policy.gpus_per_node)
+    inputs = [job_input(jobs[u]) for u in sorted(jobs)]
+    result = spec.run(now.timestamp(), cluster, inputs, policy.params)
+    changed = dict(accounted)
+    plans: list[OptimizePlan | ScalePlan] = []
+    for decision in result.decisions:
+        state = jobs[decision.job_id]
+        optimize, scale = _plans(state, decision, now, policy.name, lim)
+        share = _shared(state.share or Share(), decision, now)
+        after = state.model_copy(update={"share": share})
+        changed[decision.job_id] = record_decision(after, optimize, scale, (), now)
+        plans.extend((optimize, scale))
+    return RoundResult(changed, plans, result)
+
+
+__all__ = [
+    "PRIOR",
+    "RoundResult",
+    "job_input",
+    "job_model",
+    "memory_for",
+    "run_round",
+    "scheduled",
+]
