@@ -470,8 +470,13 @@ class JobSimulator:
             for pod in self._running_pods().values()
         ]
         epoch = min(self.app.epoch_at(self._progress), self.app.max_epochs - 1)
-        grad_sqr, grad_var = self.app.grad_stats(batch, epoch)
+        stats = self.app.grad_stats(batch, epoch)  # None: the application has none
         placement = self._placement()
+        world_size = self._replicas(self._running_pods())
+        # Per optimizer step: the all-reduce the compute did not hide happens once, after
+        # the last micro-step; the rest is compute (k micro-steps). One replica reduces
+        # with no one: what its trace calls sync is step overhead, i.e. compute.
+        allreduce = step.sync_time if world_size > 1 else 0.0
         return RuntimeSample(
             **self._meta("sample"),
             global_step=int(self._steps + _EPS),
@@ -480,17 +485,15 @@ class JobSimulator:
             batch_size=batch,
             local_batch_size=local_bsz,
             accumulation_steps=accumulation,
-            world_size=self._replicas(self._running_pods()),
+            world_size=world_size,
             nodes=nodes,
             num_nodes=len(placement),
-            grad_sqr=grad_sqr,
+            grad_sqr=None if stats is None else stats[0],
             # The traces' variance is that of a mean over the initial batch; the sample's
             # is that of one sample's gradient (schemas.jobs.RuntimeSample.grad_var).
-            grad_var=grad_var * self.app.init_batch_size,
-            # Per optimizer step: the all-reduce the compute did not hide happens once,
-            # after the last micro-step; the rest is compute (k micro-steps).
-            compute_s=iteration - step.sync_time,
-            allreduce_s=step.sync_time,
+            grad_var=None if stats is None else stats[1] * self.app.init_batch_size,
+            compute_s=iteration - allreduce,
+            allreduce_s=allreduce,
         )
 
     def _memory_used(self, pod: PodRequest, local_bsz: int) -> int:
@@ -789,16 +792,20 @@ class JobSimulator:
             if self.admission == "brain" and self._allocation is not None:
                 return self._give_up_old_gang()
             return []
-        previous = self._running_pods()
+        previous = self._allocation
         self._allocation = allocation
         self._waiting_for = ""
         self._state = JobPhase.RESTARTING
         self._resume_at = self._clock + self.restart_delay
         self._eta = None
+        # A pod that changed is a new pod; so is one a plan's placement moved to another
+        # node (the cluster's own re-packing of a gang is its affair, said as before).
         return [
             NodeStarted(**self._meta("node.started"), node=self._node(pod))
             for key, pod in allocation.pods.items()
-            if previous.get(key) != pod
+            if previous is None
+            or previous.pods.get(key) != pod
+            or (self._pin is not None and previous.nodes.get(key) != allocation.nodes[key])
         ]
 
     def _give_up_old_gang(self) -> list[JobEvent]:
