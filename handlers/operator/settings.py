@@ -7,7 +7,7 @@ measured against (16 nodes x 4 GPUs) and the sample rate a DLRover job reports a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +43,12 @@ class VirtualSettings(BaseSettings):
     )
     restart_delay: float = Field(
         default=DEFAULT_RESTART_DELAY, ge=0, description="simulated checkpoint-restart seconds"
+    )
+    admission: Literal["cluster", "brain"] = Field(
+        default="cluster",
+        description="who starts a submitted job: the simulated cluster as soon as its gang "
+        "fits (cluster), or only a plan that gives it replicas (brain: a cluster scheduler "
+        "in the brain owns admission)",
     )
     max_sleep: float = Field(
         default=0.5, gt=0, description="wall seconds the clock waits at most between looks"

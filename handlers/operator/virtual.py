@@ -229,6 +229,14 @@ class VirtualOperator:
                 self.env,
                 differs,
             )
+        if state.fleet is not None and state.fleet.admission != self.options.admission:
+            log.warning(
+                "env %s: the restored simulated cluster keeps its admission, %s (asked: %s): "
+                "its jobs were started under it",
+                self.env,
+                state.fleet.admission,
+                self.options.admission,
+            )
         if self.options.lockstep and state.ticks is None:
             state.ticks = checkpoint.tick_clock_for(state.fleet, self.options.tick_seconds)
         elif not self.options.lockstep:
@@ -381,6 +389,7 @@ class VirtualOperator:
                 restart_delay=self.options.restart_delay,
                 sample_interval=self.options.sample_interval,
                 source=SOURCE,
+                admission=self.options.admission,
             )
             self._dirty = True
         fleet = self.state.fleet
@@ -595,11 +604,12 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     if o.lockstep:
         pace = f"in lockstep with its brain, {o.tick_seconds:g} s a tick"
     log.warning(
-        "virtual operator of env %s: %d nodes x %d GPUs, simulated %s",
+        "virtual operator of env %s: %d nodes x %d GPUs, simulated %s, admission by the %s",
         ctx.env,
         o.nodes,
         o.gpus_per_node,
         pace,
+        o.admission,
     )
     await operator.run(ctx.stop, ctx.ready)
 
