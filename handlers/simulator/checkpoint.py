@@ -30,7 +30,12 @@ from schemas.envelope import Event
 from schemas.plans import ScalePlan
 
 #: Bumped when the layout changes; a checkpoint of another version is refused with a reason.
-VERSION = 1
+#: 2: the admission (cluster or brain), each job's claim to pods and its pinned nodes.
+VERSION = 2
+
+#: Versions this code restores: a version-1 checkpoint is of a cluster that admitted its
+#: jobs itself and pinned none (what the absent fields default to).
+READABLE = frozenset({1, VERSION})
 
 #: An input partition: (full topic name, partition).
 TopicPartition = tuple[str, int]
@@ -101,9 +106,10 @@ def load(
         raw = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise CheckpointError(f"not a checkpoint: {e}") from None
-    if not isinstance(raw, dict) or raw.get("version") != VERSION:
-        found = raw.get("version") if isinstance(raw, dict) else None
-        raise CheckpointError(f"checkpoint version {found!r}; this operator reads {VERSION}")
+    found = raw.get("version") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or type(found) is not int or found not in READABLE:
+        readable = " or ".join(str(v) for v in sorted(READABLE))
+        raise CheckpointError(f"checkpoint version {found!r}; this operator reads {readable}")
     try:
         return OperatorState(
             fleet=None
@@ -166,6 +172,7 @@ def summary(state: OperatorState) -> Mapping[str, Any]:
 
 
 __all__ = [
+    "READABLE",
     "VERSION",
     "CheckpointError",
     "OperatorState",
