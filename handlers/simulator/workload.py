@@ -64,13 +64,17 @@ def parse_workload(
     """Submissions from a workload CSV (name,time,application,num_replicas,batch_size).
 
     Each job asks for one GPU per replica and the host memory its application needs at the
-    local batch its batch size gives (job.MEMORY_MODELS), so the baseline never OOMs.
+    local batch its batch size gives (job.MEMORY_MODELS), so the baseline never OOMs. Its
+    batch limits are what the traces measured (the largest traced global batch, the traced
+    local batch range), for a scheduler that re-chooses the batch (adaptive, as Pollux);
+    the static run ignores them.
     """
     submissions = []
     for row in csv.DictReader(io.StringIO(text)):
         name, app_name = row["name"], row["application"]
         replicas, batch_size = int(row["num_replicas"]), int(row["batch_size"])
-        local_bsz, _ = load_application(app_name, root).split_batch(batch_size, replicas)
+        app = load_application(app_name, root)
+        local_bsz, _ = app.split_batch(batch_size, replicas)
         time = float(row["time"])
         event = JobSubmitted(
             env=env,
@@ -80,6 +84,10 @@ def parse_workload(
             job=JobMeta(uuid=name, name=name, app=app_name, scenario=app_name),
             application=app_name,
             batch_size=batch_size,
+            max_batch_size=app.max_batch_size,
+            min_local_batch_size=app.min_local_bsz,
+            max_local_batch_size=app.max_local_bsz,
+            adaptive_batch_size=True,
             roles={
                 "worker": RoleSpec(
                     replicas=replicas,
