@@ -1,0 +1,209 @@
+"""The cluster scheduler inside the brain: only arrived jobs exist, one round per tick (or
+per interval of event time), decisions become ordinary plans, and the same input gives
+the same plans."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from schemas import encode
+from schemas.envelope import Event
+from schemas.jobs import JobMeta, JobSubmitted, NodeUsage, RoleSpec, RuntimeSample
+from schemas.lockstep import Barrier
+from schemas.plans import OptimizePlan, ScalePlan
+from streams.brain.cluster_round import job_model, memory_for, run_round
+from streams.brain.planner import DEFAULT_LIMITS
+from streams.brain.processor import BrainProcessor
+from streams.brain.state import GiB, JobState, fold
+from streams.brain.triggers import Policy
+
+from .builders import ENV, T0, Rec
+
+EVENTS = f"{ENV}.job.events"
+METRICS = f"{ENV}.job.metrics"
+INPUTS = [(EVENTS, 0), (METRICS, 0)]
+SCHEDULER = {"name": "goodput-cluster", "nodes": 2, "gpus_per_node": 4}
+
+
+def submitted(name: str, at_s: float, replicas: int = 2, batch: int = 64) -> JobSubmitted:
+    return JobSubmitted(
+        env=ENV,
+        job=JobMeta(uuid=name, name=name),
+        occurred_at=T0 + timedelta(seconds=at_s),
+        application="cifar10",
+        batch_size=batch,
+        max_batch_size=batch * 8,
+        min_local_batch_size=8,
+        max_local_batch_size=128,
+        adaptive_batch_size=True,
+        roles={"worker": RoleSpec(replicas=replicas, gpu_num=1, memory=4 * GiB)},
+    )
+
+
+def sample(
+    name: str, at_s: float, replicas: int, local: int, step_s: float, memory: int = 3 * GiB
+) -> RuntimeSample:
+    return RuntimeSample(
+        env=ENV,
+        job=JobMeta(uuid=name, name=name),
+        occurred_at=T0 + timedelta(seconds=at_s),
+        global_step=int(at_s),
+        speed=1 / step_s,
+        batch_size=replicas * local,
+        local_batch_size=local,
+        world_size=replicas,
+        num_nodes=1,
+        allreduce_s=step_s / 4 if replicas > 1 else 0.0,
+        grad_sqr=1.0,
+        grad_var=64.0,
+        nodes=[NodeUsage(type="worker", id=i, memory=memory) for i in range(replicas)],
+    )
+
+
+def barrier(tick: int, at_s: float) -> Barrier:
+    return Barrier(env=ENV, tick=tick, sim_at=T0 + timedelta(seconds=at_s))
+
+
+def feed(events_per_tp: dict[tuple[str, int], list[Event]]) -> list[Rec]:
+    return [
+        Rec(tp[0], tp[1], i, None, encode(e))
+        for tp, events in events_per_tp.items()
+        for i, e in enumerate(events)
+    ]
+
+
+def processor(**policy: object) -> BrainProcessor:
+    settings = {"lockstep": True, "cluster_gpus": 8, **policy}
+    p = BrainProcessor(ENV, f"{ENV}.brain", Policy.from_settings(settings))
+    p.inputs = set(INPUTS)
+    return p
+
+
+def scale_plans(plans: list[OptimizePlan | ScalePlan]) -> list[ScalePlan]:
+    return [p for p in plans if isinstance(p, ScalePlan)]
+
+
+def test_a_submission_read_before_its_time_exists_for_no_decision_until_it_arrives() -> None:
+    """The replay publishes every submission before the first tick: the later ones must
+    not hold GPUs nor be decided before the simulated clock reaches them."""
+    p = processor()
+    events: dict[tuple[str, int], list[Event]] = {
+        (EVENTS, 0): [submitted("early", 0), submitted("late", 500), barrier(1, 60)],
+        (METRICS, 0): [barrier(1, 60)],
+    }
+    out = p.process(feed(events))
+    assert [a.tick for a in out.acks] == [1]
+    assert p.counters.decisions == 1  # the early job's submission, not the late one's
+    assert p.states["late"].awaiting_arrival and not p.states["early"].awaiting_arrival
+    assert p.free_gpus() == 8 - 2  # only the arrived job's demand
+    out = p.process(
+        [
+            Rec(EVENTS, 0, 3, None, encode(barrier(2, 600))),
+            Rec(METRICS, 0, 1, None, encode(barrier(2, 600))),
+        ]
+    )
+    assert not p.states["late"].awaiting_arrival
+    assert p.counters.decisions == 2
+    assert p.free_gpus() == 8 - 4
+
+
+def test_a_scheduler_env_plans_placements_for_arrived_jobs_only() -> None:
+    p = processor(scheduler=SCHEDULER)
+    events: dict[tuple[str, int], list[Event]] = {
+        (EVENTS, 0): [submitted("a", 0), submitted("b", 10), submitted("c", 900), barrier(1, 60)],
+        (METRICS, 0): [barrier(1, 60)],
+    }
+    out = p.process(feed(events))
+    plans = scale_plans(out.plans)
+    assert sorted(plan.job.uuid for plan in plans) == ["a", "b"]
+    for plan in plans:
+        # never measured: explored at one replica first, placed on a named node
+        assert plan.node_group_resources["worker"].count == 1
+        assert sum(plan.placement.values()) == 1
+        assert set(plan.placement) <= {"node-0", "node-1"}
+        assert plan.training["local_batch_size"] * plan.training["accumulation_steps"] >= 64
+        assert plan.source_plan is not None and not plan.suspend
+    assert all(isinstance(q, OptimizePlan) for q in out.plans if not isinstance(q, ScalePlan))
+    assert p.states["a"].share is not None and p.states["a"].share.replicas == 1
+    assert p.rounds == 1
+
+
+def test_the_same_input_gives_the_same_plans_in_any_batching() -> None:
+    events: dict[tuple[str, int], list[Event]] = {
+        (EVENTS, 0): [submitted("a", 0), submitted("b", 5), barrier(1, 60)],
+        (METRICS, 0): [
+            sample("a", 40, 1, 64, 0.5),
+            sample("b", 45, 1, 64, 0.25),
+            barrier(1, 60),
+        ],
+    }
+    events[(EVENTS, 0)] += [barrier(2, 120)]
+    events[(METRICS, 0)] += [sample("a", 100, 1, 64, 0.5), barrier(2, 120)]
+    recs = feed(events)
+    one = processor(scheduler=SCHEDULER).process(recs).plans
+    assert len(scale_plans(one)) >= 2
+    p = processor(scheduler=SCHEDULER)
+    # the metrics partition first, in two batches: each partition's order kept
+    metrics = [r for r in recs if r.topic == METRICS]
+    job_events = [r for r in recs if r.topic == EVENTS]
+    split = [
+        *p.process(metrics[:2]).plans,
+        *p.process([*metrics[2:], *job_events[:3]]).plans,
+        *p.process(job_events[3:]).plans,
+    ]
+    assert [x.plan_id for x in one] == [x.plan_id for x in split]
+    assert [encode(x) for x in one] == [encode(x) for x in split]
+
+
+def test_event_time_rounds_at_each_interval() -> None:
+    """A real env: a round whenever event time passes a multiple of the interval."""
+    settings = {"cluster_gpus": 8, "scheduler": {**SCHEDULER, "interval_s": 60}}
+    p = BrainProcessor(ENV, f"{ENV}.brain", Policy.from_settings(settings))
+    events = [submitted("a", 1), sample("a", 30, 1, 64, 0.5), sample("a", 61, 1, 64, 0.5)]
+    out = p.process([Rec(EVENTS, 0, i, None, encode(e)) for i, e in enumerate(events)])
+    assert p.rounds == 1
+    assert {plan.occurred_at for plan in out.plans} == {T0 + timedelta(seconds=60)}
+    assert [plan.job.uuid for plan in scale_plans(out.plans)] == ["a"]
+
+
+def profiled(*samples: RuntimeSample) -> JobState:
+    state = fold(None, submitted("a", 0))
+    for s in samples:
+        state = fold(state, s)
+    assert state is not None
+    return state
+
+
+def test_a_job_is_explored_up_to_twice_what_it_was_measured_at() -> None:
+    assert job_model(profiled()).limits.max_replicas == 1
+    state = profiled(sample("a", 30, 2, 32, 0.5), sample("a", 60, 2, 32, 0.5))
+    model = job_model(state)
+    assert model.limits.max_replicas == 4
+    assert model.grad is not None and model.grad.var == 64.0 / 64  # per sample -> at B0
+    assert len(state.profile) == 1 and state.profile[0].count == 2
+
+
+def test_memory_for_a_larger_local_batch_follows_the_measured_line() -> None:
+    state = profiled(
+        sample("a", 30, 1, 32, 0.5, memory=2 * GiB), sample("a", 60, 1, 64, 0.9, memory=3 * GiB)
+    )
+    # line through (32, 2 GiB) and (64, 3 GiB): 128 -> 5 GiB, above the 4 GiB it has
+    assert memory_for(state, 128, DEFAULT_LIMITS) == 5 * GiB
+    assert memory_for(state, 16, DEFAULT_LIMITS) == 0  # it has enough: unchanged
+
+
+def test_a_round_counts_attained_service_of_jobs_holding_gpus() -> None:
+    p = processor(scheduler=SCHEDULER)
+    p.process(
+        feed(
+            {
+                (EVENTS, 0): [submitted("a", 0), barrier(1, 60)],
+                (METRICS, 0): [barrier(1, 60)],
+            }
+        )
+    )
+    scheduler = p.policy.scheduler
+    assert scheduler is not None
+    result = run_round(p.states, T0 + timedelta(seconds=180), scheduler)
+    share = result.states["a"].share
+    assert share is not None and share.attained_gpu_s == 120.0
