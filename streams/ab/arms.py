@@ -11,7 +11,23 @@ import yaml
 
 from dlrover_events.errors import UserError
 
-_NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")
+_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
+
+#: Arms a bare `--arm NAME` gives (examples/ab/NAME.yaml holds the same settings, to copy
+#: and change): the baselines and the brain's policies a user compares first.
+PRESETS: dict[str, dict[str, Any]] = {
+    "static": {"brain": False},
+    "goodput": {"brain": {"job_config": {"optimizer": "goodput"}}},
+    "tiresias": {"brain": {"scheduler": {"name": "tiresias"}}},
+    "goodput-cluster": {
+        "brain": {
+            "scheduler": {
+                "name": "goodput-cluster",
+                "params": {"restart_cost_s": 30, "hysteresis": 0.05},
+            }
+        }
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -26,14 +42,17 @@ class Arm:
 
 
 def parse_arm(spec: str) -> Arm:
-    """``name=settings.yaml`` (or ``name=`` / ``name`` for default brain settings)."""
-    name, _, path = spec.partition("=")
+    """``name=settings.yaml``; a bare ``name`` is a preset's (PRESETS) when there is one,
+    else the default brain settings, as ``name=`` is."""
+    name, eq, path = spec.partition("=")
     name = name.strip()
-    if not _NAME.match(name):
+    if not _NAME.match(name) or name.endswith("-"):
         raise UserError(
-            f"arm {spec!r}: the name must be 1-12 lowercase letters or digits, starting "
-            "with a letter (it becomes part of the arm's env name)"
+            f"arm {spec!r}: the name must be 1-20 lowercase letters, digits or dashes, "
+            "starting with a letter (it becomes part of the arm's env name)"
         )
+    if not eq and name in PRESETS:
+        return Arm(name, PRESETS[name], f"preset {name}")
     if not path.strip():
         return Arm(name, {}, "defaults")
     file = Path(path.strip())

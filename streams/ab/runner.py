@@ -97,14 +97,25 @@ class ABTest:
         else:
             pace = {"speed": self.cluster.speed}
         brain = arm.settings.get("brain", {})
+        scheduler = False
         if isinstance(brain, dict):
             gpus = self.cluster.nodes * self.cluster.gpus_per_node
             brain = {"cluster_gpus": gpus, **{k: v for k, v in brain.items() if k != "lockstep"}}
             if lockstep:
                 brain["lockstep"] = True
+            if isinstance(brain.get("scheduler"), dict):
+                # a cluster scheduler owns the arm's GPUs: it schedules the arm's cluster,
+                # and the simulated cluster starts no job it did not plan
+                scheduler = True
+                brain["scheduler"] = {
+                    "nodes": self.cluster.nodes,
+                    "gpus_per_node": self.cluster.gpus_per_node,
+                    **brain["scheduler"],
+                }
         operator = {
             "nodes": self.cluster.nodes,
             "gpus_per_node": self.cluster.gpus_per_node,
+            **({"admission": "brain"} if scheduler else {}),
             **pace,
             **own,
             "lockstep": lockstep,

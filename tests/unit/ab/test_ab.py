@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
-from streams.ab.arms import Arm, parse_arm, parse_arms
+from streams.ab.arms import PRESETS, Arm, parse_arm, parse_arms
 from streams.ab.cli import _cluster
 from streams.ab.report import ArmResult, compare, plot_png, render_html, table
 from streams.ab.runner import ABTest, ArmCluster
@@ -24,7 +24,17 @@ def test_arm_with_settings_file(tmp_path: Path) -> None:
         "optimizer_params": {"goodput": {"min_gain": 0.1}},
     }
     assert arm.env("r1") == "ab-r1-gp"
-    assert parse_arm("static").settings == {}
+    assert parse_arm("mine").settings == {}  # a bare name: default brain settings
+    assert parse_arm("static=").settings == {}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_preset_arm_is_the_example_file_of_its_name(name: str) -> None:
+    """`--arm tiresias` and `--arm tiresias=examples/ab/tiresias.yaml` are one arm."""
+    example = Path(__file__).parents[3] / "examples" / "ab" / f"{name}.yaml"
+    preset = parse_arm(name)
+    assert preset.settings == parse_arm(f"{name}={example}").settings
+    assert preset.env("r1") == f"ab-r1-{name}"
 
 
 @pytest.mark.parametrize(
@@ -32,7 +42,8 @@ def test_arm_with_settings_file(tmp_path: Path) -> None:
     [
         ("Bad=x.yaml", "lowercase"),
         ("a=/nonexistent.yaml", "cannot read"),
-        ("toolongarmname1=", "1-12"),
+        ("toolongarmname1-toolongarm=", "1-20"),
+        ("ends-=", "dashes"),
     ],
 )
 def test_bad_arms_are_user_errors(spec: str, message: str) -> None:
