@@ -44,6 +44,7 @@ from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.store.database import connect
+from dlrover_events.topic_reader import TopicReader
 from dlrover_events.topics import (
     JOB_EVENTS,
     JOB_METRICS,
@@ -67,9 +68,10 @@ from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.job import PlanOutcome
 from handlers.simulator.lockstep import TickGate
 from handlers.simulator.throughput import TraceDataError, pollux_dir
+from schemas.codec import CodecError, decode
 from schemas.control import EnvMode
 from schemas.envelope import Event
-from schemas.jobs import JobEvent, JobSubmitted
+from schemas.jobs import JobEvent, JobSubmitted, RuntimeSample
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
 
@@ -92,6 +94,29 @@ LOCKSTEP_FETCH_WAIT_MS = 10
 
 #: Wall seconds between two log lines of an operator that waits for its brain.
 WAITING_LOG_S = 30.0
+
+
+async def measured_samples(settings: Settings, env: str) -> list[RuntimeSample]:
+    """The runtime samples in the env's job.metrics that its simulator did not make: what
+    jobs measured in the real env this one is fed from (a replay copies their first
+    phase). Read to the end once, before the clock starts, so every job of an untraced
+    application finds its samples whichever partition is read first; samples replayed
+    into a running operator later are not seen (its jobs fail "not simulable")."""
+    samples: list[RuntimeSample] = []
+    async with TopicReader(
+        settings, [topic(env, JOB_METRICS)], client_id=f"{env}-operator-measured"
+    ) as reader:
+        while True:
+            records = await reader.fetch()
+            for record in records:
+                try:
+                    event = decode(record.value)
+                except CodecError:
+                    continue  # the brain's dead letters say so; nothing to measure here
+                if isinstance(event, RuntimeSample) and event.source != SOURCE:
+                    samples.append(event)
+            if not records and await reader.caught_up():
+                return samples
 
 
 async def check_virtual(settings: Settings, dsn: str, env: str) -> EnvRecord:
@@ -140,6 +165,8 @@ class VirtualOperator:
         self.metrics = metrics
         # When each plan (by event id) was read, and the answers awaiting publication.
         self._read_at: dict[uuid.UUID, float] = {}
+        # What the env's jobs measured in their real env (see measured_samples).
+        self._measured: list[RuntimeSample] = []
         self._answered: list[tuple[str, float]] = []
 
     @property
@@ -166,6 +193,17 @@ class VirtualOperator:
                 self._ledger = PlanLedger(store.pool)
                 self._checkpoints = ClusterCheckpoints(store.pool)
                 await self._restore()
+                self._measured = await measured_samples(self.settings, self.env)
+                if self._measured:
+                    log.warning(
+                        "env %s: %d measured sample(s) of %d job(s): a job whose "
+                        "application has no traces is simulated from its own",
+                        self.env,
+                        len(self._measured),
+                        len({s.job.uuid for s in self._measured}),
+                    )
+                if self.state.fleet is not None:
+                    self.state.fleet.measured(self._measured)
                 consumer = Consumer(
                     self.settings,
                     self.env,
@@ -391,6 +429,7 @@ class VirtualOperator:
                 source=SOURCE,
                 admission=self.options.admission,
             )
+            self.state.fleet.measured(self._measured)
             self._dirty = True
         fleet = self.state.fleet
         if not fleet.started:
