@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import orjson
 import pytest
 
 from handlers.simulator.checkpoint import (
@@ -201,3 +202,72 @@ def test_a_different_shape_is_named() -> None:
     fleet = busy_fleet()
     assert shape_differs(fleet, Cluster(2, 4)) is None
     assert shape_differs(fleet, Cluster(4, 8)) == "2 nodes x 4 GPUs (asked: 4 x 8)"
+
+
+def scheduled_fleet() -> VirtualCluster:
+    """A cluster whose jobs a brain admits: one running on the nodes a plan named, one
+    waiting for room on a node another holds, one suspended, one never planned."""
+    fleet = VirtualCluster(Cluster(2, 4), origin=None, sample_interval=30.0, admission="brain")
+    for s in (
+        submitted("run", replicas=2),
+        submitted("wait", app="ncf"),
+        submitted("stop"),
+        submitted("idle", app="ncf"),
+    ):
+        fleet.submit(s)
+    fleet.start()
+    assert fleet.apply(plan("run", "p-run", 4, placement={"node-0": 4})).status in (
+        ScaleStatus.APPLIED,
+        ScaleStatus.PARTIAL,
+    )
+    fleet.apply(plan("stop", "p-stop-start", 2, placement={"node-1": 2}))
+    fleet.advance_to(200.0)
+    fleet.apply(plan("stop", "p-stop", suspend=True))
+    fleet.apply(plan("wait", "p-wait", 2, placement={"node-0": 2}))
+    fleet.advance_to(230.0)
+    return fleet
+
+
+def run_scheduled(fleet: VirtualCluster, until: float) -> Said:
+    """The brain moves "run" to node-1 (room for "wait"), resumes "stop" on node-0 later."""
+    out = said(fleet.advance_to(300.0))
+    out += said(fleet.apply(plan("run", "p-move", placement={"node-1": 4})).events)
+    out += said(fleet.advance_to(900.0))
+    out += said(fleet.apply(plan("run", "p-rebatch", training={"local_batch_size": 64})).events)
+    out += said(fleet.apply(plan("stop", "p-resume", 2, placement={"node-0": 2})).events)
+    while (step := fleet.step()) is not None and fleet.clock < until:
+        out += said(step)
+    return out
+
+
+def test_a_restored_cluster_under_the_brains_admission_goes_on_exactly() -> None:
+    fleet = scheduled_fleet()
+    copy = restored(OperatorState(fleet=fleet)).fleet
+    assert copy is not None
+    assert copy.admission == "brain"
+    assert [j.status() for j in copy.jobs()] == [j.status() for j in fleet.jobs()]
+    assert {j.job.uuid: j.state.value for j in copy.jobs()} == {
+        "run": "running",
+        "wait": "pending",
+        "stop": "suspended",
+        "idle": "pending",
+    }
+    assert run_scheduled(copy, 20_000.0) == run_scheduled(fleet, 20_000.0)
+    assert [j.status() for j in copy.jobs()] == [j.status() for j in fleet.jobs()]
+    idle = copy.job("idle")
+    assert idle is not None and idle.status().started_at is None, "never planned, never run"
+
+
+def test_a_version_1_checkpoint_restores_as_a_cluster_that_admitted_its_jobs() -> None:
+    state = orjson.loads(dump(OperatorState(fleet=busy_fleet())))
+    state["version"] = 1
+    del state["fleet"]["admission"]
+    for job in state["fleet"]["jobs"]:
+        for key in ("admission", "granted", "pin"):
+            del job[key]
+    old = load(orjson.dumps(state)).fleet
+    assert old is not None
+    assert old.admission == "cluster"
+    fleet = restored(OperatorState(fleet=busy_fleet())).fleet
+    assert fleet is not None
+    assert run_on(old, 50_000.0) == run_on(fleet, 50_000.0)

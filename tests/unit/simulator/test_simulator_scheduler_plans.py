@@ -238,10 +238,10 @@ def test_a_suspended_job_frees_its_gpus_keeps_its_progress_and_resumes_on_a_plan
     assert len(of(resume.events, NodeStarted)) == 2
     assert job.state is JobPhase.RESTARTING
     fleet.advance_to(5029.0)
-    assert job.state is JobPhase.RESTARTING
+    assert job.status().state is JobPhase.RESTARTING
     assert job.status().progress == before.progress
     later = fleet.advance_to(5031.0)
-    assert job.state is JobPhase.RUNNING
+    assert job.status().state is JobPhase.RUNNING
     assert not of(later, JobStarted), "started once, at its first start"
     while fleet.step() is not None:
         pass

@@ -6,6 +6,7 @@ import csv
 import io
 
 from handlers.simulator.job import JobPhase
+from handlers.simulator.throughput import load_application
 from handlers.simulator.workload import parse_workload, read_workload, run_static, workload_path
 
 
@@ -54,3 +55,16 @@ def test_workload_6_on_16_nodes_of_4_gpus_finishes_every_job() -> None:
     assert result.average_jct > 0
     again = run_static(read_workload(workload_path("workload-6")), num_nodes=16, gpus_per_node=4)
     assert again == result, "the same workload gives the same run"
+
+
+def test_submissions_carry_the_traced_batch_limits() -> None:
+    for sub in read_workload(workload_path("workload-6")):
+        event = sub.event
+        app = load_application(event.application)
+        assert event.adaptive_batch_size
+        assert event.max_batch_size == app.max_batch_size
+        assert (event.min_local_batch_size, event.max_local_batch_size) == (
+            app.min_local_bsz,
+            app.max_local_bsz,
+        )
+        assert event.batch_size is not None and event.batch_size <= event.max_batch_size
