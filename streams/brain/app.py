@@ -67,6 +67,7 @@ from streams.brain.faust_glue import (
     commit,
     fetch_progress,
 )
+from streams.brain.leader import Leadership
 from streams.brain.merge import Fetch, Merge, event_time
 from streams.brain.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
 from streams.brain.recovery import published_since, recover, stale_offsets, warn_stale
@@ -188,6 +189,8 @@ class Brain:
         #: decided batches' output, published in order by the courier
         self._checkpointer: asyncio.Task[None] | None = None
         self._stopping = False
+        #: fail-stopped (`halt`): no batch decided, no checkpoint written from then on
+        self.halted = False
         #: set as soon as a stop begins: every retry loop gives up at once
         self._closing = asyncio.Event()
         #: publishes the decided batches, in order, while the next ones are decided
@@ -207,14 +210,11 @@ class Brain:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        # an env made by an older version gets the tables this brain writes
-        record = await EnvRegistry(self.settings, self.pg_dsn).migrate(self.env)
-        if not self._policy_given:
-            raw = None if record is None else record.settings.get(GROUP)
-            try:
-                self.processor.policy = Policy.from_settings(raw)
-            except ValueError as exc:
-                raise UserError(f"env {self.env!r}: {exc}") from None
+        if self._policy_given:
+            # an env made by an older version gets the tables this brain writes
+            await EnvRegistry(self.settings, self.pg_dsn).migrate(self.env)
+        else:
+            self.processor.policy = await env_policy(self.settings, self.pg_dsn, self.env)
         await self.configs.start()
         try:
             # decide with the documents that exist, not with none while they load
@@ -244,17 +244,29 @@ class Brain:
             gc.set_threshold(*GC_THRESHOLDS)
         self._checkpointer = asyncio.create_task(self._checkpoint_loop(), name="brain-checkpoint")
 
+    def halt(self) -> None:
+        """Fail-stop (a scheduler leader that lost its lock, `streams.brain.leader`):
+        decide no more batches and write no more checkpoints, from now on. Another
+        instance may be resuming these partitions from the last checkpoint already: a
+        checkpoint or commit written now could overwrite what it saves. What was decided
+        and not yet checkpointed is decided again there, with the same plan ids."""
+        self.halted = True
+        self._stopping = True
+        self._closing.set()
+        if self._checkpointer is not None:
+            self._checkpointer.cancel()
+
     async def stop(self) -> None:
         """Final checkpoint, then commit, then stop: a clean stop re-reads nothing. A
         brain stuck retrying (state that does not load, a broker away) gives up at once
-        and leaves that work to its next start."""
+        and leaves that work to its next start; a halted one stops without them."""
         self._closing.set()
         if self._checkpointer is not None:
             self._checkpointer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checkpointer
         try:
-            if self._store is not None:
+            if self._store is not None and not self.halted:
                 try:
                     async with asyncio.timeout(STOP_CHECKPOINT_S):
                         await self._checkpoint_held(stopping=True)
@@ -275,11 +287,11 @@ class Brain:
             if self._tmp is not None:
                 self._tmp.cleanup()
 
-    async def run_until(self, stop: asyncio.Event) -> None:
-        """Run until `stop` is set or faust stops by itself (a crash), then stop cleanly."""
+    async def run_until(self, stop: asyncio.Event | list[asyncio.Event]) -> None:
+        """Run until `stop` (one of them) is set or faust stops by itself (a crash)."""
         stopped = asyncio.create_task(self.app.wait_until_stopped())
         try:
-            await wait_for_any([stop], [stopped])
+            await wait_for_any([stop] if isinstance(stop, asyncio.Event) else stop, [stopped])
         finally:
             stopped.cancel()
         if self.app.crash_reason is not None:
@@ -545,6 +557,8 @@ class Brain:
 
     async def _save(self, snap: Snapshot, *, commit: bool = True) -> None:
         assert self._store is not None
+        if self.halted:
+            raise Stopping(f"{self._what} is halted")
         started = time.monotonic()
         try:
             if snap:
@@ -603,21 +617,78 @@ __all__ = [
 # -- `up` and the command ----------------------------------------------------------------
 
 
-async def run(ctx: ServiceContext, *, freeze_gc: bool = False) -> None:
-    brain = Brain(
-        ctx.settings,
-        ctx.env,
-        ctx.pg_dsn,
-        metrics=BrainMetrics(ctx.metrics, ctx.env),
-        freeze_gc=freeze_gc,
-    )
-    await brain.start()
+async def env_policy(settings: Settings, pg_dsn: str, env: str) -> Policy:
+    """The policy the env's settings ask for (`settings["brain"]` in the registry), the
+    env's tables migrated first (an env made by an older version gets the tables this
+    brain writes); a misconfigured env is a UserError of one line."""
+    record = await EnvRegistry(settings, pg_dsn).migrate(env)
+    raw = None if record is None else record.settings.get(GROUP)
     try:
-        if await wait_for_any([brain.ready, ctx.stop]):
-            ctx.ready.set()
-        await brain.run_until(ctx.stop)
+        return Policy.from_settings(raw)
+    except ValueError as exc:
+        raise UserError(f"env {env!r}: {exc}") from None
+
+
+async def run(ctx: ServiceContext, *, freeze_gc: bool = False) -> None:
+    """Decide the env's events until stopped. An env with a cluster scheduler is decided
+    by one brain instance at a time, its leader (`streams.brain.leader`): this one stands
+    by until it leads, and stands by again if it loses the lead."""
+    metrics = BrainMetrics(ctx.metrics, ctx.env)
+    policy = await env_policy(ctx.settings, ctx.pg_dsn, ctx.env)
+    if policy.scheduler is None:
+        await _decide(ctx, policy, metrics, freeze_gc=freeze_gc)
+        return
+    leadership = Leadership(ctx.pg_dsn, ctx.env, poll_s=ctx.settings.fence_check_s)
+    # standing by is this instance's job while another leads: ready (not failing)
+    standing_by = asyncio.create_task(_ready_once(leadership.standing_by, ctx))
+    try:
+        while await leadership.acquire(ctx.stop):
+            try:
+                await _decide(ctx, policy, metrics, freeze_gc=freeze_gc, lost=leadership.lost)
+            finally:
+                await leadership.release()
+            if not leadership.lost.is_set():
+                return
     finally:
-        await brain.stop()
+        standing_by.cancel()
+
+
+async def _ready_once(event: asyncio.Event, ctx: ServiceContext) -> None:
+    await event.wait()
+    ctx.ready.set()
+
+
+async def _decide(
+    ctx: ServiceContext,
+    policy: Policy,
+    metrics: BrainMetrics,
+    *,
+    freeze_gc: bool,
+    lost: asyncio.Event | None = None,
+) -> None:
+    """One brain, from its start until `ctx.stop`, a crash, or `lost` (then halted at
+    once: the lock that made it the env's only decider is gone)."""
+    brain = Brain(
+        ctx.settings, ctx.env, ctx.pg_dsn, policy=policy, metrics=metrics, freeze_gc=freeze_gc
+    )
+    halting = None if lost is None else asyncio.create_task(_halt_when(lost, brain))
+    try:
+        await brain.start()
+        try:
+            stops = [ctx.stop] if lost is None else [ctx.stop, lost]
+            if await wait_for_any([brain.ready, *stops]) and brain.ready.is_set():
+                ctx.ready.set()
+            await brain.run_until(stops)
+        finally:
+            await brain.stop()
+    finally:
+        if halting is not None:
+            halting.cancel()
+
+
+async def _halt_when(lost: asyncio.Event, brain: Brain) -> None:
+    await lost.wait()
+    brain.halt()
 
 
 service = Service(
