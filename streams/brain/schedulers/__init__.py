@@ -21,6 +21,7 @@ from streams.brain.schedulers.goodput_cluster import (
     Schedule,
     schedule,
 )
+from streams.brain.schedulers.tiresias import TiresiasParams, tiresias
 
 #: (now, cluster, jobs, params) -> the tick's schedule
 ScheduleFn = Callable[[float, Cluster, Sequence[JobInput], Any], Schedule]
@@ -49,6 +50,13 @@ SCHEDULERS: Mapping[str, SchedulerSpec] = MappingProxyType(
             "preemption",
             GoodputClusterParams,
             schedule,
+        ),
+        "tiresias": SchedulerSpec(
+            "tiresias",
+            "the Pollux artifact's Tiresias baseline: two-queue least-attained-service "
+            "(16 GPU-hours), each job's requested GPUs or none, preemption, batch untouched",
+            TiresiasParams,
+            tiresias,
         ),
     }
 )
