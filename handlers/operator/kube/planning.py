@@ -89,6 +89,17 @@ class PlanRejected(ValueError):
     """The plan cannot apply to this job; the message is the result's reason."""
 
 
+def cannot_suspend(platform: str) -> str:
+    """Why a platform that cannot preempt rejects a cluster scheduler's suspend: a pod
+    deleted here would be replaced, or its GPUs taken, with no way to hold the job's place
+    and resume it (pure; one line, the result's reason)."""
+    return (
+        f"the {platform} platform cannot suspend a job; nothing was changed (a cluster "
+        "scheduler's preemption needs a platform that suspends, such as a virtual env's "
+        "simulated cluster)"
+    )
+
+
 @dataclass(frozen=True)
 class NewPod:
     role: str
@@ -527,6 +538,7 @@ __all__ = [
     "PlanChange",
     "PlanRejected",
     "ServiceChanges",
+    "cannot_suspend",
     "counts",
     "diff",
     "grace_seconds",

@@ -11,6 +11,9 @@ node/job events out. A thin adapter around planning.py and podevents.py.
   again after it applied is answered as it was then (status, reason, parts not applied).
 - ``applied`` only when every part of the plan was; ``partial`` lists the parts that were
   not (training knobs await the job's own confirmation; see planning.UNSUPPORTED).
+- A plan's placement (pods pinned to named nodes) is listed not applied: the cluster's
+  scheduler places pods. A suspend (a cluster scheduler's preemption) is rejected, nothing
+  changed: no platform here can hold a job's place while its pods are gone.
 - A plan that cannot apply gets a rejected (planning.PlanRejected, raised wherever the
   reason is found) or failed result with the reason; the consumer goes on. Pod
   decisions are re-made from a fresh list each time, never from a cache.
@@ -118,8 +121,11 @@ class EnvReconciler:
         retry_s: float = 2.0,
         on_step: StepHook | None = None,
         metrics: OperatorMetrics | None = None,
+        platform: str = "Kubernetes",
     ) -> None:
         self.settings = settings
+        #: the platform's name in what a result says (a suspend it cannot do)
+        self.platform = platform
         #: plans answered by status, and how long from reading each to its result
         self.metrics = metrics
         self.env = env
@@ -501,6 +507,9 @@ class EnvReconciler:
         return obj, job
 
     async def _apply(self, plan: ScalePlan) -> ApplyResult:
+        if plan.suspend:
+            # neither platform can hold a job's place while its pods are gone
+            return ApplyResult(ScaleStatus.REJECTED, planning.cannot_suspend(self.platform), {})
         try:
             obj, job = await self._find(plan)
         except PlanRejected as e:

@@ -97,7 +97,7 @@ async def _run(
         poll_s=0.1,
     )
     ctx = ServiceContext(settings, env, dsn)
-    reconciler = EnvReconciler(settings, env, dsn, cluster)
+    reconciler = EnvReconciler(settings, env, dsn, cluster, platform="local")
     await cluster.start()
     running = asyncio.create_task(reconciler.run(ctx.stop))
     figures: list[dict[str, Any]] = []

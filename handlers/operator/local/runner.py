@@ -159,6 +159,7 @@ async def run(
         resync_s=conf.resync_seconds,
         on_step=on_step,
         metrics=OperatorMetrics(ctx.metrics, ctx.env, "local"),
+        platform="local",
     )
     await cluster.start()
     store = await EnvStore.open(ctx.pg_dsn, ctx.env, max_size=2)

@@ -1,0 +1,80 @@
+"""A cluster scheduler's plans on Kubernetes: a placement on named nodes is listed not
+applied by every workload (the cluster's scheduler places pods), and a suspend is
+rejected before the operator touches the cluster (nothing can hold a job's place while
+its pods are gone)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes_asyncio import client
+
+from dlrover_events.settings import Settings
+from handlers.operator.kube import pytorchjob
+from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.planning import cannot_suspend, plan_change, plan_not_applied
+from handlers.operator.kube.reconciler import EnvReconciler
+from handlers.operator.kube.trainingjob import TRAINING_JOB
+from schemas.plan_parts import NO_PLACEMENT
+from schemas.plans import NotApplied, ScalePlan, ScaleStatus
+
+from . import test_pytorchjob as ptj
+from .test_planning import UID, group, job, plan, pod
+
+PLACEMENT = {"node-a": 4, "node-b": 4}
+PLACED = NotApplied(part="placement", reason=NO_PLACEMENT)
+
+
+def test_a_trainingjob_plan_lists_its_placement_not_applied() -> None:
+    placed = plan(node_group_resources=group(4), placement=PLACEMENT)
+    assert PLACED in plan_not_applied(placed)
+    assert PLACED in plan_not_applied(placed, gpu_type_label="gpu.example/type")
+    change = plan_change(job(2), [pod(0), pod(1)], placed)
+    assert change.not_applied == plan_not_applied(placed)
+    assert change.patch is not None
+    assert change.patch["spec"] == {"roles": {"worker": {"replicas": 4}}}
+
+
+def test_a_pytorchjob_plan_lists_its_placement_not_applied() -> None:
+    placed = ptj.plan(node_group_resources=ptj.workers(3), placement=PLACEMENT)
+    assert PLACED in pytorchjob.plan_not_applied(placed)
+    change = pytorchjob.plan_change(ptj.elastic(2), ptj.pods(2), placed)
+    assert PLACED in change.not_applied
+
+
+def test_a_plan_without_placement_lists_none() -> None:
+    assert PLACED not in plan_not_applied(plan(node_group_resources=group(4)))
+
+
+def test_the_suspend_reason_is_one_line_naming_the_platform() -> None:
+    reason = cannot_suspend("Kubernetes")
+    assert reason.startswith("the Kubernetes platform cannot suspend a job; ")
+    assert "\n" not in reason
+
+
+@pytest.fixture
+async def unreachable_cluster() -> AsyncIterator[KubeApi]:
+    """A Kubernetes API nobody answers: any call the operator made would fail."""
+    api = client.ApiClient(client.Configuration(host="http://127.0.0.1:1"))
+    try:
+        yield KubeApi(api, TRAINING_JOB, "ns")
+    finally:
+        await api.close()
+
+
+async def test_the_kubernetes_operator_rejects_a_suspend_without_calling_the_cluster(
+    unreachable_cluster: KubeApi,
+) -> None:
+    reconciler = EnvReconciler(
+        Settings(), "prod", "postgresql://127.0.0.1:1/unused", unreachable_cluster
+    )
+    suspend = ScalePlan(
+        env="prod", job={"uuid": UID, "name": "j", "namespace": "ns"}, plan_id="s1", suspend=True
+    )
+
+    result = await reconciler._apply(suspend)
+
+    assert result.status is ScaleStatus.REJECTED
+    assert result.reason == cannot_suspend("Kubernetes")
+    assert result.observed == {} and result.not_applied == ()

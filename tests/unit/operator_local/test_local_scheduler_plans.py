@@ -1,0 +1,82 @@
+"""A cluster scheduler's plans on the local platform: a placement on named nodes is listed
+not applied (processes on this machine go where the OS puts them), and a suspend is
+rejected with nothing changed (the platform cannot hold a job's place without its
+processes). The reconciler drives a real local cluster, unstarted: job objects and pods
+are files, no process runs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from dlrover_events.settings import Settings
+from handlers.operator.kube.reconciler import EnvReconciler
+from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator.local.cluster import LocalCluster
+from schemas.jobs import JobMeta
+from schemas.plan_parts import NO_PLACEMENT
+from schemas.plans import NodeGroupResource, NodeResource, ScalePlan, ScaleStatus
+
+GiB = 2**30
+
+
+def _job_body() -> dict[str, Any]:
+    worker = {
+        "replicas": 2,
+        "minReplicas": 1,
+        "maxReplicas": 6,
+        "resources": {"cpu": 1, "memory": "1Gi"},
+        "template": {"spec": {"containers": [{"name": "main", "command": ["true"]}]}},
+    }
+    return {
+        "apiVersion": "dlrover-events.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "j"},
+        "spec": {"roles": {"worker": worker}},
+    }
+
+
+async def _cluster_with_job(root: Path) -> tuple[LocalCluster, EnvReconciler, JobMeta]:
+    cluster = LocalCluster(root, TRAINING_JOB)
+    made = await cluster.create_job(_job_body())
+    reconciler = EnvReconciler(
+        Settings(), "prod", "postgresql://127.0.0.1:1/unused", cluster, platform="local"
+    )
+    meta = JobMeta(uuid=made["metadata"]["uid"], name="j", namespace=cluster.namespace)
+    return cluster, reconciler, meta
+
+
+async def test_a_suspend_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
+    cluster, reconciler, meta = await _cluster_with_job(tmp_path)
+    before = copy.deepcopy(await cluster.get_job("j"))
+    plan = ScalePlan(env="prod", job=meta, plan_id="suspend-1", suspend=True)
+
+    result = await reconciler._apply(plan)
+
+    assert result.status is ScaleStatus.REJECTED
+    assert result.reason.startswith("the local platform cannot suspend a job; nothing was changed")
+    assert "\n" not in result.reason
+    assert await cluster.get_job("j") == before
+    assert await cluster.list_pods() == ([], "0")
+
+
+async def test_a_placement_is_listed_not_applied_and_the_rest_applies(tmp_path: Path) -> None:
+    cluster, reconciler, meta = await _cluster_with_job(tmp_path)
+    plan = ScalePlan(
+        env="prod",
+        job=meta,
+        plan_id="place-1",
+        node_group_resources={"worker": NodeGroupResource(count=3, node_resource=NodeResource())},
+        placement={"node-0": 2, "node-1": 1},
+    )
+
+    result = await reconciler._apply(plan)
+
+    assert result.status is ScaleStatus.PARTIAL
+    assert [(p.part, p.reason) for p in result.not_applied] == [("placement", NO_PLACEMENT)]
+    job = await cluster.get_job("j")
+    assert job is not None and job["spec"]["roles"]["worker"]["replicas"] == 3
+    pods, _ = await cluster.list_pods()
+    assert len(pods) == 3
+    assert cluster.adapter.plan_not_applied(plan) == result.not_applied
