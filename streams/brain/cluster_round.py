@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
 from streams.brain.planner import DEFAULT_LIMITS, SOURCE, Limits, plan_event_id, plan_id
 from streams.brain.schedulers import get_scheduler
@@ -167,7 +168,12 @@ def _account(share: Share, now: datetime) -> Share:
 
 
 def _plans(
-    state: JobState, decision: Decision, now: datetime, scheduler: str, limits: Limits
+    state: JobState,
+    decision: Decision,
+    now: datetime,
+    scheduler: str,
+    limits: Limits,
+    memory: int | None = None,
 ) -> tuple[OptimizePlan, ScalePlan]:
     cause = f"{scheduler}@{now.isoformat()}"
     optimize_id = plan_id(state.job.uuid, cause, "optimize")
@@ -179,7 +185,8 @@ def _plans(
         training["accumulation_steps"] = decision.accumulation
     groups: dict[str, NodeGroupResource] = {}
     if decision.action is not Action.SUSPEND and decision.action is not Action.REBATCH:
-        memory = memory_for(state, decision.local_batch, limits) if decision.local_batch else 0
+        if memory is None:
+            memory = memory_for(state, decision.local_batch, limits) if decision.local_batch else 0
         groups[WORKER] = NodeGroupResource(
             count=decision.replicas, node_resource=NodeResource(memory=memory)
         )
@@ -235,6 +242,45 @@ def _shared(share: Share, decision: Decision, now: datetime) -> Share:
     )
 
 
+def _oom_decision(state: JobState, limits: Limits) -> tuple[Decision, tuple[str, ...], int] | None:
+    """A job out of host memory stays stalled on its GPUs until a plan gives it more: its
+    share again, with the memory the OOM said it needs (else twice what it has), raised
+    at most the planner's step and capped by its limit. GPU OOMs are the batch's: the
+    scheduler keeps local batches within the job's declared range."""
+    share = state.share
+    if share is None or not share.replicas:
+        return None
+    records = [
+        r
+        for rs in state.ooms.values()
+        for r in rs
+        if not r.handled and r.kind is OOMKind.HOST_MEMORY
+    ]
+    if not records:
+        return None
+    role = state.roles.get(WORKER)
+    current = role.memory if role is not None else 0
+    need = max((r.memory or 0 for r in records), default=0) or 2 * current
+    wanted = min(max(need, current), limits.max_memory)
+    if current:
+        wanted = min(wanted, current + limits.max_memory_step)
+    if wanted <= current:
+        return None  # (at its limit: nothing a plan can give)
+    placement = tuple(sorted(share.placement.items(), key=lambda kv: _node_order(kv[0])))
+    decision = Decision(
+        state.job.uuid,
+        Action.MOVE,
+        share.replicas,
+        placement,
+        share.local_batch,
+        share.accumulation,
+        None,
+        True,
+        f"out of host memory: {current} -> {wanted} B per replica, same GPUs",
+    )
+    return decision, tuple(sorted(r.event_id for r in records)), wanted
+
+
 def run_round(
     states: Mapping[str, JobState],
     now: datetime,
@@ -259,12 +305,22 @@ def run_round(
     result = spec.run(now.timestamp(), cluster, inputs, policy.params)
     changed = dict(accounted)
     plans: list[OptimizePlan | ScalePlan] = []
+    decided = {d.job_id for d in result.decisions}
     for decision in result.decisions:
         state = jobs[decision.job_id]
         optimize, scale = _plans(state, decision, now, policy.name, lim)
         share = _shared(state.share or Share(), decision, now)
         after = state.model_copy(update={"share": share})
         changed[decision.job_id] = record_decision(after, optimize, scale, (), now)
+        plans.extend((optimize, scale))
+    for uuid in sorted(set(jobs) - decided):
+        state = jobs[uuid]
+        found = _oom_decision(state, lim)
+        if found is None:
+            continue
+        decision, handled, memory = found
+        optimize, scale = _plans(state, decision, now, policy.name, lim, memory)
+        changed[uuid] = record_decision(state, optimize, scale, handled, now)
         plans.extend((optimize, scale))
     return RoundResult(changed, plans, result)
 

@@ -8,7 +8,16 @@ from datetime import timedelta
 
 from schemas import encode
 from schemas.envelope import Event
-from schemas.jobs import JobMeta, JobSubmitted, NodeUsage, RoleSpec, RuntimeSample
+from schemas.jobs import (
+    JobMeta,
+    JobSubmitted,
+    NodeOOM,
+    NodeRef,
+    NodeUsage,
+    OOMKind,
+    RoleSpec,
+    RuntimeSample,
+)
 from schemas.lockstep import Barrier
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.cluster_round import job_model, memory_for, run_round
@@ -207,3 +216,42 @@ def test_a_round_counts_attained_service_of_jobs_holding_gpus() -> None:
     result = run_round(p.states, T0 + timedelta(seconds=180), scheduler)
     share = result.states["a"].share
     assert share is not None and share.attained_gpu_s == 120.0
+
+
+def test_a_job_out_of_host_memory_gets_the_memory_it_needs_on_the_same_gpus() -> None:
+    """Per-job optimizers decide nothing under a scheduler: the round itself answers a
+    host OOM, or the job would stay stalled on its GPUs."""
+    p = processor(scheduler=SCHEDULER)
+    p.process(
+        feed({(EVENTS, 0): [submitted("a", 0), barrier(1, 60)], (METRICS, 0): [barrier(1, 60)]})
+    )
+    share = p.states["a"].share
+    assert share is not None and share.replicas == 1
+    oom = NodeOOM(
+        env=ENV,
+        job=JobMeta(uuid="a", name="a"),
+        occurred_at=T0 + timedelta(seconds=90),
+        node=NodeRef(type="worker", id=0),
+        kind=OOMKind.HOST_MEMORY,
+        memory=5 * GiB,
+        exit_code=137,
+    )
+    out = p.process(
+        [
+            Rec(EVENTS, 0, 3, None, encode(oom)),
+            Rec(EVENTS, 0, 4, None, encode(barrier(2, 120))),
+            Rec(METRICS, 0, 1, None, encode(barrier(2, 120))),
+        ]
+    )
+    (plan,) = scale_plans(out.plans)
+    assert plan.node_group_resources["worker"].node_resource.memory == 5 * GiB
+    assert plan.placement == share.placement
+    assert plan.node_group_resources["worker"].count == 1
+    assert all(r.handled for rs in p.states["a"].ooms.values() for r in rs)
+    out = p.process(
+        [
+            Rec(EVENTS, 0, 5, None, encode(barrier(3, 180))),
+            Rec(METRICS, 0, 2, None, encode(barrier(3, 180))),
+        ]
+    )
+    assert scale_plans(out.plans) == []  # answered once
