@@ -18,14 +18,16 @@ _NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
 PRESETS: dict[str, dict[str, Any]] = {
     "static": {"brain": False},
     "goodput": {"brain": {"job_config": {"optimizer": "goodput"}}},
-    "tiresias": {"brain": {"scheduler": {"name": "tiresias"}}},
+    # (a round per 60 s tick, as the Pollux artifact schedules)
+    "tiresias": {"brain": {"scheduler": {"name": "tiresias"}}, "operator": {"tick_s": 60}},
     "goodput-cluster": {
         "brain": {
             "scheduler": {
                 "name": "goodput-cluster",
                 "params": {"restart_cost_s": 30, "hysteresis": 0.05},
             }
-        }
+        },
+        "operator": {"tick_s": 60},
     },
 }
 
