@@ -9,6 +9,7 @@ from datetime import timedelta
 from schemas import encode
 from schemas.envelope import Event
 from schemas.jobs import (
+    JobCompleted,
     JobMeta,
     JobSubmitted,
     NodeOOM,
@@ -255,3 +256,37 @@ def test_a_job_out_of_host_memory_gets_the_memory_it_needs_on_the_same_gpus() ->
         ]
     )
     assert scale_plans(out.plans) == []  # answered once
+
+
+def tick(p: BrainProcessor, n: int, at_s: float, *events: Event) -> list[ScalePlan]:
+    """One tick on a single job-events partition (and the metrics partition's barrier)."""
+    base = p.offsets.get((EVENTS, 0), 0)
+    mbase = p.offsets.get((METRICS, 0), 0)
+    recs = [Rec(EVENTS, 0, base + i, None, encode(e)) for i, e in enumerate(events)]
+    recs.append(Rec(EVENTS, 0, base + len(events), None, encode(barrier(n, at_s))))
+    recs.append(Rec(METRICS, 0, mbase, None, encode(barrier(n, at_s))))
+    return scale_plans(p.process(recs).plans)
+
+
+def completed(name: str, at_s: float) -> JobCompleted:
+    return JobCompleted(
+        env=ENV, job=JobMeta(uuid=name, name=name), occurred_at=T0 + timedelta(seconds=at_s)
+    )
+
+
+def test_a_small_trace_where_the_scheduler_must_preempt_and_resume() -> None:
+    """Fidelity check 7c: one node of 4 GPUs under tiresias with a 100 GPU-s threshold.
+    A 4-GPU job runs past the threshold; a 2-GPU job arrives in the first queue and
+    preempts it; when that one completes the first resumes on its GPUs."""
+    sched = {**SCHEDULER, "name": "tiresias", "nodes": 1, "params": {"queue_threshold_gpu_s": 100}}
+    p = processor(scheduler=sched, cluster_gpus=4)
+    (admit,) = tick(p, 1, 60, submitted("big", 0, replicas=4))
+    assert admit.node_group_resources["worker"].count == 4 and admit.placement == {"node-0": 4}
+    assert tick(p, 2, 120) == []  # 4 GPUs x 60 s = 240 GPU-s: past the threshold, alone
+    plans = tick(p, 3, 180, submitted("small", 150, replicas=2))
+    assert [(q.job.uuid, q.suspend) for q in plans] == [("big", True), ("small", False)]
+    assert plans[1].placement == {"node-0": 2} and not plans[0].placement
+    (resume,) = tick(p, 4, 240, completed("small", 200))
+    assert resume.job.uuid == "big" and resume.placement == {"node-0": 4}
+    share = p.states["big"].share
+    assert share is not None and share.restarts == 1  # the suspend
