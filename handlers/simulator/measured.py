@@ -10,10 +10,12 @@ from:
 - step time: the step-time model the brain's cluster scheduler fits
   (dlrover_events.step_time, the same fit of the same samples), so the simulator and the
   scheduler agree on what a job does at an allocation neither has seen;
-- work: the job's own word, ``total_steps`` in its submission's config (the field the
-  brain reads too), in optimizer steps at its initial batch. Its samples cannot say it:
-  the replay carries only the first phase, so their last step is where the real brain
-  took over, not where the job ended;
+- work, in optimizer steps at its initial batch: the job's own word, ``total_steps`` in
+  its submission's config (the field the brain reads too); else how far it got in the
+  source env, which the replay adds to the submission it copies (``replay_source_steps``:
+  the last global step of its samples there). The samples the virtual env holds cannot
+  say it: the replay copies the first phase only, which ends where the real brain took
+  over, not where the job ended;
 - statistical efficiency: 1 at its own batch. A smaller batch makes proportionally less
   progress per step; a larger one makes no more (without gradient statistics nothing says
   a larger batch helps, as the brain assumes). A job that reported ``grad_sqr`` and
@@ -44,6 +46,10 @@ from schemas.jobs import JobSubmitted, RuntimeSample
 
 #: The config key whose value is the job's length in optimizer steps (the brain's too).
 TOTAL_STEPS = "total_steps"
+
+#: The config key a replay adds to a submission that states no length: the last global
+#: step of the job's samples in the source env (streams.replay.core.SOURCE_STEPS).
+SOURCE_STEPS = "replay_source_steps"
 
 
 class NotMeasurable(TraceDataError):
@@ -160,10 +166,12 @@ class MeasuredApplication:
 
 
 def total_steps(submitted: JobSubmitted) -> int | None:
-    """The job's length as its submission states it (config ``total_steps``)."""
-    value = submitted.config.get(TOTAL_STEPS)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
+    """The job's length: as its submission states it (config ``total_steps``), else as
+    far as it got in the env it was replayed from."""
+    for key in (TOTAL_STEPS, SOURCE_STEPS):
+        value = submitted.config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
     return None
 
 
@@ -193,7 +201,7 @@ def measure(submitted: JobSubmitted, samples: Iterable[RuntimeSample]) -> Measur
     if work is None:
         raise NotMeasurable(
             f"its submission does not say how long it trains (config {TOTAL_STEPS}: an "
-            "integer >= 1)"
+            f"integer >= 1), nor does a replay ({SOURCE_STEPS}: no sample in its source)"
         )
     first, first_step = steps[0]
     init_batch = submitted.batch_size or first.batch_size
@@ -225,6 +233,7 @@ def measure(submitted: JobSubmitted, samples: Iterable[RuntimeSample]) -> Measur
 
 
 __all__ = [
+    "SOURCE_STEPS",
     "TOTAL_STEPS",
     "MeasuredApplication",
     "NotMeasurable",

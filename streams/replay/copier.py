@@ -20,11 +20,19 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from dlrover_events.bus import Producer, start_kafka_client, topic_partitions
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
-from dlrover_events.topic_reader import seek_to_time
+from dlrover_events.topic_reader import TopicReader, seek_to_time
 from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, split_topic, topic
 from schemas.codec import CodecError, decode, encode
 from schemas.envelope import Event
-from streams.replay.core import Pacer, Recorded, Selection, TimeMerge, retarget
+from streams.replay.core import (
+    Pacer,
+    Recorded,
+    Selection,
+    TimeMerge,
+    retarget,
+    source_steps,
+    with_source_steps,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +92,8 @@ class Replay:
                 end_hint: dict[TopicPartition, int] = await consumer.end_offsets(parts)
                 start = {tp: await consumer.position(tp) for tp in parts}
                 total = sum(max(0, end_hint[tp] - start[tp]) for tp in parts)
-                copier = _Copier(self, consumer, producer, report)
+                steps = await self._source_steps(cutoff_ms)
+                copier = _Copier(self, consumer, producer, report, steps)
                 await copier.bounded(parts, end_hint, cutoff_ms, total, progress, stop)
                 if self.follow and not (stop and stop.is_set()) and not copier.limit_reached:
                     await copier.live(parts, stop)
@@ -92,6 +101,32 @@ class Replay:
         finally:
             await consumer.stop()
         return report
+
+    async def _source_steps(self, cutoff_ms: int) -> dict[str, int]:
+        """Per job, the last global step its samples reached in the source, up to the
+        cutoff: a copied submission carries it (core.SOURCE_STEPS), since the first phase
+        the replay copies does not say how long the job trained."""
+        steps: dict[str, int] = {}
+        async with TopicReader(
+            self.settings,
+            [topic(self.source, JOB_METRICS)],
+            client_id="replay-steps",
+            begin=self.since or "earliest",
+        ) as reader:
+            while True:
+                records = await reader.fetch()
+                events = []
+                for r in records:
+                    if r.timestamp > cutoff_ms:
+                        continue
+                    try:
+                        events.append(decode(r.value))
+                    except CodecError:
+                        continue
+                for job, step in source_steps(events).items():
+                    steps[job] = max(steps.get(job, 0), step)
+                if not records and await reader.caught_up():
+                    return steps
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         parts: list[TopicPartition] = []
@@ -119,9 +154,15 @@ class _Copier:
     """State of one run: what is read, copied, and safe to commit."""
 
     def __init__(
-        self, replay: Replay, consumer: AIOKafkaConsumer, producer: Producer, report: ReplayReport
+        self,
+        replay: Replay,
+        consumer: AIOKafkaConsumer,
+        producer: Producer,
+        report: ReplayReport,
+        steps: dict[str, int],
     ) -> None:
         self.r = replay
+        self.steps = steps
         self.consumer = consumer
         self.producer = producer
         self.report = report
@@ -197,7 +238,11 @@ class _Copier:
             return
         if pace:
             await self._pace(rec.timestamp_ms)
-        value = rec.value if rec.event is None else encode(retarget(rec.event, self.r.target))
+        value = (
+            rec.value
+            if rec.event is None
+            else encode(retarget(with_source_steps(rec.event, self.steps), self.r.target))
+        )
         await self.producer.enqueue(topic(self.r.target, name), value, rec.key)
         report.copied += 1
         report.per_topic[name] = report.per_topic.get(name, 0) + 1

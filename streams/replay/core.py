@@ -10,13 +10,13 @@ from __future__ import annotations
 import fnmatch
 import heapq
 from collections import deque
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Generic, TypeVar
 
 from schemas.envelope import Event
-from schemas.jobs import RuntimeSample
+from schemas.jobs import JobSubmitted, RuntimeSample
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import ScalePlan
 
@@ -25,6 +25,12 @@ K = TypeVar("K", bound=Hashable)
 #: What a virtual env takes from production by default: arrivals and what jobs are like.
 #: Outcomes (node events, completions) come from the env's own simulator instead.
 DEFAULT_TYPES: tuple[str, ...] = ("job.submitted", "optimize.request", "job.runtime_sample")
+
+#: The config key of a replayed submission that says the global step of the job's last
+#: sample in the source env: how long the job trained there, for a simulator that must
+#: run it from its first phase (handlers/simulator/measured.py reads the same key) when
+#: the job does not say itself (``total_steps``). The brain reads no such key.
+SOURCE_STEPS = "replay_source_steps"
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +148,27 @@ class Selection:
             first_plan = self.first_plan_at.get(event.job.uuid)
             return first_plan is None or event.occurred_at < first_plan
         return True
+
+
+def source_steps(samples: Iterable[Event]) -> dict[str, int]:
+    """Per job, the largest global step its samples reached (the rest is ignored)."""
+    steps: dict[str, int] = {}
+    for event in samples:
+        if isinstance(event, RuntimeSample):
+            key = event.job.uuid
+            steps[key] = max(steps.get(key, 0), event.global_step)
+    return steps
+
+
+def with_source_steps(event: Event, steps: Mapping[str, int]) -> Event:
+    """A submission with its job's steps in the source (SOURCE_STEPS), unless it states
+    its length itself or the source has no sample of it; any other event as it is."""
+    if not isinstance(event, JobSubmitted) or "total_steps" in event.config:
+        return event
+    reached = steps.get(event.job.uuid)
+    if not reached:
+        return event
+    return event.model_copy(update={"config": {**event.config, SOURCE_STEPS: reached}})
 
 
 def retarget(event: Event, env: str) -> Event:

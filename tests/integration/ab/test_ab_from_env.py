@@ -5,7 +5,8 @@ The source env holds what a real env would: a submission, first-phase samples at
 worker counts, the source brain's first ScalePlan, later samples and the completion. The
 arms get the submission and the first phase only (the replay's default); their simulator
 fits each job's step time from those samples as the brain's scheduler fits it, and runs
-the job for the `total_steps` its submission states.
+the job for the `total_steps` its submission states, or, when it states none, for the
+steps it had made at its last sample in the source (which the replay carries).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dlrover_events.bus import Producer
 from dlrover_events.settings import Settings
 from dlrover_events.step_time import PerfParams
 from handlers.simulator.job import DEFAULT_RESTART_DELAY
-from handlers.simulator.measured import measure
+from handlers.simulator.measured import SOURCE_STEPS, measure
 from schemas.envelope import Event
 from schemas.jobs import (
     JobCompleted,
@@ -44,7 +45,7 @@ T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 class Job:
     """One production job of a made-up application and the model its samples follow."""
 
-    def __init__(self, name: str, app: str, at: float, steps: int, true: PerfParams) -> None:
+    def __init__(self, name: str, app: str, at: float, steps: int | None, true: PerfParams) -> None:
         self.name, self.app, self.at, self.steps, self.true = name, app, at, steps, true
         self.meta = JobMeta(uuid=name, name=name, app=app)
 
@@ -57,7 +58,7 @@ class Job:
             application=self.app,
             batch_size=64,
             roles={"worker": RoleSpec(replicas=2, gpu_num=1)},
-            config={"total_steps": self.steps},
+            config={} if self.steps is None else {"total_steps": self.steps},
         )
 
     def sample(self, env: str, after: float, workers: int, step: int) -> RuntimeSample:
@@ -108,7 +109,16 @@ JOBS = [
     Job("ranker-1", "acme-ranker", 0.0, 1500, PerfParams(0.05, 0.01, alpha_r=0.1, beta_r=0.02)),
     Job("embed-2", "acme-embedder", 120.0, 1200, PerfParams(0.2, 0.002, alpha_r=0.05)),
     Job("ctr-3", "acme-ctr", 300.0, 2000, PerfParams(0.02, 0.004, alpha_r=0.02, beta_r=0.01)),
+    # States no length: it trains as far as its last sample in the source went (step 300).
+    Job("notes-4", "acme-notes", 400.0, None, PerfParams(0.3, 0.01, alpha_r=0.2)),
 ]
+
+
+def work(job: Job, env: str) -> int:
+    """The steps the job must make in an arm."""
+    if job.steps is not None:
+        return job.steps
+    return max(e.global_step for e in job.history(env) if isinstance(e, RuntimeSample))
 
 
 async def test_ab_run_from_an_env_simulates_untraced_jobs_from_their_samples(
@@ -143,19 +153,23 @@ async def test_ab_run_from_an_env_simulates_untraced_jobs_from_their_samples(
         assert arm["jobs_unfinished"] == 0
     static_jct, brain_jct = (summary["arms"][i]["jobs"] for i in (0, 1))
     for job in JOBS:
-        # Static: the job keeps its 2 workers (on one node: 6 GPUs of 8 in all, so no
+        # Static: the job keeps its 2 workers (on one node: 8 GPUs of 8 in all, so no
         # wait) and steps at what it measured there, after one start.
         measured_step = job.true.step_time(1, 2, 32, 1)
+        steps = work(job, source)
         assert static_jct[job.name] == pytest.approx(
-            DEFAULT_RESTART_DELAY + job.steps * measured_step, rel=1e-4
+            DEFAULT_RESTART_DELAY + steps * measured_step, rel=1e-4
         )
         # With the brain: whatever it planned, the job made its steps at step times the
         # fit of its own samples gives, never faster than the fastest of them on 8 GPUs.
-        model = measure(job.submitted(source), job.first_phase(source))
+        submitted = job.submitted(source)
+        if job.steps is None:
+            submitted.config[SOURCE_STEPS] = steps
+        model = measure(submitted, job.first_phase(source))
         fastest = min(
             model.step_time(placement, local).iteration_time(accumulation)
             for workers in range(1, 9)
             for placement in [(workers,) if workers <= 4 else (4, workers - 4)]
             for local, accumulation in [model.split_batch(64, workers)]
         )
-        assert brain_jct[job.name] >= DEFAULT_RESTART_DELAY + job.steps * fastest - 1e-3
+        assert brain_jct[job.name] >= DEFAULT_RESTART_DELAY + steps * fastest - 1e-3
