@@ -173,9 +173,10 @@ def _plans(
     now: datetime,
     scheduler: str,
     limits: Limits,
+    round_cause: str,
     memory: int | None = None,
 ) -> tuple[OptimizePlan, ScalePlan]:
-    cause = f"{scheduler}@{now.isoformat()}"
+    cause = f"{scheduler}@{now.isoformat()}/{round_cause}"
     optimize_id = plan_id(state.job.uuid, cause, "optimize")
     scale_id = plan_id(state.job.uuid, cause, "scale")
     training: dict[str, object] = {}
@@ -286,6 +287,7 @@ def run_round(
     now: datetime,
     policy: SchedulerPolicy,
     limits: Limits | None = None,
+    cause: str = "",
 ) -> RoundResult:
     """The scheduler's round at `now` over every job the brain holds: which jobs it
     decides for is `scheduled`; the rest are left alone."""
@@ -308,7 +310,7 @@ def run_round(
     decided = {d.job_id for d in result.decisions}
     for decision in result.decisions:
         state = jobs[decision.job_id]
-        optimize, scale = _plans(state, decision, now, policy.name, lim)
+        optimize, scale = _plans(state, decision, now, policy.name, lim, cause)
         share = _shared(state.share or Share(), decision, now)
         after = state.model_copy(update={"share": share})
         changed[decision.job_id] = record_decision(after, optimize, scale, (), now)
@@ -319,7 +321,7 @@ def run_round(
         if found is None:
             continue
         decision, handled, memory = found
-        optimize, scale = _plans(state, decision, now, policy.name, lim, memory)
+        optimize, scale = _plans(state, decision, now, policy.name, lim, cause, memory)
         changed[uuid] = record_decision(state, optimize, scale, handled, now)
         plans.extend((optimize, scale))
     return RoundResult(changed, plans, result)

@@ -31,7 +31,7 @@ from schemas.codec import CodecError, decode
 from schemas.dlq import DeadLetter, FailureKind
 from schemas.envelope import Event
 from schemas.events import AnyEvent
-from schemas.jobs import JobEvent
+from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
@@ -112,6 +112,9 @@ class Counters:
     errors: int = 0
     ticks: int = 0
 
+
+#: Events after which an event-time scheduler decides at once, not at the next interval.
+_ROUND_NOW = (JobSubmitted, JobCompleted, JobFailed)
 
 _ACK_NAMESPACE = uuid.UUID("4f1c8d2e-9a7b-4e3f-8c6d-1b2a3c4d5e6f")
 
@@ -355,6 +358,10 @@ class BrainProcessor:
                     if self.policy.scheduler is not None:
                         self._round_if_due(event.occurred_at, out)
                     self._one(record, event, out)
+                    if self.policy.scheduler is not None and isinstance(event, _ROUND_NOW):
+                        # an arrival or an end changes who may hold GPUs: decided at once,
+                        # or a quiet env (no samples to move event time) would wait forever
+                        self._round(event.occurred_at, out, f"after {event.event_id}")
                 self.offsets[tp] = record.offset + 1
                 self._changed_offsets.add(tp)
         self.counters.dead_lettered += len(out.letters)
@@ -395,7 +402,7 @@ class BrainProcessor:
         for _, job_uuid in due:
             self._arrive(job_uuid, out)
         if self.policy.scheduler is not None:
-            self._round(barrier.sim_at, out)
+            self._round(barrier.sim_at, out, f"tick {barrier.tick}")
         self.counters.ticks += 1
         out.acks.append(
             BarrierAck(
@@ -443,15 +450,17 @@ class BrainProcessor:
             self.last_round = boundary  # (the clock starts: nothing came before to decide)
             return
         if boundary > self.last_round:
-            self._round(boundary, out)
+            self._round(boundary, out, "interval")
 
-    def _round(self, now: datetime, out: Output) -> None:
+    def _round(self, now: datetime, out: Output, cause: str) -> None:
+        """A round of the scheduler at `now`; `cause` (the tick, the interval, the event
+        that called it) keeps two rounds at one instant from sharing plan ids."""
         scheduler = self.policy.scheduler
         assert scheduler is not None
         self.last_round = now
         self.rounds += 1
         try:
-            result = run_round(self.states, now, scheduler, self.policy.limits)
+            result = run_round(self.states, now, scheduler, self.policy.limits, cause)
         except Exception:  # a bug of the scheduler must not stop the brain for all
             log.exception("cluster scheduler %s failed at %s", scheduler.name, now)
             self.counters.errors += 1
