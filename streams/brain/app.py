@@ -21,6 +21,12 @@ checkpoint are decided again and give the same plan ids (derived from their caus
 crash loses no plan and makes no new ones; a plan that was published before the crash may
 be published again with the same id, which the operator applies at most once.
 
+An env with a cluster scheduler is decided by one brain instance at a time, so that the
+scheduler sees every job of the env: `run` (the service and the command) first takes the
+env's leader lock (`streams.brain.leader`), standing by while another instance holds it,
+and halts its brain at once if the lock is lost. Other envs spread their partitions over
+the instances, as the consumer group assigns them.
+
 Faust's worker normally owns the event loop; `Brain` starts the App as the mode.Service
 it is (`await app.start()`), so `up` runs it beside the other services in one loop.
 """
