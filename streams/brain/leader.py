@@ -34,6 +34,7 @@ import asyncpg
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.store.database import connect
+from streams.brain.retry import backoff
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class Leadership:
                 failures = 0
             except PG_ERRORS as err:
                 failures += 1
-                delay = min(self.poll_s * 2 ** min(failures - 1, 6), 30.0)
+                delay = backoff(failures, first=self.poll_s)
                 log.warning(
                     "brain of %s: cannot take the scheduler leader lock (%s: %s); "
                     "retrying in %.1f s",
