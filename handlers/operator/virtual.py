@@ -400,7 +400,11 @@ class VirtualOperator:
                 if isinstance(event, ScalePlan):
                     self._read_at[event.event_id] = read_at
                 if isinstance(event, JobSubmitted):
-                    self._say(self._catch_up(event).submit(event))
+                    fleet = self._catch_up(event)
+                    known = fleet.job(event.job.uuid) is not None
+                    self._say(fleet.submit(event))
+                    if not known and fleet.job(event.job.uuid) is not None:
+                        self._announce_arrival()
                 elif isinstance(event, ScalePlan) and state.gate is not None:
                     state.gate.plan(item.partition, event)  # applied at its tick's end
                     self._dirty = True
@@ -442,7 +446,18 @@ class VirtualOperator:
     def _start_clock(self, origin: datetime | None = None) -> None:
         assert self.state.fleet is not None
         self._say(self.state.fleet.start(origin))
+        if self.state.fleet.jobs():
+            self._announce_arrival()
         self.clock.start(0.0)
+
+    def _announce_arrival(self) -> None:
+        """A job arrived now. Under the brain's admission that makes no event (nothing
+        starts), yet only the brain can start the job, and in lockstep it decides at a
+        barrier: one must follow, as it follows events, or both sides would wait."""
+        fleet = self.state.fleet
+        if self.options.lockstep and fleet is not None and fleet.admission == "brain":
+            self.state.unbarriered = True
+            self._dirty = True
 
     async def _apply(self, fleet: VirtualCluster, plan: ScalePlan) -> None:
         """Apply the plan once and answer it: a plan delivered again after it applied gets

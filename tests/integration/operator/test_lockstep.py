@@ -352,3 +352,35 @@ async def test_the_same_input_gives_the_same_run_however_the_brain_s_timing_diff
     one, other = runs
     assert [e for e in one if e[0] == "scale.result"], "the brain's plans were applied"
     assert one == other
+
+
+async def test_under_the_brains_admission_a_tick_follows_an_arrival_and_a_plan_starts_the_job(
+    sim: Sim,
+) -> None:
+    # Nothing starts on its own, so an arrival makes no event; the brain still needs a
+    # barrier to decide on it, or the operator and the brain would wait for each other.
+    submitted = await sim.submit("job-s")
+    await sim.start(admission="brain", **LOCKSTEP)
+    end1 = await barrier_everywhere(sim, 1)
+    assert end1 == submitted.occurred_at + timedelta(seconds=TICK_S)
+    assert not [r for r in await read(sim) if isinstance(r.event, NodeStarted)]
+
+    admit = sim.plan(
+        "job-s",
+        "s-admit",
+        node_group_resources={"worker": NodeGroupResource(count=2)},
+        placement={"node-1": 2},
+        occurred_at=end1,
+    )
+    await sim.producer.publish(admit)
+    await plan_partition(sim, "s-admit")
+    await ack(sim, 1, end1, [0, 1, 2])
+    await barrier_everywhere(sim, 2)
+    reads = await read(sim)
+    result = result_of(reads, "s-admit")
+    assert result is not None
+    assert result.status is ScaleStatus.APPLIED, result.reason
+    assert result.occurred_at == end1
+    started = [r.event for r in reads if isinstance(r.event, NodeStarted)]
+    assert sorted(e.node.id for e in started) == [0, 1]
+    assert {e.occurred_at for e in started} == {end1}
