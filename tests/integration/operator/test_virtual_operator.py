@@ -262,6 +262,8 @@ async def test_bad_options_are_user_errors(sim: Sim) -> None:
         await sim.start(speed=-1.0)
     with pytest.raises(UserError, match="unknown virtual operator option"):
         await sim.start(colour="blue")
+    with pytest.raises(UserError, match="admission"):
+        await sim.start(admission="anyone")
     with pytest.raises(UserError, match="holds no cluster credentials"):
         await sim.start(kubeconfig="/root/.kube/config")
 

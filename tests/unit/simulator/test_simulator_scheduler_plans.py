@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from handlers.simulator.cluster import Cluster
+from handlers.simulator.cluster import Cluster, GiB
 from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.job import (
     AWAITING_RESUME,
@@ -192,6 +192,23 @@ def test_a_placement_the_cluster_cannot_follow_is_rejected(
     assert outcome.reason.startswith(reason)
     assert "\n" not in outcome.reason
     assert job_of(fleet, "a").state is JobPhase.PENDING
+
+
+def test_pods_must_fit_the_named_nodes_by_memory_too() -> None:
+    big = JobSubmitted(
+        env="sim",
+        occurred_at=DEFAULT_ORIGIN,
+        job=JobMeta(uuid="big", name="big", app="cifar10"),
+        application="cifar10",
+        roles={"worker": RoleSpec(replicas=1, gpu_num=1, memory=100 * GiB)},
+    )
+    fleet = VirtualCluster(Cluster(4, 4, memory_per_node=256 * GiB), admission="brain")
+    fleet.submit(big)
+    never = fleet.apply(plan("big", "three", 3, {"node-0": 3}))
+    assert never.status is ScaleStatus.REJECTED
+    assert never.reason == "the job's pods cannot fit on node-0 (3 GPUs)"
+    assert fleet.apply(plan("big", "two", 2, {"node-0": 2})).status is ScaleStatus.APPLIED
+    assert nodes_of(fleet, "big") == {0: 2}
 
 
 def test_a_placement_is_applied_not_left_out() -> None:
