@@ -5,6 +5,7 @@ Field names follow DLRover's models (JobMeta, Node, RuntimeInfo) where they exis
 
 from __future__ import annotations
 
+import itertools
 from enum import StrEnum
 from typing import ClassVar, Literal
 
@@ -81,8 +82,13 @@ class JobSubmitted(JobEvent):
     distribution: Literal["allreduce", "ps", "local", "custom"] = "allreduce"
     config: Document = Field(default_factory=dict)
     # Batch limits: what a scheduler that re-chooses the batch per allocation (Pollux)
-    # may choose from. ``batch_size`` above is the initial global batch; replicas are
-    # bounded per role (``min_replicas``/``max_replicas``).
+    # may choose from. ``batch_size`` above is the global batch the job starts with;
+    # replicas are bounded per role (``min_replicas``/``max_replicas``).
+    min_batch_size: BatchSize | None = Field(
+        default=None,
+        description="smallest global batch the training converges at, as tuned (Pollux's "
+        "initial batch): an adaptive scheduler never goes below it (default: batch_size)",
+    )
     max_batch_size: BatchSize | None = Field(
         default=None, description="largest global batch (samples per optimizer step)"
     )
@@ -102,17 +108,23 @@ class JobSubmitted(JobEvent):
     def _batch_limits_ordered(self) -> JobSubmitted:
         # A limit pair that contradicts itself leaves a scheduler nothing to choose:
         # refused at the contract, with both numbers, rather than guessed at later.
-        if (
-            self.batch_size is not None
-            and self.max_batch_size is not None
-            and self.batch_size > self.max_batch_size
-        ):
-            raise ValueError(
-                f"batch_size {self.batch_size} must be <= max_batch_size {self.max_batch_size}"
+        named: list[tuple[str, int]] = [
+            (name, value)
+            for name, value in (
+                ("min_batch_size", self.min_batch_size),
+                ("batch_size", self.batch_size),
+                ("max_batch_size", self.max_batch_size),
             )
-        low, high = self.min_local_batch_size, self.max_local_batch_size
-        if low is not None and high is not None and low > high:
-            raise ValueError(f"min_local_batch_size {low} must be <= max_local_batch_size {high}")
+            if value is not None
+        ]
+        for (low_name, low), (high_name, high) in itertools.pairwise(named):
+            if low > high:
+                raise ValueError(f"{low_name} {low} must be <= {high_name} {high}")
+        small, large = self.min_local_batch_size, self.max_local_batch_size
+        if small is not None and large is not None and small > large:
+            raise ValueError(
+                f"min_local_batch_size {small} must be <= max_local_batch_size {large}"
+            )
         return self
 
 

@@ -65,9 +65,9 @@ def parse_workload(
 
     Each job asks for one GPU per replica and the host memory its application needs at the
     local batch its batch size gives (job.MEMORY_MODELS), so the baseline never OOMs. Its
-    batch limits are what the traces measured (the largest traced global batch, the traced
-    local batch range), for a scheduler that re-chooses the batch (adaptive, as Pollux);
-    the static run ignores them.
+    batch limits are what the traces measured (from the smallest traced global batch, the
+    one the application was tuned at, to the largest; the traced local batch range), for a
+    scheduler that re-chooses the batch (adaptive, as Pollux); the static run ignores them.
     """
     submissions = []
     for row in csv.DictReader(io.StringIO(text)):
@@ -84,6 +84,8 @@ def parse_workload(
             job=JobMeta(uuid=name, name=name, app=app_name, scenario=app_name),
             application=app_name,
             batch_size=batch_size,
+            # Pollux trains from the application's initial batch, whatever the baseline's
+            min_batch_size=min(app.init_batch_size, batch_size),
             max_batch_size=app.max_batch_size,
             min_local_batch_size=app.min_local_bsz,
             max_local_batch_size=app.max_local_bsz,

@@ -94,13 +94,19 @@ def job_model(state: JobState) -> JobModel:
     min_replicas = min(role.min_replicas or 1, explore) if role is not None else 1
     max_local = bounds.max_local
     min_local = min(bounds.min_local or 1, max_local) if max_local else (bounds.min_local or 1)
+    # An adaptive job trains from the smallest batch it converges at (Pollux's initial
+    # batch), not from the one it was submitted with: that one may be a baseline's large
+    # fixed batch, worth little early in training.
+    init = min(bounds.min_batch or bounds.init_batch, bounds.init_batch)
+    if not bounds.adaptive:
+        init = bounds.init_batch
     grad = None
     if bounds.adaptive and state.grad_stats is not None:
         sqr, var = state.grad_stats
-        grad = GradStats(sqr=sqr, var=var / bounds.init_batch)
+        grad = GradStats(sqr=sqr, var=var / init)  # var: one sample's (RuntimeSample)
     limits = BatchLimits(
-        init_batch=bounds.init_batch,
-        max_batch=max(bounds.max_batch or bounds.init_batch, bounds.init_batch),
+        init_batch=init,
+        max_batch=max(bounds.max_batch or bounds.init_batch, init),
         min_local=max(1, min_local),
         max_local=max_local,
         adaptive=bounds.adaptive,
@@ -167,6 +173,19 @@ def _account(share: Share, now: datetime) -> Share:
     )
 
 
+def _largest_local(state: JobState, decision: Decision) -> int | None:
+    """The largest local batch a later round may give the job at this size without moving
+    it: a batch-only change applies in place, with the memory the pods already have, so
+    they are given what that batch needs now (a GPU's worth of host memory is more than
+    any traced replica needs; a replica short of it stalls its whole gang)."""
+    bounds, local = state.batch_bounds, decision.local_batch
+    if local is None or bounds is None or not bounds.adaptive or not decision.replicas:
+        return local
+    largest = max(bounds.max_batch or bounds.init_batch, bounds.init_batch)
+    cap = min(bounds.max_local or largest, largest // decision.replicas)
+    return max(local, cap)
+
+
 def _plans(
     state: JobState,
     decision: Decision,
@@ -187,7 +206,8 @@ def _plans(
     groups: dict[str, NodeGroupResource] = {}
     if decision.action is not Action.SUSPEND and decision.action is not Action.REBATCH:
         if memory is None:
-            memory = memory_for(state, decision.local_batch, limits) if decision.local_batch else 0
+            local = _largest_local(state, decision)
+            memory = memory_for(state, local, limits) if local else 0
         groups[WORKER] = NodeGroupResource(
             count=decision.replicas, node_resource=NodeResource(memory=memory)
         )

@@ -217,6 +217,9 @@ class BatchBounds(Model):
     submitted with, kept apart from `JobState.batch_size` (which follows the samples)."""
 
     init_batch: Steps = Field(ge=1)
+    #: the smallest batch it converges at (None: init_batch); an adaptive job's batch is
+    #: chosen from [min_batch, max_batch], its efficiency measured against min_batch
+    min_batch: Steps | None = None
     max_batch: Steps | None = None
     min_local: Steps | None = None
     max_local: Steps | None = None
@@ -454,6 +457,7 @@ def _fold_submitted(state: JobState, event: JobSubmitted) -> JobState:
         if event.batch_size is None
         else BatchBounds(
             init_batch=event.batch_size,
+            min_batch=event.min_batch_size,
             max_batch=event.max_batch_size,
             min_local=event.min_local_batch_size,
             max_local=event.max_local_batch_size,

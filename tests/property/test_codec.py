@@ -139,7 +139,8 @@ batch_sizes = st.integers(1, MAX_BATCH_SIZE)
 @st.composite
 def submissions(draw: st.DrawFn) -> JobSubmitted:
     """Submissions with batch limits: each maximum at or above what it bounds."""
-    initial = draw(st.none() | batch_sizes)
+    smallest = draw(st.none() | batch_sizes)
+    initial = draw(st.none() | st.integers(smallest or 1, MAX_BATCH_SIZE))
     low = draw(st.none() | batch_sizes)
     role = st.builds(
         RoleSpec,
@@ -150,8 +151,9 @@ def submissions(draw: st.DrawFn) -> JobSubmitted:
     return JobSubmitted(
         job=draw(job_meta),
         roles=draw(st.dictionaries(roles, role, max_size=2)),
+        min_batch_size=smallest,
         batch_size=initial,
-        max_batch_size=draw(st.none() | st.integers(initial or 1, MAX_BATCH_SIZE)),
+        max_batch_size=draw(st.none() | st.integers(initial or smallest or 1, MAX_BATCH_SIZE)),
         min_local_batch_size=low,
         max_local_batch_size=draw(st.none() | st.integers(low or 1, MAX_BATCH_SIZE)),
         adaptive_batch_size=draw(st.booleans()),
@@ -364,6 +366,8 @@ _POISON: list[tuple[dict[str, Any], tuple[Any, ...], Any, str]] = [
     (_SUBMITTED_LIMITS, ("min_local_batch_size",), 0, "greater than or equal to 1"),
     (_SUBMITTED_LIMITS, ("max_batch_size",), 32, "batch_size 64 must be <= max_batch_size 32"),
     (_SUBMITTED_LIMITS, ("max_local_batch_size",), 4, "min_local_batch_size 8 must be <="),
+    (_SUBMITTED_LIMITS, ("min_batch_size",), 128, "min_batch_size 128 must be <= batch_size 64"),
+    (_SUBMITTED_LIMITS, ("min_batch_size",), 0, "greater than or equal to 1"),
     (_SUBMITTED_LIMITS, ("adaptive_batch_size",), 1, "valid boolean"),
 ]
 

@@ -196,6 +196,35 @@ def test_a_job_is_explored_up_to_twice_what_it_was_measured_at() -> None:
     assert len(state.profile) == 1 and state.profile[0].count == 2
 
 
+def test_an_adaptive_job_trains_from_the_smallest_batch_it_converges_at() -> None:
+    """The submitted batch may be a baseline's large fixed one (Pollux's workloads): an
+    adaptive job's batch is chosen from its smallest, and its efficiency measured there."""
+    event = submitted("a", 0, batch=512).model_copy(update={"min_batch_size": 64})
+    state = fold(fold(None, event), sample("a", 30, 2, 32, 0.5))
+    assert state is not None
+    model = job_model(state)
+    assert model.limits.init_batch == 64 and model.limits.max_batch == 512 * 8
+    assert model.grad is not None and model.grad.var == 64.0 / 64  # per sample -> at 64
+    fixed = event.model_copy(update={"adaptive_batch_size": False})
+    assert job_model(fold(None, fixed)).limits.init_batch == 512  # type: ignore[arg-type]
+
+
+def test_a_job_gets_the_memory_of_the_largest_batch_it_may_be_rebatched_to() -> None:
+    """A batch-only change applies in place, on the pods the job has: they are sized at
+    admission for the largest local batch a later round may give at that size."""
+    state = profiled(
+        sample("a", 30, 1, 32, 0.5, memory=2 * GiB), sample("a", 60, 1, 64, 0.9, memory=3 * GiB)
+    )
+    scheduler = processor(scheduler=SCHEDULER).policy.scheduler
+    assert scheduler is not None
+    result = run_round({"a": state}, T0 + timedelta(seconds=60), scheduler)
+    (plan,) = scale_plans(list(result.plans))
+    group = plan.node_group_resources["worker"]
+    assert group.count >= 1 and plan.training["local_batch_size"] <= 128
+    largest = min(128, 64 * 8 // group.count)  # max_local_batch_size, max_batch / replicas
+    assert group.node_resource.memory == memory_for(state, largest, DEFAULT_LIMITS) > 4 * GiB
+
+
 def test_memory_for_a_larger_local_batch_follows_the_measured_line() -> None:
     state = profiled(
         sample("a", 30, 1, 32, 0.5, memory=2 * GiB), sample("a", 60, 1, 64, 0.9, memory=3 * GiB)

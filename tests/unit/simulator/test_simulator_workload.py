@@ -68,3 +68,5 @@ def test_submissions_carry_the_traced_batch_limits() -> None:
             app.max_local_bsz,
         )
         assert event.batch_size is not None and event.batch_size <= event.max_batch_size
+        # Pollux trains from the traced initial batch, not the baseline's (often the largest)
+        assert event.min_batch_size == min(app.init_batch_size, event.batch_size)
