@@ -20,7 +20,7 @@ from datetime import datetime
 
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
-from streams.brain.planner import DEFAULT_LIMITS, SOURCE, Limits, plan_event_id, plan_id
+from streams.brain.planner import DEFAULT_LIMITS, Limits, memory_step, plan_envelope, plan_id
 from streams.brain.schedulers import get_scheduler
 from streams.brain.schedulers.goodput import (
     BatchLimits,
@@ -213,12 +213,7 @@ def _plans(
         )
     resource = ResourcePlan(node_group_resources=groups, training=training)
     optimize = OptimizePlan(
-        event_id=plan_event_id(optimize_id),
-        env=state.env,
-        job=state.job,
-        occurred_at=now,
-        source=SOURCE,
-        plan_id=optimize_id,
+        **plan_envelope(state, optimize_id, now),
         stage=STAGE,
         optimizer=scheduler,
         reason=f"{decision.action.value}: {decision.reason}",
@@ -226,12 +221,7 @@ def _plans(
         caused_by=cause,
     )
     scale = ScalePlan(
-        event_id=plan_event_id(scale_id),
-        env=state.env,
-        job=state.job,
-        occurred_at=now,
-        source=SOURCE,
-        plan_id=scale_id,
+        **plan_envelope(state, scale_id, now),
         source_plan=optimize_id,
         node_group_resources=groups,
         training=training,
@@ -282,9 +272,7 @@ def _oom_decision(state: JobState, limits: Limits) -> tuple[Decision, tuple[str,
     role = state.roles.get(WORKER)
     current = role.memory if role is not None else 0
     need = max((r.memory or 0 for r in records), default=0) or 2 * current
-    wanted = min(max(need, current), limits.max_memory)
-    if current:
-        wanted = min(wanted, current + limits.max_memory_step)
+    wanted = memory_step(current, min(max(need, current), limits.max_memory), limits)
     if wanted <= current:
         return None  # (at its limit: nothing a plan can give)
     placement = tuple(sorted(share.placement.items(), key=lambda kv: _node_order(kv[0])))

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
 from streams.brain.memo import SampleMemo
 from streams.brain.optimizers import REGISTRY, OptimizeContext, Proposal, Registry
-from streams.brain.planner import SOURCE, Limits, plan_event_id, plan_id, plan_scale
+from streams.brain.planner import Limits, plan_envelope, plan_id, plan_scale
 from streams.brain.router import Route, RouteError, route
 from streams.brain.state import JobState
 
@@ -145,12 +145,7 @@ def decide(
     cause = caused_by or state.last_event_id
     optimize_id = plan_id(state.job.uuid, cause or "initial", "optimize")
     plan = OptimizePlan(
-        event_id=plan_event_id(optimize_id),
-        env=state.env,
-        job=state.job,
-        occurred_at=now,
-        source=SOURCE,
-        plan_id=optimize_id,
+        **plan_envelope(state, optimize_id, now),
         stage=chosen.stage.value,
         optimizer=merged.optimizer,
         reason=merged.reason,

@@ -100,6 +100,20 @@ def plan_event_id(plan: str) -> uuid.UUID:
     return uuid.UUID(bytes=_uuid5(f"event/{plan}"))
 
 
+def plan_envelope(state: JobState, plan: str, now: datetime) -> dict[str, Any]:
+    """What every plan of the brain says besides its content: for the job's env and job,
+    at `now`, from the brain, with its envelope id derived from its plan id (one place,
+    so per-job decisions and the cluster scheduler's plans cannot drift apart)."""
+    return {
+        "event_id": plan_event_id(plan),
+        "env": state.env,
+        "job": state.job,
+        "occurred_at": now,
+        "source": SOURCE,
+        "plan_id": plan,
+    }
+
+
 _ZERO = NodeResource()
 
 
@@ -118,7 +132,7 @@ def _same(a: NodeResource, b: NodeResource) -> bool:
     return (a.cpu, a.memory, a.gpu_num, a.gpu_memory) == (b.cpu, b.memory, b.gpu_num, b.gpu_memory)
 
 
-def _memory_step(current: int, memory: int, limits: Limits) -> int:
+def memory_step(current: int, memory: int, limits: Limits) -> int:
     """`memory` raised from `current` by at most the step limit (never below the minimum
     per node: a node under it breaks the cluster's rules whatever the step)."""
     if current > 0 and memory > current + limits.max_memory_step:
@@ -146,7 +160,7 @@ def _target(
     if wanted.memory > 0:
         memory = min(max(wanted.memory, limits.min_memory), limits.max_memory)
         before = current.memory if step_from is None else step_from
-        stepped = _memory_step(before, memory, limits)
+        stepped = memory_step(before, memory, limits)
         if stepped != memory and notes is not None:
             notes.append(
                 f"{name} memory {memory} B is more than {before} B + "
@@ -176,7 +190,7 @@ def _overlay(own: NodeResource, group: NodeResource, limits: Limits, pinned: boo
     memory raised by at most a step from the node's own (unless the user pinned it)."""
     update = {k: v for k, v in group.model_dump().items() if v not in (0, "")}
     if "memory" in update and not pinned:
-        update["memory"] = _memory_step(own.memory, update["memory"], limits)
+        update["memory"] = memory_step(own.memory, update["memory"], limits)
     return own.model_copy(update=update)
 
 
@@ -333,12 +347,7 @@ def plan_scale(
     caused_by = plan.caused_by or state.last_event_id or plan.plan_id
     scale_id = plan_id(state.job.uuid, caused_by, "scale")
     scale = ScalePlan(
-        event_id=plan_event_id(scale_id),
-        env=state.env,
-        job=state.job,
-        occurred_at=now,
-        source=SOURCE,
-        plan_id=scale_id,
+        **plan_envelope(state, scale_id, now),
         source_plan=plan.plan_id,
         node_group_resources=groups,
         launch_nodes=launch,
