@@ -76,6 +76,9 @@ def parse_workload(
         app = load_application(app_name, root)
         local_bsz, _ = app.split_batch(batch_size, replicas)
         time = float(row["time"])
+        # The artifact runs ncf under Pollux at its workload batch on one GPU (its
+        # training is a few minutes at any size): a fixed job, as there.
+        fixed = app_name == "ncf"
         event = JobSubmitted(
             env=env,
             event_id=uuid.uuid5(_SUBMISSION_NAMESPACE, f"{env}/{name}"),
@@ -85,14 +88,15 @@ def parse_workload(
             application=app_name,
             batch_size=batch_size,
             # Pollux trains from the application's initial batch, whatever the baseline's
-            min_batch_size=min(app.init_batch_size, batch_size),
-            max_batch_size=app.max_batch_size,
+            min_batch_size=batch_size if fixed else min(app.init_batch_size, batch_size),
+            max_batch_size=batch_size if fixed else app.max_batch_size,
             min_local_batch_size=app.min_local_bsz,
             max_local_batch_size=app.max_local_bsz,
-            adaptive_batch_size=True,
+            adaptive_batch_size=not fixed,
             roles={
                 "worker": RoleSpec(
                     replicas=replicas,
+                    max_replicas=replicas if fixed else None,
                     gpu_num=1,
                     memory=memory_model(app_name).need(local_bsz),
                 )
