@@ -8,6 +8,7 @@ operator they are refused there.
 from __future__ import annotations
 
 import asyncio
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,13 @@ from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.standalone import standalone
 from handlers.operator.modes import run_operator
+
+
+class Admission(StrEnum):
+    """The simulated cluster's admission (handlers.operator.settings.VirtualSettings)."""
+
+    CLUSTER = "cluster"
+    BRAIN = "brain"
 
 
 def operator(
@@ -44,6 +52,12 @@ def operator(
     ),
     restart_delay: float = typer.Option(
         None, "--restart-delay", help="simulated seconds a rescaled job restarts (default 30)"
+    ),
+    admission: Admission = typer.Option(
+        None,
+        "--admission",
+        help="who starts a submitted job: cluster (as soon as its gang fits; default) or "
+        "brain (only a plan that gives it replicas: for a cluster scheduler in the brain)",
     ),
     follow_real: bool = typer.Option(
         None,
@@ -78,6 +92,7 @@ def operator(
         "tick_s": tick,
         "sample_interval": sample_interval,
         "restart_delay": restart_delay,
+        "admission": None if admission is None else admission.value,
     }
     asyncio.run(_run(load_settings(), env, {k: v for k, v in given.items() if v is not None}))
 

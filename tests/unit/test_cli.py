@@ -55,6 +55,12 @@ def test_unknown_option_is_one_line() -> None:
     assert "No such option: --bogus" in one_line_error(cli("tail", "--bogus"))
 
 
+def test_operator_admission_is_one_of_two() -> None:
+    assert "--admission" in cli("operator", "--help").stdout
+    line = one_line_error(cli("operator", "--env", "x", "--admission", "anyone"))
+    assert "'anyone' is not one of 'cluster', 'brain'" in line
+
+
 def test_bad_env_name_is_one_line() -> None:
     assert "must match" in one_line_error(cli("env", "create", "Bad_Name"))
 
