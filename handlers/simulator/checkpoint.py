@@ -31,11 +31,13 @@ from schemas.plans import ScalePlan
 
 #: Bumped when the layout changes; a checkpoint of another version is refused with a reason.
 #: 2: the admission (cluster or brain), each job's claim to pods and its pinned nodes.
-VERSION = 2
+#: 3: the plans kept for jobs that have not arrived yet on the simulated clock.
+VERSION = 3
 
 #: Versions this code restores: a version-1 checkpoint is of a cluster that admitted its
-#: jobs itself and pinned none (what the absent fields default to).
-READABLE = frozenset({1, VERSION})
+#: jobs itself and pinned none, one of version 2 kept no plans for jobs still to arrive
+#: (what the absent fields default to).
+READABLE = frozenset({1, 2, VERSION})
 
 #: An input partition: (full topic name, partition).
 TopicPartition = tuple[str, int]

@@ -5,6 +5,10 @@ plans) and its outputs (events) is decided here, without I/O, so it is tested wi
 broker and gives the same events for the same inputs at the same clock readings. Time moves
 from event to event: a job that finishes frees its GPUs at the moment it finishes, and a
 waiting gang starts at that moment, not at the next wake-up of whatever drives the clock.
+
+A plan may come before its job has arrived on the simulated clock: a brain on event time
+reads a trace fed all at once, ahead of the clock. The plan is kept and takes effect at
+the job's arrival, as the job's desired state would have had it arrived already.
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ class VirtualCluster:
         # Outcomes of applied plans: a plan re-delivered before its effect was recorded
         # elsewhere gets the answer it got the first time, not "already applied".
         self._outcomes: dict[str, PlanOutcome] = {}
+        # Plans for jobs whose submission is here but has not arrived on the clock, in the
+        # order to apply them at its arrival (see _kept_with).
+        self._early: dict[str, list[ScalePlan]] = {}
 
     @property
     def clock(self) -> float:
@@ -111,6 +118,7 @@ class VirtualCluster:
             "unsimulable": dict(self._unsimulable),
             "measured": {k: v.snapshot() for k, v in sorted(self._measured.items())},
             "outcomes": {k: v.snapshot() for k, v in self._outcomes.items()},
+            "early": {k: [_text(p) for p in v] for k, v in sorted(self._early.items())},
         }
 
     @classmethod
@@ -156,6 +164,8 @@ class VirtualCluster:
         fleet._held = [_submission(text) for text in state["held"]]
         fleet._unsimulable = dict(state["unsimulable"])
         fleet._outcomes = {k: PlanOutcome.restore(v) for k, v in state["outcomes"].items()}
+        # (absent from a snapshot made before plans were kept for jobs to arrive: none)
+        fleet._early = {k: [_plan(t) for t in v] for k, v in state.get("early", {}).items()}
         return fleet
 
     @property
@@ -216,27 +226,47 @@ class VirtualCluster:
         for sample in samples:
             self._measurements.setdefault(sample.job.uuid, []).append(sample)
 
-    def _application(self, event: JobSubmitted) -> Application:
-        """The job's traced application, else the model of its own measurements;
-        TraceDataError says why neither exists."""
+    def _application(self, event: JobSubmitted) -> tuple[Application, MeasuredApplication | None]:
+        """The job's traced application, else the model of its own measurements (also
+        returned: the snapshot keeps it); TraceDataError says why neither exists."""
         name = event.application or event.job.app
         try:
             if not name:
                 raise TraceDataError("the submission names no application")
-            return self._loader(name)
+            return self._loader(name), None
         except TraceDataError as untraced:
             samples = self._measurements.get(event.job.uuid)
             if not samples:
                 raise TraceDataError(f"no measured samples ({untraced})") from None
             measured = measure(event, samples)
-            self._measured[event.job.uuid] = measured
-            return _simulated(measured)
+            return _simulated(measured), measured
+
+    def _simulator(
+        self,
+        event: JobSubmitted,
+        application: Application,
+        measured: MeasuredApplication | None,
+        cluster: Cluster,
+    ) -> JobSimulator:
+        return JobSimulator(
+            event,
+            application,
+            cluster,
+            clock=self._clock,
+            origin=self.origin or DEFAULT_ORIGIN,
+            restart_delay=self.restart_delay,
+            sample_interval=self.sample_interval,
+            source=self.source,
+            admission=self.admission,
+            memory=measured.memory if measured is not None else None,
+        )
 
     def _arrive(self, event: JobSubmitted) -> list[JobEvent]:
         assert self.origin is not None, "jobs arrive only once the clock has started"
         key = event.job.uuid
+        early = self._early.pop(key, [])
         try:
-            application = self._application(event)
+            application, measured = self._application(event)
         except TraceDataError as e:
             # Without measurements the simulator could only guess; the job fails loudly.
             reason = f"not simulable: {e}"
@@ -251,40 +281,84 @@ class VirtualCluster:
                     reason=reason,
                 )
             ]
-        self._jobs[key] = JobSimulator(
-            event,
-            application,
-            self.cluster,
-            clock=self._clock,
-            origin=self.origin,
-            restart_delay=self.restart_delay,
-            sample_interval=self.sample_interval,
-            source=self.source,
-            admission=self.admission,
-            memory=measured.memory if (measured := self._measured.get(key)) else None,
-        )
-        return self._admit()
+        if measured is not None:
+            self._measured[key] = measured
+        job = self._jobs[key] = self._simulator(event, application, measured, self.cluster)
+        # The plans kept for it take effect now, as if it had been here when they came;
+        # each was rehearsed on the job as it arrives (_keep), and is taken as it was then.
+        events: list[JobEvent] = []
+        for plan in early:
+            events.extend(job.update(plan).events)
+        return [*events, *self._admit()]
 
     def apply(self, plan: ScalePlan) -> PlanOutcome:
         """The plan becomes its job's desired state now; its events are in the outcome."""
         key = plan.job.uuid
         job = self._jobs.get(key)
-        if job is None:
-            if key in self._unsimulable:
-                return PlanOutcome(ScaleStatus.REJECTED, f"job {key!r} {self._unsimulable[key]}")
-            return PlanOutcome(
-                ScaleStatus.REJECTED,
-                f"unknown job {key!r}: no job.submitted for it has reached this env's operator",
-            )
+        if job is None and key in self._unsimulable:
+            return PlanOutcome(ScaleStatus.REJECTED, f"job {key!r} {self._unsimulable[key]}")
         earlier = self._outcomes.get(plan.plan_id)
         if earlier is not None:
             return replace(earlier, events=[])
+        if job is None:
+            submission = self._to_arrive(key)
+            if submission is None:
+                return PlanOutcome(
+                    ScaleStatus.REJECTED,
+                    f"unknown job {key!r}: no job.submitted for it has reached this env's operator",
+                )
+            return self._keep(submission, plan)
         outcome = job.update(plan)
         if outcome.status not in (ScaleStatus.APPLIED, ScaleStatus.PARTIAL):
             return outcome
         self._outcomes[plan.plan_id] = replace(outcome, events=[])
         # A smaller gang may have left room for jobs that wait.
         return replace(outcome, events=[*outcome.events, *self._admit()])
+
+    def _to_arrive(self, key: str) -> JobSubmitted | None:
+        """The submission of a job that has not arrived yet, if the fleet holds one."""
+        if key not in self._arriving:
+            return None
+        waiting = (e for *_, e in self._arrivals) if self.origin is not None else self._held
+        return next((e for e in waiting if e.job.uuid == key), None)
+
+    def _keep(self, submission: JobSubmitted, plan: ScalePlan) -> PlanOutcome:
+        """A plan for a job still to arrive: kept, to take effect at its arrival.
+
+        It is rehearsed now on the job as it will arrive (alone on an empty cluster of
+        this shape, the plans kept before it applied first): a plan the job would refuse
+        is refused now, and one it would take is answered as it would be then (its knobs
+        await the job's confirmation), the reason saying when the job arrives. Nothing a
+        plan is refused for (the cluster's shape, the job's pods) changes by then, so
+        the kept plans are taken at the arrival as they were in the rehearsal.
+        """
+        key = submission.job.uuid
+        plans = _kept_with(self._early.get(key, []), plan)
+        try:
+            application, measured = self._application(submission)
+        except TraceDataError as e:
+            return PlanOutcome(ScaleStatus.REJECTED, f"job {key!r} not simulable: {e}")
+        n, gpus, cpu, memory = self.cluster.shape
+        empty = Cluster(n, gpus, cpu_per_node=cpu, memory_per_node=memory)
+        rehearsal = self._simulator(submission, application, measured, empty)
+        for kept in plans[:-1]:
+            rehearsal.update(kept)
+        outcome = rehearsal.update(plan)
+        if outcome.status not in (ScaleStatus.APPLIED, ScaleStatus.PARTIAL):
+            return outcome  # (the plans kept before it stay as they were)
+        self._early[key] = plans
+        answer = PlanOutcome(
+            outcome.status,
+            f"waiting for the job's arrival at {submission.occurred_at.isoformat()}",
+            [],
+            outcome.not_applied,
+        )
+        self._outcomes[plan.plan_id] = answer
+        return answer
+
+    def kept_plans(self, job_uuid: str) -> tuple[str, ...]:
+        """The ids of the plans kept for the job's arrival, in the order they apply."""
+        return tuple(p.plan_id for p in self._early.get(job_uuid, ()))
 
     def observed(self, job_uuid: str) -> dict[str, dict[str, int]]:
         job = self._jobs.get(job_uuid)
@@ -359,7 +433,46 @@ def _simulated(measured: MeasuredApplication) -> Application:
     return cast(Application, measured)
 
 
-def _text(event: JobSubmitted) -> str:
+def _sets_pods(plan: ScalePlan) -> bool:
+    """Whether the plan says anything of the job's pods (their number, resources,
+    nodes, a suspend), not only of its training knobs."""
+    return bool(
+        plan.node_group_resources
+        or plan.placement
+        or plan.suspend
+        or plan.launch_nodes
+        or plan.remove_nodes
+        or plan.migrate_nodes
+    )
+
+
+def _knobs_of(plan: ScalePlan) -> ScalePlan:
+    """The plan with its knobs alone (same id: the job confirms them under it)."""
+    return plan.model_copy(
+        update={
+            "node_group_resources": {},
+            "placement": {},
+            "suspend": False,
+            "launch_nodes": [],
+            "remove_nodes": [],
+            "migrate_nodes": [],
+        }
+    )
+
+
+def _kept_with(kept: list[ScalePlan], plan: ScalePlan) -> list[ScalePlan]:
+    """The plans to apply at a job's arrival once ``plan`` joins those ``kept``.
+
+    The latest plan that sets the job's pods wins: a job that has not started has no
+    pods to move, and the gangs of the plans it supersedes would only start to stop at
+    once. The knobs of every plan keep their order, as they would have applied one
+    after the other (a rebatch after a placement must not take the placement back)."""
+    if not _sets_pods(plan):
+        return [*kept, plan]
+    return [_knobs_of(p) if _sets_pods(p) else p for p in kept if p.training] + [plan]
+
+
+def _text(event: JobSubmitted | ScalePlan) -> str:
     return encode(event).decode()
 
 
@@ -367,6 +480,13 @@ def _submission(text: str) -> JobSubmitted:
     event = decode(text.encode())
     if not isinstance(event, JobSubmitted):
         raise ValueError(f"a snapshot's submission is a {event.type}")
+    return event
+
+
+def _plan(text: str) -> ScalePlan:
+    event = decode(text.encode())
+    if not isinstance(event, ScalePlan):
+        raise ValueError(f"a snapshot's kept plan is a {event.type}")
     return event
 
 
