@@ -1,0 +1,92 @@
+"""Cluster schedulers on event time, end to end on the real broker and Postgres: the
+virtual operator under the brain's admission, NOT in lockstep (as a real env runs them).
+
+The A/B runner feeds every submission before the services start, so the brain (its clock
+the events' time) plans jobs the simulated clock has not reached yet; the simulated
+cluster keeps those plans for the jobs' arrival. Without that the operator rejected them
+("unknown job") and nothing planned those jobs again: the env never finished."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlrover_events.bus import read_topic
+from dlrover_events.settings import Settings
+from dlrover_events.topics import SCALE_PLANS, SCALE_RESULTS, topic
+from schemas import decode
+from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
+from streams.ab.arms import PRESETS, Arm
+from streams.ab.runner import ABTest, ArmCluster
+
+pytestmark = pytest.mark.integration
+
+#: Short jobs (ncf trains for a minute or so), the later ones submitted long after the
+#: first: at 200x the simulated clock reaches them seconds after the brain planned them.
+TRACE = """name,time,application,num_replicas,batch_size
+ncf-0,0,ncf,1,32768
+ncf-1,30,ncf,2,32768
+ncf-2,1200,ncf,2,32768
+ncf-3,2400,ncf,1,32768
+"""
+
+NODES = {"node-0", "node-1"}
+
+
+async def _plans_and_results(
+    settings: Settings, env: str
+) -> tuple[list[ScalePlan], list[ScaleResult]]:
+    plans = [decode(r.value) for r in await read_topic(settings, topic(env, SCALE_PLANS))]
+    results = [decode(r.value) for r in await read_topic(settings, topic(env, SCALE_RESULTS))]
+    return (
+        [p for p in plans if isinstance(p, ScalePlan)],
+        [r for r in results if isinstance(r, ScaleResult)],
+    )
+
+
+@pytest.mark.timeout(300)
+async def test_schedulers_on_event_time_run_every_job_on_named_nodes(
+    settings: Settings, pg_dsn: str, tmp_path: Path
+) -> None:
+    trace = tmp_path / "spread.csv"
+    trace.write_text(TRACE)
+    test = ABTest(
+        settings,
+        pg_dsn,
+        [Arm("tiresias", PRESETS["tiresias"]), Arm("goodput", PRESETS["goodput-cluster"])],
+        trace=trace,
+        cluster=ArmCluster(nodes=2, gpus_per_node=4, speed=200.0, lockstep=False),
+        timeout_s=180,
+        poll_s=0.5,
+        keep_envs=True,
+    )
+    for arm in test.arms:
+        operator = test.env_settings(arm)["operator"]
+        assert (operator["lockstep"], operator["admission"]) == (False, "brain")
+    results = await test.run()
+    for arm in results:
+        assert arm.unfinished == 0, arm.name
+        assert len(arm.jct) == 4, arm.name
+        plans, answers = await _plans_and_results(settings, arm.env)
+        # the scheduler admitted every job (the cluster starts none on its own), on the
+        # env's named nodes
+        placed = [p for p in plans if p.placement]
+        assert {p.job.uuid for p in placed} == set(arm.jct), arm.name
+        assert {n for p in placed for n in p.placement} <= NODES, arm.name
+        assert all(sum(p.placement.values()) <= 8 for p in placed), arm.name
+        # the operator answered every plan; a refusal is only of a plan that came after
+        # its job had ended on the simulated clock (the brain had not read it yet)
+        answered = {r.plan_id: r for r in answers}
+        assert {p.plan_id for p in plans} <= set(answered), arm.name
+        refused = [r for r in answers if r.status not in (ScaleStatus.APPLIED, ScaleStatus.PARTIAL)]
+        assert all(r.reason == "job is completed" for r in refused), (arm.name, refused)
+        # the brain read every submission at its start and planned the last jobs long
+        # before the simulated clock reached them (ncf-3: 12 s of wall time at 200x):
+        # their plans waited for their arrival, and started them
+        waited = {
+            answered[p.plan_id].job.uuid
+            for p in placed
+            if answered[p.plan_id].reason.startswith("waiting for the job's arrival at ")
+        }
+        assert "ncf-3" in waited, (arm.name, [(r.job.uuid, r.reason) for r in answers])
