@@ -454,9 +454,16 @@ class BrainProcessor:
 
     def _round(self, now: datetime, out: Output, cause: str) -> None:
         """A round of the scheduler at `now`; `cause` (the tick, the interval, the event
-        that called it) keeps two rounds at one instant from sharing plan ids."""
+        that called it) keeps two rounds at one instant from sharing plan ids.
+
+        Never before the last round: the scheduler's clock is the latest time it decided
+        at. An event stamped earlier (late, or read after a replay's submissions that are
+        ahead of it) is decided at that clock: a round back in time would leave out jobs
+        that had arrived since, while their GPUs stay held."""
         scheduler = self.policy.scheduler
         assert scheduler is not None
+        if self.last_round is not None and now < self.last_round:
+            now = self.last_round
         self.last_round = now
         self.rounds += 1
         try:

@@ -179,6 +179,21 @@ def test_event_time_rounds_at_each_interval() -> None:
     assert len({q.plan_id for q in out.plans}) == len(out.plans)
 
 
+def test_an_event_time_round_never_goes_back_in_time() -> None:
+    """A completion stamped before submissions the brain already decided (a replay fed at
+    once) is decided at the scheduler's clock, with every job that arrived by then."""
+    settings = {"cluster_gpus": 8, "scheduler": {**SCHEDULER, "interval_s": 60}}
+    p = BrainProcessor(ENV, f"{ENV}.brain", Policy.from_settings(settings))
+    done = JobCompleted(
+        env=ENV, job=JobMeta(uuid="a", name="a"), occurred_at=T0 + timedelta(seconds=400)
+    )
+    events = [submitted("a", 0), submitted("b", 30), submitted("c", 1200), done]
+    out = p.process([Rec(EVENTS, 0, i, None, encode(e)) for i, e in enumerate(events)])
+    assert p.rounds == 5 and p.last_round == T0 + timedelta(seconds=1200)
+    assert all(q.occurred_at <= T0 + timedelta(seconds=1200) for q in out.plans)
+    assert {q.job.uuid for q in scale_plans(out.plans)} == {"a", "b", "c"}
+
+
 def profiled(*samples: RuntimeSample) -> JobState:
     state = fold(None, submitted("a", 0))
     for s in samples:
