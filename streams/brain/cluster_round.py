@@ -319,7 +319,8 @@ def run_round(
     for decision in result.decisions:
         state = jobs[decision.job_id]
         optimize, scale = _plans(state, decision, now, policy.name, lim, cause)
-        share = _shared(state.share or Share(), decision, now)
+        held = state.share or Share()
+        share = _shared(held, decision, now).planned(scale.plan_id, held)
         after = state.model_copy(update={"share": share})
         changed[decision.job_id] = record_decision(after, optimize, scale, (), now)
         plans.extend((optimize, scale))

@@ -251,10 +251,28 @@ class Share(Model):
     attained_gpu_s: float = Field(default=0.0, ge=0)
     #: the round its attained service was last counted at
     since: datetime | None = None
+    #: the scale plan that made this share, until the platform answers it; if the
+    #: platform refuses it the job still holds what it held: `before`
+    plan_id: str | None = None
+    before: Share | None = None
 
     @property
     def replicas(self) -> int:
         return sum(self.placement.values())
+
+    def planned(self, plan_id: str, before: Share) -> Share:
+        """This share as the outcome of `plan_id`, replacing `before` (kept one deep)."""
+        held = before.model_copy(update={"plan_id": None, "before": None})
+        return self.model_copy(update={"plan_id": plan_id, "before": held})
+
+    def answered(self, plan_id: str, accepted: bool) -> Share:
+        """The share once the platform answered `plan_id`: as planned if it took the
+        plan on, what the job held before if it refused it."""
+        if self.plan_id != plan_id:
+            return self
+        if not accepted and self.before is not None:
+            return self.before
+        return self.model_copy(update={"plan_id": None, "before": None})
 
 
 class JobState(Model):
@@ -685,11 +703,14 @@ def _fold_result(state: JobState, event: ScaleResult) -> JobState:
     pending = state.pending_scale_plan
     if pending is None or pending.plan_id != event.plan_id:
         return state
-    if event.status not in ACCEPTED:
-        return state.model_copy(update={"pending_scale_plan": None})
+    accepted = event.status in ACCEPTED
+    update: dict[str, Any] = {"pending_scale_plan": None}
+    if state.share is not None:
+        update["share"] = state.share.answered(event.plan_id, accepted)
+    if not accepted:
+        return state.model_copy(update=update)
     skipped = [part.part for part in event.not_applied]
     applied = apply_scale_plan(state, pending, not_applied=skipped)
-    update: dict[str, Any] = {"pending_scale_plan": None}
     if pending.training:
         # A later accepted plan's knobs supersede what an earlier one left awaiting. Those
         # the job already said it trains with (its confirmation and the result come on two

@@ -20,7 +20,7 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from schemas.lockstep import Barrier
-from schemas.plans import OptimizePlan, ScalePlan
+from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
 from streams.brain.cluster_round import job_model, memory_for, run_round
 from streams.brain.planner import DEFAULT_LIMITS
 from streams.brain.processor import BrainProcessor
@@ -192,6 +192,39 @@ def test_an_event_time_round_never_goes_back_in_time() -> None:
     assert p.rounds == 5 and p.last_round == T0 + timedelta(seconds=1200)
     assert all(q.occurred_at <= T0 + timedelta(seconds=1200) for q in out.plans)
     assert {q.job.uuid for q in scale_plans(out.plans)} == {"a", "b", "c"}
+
+
+def test_a_refused_plan_gives_the_job_back_the_share_it_held() -> None:
+    """The share is what the platform took on: a refusal leaves the job where it was, so
+    the next round does not count GPUs it never got (nor a restart it never made)."""
+    scheduler = processor(scheduler=SCHEDULER).policy.scheduler
+    assert scheduler is not None
+    state = profiled(sample("a", 30, 1, 32, 0.5))
+    result = run_round({"a": state}, T0 + timedelta(seconds=60), scheduler)
+    planned = result.states["a"]
+    (plan,) = scale_plans(list(result.plans))
+    assert planned.share is not None and planned.share.placement and planned.share.plan_id
+
+    def answer(status: ScaleStatus) -> JobState:
+        answered = fold(
+            planned,
+            ScaleResult(
+                env=ENV,
+                job=planned.job,
+                occurred_at=T0 + timedelta(seconds=61),
+                plan_id=plan.plan_id,
+                status=status,
+                reason="test",
+            ),
+        )
+        assert answered is not None and answered.share is not None
+        return answered
+
+    refused = answer(ScaleStatus.REJECTED).share
+    assert refused is not None and refused.placement == {} and refused.plan_id is None
+    taken = answer(ScaleStatus.APPLIED).share
+    assert taken is not None and taken.placement == planned.share.placement
+    assert taken.plan_id is None and taken.before is None
 
 
 def profiled(*samples: RuntimeSample) -> JobState:
