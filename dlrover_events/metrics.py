@@ -79,6 +79,21 @@ class BrainMetrics:
             ["env", "kind"],
             registry=registry,
         )
+        #: where a brain's wall time goes (`bench ab` splits a lockstep tick with it)
+        self.decide_duration = Histogram(
+            "dlrover_events_brain_decide_duration_seconds",
+            "one fetched batch decided by the processor (the brain's own CPU)",
+            ["env"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(env)
+        self.publish_duration = Histogram(
+            "dlrover_events_brain_publish_duration_seconds",
+            "one decided batch's plans, dead letters and lockstep acks, to the broker's acks",
+            ["env"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(env)
 
     def lag(self, topic: str, partition: int, records: int) -> None:
         self.consumer_lag.labels(self.env, topic, str(partition)).set(records)
@@ -104,9 +119,27 @@ class OperatorMetrics:
             registry=registry,
         ).labels(env, platform)
 
+        self.ticks = Counter(
+            "dlrover_events_operator_ticks_total",
+            "lockstep ticks run by a virtual operator",
+            ["env", "platform"],
+            registry=registry,
+        ).labels(env, platform)
+        self._phase = Counter(
+            "dlrover_events_operator_phase_seconds_total",
+            "wall seconds a virtual operator spent, by phase (simulate: the simulated "
+            "cluster; checkpoint: saving it to Postgres; publish: its events to the broker; "
+            "wait_acks: a lockstep tick waiting for its brain's acknowledgements)",
+            ["env", "platform", "phase"],
+            registry=registry,
+        )
+
     def answered(self, status: str, seconds: float) -> None:
         self._plans.labels(self.env, self.platform, status).inc()
         self.apply_latency.observe(seconds)
+
+    def spent(self, phase: str, seconds: float) -> None:
+        self._phase.labels(self.env, self.platform, phase).inc(seconds)
 
 
 class ArchiverMetrics:

@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from dlrover_events.bus import Consumer, Producer, Received
 from dlrover_events.envs import EnvRecord, EnvRegistry
@@ -90,7 +90,14 @@ BARRIER_TOPICS = (JOB_EVENTS, JOB_METRICS, SCALE_RESULTS)
 
 #: In lockstep each tick waits for the brain; tansu answers a fetch only when its wait is
 #: over, so the wait is the floor of a tick's round trip (the brain waits as briefly).
+#: Shorter is not faster: at 2 ms on both sides (`bench ab`, one arm) the polls cost more
+#: CPU than they saved in waiting, in the one event loop an A/B's arms share.
 LOCKSTEP_FETCH_WAIT_MS = 10
+
+#: The producer's linger in lockstep: a tick's flush waits for the broker's acks anyway,
+#: so a linger (5 ms by default, for batching) only added to every tick, twice (its events,
+#: then its barrier): about a third of a tick's wall, measured by `bench ab`.
+LOCKSTEP_LINGER_MS = 0
 
 #: Wall seconds between two log lines of an operator that waits for its brain.
 WAITING_LOG_S = 30.0
@@ -160,7 +167,7 @@ class VirtualOperator:
         self._producer: Producer | None = None
         self._ledger: PlanLedger | None = None
         self._checkpoints: ClusterCheckpoints | None = None
-        self._pool: Any = None
+        self._db: Any = None
         #: plans answered by status, and how long from reading each to its result
         self.metrics = metrics
         # When each plan (by event id) was read, and the answers awaiting publication.
@@ -168,6 +175,9 @@ class VirtualOperator:
         # What the env's jobs measured in their real env (see measured_samples).
         self._measured: list[RuntimeSample] = []
         self._answered: list[tuple[str, float]] = []
+        # The saved checkpoint's outbox being marked published, awaited before the next
+        # save (which must not be overtaken by it) rather than before going on.
+        self._marking: asyncio.Task[None] | None = None
 
     @property
     def fleet(self) -> VirtualCluster | None:
@@ -188,10 +198,15 @@ class VirtualOperator:
         try:
             await self._lock_env(holder)
             store = await EnvStore.open(self.dsn, self.env, max_size=2)
+            # One connection held for the operator's life: its queries run one at a time
+            # (under its lock), and a pool's connection is reset on every release, a round
+            # trip more per save, mark and lookup (a lockstep tick makes several).
+            conn = await store.pool.acquire()
             try:
-                self._pool = store.pool
-                self._ledger = PlanLedger(store.pool)
-                self._checkpoints = ClusterCheckpoints(store.pool)
+                self._db = conn
+                # (they query with fetchrow, fetchval and execute, which a connection has)
+                self._ledger = PlanLedger(cast(Any, conn))
+                self._checkpoints = ClusterCheckpoints(cast(Any, conn))
                 await self._restore()
                 self._measured = await measured_samples(self.settings, self.env)
                 if self._measured:
@@ -212,7 +227,8 @@ class VirtualOperator:
                     self._handle,
                     fetch_max_wait_ms=LOCKSTEP_FETCH_WAIT_MS if self.options.lockstep else 500,
                 )
-                async with Producer(self.settings) as producer, consumer:
+                linger = {"linger_ms": LOCKSTEP_LINGER_MS} if self.options.lockstep else {}
+                async with Producer(self.settings, **linger) as producer, consumer:
                     self._producer = producer
                     if self.options.lockstep and self.state.gate is None:
                         plans = await producer.partitions(topic(self.env, SCALE_PLANS))
@@ -224,6 +240,9 @@ class VirtualOperator:
                         ready.set()
                     await self._serve(consumer, stop)
             finally:
+                with contextlib.suppress(Exception):  # (unmarked: published again at start)
+                    await self._marked()
+                await store.pool.release(conn)
                 await store.close()
         finally:
             await holder.close()  # and with it the advisory lock
@@ -309,26 +328,33 @@ class VirtualOperator:
         transaction: neither without the other."""
         assert self._ledger is not None
         assert self._checkpoints is not None
+        await self._marked()
         data = checkpoint.dump(self.state)
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._db.transaction():
             for plan, answer in self._pending.values():
                 recorded = await self._ledger.record(
-                    plan, answer.status, answer.reason, answer.not_applied, conn=conn
+                    plan, answer.status, answer.reason, answer.not_applied, conn=self._db
                 )
                 if not recorded:
                     log.warning("plan %s was already in the ledger as applied", plan.plan_id)
-            await self._checkpoints.save(conn, data, published=not self.state.outbox)
+            await self._checkpoints.save(self._db, data, published=not self.state.outbox)
         self._pending.clear()
         self._dirty = False
 
-    async def _flush(self) -> None:
-        """Save, then publish what the state says is still to publish, in order."""
+    async def _flush(self, during: str = "") -> None:
+        """Save, then publish what the state says is still to publish, in order.
+
+        ``during``: the prefix of the phases it is timed under (``input_`` while handling
+        what the consumer read, which a lockstep tick may be waiting for)."""
         if self._dirty or self._pending or self.state.outbox:
+            started = time.monotonic()
             await self._save()
+            self._spent(f"{during}checkpoint", started)
         if not self.state.outbox:
             return
         assert self._producer is not None
         assert self._checkpoints is not None
+        started = time.monotonic()
         outbox = self.state.outbox
         plain: list[Event] = []
         for item in outbox:
@@ -343,13 +369,37 @@ class VirtualOperator:
         await self._producer.publish_many(plain)
         self.state.outbox = []
         now = time.monotonic()
+        self._spent(f"{during}publish", started, now)
         if self.metrics is not None:
             for status, read_at in self._answered:
                 self.metrics.answered(status, now - read_at)
         self._answered.clear()
         # Whatever follows the last barrier waits for the next one.
         self.state.unbarriered = not outbox[-1].broadcast
+        # Marked while the operator goes on (a tick waits for its brain meanwhile): until
+        # it is, a restart publishes the outbox again, as it would after a crash between
+        # publishing and marking; the events keep their ids.
+        self._marking = asyncio.create_task(
+            self._mark_published(during), name=f"{self.env}.operator.mark"
+        )
+
+    async def _mark_published(self, during: str) -> None:
+        assert self._checkpoints is not None
+        started = time.monotonic()
         await self._checkpoints.mark_published()
+        self._spent(f"{during}mark_published", started)
+
+    async def _marked(self) -> None:
+        """Wait for the last mark: a save must not be overwritten by an earlier mark."""
+        marking, self._marking = self._marking, None
+        if marking is not None:
+            await marking
+
+    def _spent(self, phase: str, started: float, now: float | None = None) -> None:
+        """Wall seconds of a phase since ``started``, in the metrics (`bench ab` splits a
+        lockstep tick's wall time with them)."""
+        if self.metrics is not None:
+            self.metrics.spent(phase, (time.monotonic() if now is None else now) - started)
 
     def _say(self, events: Iterable[Event]) -> None:
         self.state.outbox.extend(Outgoing(e) for e in events)
@@ -385,7 +435,7 @@ class VirtualOperator:
 
     async def _handle(self, batch: list[Received]) -> None:
         async with self._lock:
-            await self._flush()
+            await self._flush("input_")
             state = self.state
             # Records below the checkpoint's offsets are in the state already: read again
             # after a restart that came before the consumer's commit.
@@ -415,7 +465,7 @@ class VirtualOperator:
                     self._dirty = True
             for item in fresh:
                 state.consumed(item.topic, item.partition, item.offset)
-            await self._flush()
+            await self._flush("input_")
         self._wake.set()
 
     def _catch_up(self, event: Event) -> VirtualCluster:
@@ -463,6 +513,7 @@ class VirtualOperator:
         """Apply the plan once and answer it: a plan delivered again after it applied gets
         its first answer again (a partial one with its parts), saying it is a repeat."""
         assert self._ledger is not None
+        await self._marked()  # (one connection: one query at a time)
         pending = self._pending.get(plan.plan_id)
         earlier = pending[1] if pending is not None else await self._ledger.answer(plan.plan_id)
         if earlier is not None and earlier.status in APPLIED_ONCE:
@@ -561,21 +612,33 @@ class VirtualOperator:
             if tick is None:
                 await self._until(self._has_work, None)  # idle until an input arrives
                 continue
+            started = time.monotonic()
             await self._until(lambda: gate.due, tick)
+            self._spent("wait_acks", started)
             async with self._lock:
                 fleet = self.state.fleet
                 assert fleet is not None
                 plans = gate.take()
                 self._dirty = True
+                started = time.monotonic()
                 for plan in plans:
                     await self._apply(fleet, plan)
-                await self._flush()  # before the next barrier: they belong to the next tick
+                self._spent("apply", started)
+                # Their results are flushed with the next tick (saved and published before
+                # its events and barrier, as they belong to it), not in a round trip of
+                # their own; an input handled meanwhile flushes them first.
 
     def _has_work(self) -> bool:
         fleet, gate = self.state.fleet, self.state.gate
         if fleet is None or not fleet.started or gate is None:
             return False
-        return fleet.next_event_at() is not None or self.state.unbarriered or gate.holding
+        return fleet.next_event_at() is not None or self._unbarriered() or gate.holding
+
+    def _unbarriered(self) -> bool:
+        """Something said or to say waits for a barrier: what was published last was not
+        one, or the outbox (results not flushed yet) ends with something else."""
+        outbox = self.state.outbox
+        return not outbox[-1].broadcast if outbox else self.state.unbarriered
 
     async def _run_tick(self) -> int | None:
         """One tick of the fleet, its events, then its barrier on every partition."""
@@ -583,12 +646,18 @@ class VirtualOperator:
         assert ticks is not None
         assert gate is not None
         if not self._has_work():
+            await self._flush()  # what the last tick's plans said, if anything
             return None
         assert fleet is not None
-        carrying = self.state.unbarriered or gate.holding
+        carrying = self._unbarriered() or gate.holding
+        started = time.monotonic()
         tick = ticks.run(fleet, carrying=carrying)
+        self._spent("simulate", started)
         if tick is None:
+            await self._flush()
             return None
+        if self.metrics is not None:
+            self.metrics.ticks.inc()
         self._say(tick.events)
         barrier = Barrier(
             env=self.env,

@@ -325,6 +325,7 @@ class Brain:
                 fetch = fetch_progress(self.app, inputs)
                 counters = self.processor.counters
                 before = (counters.decisions, _seen(counters))
+                started = time.monotonic()
                 if self.processor.policy.lockstep:
                     # ticks are merged whole by the processor; a batch fetched before a
                     # rebalance may hold partitions no longer ours
@@ -335,6 +336,7 @@ class Brain:
                 else:
                     out = self.processor.process(self._merged(records, inputs, fetch, now))
                     fetched_at = self._merge.released_since or now
+                self.metrics.decide_duration.observe(time.monotonic() - started)
                 self._measure(fetch, before)
                 if out.plans or out.letters or out.acks:
                     await self.courier.put(out, fetched_at)
@@ -459,7 +461,9 @@ class Brain:
 
     async def _publish(self, out: Output) -> None:
         """What the courier does with a decided batch (a test may put itself between)."""
+        started = time.monotonic()
         await self.courier.publish(out)
+        self.metrics.publish_duration.observe(time.monotonic() - started)
 
     @property
     def republish_skipped(self) -> int:
