@@ -29,6 +29,8 @@ from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.services import ServiceContext, discover_services
 from dlrover_events.settings import Settings
+from dlrover_events.tail import Line
+from dlrover_events.tailer import follow
 from dlrover_events.topics import JOB_EVENTS
 from schemas.control import EnvMode
 from streams.ab.arms import Arm
@@ -202,31 +204,53 @@ class ABTest:
     ) -> dict[str, Ledger]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
-        while True:
-            for task in tasks:
-                if task.done():
-                    task.result()  # a service that died says why
-                    raise UserError(f"service {task.get_name()} stopped during the test")
-            # Completions are on job.events alone: cheap to re-read while waiting.
-            ledgers = {
-                a.env(self.run_id): await ledger_of(self.settings, a.env(self.run_id), [JOB_EVENTS])
-                for a in self.arms
-            }
-            finished = {
-                env: sum(1 for j in led.jobs.values() if j.done) for env, led in ledgers.items()
-            }
-            if progress is not None:
-                for arm in self.arms:
-                    progress(arm.name, finished[arm.env(self.run_id)], expected)
-            if all(n >= expected for n in finished.values()) or loop.time() > deadline:
-                if loop.time() > deadline:
-                    log.warning(
-                        "A/B test timed out after %.0f s; reporting what finished", self.timeout_s
-                    )
-                # The verdict needs every topic: plans and results move GPUs, samples
-                # give throughput.
-                return {env: await ledger_of(self.settings, env) for env in ledgers}
-            await asyncio.sleep(self.poll_s)
+        # Completions are on job.events alone, followed as they come: re-reading the
+        # whole topic at every look would cost more the longer the arms run, on the
+        # cores the arms share.
+        watched = {a.env(self.run_id): Ledger() for a in self.arms}
+        enough = asyncio.Event()
+
+        def fold_into(ledger: Ledger) -> Callable[[Line], None]:
+            def fold(line: Line) -> None:
+                if line.event is not None:
+                    ledger.observe(line.event)
+
+            return fold
+
+        followers = [
+            asyncio.create_task(
+                follow(
+                    self.settings, env, [JOB_EVENTS], fold_into(led), start="earliest", stop=enough
+                )
+            )
+            for env, led in watched.items()
+        ]
+        try:
+            while True:
+                for task in [*tasks, *followers]:
+                    if task.done():
+                        task.result()  # a service (or a follower) that died says why
+                        raise UserError(f"service {task.get_name()} stopped during the test")
+                finished = {
+                    env: sum(1 for j in led.jobs.values() if j.done) for env, led in watched.items()
+                }
+                if progress is not None:
+                    for arm in self.arms:
+                        progress(arm.name, finished[arm.env(self.run_id)], expected)
+                if all(n >= expected for n in finished.values()) or loop.time() > deadline:
+                    if loop.time() > deadline:
+                        log.warning(
+                            "A/B test timed out after %.0f s; reporting what finished",
+                            self.timeout_s,
+                        )
+                    break
+                await asyncio.sleep(self.poll_s)
+        finally:
+            enough.set()
+            await asyncio.gather(*followers, return_exceptions=True)
+        # The verdict needs every topic: plans and results move GPUs, samples give
+        # throughput.
+        return {env: await ledger_of(self.settings, env) for env in watched}
 
     def _result(self, arm: Arm, ledger: Ledger, expected: int) -> ArmResult:
         jobs = ledger.in_window(None, None)
