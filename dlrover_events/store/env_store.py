@@ -114,13 +114,17 @@ class EnvStore:
         return await self.save_scale_plans([plan]) == 1
 
     async def save_scale_plans(self, plans: Sequence[ScalePlan]) -> int:
-        """Record ScalePlans in one statement, each once; how many were new."""
+        """Record ScalePlans in one statement, each once; how many were new.
+
+        Rows are written in plan id order, as the virtual operator writes its answers to
+        them: two transactions writing the same rows in different orders deadlock."""
         if not plans:
             return 0
+        plans = sorted(plans, key=lambda plan: plan.plan_id)
         status = await self.pool.execute(
             "INSERT INTO scale_plans (plan_id, job_uuid, source_plan, body)"
             " SELECT p, j, s, b::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])"
-            " AS t(p, j, s, b) ON CONFLICT (plan_id) DO NOTHING",
+            " AS t(p, j, s, b) ORDER BY p ON CONFLICT (plan_id) DO NOTHING",
             [plan.plan_id for plan in plans],
             [plan.job.uuid for plan in plans],
             [plan.source_plan for plan in plans],

@@ -331,7 +331,9 @@ class VirtualOperator:
         await self._marked()
         data = checkpoint.dump(self.state)
         async with self._db.transaction():
-            for plan, answer in self._pending.values():
+            # By plan id, the order the brain records plans in too: two transactions
+            # writing the same rows in different orders would deadlock each other.
+            for plan, answer in sorted(self._pending.values(), key=lambda pa: pa[0].plan_id):
                 recorded = await self._ledger.record(
                     plan, answer.status, answer.reason, answer.not_applied, conn=self._db
                 )
