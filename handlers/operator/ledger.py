@@ -14,9 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 from pydantic import TypeAdapter
 
 from schemas.plans import NotApplied, ScalePlan, ScaleStatus
+
+#: Where the rows are: a pool, or one connection held for a process's life (the virtual
+#: operator's: a pool's reset on every release costs a round trip per write).
+Database = asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy
 
 #: The reason of an answer to a plan delivered again after it applied (then the first
 #: answer's reason).
@@ -44,7 +49,7 @@ class Answer:
 
 
 class PlanLedger:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: Database) -> None:
         self._pool = pool
 
     async def applied(self, plan_id: str) -> bool:
@@ -84,7 +89,7 @@ class PlanLedger:
         again (the job may have been submitted meanwhile); an applied one never changes.
         ``conn``: write within that connection's transaction.
         """
-        db: asyncpg.Pool | asyncpg.Connection = self._pool if conn is None else conn
+        db: Database = self._pool if conn is None else conn
         row = await db.fetchval(
             """
             INSERT INTO scale_plans (plan_id, job_uuid, source_plan, body, status, reason,
@@ -115,7 +120,7 @@ class ClusterCheckpoints:
     """The one checkpoint of a virtual env's simulated cluster (handlers.simulator.checkpoint
     makes and reads the bytes), with whether the events it carried were published."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: Database) -> None:
         self._pool = pool
 
     async def load(self) -> tuple[bytes, bool] | None:

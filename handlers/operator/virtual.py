@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from dlrover_events.bus import Consumer, Producer, Received
 from dlrover_events.envs import EnvRecord, EnvRegistry
@@ -205,8 +205,8 @@ class VirtualOperator:
             try:
                 self._db = conn
                 # (they query with fetchrow, fetchval and execute, which a connection has)
-                self._ledger = PlanLedger(cast(Any, conn))
-                self._checkpoints = ClusterCheckpoints(cast(Any, conn))
+                self._ledger = PlanLedger(conn)
+                self._checkpoints = ClusterCheckpoints(conn)
                 await self._restore()
                 self._measured = await measured_samples(self.settings, self.env)
                 if self._measured:
