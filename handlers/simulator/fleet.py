@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from handlers.simulator.cluster import Cluster
 from handlers.simulator.job import (
@@ -30,7 +30,12 @@ from handlers.simulator.job import (
     PlanOutcome,
 )
 from handlers.simulator.measured import MeasuredApplication, measure
-from handlers.simulator.throughput import Application, TraceDataError, load_application
+from handlers.simulator.throughput import (
+    Application,
+    SimulatedApplication,
+    TraceDataError,
+    load_application,
+)
 from schemas.codec import decode, encode
 from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted, RuntimeSample
 from schemas.plans import ScalePlan, ScaleStatus
@@ -150,7 +155,7 @@ class VirtualCluster:
         for raw in state["jobs"]:
             assert origin is not None, "jobs run only once the clock has started"
             measured = fleet._measured.get(raw["job"]["uuid"])
-            application = _simulated(measured) if measured else loader(raw["application"])
+            application = measured if measured else loader(raw["application"])
             job = JobSimulator.restore(
                 raw, application, fleet.cluster, origin=origin, source=source
             )
@@ -226,7 +231,9 @@ class VirtualCluster:
         for sample in samples:
             self._measurements.setdefault(sample.job.uuid, []).append(sample)
 
-    def _application(self, event: JobSubmitted) -> tuple[Application, MeasuredApplication | None]:
+    def _application(
+        self, event: JobSubmitted
+    ) -> tuple[SimulatedApplication, MeasuredApplication | None]:
         """The job's traced application, else the model of its own measurements (also
         returned: the snapshot keeps it); TraceDataError says why neither exists."""
         name = event.application or event.job.app
@@ -239,12 +246,12 @@ class VirtualCluster:
             if not samples:
                 raise TraceDataError(f"no measured samples ({untraced})") from None
             measured = measure(event, samples)
-            return _simulated(measured), measured
+            return measured, measured
 
     def _simulator(
         self,
         event: JobSubmitted,
-        application: Application,
+        application: SimulatedApplication,
         measured: MeasuredApplication | None,
         cluster: Cluster,
     ) -> JobSimulator:
@@ -424,13 +431,6 @@ def _admission(value: object) -> Admission:
     if value == "cluster" or value == "brain":
         return value
     raise ValueError(f"admission is 'cluster' or 'brain', not {value!r}")
-
-
-def _simulated(measured: MeasuredApplication) -> Application:
-    """A measured model where JobSimulator's signature says Application: it implements
-    throughput.SimulatedApplication, all that JobSimulator uses of one. (Goes once
-    JobSimulator takes a SimulatedApplication.)"""
-    return cast(Application, measured)
 
 
 def _sets_pods(plan: ScalePlan) -> bool:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from handlers.simulator.cluster import Allocation, Cluster, GiB, PodRequest
-from handlers.simulator.throughput import Application, OutOfTraceError, StepTime
+from handlers.simulator.throughput import OutOfTraceError, SimulatedApplication, StepTime
 from schemas.jobs import (
     JobCompleted,
     JobEvent,
@@ -206,7 +206,7 @@ class JobSimulator:
     def __init__(
         self,
         submitted: JobSubmitted,
-        application: Application,
+        application: SimulatedApplication,
         cluster: Cluster,
         *,
         clock: float = 0.0,
@@ -301,7 +301,7 @@ class JobSimulator:
     def restore(
         cls,
         state: Mapping[str, Any],
-        application: Application,
+        application: SimulatedApplication,
         cluster: Cluster,
         *,
         origin: datetime,
