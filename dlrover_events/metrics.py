@@ -94,6 +94,13 @@ class BrainMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         ).labels(env)
+        self.scheduler_leader = Gauge(
+            "dlrover_events_brain_scheduler_leader",
+            "1 while this instance leads its env's cluster scheduler, 0 while it stands by "
+            "(absent in an env without a scheduler)",
+            ["env"],
+            registry=registry,
+        )
 
     def lag(self, topic: str, partition: int, records: int) -> None:
         self.consumer_lag.labels(self.env, topic, str(partition)).set(records)

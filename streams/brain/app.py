@@ -651,11 +651,15 @@ async def run(ctx: ServiceContext, *, freeze_gc: bool = False) -> None:
     leadership = Leadership(ctx.pg_dsn, ctx.env, poll_s=ctx.settings.fence_check_s)
     # standing by is this instance's job while another leads: ready (not failing)
     standing_by = asyncio.create_task(_ready_once(leadership.standing_by, ctx))
+    leading = metrics.scheduler_leader.labels(ctx.env)
+    leading.set(0)
     try:
         while await leadership.acquire(ctx.stop):
+            leading.set(1)
             try:
                 await _decide(ctx, policy, metrics, freeze_gc=freeze_gc, lost=leadership.lost)
             finally:
+                leading.set(0)
                 await leadership.release()
             if not leadership.lost.is_set():
                 return

@@ -267,11 +267,16 @@ async def test_a_leader_whose_lock_session_ends_stops_deciding_and_leads_again(
     conf = settings.model_copy(update={"fence_check_s": POLL_S})
     ctx = ServiceContext(conf, env, pg_dsn)
     task = asyncio.create_task(service.run(ctx))
+
+    def leading() -> float | None:
+        return ctx.metrics.get_sample_value("dlrover_events_brain_scheduler_leader", {"env": env})
+
     try:
         async with asyncio.timeout(60):
             await ctx.ready.wait()
         (holder,) = await _leaders(pg_dsn, env)
         assert holder.endswith(f"pid {os.getpid()}")
+        assert leading() == 1.0
         await _submit(settings, env, "job-first", at_s=1)
         await _wait_plan(settings, env, "job-first", "from the leader")
 
@@ -295,6 +300,7 @@ async def test_a_leader_whose_lock_session_ends_stops_deciding_and_leads_again(
         async with asyncio.timeout(30):
             await task  # a clean stop
     assert await _leaders(pg_dsn, env) == [], "a stopped brain gives the lock back"
+    assert leading() == 0.0
 
 
 async def test_an_env_without_a_scheduler_takes_no_leader_lock(
