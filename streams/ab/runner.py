@@ -1,10 +1,19 @@
 """Run an A/B test: one virtual env per arm, the same input for all, until every job ends.
 
-Everything is fed before any arm's services start: the virtual operator schedules each
-submission at its own simulated time, so all arms see the same arrivals however the wall
-clock jitters. Services are found in the service registry (the operator lives in
-handlers/, which streams/ does not import). An arm whose settings say ``brain: false`` runs
-without a brain: its jobs keep what they asked for (the static baseline).
+An arm in lockstep, or without a brain, is fed its whole input before its services start:
+the virtual operator schedules each submission at its own simulated time, so all arms see
+the same arrivals however the wall clock jitters. Services are found in the service
+registry (the operator lives in handlers/, which streams/ does not import). An arm whose
+settings say ``brain: false`` runs without a brain: its jobs keep what they asked for (the
+static baseline).
+
+An arm with a brain out of lockstep is fed once its services are ready, paced at its
+simulated speed, as a real env gets its submissions: its brain decides on event time, and
+a backlog read at once would move its clock to the last submission while the simulated
+cluster is still at the first (a cluster scheduler would plan every job at once and count
+service that has not happened). The first submission starts both clocks; the operator
+starts its clock once it has read it, so the feed leads the simulated clock by that
+reading's wall time, never lags it: every job still arrives at its own simulated time.
 
 By default an arm with a brain runs in lockstep with it (schemas.lockstep): its simulated
 clock moves a tick at a time, each once its brain has decided it, so the arm's result
@@ -19,7 +28,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +41,10 @@ from dlrover_events.settings import Settings
 from dlrover_events.tail import Line
 from dlrover_events.tailer import follow
 from dlrover_events.topics import JOB_EVENTS
+from dlrover_events.workloads import discover_workload_adapters
 from schemas.control import EnvMode
+from schemas.envelope import Event
+from schemas.jobs import JobSubmitted
 from streams.ab.arms import Arm
 from streams.ab.report import ArmResult
 from streams.ab.summary import RunInfo
@@ -40,12 +52,16 @@ from streams.evaluators.ledger import Ledger, gpu_use
 from streams.evaluators.registry import evaluate
 from streams.evaluators.service import ledger_of
 from streams.replay.copier import Replay
-from streams.replay.core import Pacer, Selection
+from streams.replay.core import DEFAULT_TYPES, Pacer, Selection
 from streams.replay.trace import replay_trace
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]  # (arm, finished jobs, expected jobs)
+
+#: What a paced arm gets of `--from` before its services start: the virtual operator reads
+#: the runtime samples once, at its start, to simulate jobs of untraced applications.
+MEASURED: tuple[str, ...] = ("job.runtime_sample",)
 
 
 @dataclass
@@ -136,15 +152,20 @@ class ABTest:
         created: list[str] = []
         stop = asyncio.Event()
         tasks: list[asyncio.Task[None]] = []
+        feeds: list[asyncio.Task[None]] = []
         try:
-            expected = 0
+            # counted from the input: a paced arm's env holds its submissions only later
+            expected = await self._submissions()
+            if expected == 0:
+                raise UserError("the input holds no job submissions")
             for arm in self.arms:
                 env = arm.env(self.run_id)
                 await registry.create(env, EnvMode.VIRTUAL, settings=self.env_settings(arm))
                 created.append(env)
-                expected = await self._feed(env)
-            if expected == 0:
-                raise UserError("the input holds no job submissions")
+                if self.feed_speed(arm) is None:
+                    await self._feed(env)
+                else:
+                    await self._prefeed(env)
             contexts = []
             for arm in self.arms:
                 names = ["operator", *(["brain"] if _brain(arm) else [])]
@@ -153,9 +174,18 @@ class ABTest:
                     contexts.append(ctx)
                     tasks.append(asyncio.create_task(services[name].run(ctx), name=name))
             await self._until_ready(contexts, tasks)
-            ledgers = await self._until_done(expected, tasks, progress)
+            for arm in self.arms:
+                if (speed := self.feed_speed(arm)) is not None:
+                    env = arm.env(self.run_id)
+                    feed = self._paced_feed(env, speed, stop)
+                    feeds.append(asyncio.create_task(feed, name=f"feed of {env}"))
+            ledgers = await self._until_done(expected, tasks, progress, feeds=feeds)
         finally:
             stop.set()
+            # a paced feed may sleep until its next submission is due: nothing waits for it
+            for feed_task in feeds:
+                feed_task.cancel()
+            await asyncio.gather(*feeds, return_exceptions=True)
             await _finish(tasks)
             if not self.keep_envs:
                 for env in created:
@@ -178,8 +208,55 @@ class ABTest:
             seed=seed,
         )
 
+    def feed_speed(self, arm: Arm) -> float | None:
+        """Simulated seconds per wall second at which the arm is fed once its services are
+        ready; None: it is fed whole before they start.
+
+        Only an arm with a brain out of lockstep is paced: in lockstep the brain holds
+        each submission until its tick, and without a brain nothing decides on event time.
+        An arm as fast as possible has no speed to pace at (its clock jumps anyway).
+        """
+        if not _brain(arm):
+            return None
+        operator = self.env_settings(arm)["operator"]
+        if operator["lockstep"] or operator.get("fast"):
+            return None
+        return float(operator.get("speed") or 1.0)  # (the operator's default speed)
+
+    async def _submissions(self) -> int:
+        """How many jobs the input submits, read from the input itself: a trace's
+        submissions as its adapter makes them, or the submissions the source env holds
+        now (read before any copy starts, so a copy cannot have fewer)."""
+        if self.trace is not None:
+            return count_submissions(e for _, e in _trace_events(self.trace, "ab-count"))
+        assert self.source is not None
+        ledger = await ledger_of(self.settings, self.source, [JOB_EVENTS])
+        return sum(1 for j in ledger.jobs.values() if j.submitted_at is not None)
+
+    async def _prefeed(self, env: str) -> None:
+        """What a paced arm's operator must have before it starts: the runtime samples of
+        `--from` (it reads them once, at its start, to simulate untraced jobs)."""
+        if self.source is None:
+            return
+        samples = Selection(types=MEASURED)
+        await Replay(self.settings, self.source, env, pacer=Pacer(None), selection=samples).run()
+
+    async def _paced_feed(self, env: str, speed: float, stop: asyncio.Event) -> None:
+        """The rest of the input, each record when the arm's simulated clock reaches it
+        (its first record starts the clock); it fails the run if it fails."""
+        if self.trace is not None:
+            await replay_trace(self.settings, self.trace, env, pacer=Pacer(speed), stop=stop)
+            return
+        assert self.source is not None
+        rest = Selection(types=tuple(t for t in DEFAULT_TYPES if t not in MEASURED))
+        # (restart: the prefeed's copy committed the same group's offsets past the end)
+        replay = Replay(
+            self.settings, self.source, env, pacer=Pacer(speed), selection=rest, restart=True
+        )
+        await replay.run(stop=stop)
+
     async def _feed(self, env: str) -> int:
-        """Copy the input into the arm's env; returns how many jobs it submits."""
+        """Copy the whole input into the arm's env at once; returns how many jobs it submits."""
         if self.trace is not None:
             await replay_trace(self.settings, self.trace, env, pacer=Pacer(None))
         else:
@@ -200,7 +277,12 @@ class ABTest:
                     raise UserError(f"service {task.get_name()} of {ctx.env} stopped at start")
 
     async def _until_done(
-        self, expected: int, tasks: list[asyncio.Task[None]], progress: Progress | None
+        self,
+        expected: int,
+        tasks: list[asyncio.Task[None]],
+        progress: Progress | None,
+        *,
+        feeds: Sequence[asyncio.Task[None]] = (),
     ) -> dict[str, Ledger]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
@@ -231,6 +313,9 @@ class ABTest:
                     if task.done():
                         task.result()  # a service (or a follower) that died says why
                         raise UserError(f"service {task.get_name()} stopped during the test")
+                for feed in feeds:
+                    if feed.done():
+                        feed.result()  # a feed that failed fails the run with its reason
                 finished = {
                     env: sum(1 for j in led.jobs.values() if j.done) for env, led in watched.items()
                 }
@@ -264,6 +349,23 @@ class ABTest:
             gpu_use=gpu_use(jobs, step_s=300.0),
             unfinished=max(0, expected - sum(1 for j in jobs if j.done)),
         )
+
+
+def count_submissions(events: Iterable[Event]) -> int:
+    """The jobs the events submit (a job submitted twice counts once, as in a ledger)."""
+    return len({e.job.uuid for e in events if isinstance(e, JobSubmitted)})
+
+
+def _trace_events(path: Path, env: str, adapter: str = "pollux") -> list[tuple[float, Event]]:
+    """The trace's timed events as replay_trace reads them (UserError as it says it)."""
+    adapters = discover_workload_adapters()
+    if adapter not in adapters:
+        known = ", ".join(adapters) or "none installed"
+        raise UserError(f"unknown workload adapter {adapter!r}; known: {known}")
+    try:
+        return list(adapters[adapter](path, env))
+    except (ValueError, KeyError) as err:
+        raise UserError(f"cannot read {path} as a {adapter} workload: {err}") from None
 
 
 def _brain(arm: Arm) -> bool:
