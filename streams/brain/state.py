@@ -209,6 +209,9 @@ class AwaitedTraining(Model):
 #: Step-time profile points kept per job: one per configuration it ran at (Pollux keeps
 #: every configuration; a job that tried more than this forgets its oldest ones).
 MAX_PROFILE_POINTS = 48
+#: Samples a profile point's mean step is taken over: a configuration's step is steady by
+#: then, and folding every later sample into it would cost each one copies for nothing.
+PROFILE_SAMPLES = 8
 
 
 class BatchBounds(Model):
@@ -487,33 +490,41 @@ def _fold_submitted(state: JobState, event: JobSubmitted) -> JobState:
 
 def _profiled(state: JobState, sample: Sample) -> list[ProfilePoint] | None:
     """The profile with the sample's step in it; None when the sample does not say which
-    configuration it was taken at (or took no time)."""
+    configuration it was taken at (or took no time), or when its configuration's point
+    already has its `PROFILE_SAMPLES`."""
     replicas, local = sample.world_size, sample.local_batch_size
     if replicas is None or local is None or not sample.speed > 0:
         return None
-    step = 1.0 / sample.speed
-    sync = min(sample.allreduce_s or 0.0, step * 0.999)
     nodes = sample.num_nodes or 1
     accumulation = sample.accumulation_steps
+    config = (nodes, replicas, local, accumulation)
+    points = state.profile
+    at = next(
+        (
+            i
+            for i, p in enumerate(points)
+            if (p.nodes, p.replicas, p.local_batch, p.accumulation) == config
+        ),
+        None,
+    )
+    if at is not None and points[at].count >= PROFILE_SAMPLES:
+        return None
+    step = 1.0 / sample.speed
+    sync = min(sample.allreduce_s or 0.0, step * 0.999)
     memory = max((n.memory for n in sample.nodes), default=0)
-    points = list(state.profile)
-    for i, p in enumerate(points):
-        if (p.nodes, p.replicas, p.local_batch, p.accumulation) == (
-            nodes,
-            replicas,
-            local,
-            accumulation,
-        ):
-            n = p.count + 1
-            points[i] = p.model_copy(
-                update={
-                    "count": n,
-                    "step_time": p.step_time + (step - p.step_time) / n,
-                    "sync_time": p.sync_time + (sync - p.sync_time) / n,
-                    "memory": max(p.memory, memory),
-                }
-            )
-            return points
+    points = list(points)
+    if at is not None:
+        p = points[at]
+        n = p.count + 1
+        points[at] = p.model_copy(
+            update={
+                "count": n,
+                "step_time": p.step_time + (step - p.step_time) / n,
+                "sync_time": p.sync_time + (sync - p.sync_time) / n,
+                "memory": max(p.memory, memory),
+            }
+        )
+        return points
     points.append(
         ProfilePoint(
             nodes=nodes,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from schemas import encode
 from schemas.envelope import Event
 from schemas.jobs import (
@@ -24,7 +26,7 @@ from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
 from streams.brain.cluster_round import job_model, memory_for, run_round
 from streams.brain.planner import DEFAULT_LIMITS
 from streams.brain.processor import BrainProcessor
-from streams.brain.state import GiB, JobState, fold
+from streams.brain.state import PROFILE_SAMPLES, GiB, JobState, fold
 from streams.brain.triggers import Policy
 
 from .builders import ENV, T0, Rec
@@ -271,6 +273,19 @@ def test_a_job_gets_the_memory_of_the_largest_batch_it_may_be_rebatched_to() -> 
     assert group.count >= 1 and plan.training["local_batch_size"] <= 128
     largest = min(128, 64 * 8 // group.count)  # max_local_batch_size, max_batch / replicas
     assert group.node_resource.memory == memory_for(state, largest, DEFAULT_LIMITS) > 4 * GiB
+
+
+def test_a_profile_point_is_the_mean_of_its_configurations_first_samples() -> None:
+    """Later samples of a configuration cost no copy of the profile: its step is steady."""
+    first = [sample("a", 30 * (i + 1), 2, 32, 0.5 + 0.01 * i) for i in range(PROFILE_SAMPLES)]
+    state = profiled(*first)
+    (point,) = state.profile
+    assert point.count == PROFILE_SAMPLES
+    assert point.step_time == pytest.approx(sum(0.5 + 0.01 * i for i in range(8)) / 8)
+    later = fold(state, sample("a", 30 * (PROFILE_SAMPLES + 1), 2, 32, 9.0))
+    assert later is not None and later.profile is state.profile
+    other = fold(state, sample("a", 30 * (PROFILE_SAMPLES + 2), 4, 16, 0.4))
+    assert other is not None and len(other.profile) == 2
 
 
 def test_memory_for_a_larger_local_batch_follows_the_measured_line() -> None:
