@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -54,6 +55,22 @@ def kafka_reachable(bootstrap_servers: str) -> bool:
     starts an embedded broker of its own)."""
     host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")
     return port.isdigit() and port_open(host or "127.0.0.1", int(port))
+
+
+@contextlib.contextmanager
+def bench_broker(settings: Settings, say: Callable[[str], None]) -> Iterator[Settings]:
+    """The settings a bench runs with: the Kafka they name if it answers, else an
+    embedded tansu started for the bench (said through `say`) and stopped after it."""
+    if kafka_reachable(settings.bootstrap_servers):
+        yield settings
+        return
+    broker = Broker("127.0.0.1", None, settings.data_dir / "logs")
+    broker.start()
+    say(f"started an embedded broker on {broker.bootstrap_servers}")
+    try:
+        yield settings.with_overrides(bootstrap_servers=broker.bootstrap_servers)
+    finally:
+        broker.stop()
 
 
 def tansu_binary() -> str:

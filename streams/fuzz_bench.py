@@ -38,7 +38,7 @@ from aiokafka import AIOKafkaProducer
 
 from dlrover_events.bus import read_topic
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import Broker, kafka_reachable, resolve_postgres
+from dlrover_events.embedded import bench_broker, resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
@@ -560,14 +560,7 @@ def bench_fuzz(
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    settings = load_settings()
-    broker: Broker | None = None
-    if not kafka_reachable(settings.bootstrap_servers):
-        broker = Broker("127.0.0.1", None, settings.data_dir / "logs")
-        broker.start()
-        settings = settings.with_overrides(bootstrap_servers=broker.bootstrap_servers)
-        progress(f"started an embedded broker on {broker.bootstrap_servers}")
-    try:
+    with bench_broker(load_settings(), progress) as settings:
         result = run_async(
             run_fuzz(
                 settings,
@@ -579,9 +572,6 @@ def bench_fuzz(
                 progress=progress,
             )
         )
-    finally:
-        if broker is not None:
-            broker.stop()
     for consumer in result["consumers"]:
         progress(
             f"{consumer['consumer']}: sent {consumer['sent']} ({consumer['sent_bad']} bad),"

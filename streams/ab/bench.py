@@ -42,7 +42,7 @@ from prometheus_client import CollectorRegistry
 
 from dlrover_events.bus import read_topic
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import Broker, kafka_reachable, resolve_postgres
+from dlrover_events.embedded import bench_broker, resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.services import ServiceContext, discover_services
@@ -388,14 +388,7 @@ def bench_ab(
     if len({a.name for a in parsed}) != len(parsed):
         raise UserError("arm names must differ")
     progress(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    settings = load_settings()
-    broker: Broker | None = None
-    if not kafka_reachable(settings.bootstrap_servers):
-        broker = Broker("127.0.0.1", None, settings.data_dir / "logs")
-        broker.start()
-        settings = settings.with_overrides(bootstrap_servers=broker.bootstrap_servers)
-        progress(f"started an embedded broker on {broker.bootstrap_servers}")
-    try:
+    with bench_broker(load_settings(), progress) as settings:
         result = run_async(
             run_bench(
                 settings,
@@ -408,7 +401,4 @@ def bench_ab(
                 progress=progress,
             )
         )
-    finally:
-        if broker is not None:
-            broker.stop()
     typer.echo(orjson.dumps(result).decode())
