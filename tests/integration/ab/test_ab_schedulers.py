@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.bus import read_topic
 from dlrover_events.settings import Settings
-from dlrover_events.topics import SCALE_PLANS, SCALE_RESULTS, topic
-from schemas import decode
-from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
+from schemas.plans import ScaleStatus
 from streams.ab.arms import PRESETS, Arm
 from streams.ab.runner import ABTest, ArmCluster
+from tests.integration.ab.scheduled import plans_and_results
 
 pytestmark = pytest.mark.integration
 
@@ -28,39 +26,31 @@ ncf-5,310,ncf,1,32768
 """
 
 
-async def _plans_and_results(
-    settings: Settings, env: str
-) -> tuple[list[ScalePlan], list[ScaleResult]]:
-    plans = [decode(r.value) for r in await read_topic(settings, topic(env, SCALE_PLANS))]
-    results = [decode(r.value) for r in await read_topic(settings, topic(env, SCALE_RESULTS))]
-    return (
-        [p for p in plans if isinstance(p, ScalePlan)],
-        [r for r in results if isinstance(r, ScaleResult)],
-    )
-
-
 @pytest.mark.timeout(900)
 async def test_schedulers_run_every_job_and_two_runs_give_the_same_jcts(
     settings: Settings, pg_dsn: str, tmp_path: Path
 ) -> None:
     trace = tmp_path / "small.csv"
     trace.write_text(TRACE)
-    goodput = PRESETS["goodput-cluster"]
-    test = ABTest(
-        settings,
-        pg_dsn,
-        [Arm("tiresias", PRESETS["tiresias"]), Arm("goodput", goodput)],
-        trace=trace,
-        cluster=ArmCluster(nodes=2, gpus_per_node=4),
-        timeout_s=600,
-        poll_s=0.5,
-        keep_envs=True,
-    )
-    results = await test.run()
+
+    def ab_test(*, keep_envs: bool) -> ABTest:
+        arms = [Arm("tiresias", PRESETS["tiresias"]), Arm("goodput", PRESETS["goodput-cluster"])]
+        return ABTest(
+            settings,
+            pg_dsn,
+            arms,
+            trace=trace,
+            cluster=ArmCluster(nodes=2, gpus_per_node=4),
+            timeout_s=600,
+            poll_s=0.5,
+            keep_envs=keep_envs,
+        )
+
+    results = await ab_test(keep_envs=True).run()
     for arm in results:
         assert arm.unfinished == 0, arm.name
         assert len(arm.jct) == 6, arm.name
-        plans, answers = await _plans_and_results(settings, arm.env)
+        plans, answers = await plans_and_results(settings, arm.env)
         # the scheduler admitted every job (the cluster starts none on its own), on named
         # nodes, and the operator applied what it planned
         admitted = {p.job.uuid for p in plans if p.placement}
@@ -75,14 +65,5 @@ async def test_schedulers_run_every_job_and_two_runs_give_the_same_jcts(
         }
         assert {p.plan_id for p in plans if p.placement} <= applied, arm.name
     # two runs of a lockstep arm give the same per-job JCTs
-    again = ABTest(
-        settings,
-        pg_dsn,
-        [Arm("tiresias", PRESETS["tiresias"]), Arm("goodput", goodput)],
-        trace=trace,
-        cluster=ArmCluster(nodes=2, gpus_per_node=4),
-        timeout_s=600,
-        poll_s=0.5,
-    )
-    second = await again.run()
+    second = await ab_test(keep_envs=False).run()
     assert [a.jct for a in second] == [a.jct for a in results]

@@ -15,12 +15,13 @@ import pytest
 
 from dlrover_events.bus import read_topic
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
+from dlrover_events.topics import JOB_EVENTS, topic
 from schemas import decode
 from schemas.jobs import JobCompleted
-from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
+from schemas.plans import ScaleStatus
 from streams.ab.arms import PRESETS, Arm
 from streams.ab.runner import ABTest, ArmCluster
+from tests.integration.ab.scheduled import plans_and_results
 
 pytestmark = pytest.mark.integration
 
@@ -34,17 +35,6 @@ ncf-3,2400,ncf,1,32768
 """
 
 NODES = {"node-0", "node-1"}
-
-
-async def _plans_and_results(
-    settings: Settings, env: str
-) -> tuple[list[ScalePlan], list[ScaleResult]]:
-    plans = [decode(r.value) for r in await read_topic(settings, topic(env, SCALE_PLANS))]
-    results = [decode(r.value) for r in await read_topic(settings, topic(env, SCALE_RESULTS))]
-    return (
-        [p for p in plans if isinstance(p, ScalePlan)],
-        [r for r in results if isinstance(r, ScaleResult)],
-    )
 
 
 @pytest.mark.timeout(300)
@@ -70,7 +60,7 @@ async def test_schedulers_on_event_time_run_every_job_on_named_nodes(
     for arm in results:
         assert arm.unfinished == 0, arm.name
         assert len(arm.jct) == 4, arm.name
-        plans, answers = await _plans_and_results(settings, arm.env)
+        plans, answers = await plans_and_results(settings, arm.env)
         # the scheduler admitted every job (the cluster starts none on its own), on the
         # env's named nodes
         placed = [p for p in plans if p.placement]
