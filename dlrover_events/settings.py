@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -19,8 +19,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from dlrover_events.errors import UserError
+
 CONFIG_FILE_ENV = "DLROVER_EVENTS_CONFIG"
 DEFAULT_CONFIG_FILE = Path("dlrover-events.toml")
+
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+ENV_PREFIX = "DLROVER_EVENTS_"
 
 
 def _config_file() -> Path:
@@ -28,7 +35,7 @@ def _config_file() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DLROVER_EVENTS_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     # Kafka
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -43,6 +50,35 @@ class Settings(BaseSettings):
     # tests and small deployments start faster, at the price of more heartbeats.
     session_timeout_ms: int = Field(default=10000, ge=1000)
     heartbeat_interval_ms: int = Field(default=3000, ge=100)
+    # Kafka security: every client of the project (services, CLI, SDK, the brain's faust
+    # app) connects with these; dlrover_events/kafka_client.py turns them into aiokafka's
+    # arguments. docs/kafka.md says how to set them for Strimzi, MSK and Confluent Cloud.
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = Field(
+        default=None, description="read the SASL password from this file (a mounted Secret)"
+    )
+    ssl_cafile: Path | None = Field(
+        default=None, description="CA bundle for the brokers' certificates (unset: the system's)"
+    )
+    ssl_certfile: Path | None = Field(default=None, description="client certificate (mutual TLS)")
+    ssl_keyfile: Path | None = Field(default=None, description="the client certificate's key")
+    ssl_key_password: SecretStr | None = None
+    ssl_check_hostname: bool = True
+    # Topics: whether `env create` and `up` create an env's topics (off: they only check
+    # that they exist, e.g. made by Strimzi's KafkaTopic resources), and their configs.
+    create_topics: bool = True
+    min_insync_replicas: int | None = Field(default=None, ge=1)
+    # retention.ms by kind of topic (unset: the broker's default; -1: forever); the
+    # compacted config.changes and dlrover.control are compacted, not deleted by age.
+    retention_metrics_ms: int | None = Field(default=None, ge=-1)
+    retention_events_ms: int | None = Field(default=None, ge=-1)
+    retention_plans_ms: int | None = Field(default=None, ge=-1)
+    retention_results_ms: int | None = Field(default=None, ge=-1)
+    retention_eval_ms: int | None = Field(default=None, ge=-1)
+    retention_dlq_ms: int | None = Field(default=None, ge=-1)
 
     # Postgres
     pg_dsn: str | None = Field(
@@ -70,6 +106,67 @@ class Settings(BaseSettings):
     # Admin API token for services started by `up` (generated when unset).
     admin_token: SecretStr | None = None
 
+    @model_validator(mode="after")
+    def _kafka_security_holds_together(self) -> Self:
+        """A combination that cannot connect is a settings error, said before any client
+        tries (and times out): SASL without its mechanism or credentials, credentials or
+        certificates given to a protocol that does not use them."""
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol.endswith("SSL")
+        proto = f"{ENV_PREFIX}SECURITY_PROTOCOL={self.security_protocol}"
+        if sasl:
+            missing = [
+                name
+                for name, value in (
+                    ("SASL_MECHANISM", self.sasl_mechanism),
+                    ("SASL_USERNAME", self.sasl_username),
+                    (
+                        f"SASL_PASSWORD or {ENV_PREFIX}SASL_PASSWORD_FILE",
+                        self.sasl_password or self.sasl_password_file,
+                    ),
+                )
+                if not value
+            ]
+            if missing:
+                raise ValueError(f"{proto} needs {ENV_PREFIX}" + f", {ENV_PREFIX}".join(missing))
+        else:
+            given = [
+                name
+                for name, value in (
+                    ("SASL_MECHANISM", self.sasl_mechanism),
+                    ("SASL_USERNAME", self.sasl_username),
+                    ("SASL_PASSWORD", self.sasl_password),
+                    ("SASL_PASSWORD_FILE", self.sasl_password_file),
+                )
+                if value
+            ]
+            if given:
+                raise ValueError(
+                    f"{ENV_PREFIX}{given[0]} is set but {proto} uses no SASL "
+                    "(use SASL_PLAINTEXT or SASL_SSL)"
+                )
+        if self.sasl_password and self.sasl_password_file:
+            raise ValueError(
+                f"set one of {ENV_PREFIX}SASL_PASSWORD and {ENV_PREFIX}SASL_PASSWORD_FILE, not both"
+            )
+        if not tls:
+            given = [
+                name
+                for name, value in (
+                    ("SSL_CAFILE", self.ssl_cafile),
+                    ("SSL_CERTFILE", self.ssl_certfile),
+                    ("SSL_KEYFILE", self.ssl_keyfile),
+                )
+                if value
+            ]
+            if given:
+                raise ValueError(
+                    f"{ENV_PREFIX}{given[0]} is set but {proto} uses no TLS (use SSL or SASL_SSL)"
+                )
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError(f"{ENV_PREFIX}SSL_KEYFILE needs {ENV_PREFIX}SSL_CERTFILE")
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -87,5 +184,22 @@ class Settings(BaseSettings):
         return self.model_copy(update={k: v for k, v in changes.items() if v is not None})
 
 
+class SettingsError(UserError):
+    """Settings that cannot work: the CLI prints it as one line and exits 2."""
+
+
+def settings_error(err: ValidationError, prefix: str = ENV_PREFIX) -> SettingsError:
+    """One line for every problem of a settings class, named as the user sets them."""
+    problems = []
+    for e in err.errors():
+        name = "_".join(str(p) for p in e["loc"]).upper()
+        what = str(e["msg"]).removeprefix("Value error, ")
+        problems.append(f"{prefix}{name}: {what}" if name else what)
+    return SettingsError("invalid settings: " + "; ".join(problems))
+
+
 def load_settings(**overrides: Any) -> Settings:
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as err:
+        raise settings_error(err) from None
