@@ -6,9 +6,11 @@ published, tests) read this way: every partition of the named topics assigned,
 positioned (the beginning, the end, a time, or given offsets), then read to the end or
 followed.
 
-tansu reports the last batch's base offset + 1 as a partition's end, a lower bound, so
-"read to the end" means past the end offsets captured when the reader was positioned
-AND a fetch that brought nothing.
+tansu answers a partition's end (ListOffsets) with the base offset + 1 of the batch it
+wrote last by its clock: a lower bound, far below the true end when many batches share a
+millisecond (1 for 620 records). So "read to the end" means past the end offsets captured
+when the reader was positioned AND a fetch that brought nothing; and whether a log still
+holds an offset is asked of its records (`short_of`), never of that end.
 """
 
 from __future__ import annotations
@@ -133,6 +135,49 @@ class TopicReader(AsyncResource):
         """One fetch over every assigned partition, each partition's records in order."""
         batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         return [record for records in batch.values() for record in records]
+
+    async def short_of(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_s: float = 10.0
+    ) -> dict[TopicPartition, int]:
+        """The partitions whose log ends before the offset given for it, each with its end.
+
+        Asked of the log itself: a record at the offset before the given one (or later)
+        says the log reaches it; a fetch there that brings none and answers a high
+        watermark below the offset says it does not (Kafka answers such a fetch "out of
+        range", and the consumer's reset to the end then fetches the same answer). The
+        other partitions are paused meanwhile; every partition asked about is left
+        positioned somewhere in between. TimeoutError if the broker does not say."""
+        asked = {tp: offset for tp, offset in offsets.items() if offset > 0}
+        unknown = set(asked) - set(self.partitions)
+        if unknown:
+            raise ValueError(f"not assigned to this reader: {sorted(unknown)}")
+        if not asked:
+            return {}
+        others = [tp for tp in self.partitions if tp not in asked]
+        self.consumer.pause(*others)
+        short: dict[TopicPartition, int] = {}
+        try:
+            for tp, offset in asked.items():
+                self.consumer.seek(tp, offset - 1)
+            pending = dict(asked)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            while pending:
+                if loop.time() > deadline:
+                    where = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(pending))
+                    raise TimeoutError(f"the broker did not say where {where} end")
+                batch = await self.consumer.getmany(*pending, timeout_ms=300)
+                for tp, records in batch.items():
+                    if tp in pending and any(r.offset >= pending[tp] - 1 for r in records):
+                        del pending[tp]
+                for tp in list(pending):
+                    highwater = self.consumer.highwater(tp)
+                    if highwater is not None and highwater < pending[tp]:
+                        short[tp] = highwater
+                        del pending[tp]
+        finally:
+            self.consumer.resume(*others)
+        return short
 
     async def caught_up(self) -> bool:
         """Whether every partition is past the end offsets captured when positioned."""

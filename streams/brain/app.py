@@ -417,7 +417,6 @@ class Brain:
         away: waiting beats losing state), saying why, until the brain stops."""
         assert self._store is not None
         store = self._store
-        inputs = [(name, p) for name in self._inputs for p in sorted(partitions)]
         attempt = 0
         while True:
             attempt += 1
@@ -428,6 +427,11 @@ class Brain:
                         partitions, self._inputs, history_per_scenario=HISTORY_PER_SCENARIO
                     )
                     since = await store.offsets(self._outputs)
+                    inputs = {
+                        (name, p): loaded.offsets.get((name, p), 0)
+                        for name in self._inputs
+                        for p in sorted(partitions)
+                    }
                     return loaded, await recover(self.settings, inputs, self._outputs, since)
 
                 loaded, found = await unless(self._closing, load(), self._what)
@@ -448,7 +452,7 @@ class Brain:
                     exc_info=attempt == 1,
                 )
                 await sleep_unless(self._closing, delay, self._what)
-        stale = stale_offsets(loaded.offsets, found.ends)
+        stale = found.stale_inputs
         warn_stale(stale, f"brain of {self.env}: input")
         warn_stale(found.stale_outputs, f"brain of {self.env}: output")
         for tp in stale:

@@ -1,20 +1,26 @@
 """What a brain learns from the broker before it resumes partitions from its checkpoint.
 
-Two things: where each log ends, and which plans a crashed brain published after its
-last checkpoint (so replaying the events after it does not publish them again).
+Two things: which checkpointed offsets lie beyond their log's end, and which plans a
+crashed brain published after its last checkpoint (so replaying the events after it does
+not publish them again).
 
-A log that ends before the offset a checkpoint holds for it was restarted: the embedded
-broker keeps topics in memory, so after its restart every topic begins again at offset 0
-while Postgres still holds the old, higher offsets. Resuming from those would skip every
-new record below them, silently. Such an offset is said so, loudly, and the partition is
-read from the log's beginning (`stale_offsets` decides; the caller overwrites the stored
-offset).
+A log that ends before the offset a checkpoint holds for it was restarted: an embedded
+broker with memory storage begins every topic again at offset 0 after its restart while
+Postgres still holds the old, higher offsets. Resuming from those would skip every new
+record below them, silently. Such an offset is said so, loudly, and the partition is read
+from the log's beginning (the caller overwrites the stored offset).
+
+Whether a log ends before an offset is asked of its records (`TopicReader.short_of`),
+not of the end the broker answers: tansu answers a lower bound (20,010 for 20,100), and a
+caught-up brain restarted on it took its own checkpoint for a restarted log, read
+everything again and reported thousands of records of lag with none pending. The cheap
+end offsets only say which partitions to ask about.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
@@ -32,7 +38,8 @@ TP = tuple[str, int]
 
 def stale_offsets(stored: Mapping[TP, int], ends: Mapping[TP, int]) -> dict[TP, tuple[int, int]]:
     """The stored offsets beyond their log's end, as (stored, end): their log restarted.
-    A partition whose end is unknown is not judged."""
+    `ends` must be true ends (a fetch's high watermark, `TopicReader.short_of`), not
+    tansu's answer to ListOffsets. A partition whose end is unknown is not judged."""
     return {
         tp: (offset, ends[tp]) for tp, offset in stored.items() if tp in ends and offset > ends[tp]
     }
@@ -42,7 +49,7 @@ def warn_stale(stale: Mapping[TP, tuple[int, int]], what: str) -> None:
     for (name, part), (offset, end) in sorted(stale.items()):
         log.warning(
             "%s %s[%d]: the checkpoint holds offset %d but the log ends at %d (the broker's "
-            "log restarted?); reading it from the beginning",
+            "log restarted); reading it from the beginning",
             what,
             name,
             part,
@@ -53,36 +60,46 @@ def warn_stale(stale: Mapping[TP, tuple[int, int]], what: str) -> None:
 
 @dataclass
 class Recovered:
-    """`ends`: the end offset of every partition asked about; `published`: plan ids on the
-    outputs after the checkpointed offsets; `stale_outputs`: output offsets the
-    checkpoint holds beyond their log's end (read from the beginning instead)."""
+    """`published`: plan ids on the outputs after the checkpointed offsets;
+    `stale_inputs`, `stale_outputs`: checkpointed offsets beyond their log's end, as
+    (stored, end) (read from the beginning instead)."""
 
-    ends: dict[TP, int] = field(default_factory=dict)
     published: set[str] = field(default_factory=set)
+    stale_inputs: dict[TP, tuple[int, int]] = field(default_factory=dict)
     stale_outputs: dict[TP, tuple[int, int]] = field(default_factory=dict)
 
 
 async def recover(
     settings: Settings,
-    inputs: Iterable[TP],
+    inputs: Mapping[TP, int],
     outputs: Sequence[str],
     since: Offsets,
     timeout_s: float = 30.0,
 ) -> Recovered:
-    """The ends of `inputs`, and the plan ids on `outputs` from the checkpointed offsets
-    `since` to their end (from the start where none was checkpointed, or where the
-    checkpointed one is beyond the end)."""
+    """Which checkpointed offsets of `inputs` (input partition -> offset) and of `outputs`
+    (`since`) lie beyond their log's end, and the plan ids on `outputs` from `since` to
+    their end (from the start where none was checkpointed, or where the checkpointed one
+    is beyond the end)."""
     in_topics = sorted({name for name, _ in inputs} - set(outputs))
-    # positioned without reading: the end of every partition of these topics
     async with TopicReader(
         settings, [*outputs, *in_topics], client_id="brain-recovery", require=False
     ) as reader:
-        ends = {(tp.topic, tp.partition): end for tp, end in reader.end_hint.items()}
-    out_ends = {tp: end for tp, end in ends.items() if tp[0] in outputs}
-    stale = stale_offsets({tp: o for tp, o in since.items() if tp in out_ends}, out_ends)
-    start = {tp: 0 if tp in stale else since.get(tp, 0) for tp in out_ends}
+        hints = {(tp.topic, tp.partition): end for tp, end in reader.end_hint.items()}
+        held = {**{tp: o for tp, o in since.items() if tp[0] in outputs}, **inputs}
+        # only an offset beyond the broker's (lower-bound) end can be beyond the true end
+        suspects = {
+            TopicPartition(*tp): offset
+            for tp, offset in held.items()
+            if tp in hints and offset > hints[tp]
+        }
+        short = await reader.short_of(suspects, timeout_s=timeout_s)
+    ends = {(tp.topic, tp.partition): end for tp, end in short.items()}
+    stale_in = stale_offsets(dict(inputs), ends)
+    stale_out = stale_offsets({tp: o for tp, o in held.items() if tp[0] in outputs}, ends)
+    out_parts = [tp for tp in hints if tp[0] in outputs]
+    start = {tp: 0 if tp in stale_out else since.get(tp, 0) for tp in out_parts}
     found = await _plan_ids(settings, outputs, start, timeout_s)
-    return Recovered(ends, found, stale)
+    return Recovered(found, stale_in, stale_out)
 
 
 async def _plan_ids(
@@ -110,4 +127,4 @@ async def published_since(
 ) -> set[str]:
     """Plan ids on `topics` from the checkpointed offsets to the end: what a crashed
     brain published after its last checkpoint."""
-    return (await recover(settings, (), topics, since, timeout_s)).published
+    return (await recover(settings, {}, topics, since, timeout_s)).published

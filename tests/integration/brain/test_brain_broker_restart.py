@@ -4,6 +4,7 @@ skipping every one below its old offsets."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -15,7 +16,8 @@ from dlrover_events.embedded import Broker
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import JOB_EVENTS, SCALE_PLANS, topic
+from dlrover_events.topic_reader import TopicReader
+from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic
 from schemas import encode
 from schemas.jobs import JobMeta
 from streams.brain.app import Brain
@@ -108,6 +110,70 @@ async def test_a_brain_decides_what_a_restarted_broker_holds(
         # overwritten with where the new logs are, not kept as the greatest of the two
         assert now[topic(env, JOB_EVENTS)] == 2 + 12, now
         assert now[topic(env, SCALE_PLANS)] == len(second), now
+    finally:
+        with contextlib.suppress(Exception):
+            await registry.delete(env, force=True)
+
+
+async def test_a_caught_up_brain_restarted_on_the_same_broker_resumes_without_a_reset(
+    own_broker: Broker, pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """tansu answers a log's end (ListOffsets) with the base offset + 1 of the batch written
+    last by its clock, far below the true end when many batches share a millisecond: the
+    checkpoint of a brain that read everything then lies "beyond the end". The record at
+    the checkpointed offset is there all the same, so nothing restarted and nothing is
+    read again, said or reset; the lag is nil."""
+    settings = _settings(own_broker, pg_dsn)
+    registry = EnvRegistry(settings, pg_dsn)
+    env = unique_env("bk")
+    await registry.create(env, partitions=1)
+    samples_topic = topic(env, JOB_METRICS)
+    try:
+        events = job_events(env, JobMeta(uuid="job-long"), 600, oom_every=50)
+        async with Producer(settings, linger_ms=0) as producer:
+            await producer.publish_many(events)
+        _, scale = expected_plans(events)
+        await _decide(settings, env, pg_dsn, scale)
+        async with await EnvStore.open(pg_dsn, env) as store:
+            rows = await store.fetch("SELECT topic, next_offset FROM brain_offsets")
+        held = {r["topic"]: r["next_offset"] for r in rows}
+        assert held[samples_topic] + held[topic(env, JOB_EVENTS)] == len(events), held
+        # the broker's short answer this test is about (else it tests nothing)
+        async with TopicReader(settings, [samples_topic], client_id="probe") as reader:
+            (end,) = reader.end_hint.values()
+        assert end < held[samples_topic], f"tansu answered the true end {end}"
+
+        caplog.set_level(logging.WARNING, logger="streams.brain")
+        brain = Brain(settings, env, pg_dsn, checkpoint_every_s=0.5)
+        await brain.start()
+        lag = {"env": env, "topic": samples_topic, "partition": "0"}
+        try:
+
+            def measured() -> list[float]:
+                return [
+                    s.value
+                    for m in brain.metrics.consumer_lag.collect()
+                    for s in m.samples
+                    if s.labels == lag
+                ]
+
+            await wait_for(
+                lambda: bool(measured()) and 0 in brain.processor.loaded,
+                timeout_s=60,
+                what="the brain to resume and measure its lag",
+            )
+            await asyncio.sleep(2)  # a checkpoint or more
+            assert measured() == [0]
+            assert brain.processor.counters.processed == 0
+        finally:
+            await brain.stop()
+        said = [r.getMessage() for r in caplog.records if "the log ends at" in r.getMessage()]
+        assert not said, said
+        async with await EnvStore.open(pg_dsn, env) as store:
+            rows = await store.fetch("SELECT topic, next_offset FROM brain_offsets")
+        assert {r["topic"]: r["next_offset"] for r in rows} == held
+        on_topic = [p.plan_id for p in await plans_on(settings, topic(env, SCALE_PLANS))]
+        assert sorted(on_topic) == sorted(scale), "plans were published again"
     finally:
         with contextlib.suppress(Exception):
             await registry.delete(env, force=True)
