@@ -85,6 +85,9 @@ class EnvFence:
         self.stop = stop
         self.reason: str | None = None
         self.tripped = asyncio.Event()
+        #: set while the fence's last read of the registry succeeded: Postgres answers
+        #: (a standalone command's /readyz says not ready while it is clear)
+        self.holds = asyncio.Event()
         self.incarnation: UUID | None = None
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
@@ -129,6 +132,7 @@ class EnvFence:
             await conn.close()
             raise
         self._conn = conn
+        self.holds.set()
 
     async def _detach(self) -> None:
         conn, self._conn = self._conn, None
@@ -172,7 +176,9 @@ class EnvFence:
                     log.warning("fence of env %s holds again", self.env)
                 reason = gone_reason(self.env, await self._row(self._conn), self.incarnation)  # type: ignore[arg-type]
                 delay = 0.5
+                self.holds.set()
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, UserError) as err:
+                self.holds.clear()
                 log.warning(
                     "fence of env %s cannot read the registry (%s); retrying in %.1fs",
                     self.env,

@@ -92,9 +92,13 @@ class Settings(BaseSettings):
     broker_port: int = 9092
     data_dir: Path = Path(".dlrover-events")
     default_env: str = "prod"
-    # Supervision by `up`: its /metrics, /healthz and /readyz, how often it probes the
-    # bus, and how long a failed service or broker waits, at most, before its next start.
-    metrics_host: str = Field(default="127.0.0.1", description="where `up` serves /metrics")
+    # Supervision by `up` (and a command run alone): its /metrics, /healthz and /readyz,
+    # how often it probes the bus, and how long a failed service or broker waits, at most,
+    # before its next start.
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="where `up` and a command run alone serve /metrics, /healthz, /readyz",
+    )
     metrics_port: int = Field(default=9470, ge=0, le=65535, description="0: any free port")
     bus_probe_s: float = Field(default=1.0, gt=0, description="seconds between bus probes")
     restart_backoff_max_s: float = Field(default=30.0, gt=0)

@@ -1,8 +1,17 @@
-"""A service run as its own command (`brain`, `operator`, `gateway`, `console`, `replay`)
-gets what `up` gives the services it runs: it is fenced to its env (it stops when the env
-is deleted), its metrics are served on 127.0.0.1, and SIGINT/SIGTERM stop it cleanly.
+"""A service run as its own command (`brain`, `operator`, `gateway`, `console`, `archiver`,
+`evaluator`, `watchdog`, `replay`) gets what `up` gives the services it runs: it is fenced
+to its env (it stops when the env is deleted), its metrics and probes are served, and
+SIGINT/SIGTERM stop it cleanly.
 
-One place for it, so a new command cannot forget one of the three.
+The probes are `up`'s (`MetricsServer` and `supervisor.readiness`, one implementation):
+`/healthz` answers while the event loop does; `/readyz` answers 200 once the service said
+ready (``ctx.ready``: its consumer assigned, its server listening, as the service defines
+it) while the bus answers (probed as `up` probes it) and Postgres answers (the env's fence
+reads the registry), else 503 with the reason. They are served on
+`DLROVER_EVENTS_METRICS_HOST:DLROVER_EVENTS_METRICS_PORT` (127.0.0.1:9470: set the host to
+0.0.0.0 for a cluster's probes and scrapes).
+
+One place for it, so a new command cannot forget one of them.
 """
 
 from __future__ import annotations
@@ -11,18 +20,33 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
+from dlrover_events.embedded import resolve_postgres
 from dlrover_events.fence import fenced
+from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.metrics import MetricsServer
 from dlrover_events.services import ServiceContext
+from dlrover_events.settings import Settings
+from dlrover_events.supervisor import BusWatch, State, readiness
 
 log = logging.getLogger(__name__)
 
 
+def service_state(ctx: ServiceContext) -> State:
+    """A standalone service's state: it is not restarted (its process is)."""
+    if ctx.stop.is_set():
+        return State.STOPPED
+    return State.READY if ctx.ready.is_set() else State.STARTING
+
+
 @contextlib.asynccontextmanager
-async def standalone(ctx: ServiceContext, *, signals: bool = True) -> AsyncIterator[None]:
-    """Run a command's service inside this: fenced, metrics served, stopped by signals.
+async def standalone(
+    ctx: ServiceContext, service: str, *, signals: bool = True
+) -> AsyncIterator[None]:
+    """Run a command's service inside this: fenced, metrics and probes served, stopped by
+    signals. ``ctx.bus`` is replaced by the bus probe's event (clear while the bus is away).
 
     The metrics port is `DLROVER_EVENTS_METRICS_PORT` (as for `up`); when it is taken
     (by `up`, or another command) the command says so and serves them on a free port.
@@ -32,26 +56,68 @@ async def standalone(ctx: ServiceContext, *, signals: bool = True) -> AsyncItera
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, ctx.stop.set)
     settings = ctx.settings
-    server = MetricsServer(settings.metrics_host, settings.metrics_port)
-    server.add(ctx.metrics)
-    try:
-        await server.start()
-    except OSError as err:
-        log.warning(
-            "metrics port %s:%d is taken (%s); serving them on a free port instead",
-            settings.metrics_host,
-            settings.metrics_port,
-            err.strerror or err,
-        )
-        server = MetricsServer(settings.metrics_host, 0)
+    bus = BusWatch(settings.bootstrap_servers, ctx.stop, probe_s=settings.bus_probe_s)
+    ctx.bus = bus.up
+    async with fenced(ctx) as fence:
+
+        def ready() -> tuple[bool, dict[str, Any]]:
+            return readiness(bus, {service: service_state(ctx)}, postgres=fence.holds)
+
+        server = MetricsServer(settings.metrics_host, settings.metrics_port, readiness=ready)
         server.add(ctx.metrics)
-        await server.start()
-    ctx.endpoints["metrics"] = server.url
-    try:
-        async with fenced(ctx):
+        try:
+            await server.start()
+        except OSError as err:
+            log.warning(
+                "metrics port %s:%d is taken (%s); serving them on a free port instead",
+                settings.metrics_host,
+                settings.metrics_port,
+                err.strerror or err,
+            )
+            server = MetricsServer(settings.metrics_host, 0, readiness=ready)
+            server.add(ctx.metrics)
+            await server.start()
+        ctx.endpoints["metrics"] = server.url
+        probing = asyncio.create_task(bus.run(), name=f"{service} bus probe")
+        try:
             yield
+        finally:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+            await server.stop()
+
+
+#: a service's body: runs until ``ctx.stop`` (the `run` of a `Service`, or a command's own)
+ServiceRun = Callable[[ServiceContext], Coroutine[Any, None, None]]
+
+
+async def serve_alone(
+    settings: Settings,
+    env: str,
+    service: str,
+    run: ServiceRun,
+    *,
+    on_ready: Callable[[ServiceContext], None] | None = None,
+) -> None:
+    """Run a service of ``env`` as this process's one service, until SIGTERM, the env's
+    deletion or the service's end. Postgres is found as `up` finds it (an embedded one
+    started here is stopped at the end); ``on_ready`` may say where it serves."""
+    postgres = await resolve_postgres(settings)
+    try:
+        ctx = ServiceContext(settings, env, postgres.dsn)
+        async with standalone(ctx, service):
+            running = asyncio.create_task(run(ctx), name=service)
+            try:
+                if await wait_for_any([ctx.ready], [running]) and on_ready is not None:
+                    on_ready(ctx)
+                await running
+            finally:
+                if not running.done():
+                    ctx.stop.set()
+                    await asyncio.gather(running, return_exceptions=True)
     finally:
-        await server.stop()
+        postgres.stop()  # only an embedded server this command started
 
 
-__all__ = ["standalone"]
+__all__ = ["ServiceRun", "serve_alone", "service_state", "standalone"]

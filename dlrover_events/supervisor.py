@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sized
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sized
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -303,7 +303,29 @@ class BusWatch:
         self._back()
 
 
-def readiness(bus: BusWatch, supervised: Iterable[Supervised]) -> tuple[bool, dict[str, Any]]:
-    services = {s.name: s.state.value for s in supervised}
-    ready = bus.up.is_set() and all(v == State.READY.value for v in services.values())
-    return ready, {"bus": bus.up.is_set(), "services": services}
+def readiness(
+    bus: BusWatch,
+    services: Mapping[str, State],
+    postgres: asyncio.Event | None = None,
+) -> tuple[bool, dict[str, Any]]:
+    """What /readyz answers (pure over the states it is given): ready while the bus
+    answers, Postgres answers (when watched: ``postgres`` set) and every service is ready;
+    otherwise a ``reason`` a person can act on. One implementation for `up` and for a
+    service run as its own command (`standalone`)."""
+    why = [] if bus.up.is_set() else [f"bus at {bus.bootstrap_servers} does not answer"]
+    if postgres is not None and not postgres.is_set():
+        why.append("Postgres does not answer")
+    why += [
+        f"service {name} is {state.value}"
+        for name, state in services.items()
+        if state != State.READY
+    ]
+    body: dict[str, Any] = {
+        "bus": bus.up.is_set(),
+        "services": {name: state.value for name, state in services.items()},
+    }
+    if postgres is not None:
+        body["postgres"] = postgres.is_set()
+    if why:
+        body["reason"] = "; ".join(why)
+    return not why, body

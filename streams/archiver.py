@@ -15,12 +15,16 @@ import asyncio
 import contextlib
 import logging
 
+import typer
+
 from dlrover_events.bus import Consumer, Received
+from dlrover_events.cli.app import run_async
 from dlrover_events.metrics import ArchiverMetrics
 from dlrover_events.services import Service, ServiceContext
-from dlrover_events.settings import Settings
+from dlrover_events.settings import Settings, load_settings
+from dlrover_events.standalone import serve_alone
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import ENV_TOPIC_NAMES
+from dlrover_events.topics import ENV_TOPIC_NAMES, check_env_name
 
 log = logging.getLogger(__name__)
 
@@ -89,3 +93,18 @@ service = Service(
     description="writes every valid event of the env to its events_archive table",
     run=run,
 )
+
+
+def archiver_command(
+    env: str = typer.Option(..., "--env", "-e", help="the env whose events to archive"),
+) -> None:
+    """Run the archiver of one env alone: every valid event into the env's Postgres."""
+
+    def say(ctx: ServiceContext) -> None:
+        typer.echo(
+            f"archiver of env {env} is running (metrics: {ctx.endpoints['metrics']}, /healthz "
+            "and /readyz beside them); Ctrl-C stops it",
+            err=True,
+        )
+
+    run_async(serve_alone(load_settings(), check_env_name(env), "archiver", run, on_ready=say))

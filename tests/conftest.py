@@ -119,3 +119,12 @@ async def make_env(settings: Settings, pg_dsn: str) -> AsyncIterator[EnvFactory]
     for name in created:
         with contextlib.suppress(Exception):
             await registry.delete(name, force=True)
+
+
+@pytest.fixture
+async def own_pg(pg_dsn: str) -> AsyncIterator[str]:
+    """A database of its own: a registry no other test shares (its real env may go)."""
+    name = f"dle_own_{uuid.uuid4().hex[:8]}"
+    await _admin(pg_dsn, f"CREATE DATABASE {quote_ident(name)}")
+    yield with_database(pg_dsn, name)
+    await _admin(pg_dsn, f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")

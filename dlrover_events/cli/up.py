@@ -120,11 +120,13 @@ async def _supervise(
     backoff = Backoff(max_s=settings.restart_backoff_max_s)
     own = CollectorRegistry(auto_describe=True)
     service_metrics = ServiceMetrics(own)
-    # every service's metrics, and up's /healthz and /readyz (the bus, each service)
+    # every service's metrics, and up's /healthz and /readyz (bus, Postgres, each service)
     metrics = MetricsServer(
         settings.metrics_host,
         settings.metrics_port,
-        readiness=lambda: readiness(bus, supervised),
+        readiness=lambda: readiness(
+            bus, {s.name: s.state for s in supervised}, postgres=fence.holds
+        ),
     )
     metrics.add(own)
     bus = BusWatch(

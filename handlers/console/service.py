@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 
 import typer
 
-from dlrover_events.embedded import resolve_postgres
 from dlrover_events.metrics import ConsoleMetrics
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import load_settings
-from dlrover_events.standalone import standalone
+from dlrover_events.standalone import serve_alone
 from handlers.console.runtime import ConsoleServer, ConsoleSettings
 
 log = logging.getLogger(__name__)
 
 
-async def run(ctx: ServiceContext) -> None:
-    async with ConsoleServer(ctx.settings, ctx.env, ctx.pg_dsn) as server:
+async def run(ctx: ServiceContext, conf: ConsoleSettings | None = None) -> None:
+    """Serve until ``ctx.stop``; ``conf`` (the `console` command's flags) over the env's."""
+    async with ConsoleServer(ctx.settings, ctx.env, ctx.pg_dsn, conf) as server:
         await server.wait_ready()
         hub = server.hub
         ConsoleMetrics(ctx.metrics, ctx.env).clients.set_function(lambda: hub.subscribers)
@@ -42,8 +43,12 @@ service = Service(
 
 def console(
     env: str = typer.Option(..., "--env", "-e", help="The env to show."),
-    host: str | None = typer.Option(None, help="Listen address (default 127.0.0.1)."),
-    port: int | None = typer.Option(None, help="Port (default 8480; 0: any free one)."),
+    host: str | None = typer.Option(
+        None, help="Listen address (default DLROVER_EVENTS_CONSOLE_HOST, 127.0.0.1)."
+    ),
+    port: int | None = typer.Option(
+        None, help="Port (default DLROVER_EVENTS_CONSOLE_PORT, 8480; 0: any free one)."
+    ),
 ) -> None:
     """Serve the web console of one env until Ctrl-C (tokens: `gateway-token create`)."""
     settings = load_settings()
@@ -52,21 +57,14 @@ def console(
         update={"host": host or conf.host, "port": conf.port if port is None else port}
     )
 
-    async def serve() -> None:
-        pg = await resolve_postgres(settings)
-        try:
-            ctx = ServiceContext(settings, env, pg.dsn)
-            async with standalone(ctx), ConsoleServer(settings, env, pg.dsn, conf) as server:
-                await server.wait_ready()
-                hub = server.hub
-                ConsoleMetrics(ctx.metrics, env).clients.set_function(lambda: hub.subscribers)
-                typer.echo(
-                    f"web console of env {env} on {server.url}  (open it with #token=...; "
-                    f"metrics: {ctx.endpoints['metrics']})"
-                )
-                await ctx.stop.wait()
-        finally:
-            pg.stop()
+    def say(ctx: ServiceContext) -> None:
+        url = ctx.endpoints["web console"].split("#")[0]
+        typer.echo(
+            f"web console of env {env} on {url}  (open it with #token=...; "
+            f"metrics: {ctx.endpoints['metrics']}, /healthz and /readyz beside them)"
+        )
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+        asyncio.run(
+            serve_alone(settings, env, "console", functools.partial(run, conf=conf), on_ready=say)
+        )

@@ -7,6 +7,7 @@ against a stack started by `dlrover-events up` they need no flags beyond the env
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import typer
@@ -15,10 +16,11 @@ from dlrover_events.embedded import resolve_postgres
 from dlrover_events.errors import UserError
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
-from dlrover_events.standalone import standalone
+from dlrover_events.standalone import serve_alone
 from dlrover_events.store import create_pool, env_schema
 from dlrover_events.tokens import Scope, TokenInfo, Tokens
-from handlers.gateway.runtime import GatewayServer, GatewaySettings, prepare_env
+from handlers.gateway.runtime import GatewaySettings, prepare_env
+from handlers.gateway.service import run
 
 
 async def _dsn(settings: Settings) -> str:
@@ -27,8 +29,12 @@ async def _dsn(settings: Settings) -> str:
 
 def serve(
     env: str = typer.Option(None, "--env", "-e", help="env to serve (default: settings)"),
-    host: str = typer.Option(None, "--host", help="listen address (default 127.0.0.1)"),
-    port: int = typer.Option(None, "--port", "-p", min=0, max=65535, help="default 8470"),
+    host: str = typer.Option(
+        None, "--host", help="listen address (default DLROVER_EVENTS_GATEWAY_HOST, 127.0.0.1)"
+    ),
+    port: int = typer.Option(
+        None, "--port", "-p", min=0, max=65535, help="default DLROVER_EVENTS_GATEWAY_PORT, 8470"
+    ),
     configmaps: bool = typer.Option(
         None,
         "--configmaps/--no-configmaps",
@@ -51,17 +57,15 @@ def serve(
 
 
 async def _serve(settings: Settings, env: str, conf: GatewaySettings) -> None:
-    dsn = await _dsn(settings)
-    ctx = ServiceContext(settings, env, dsn)  # the fence refuses a missing env in one line
-    async with (
-        standalone(ctx),
-        GatewayServer(settings, env, dsn, conf, registry=ctx.metrics) as server,
-    ):
+    def say(ctx: ServiceContext) -> None:
         typer.echo(
-            f"gateway of env {env} on {server.url} (OpenAPI at /openapi.json; "
-            f"metrics also at {ctx.endpoints['metrics']})"
+            f"gateway of env {env} on {ctx.endpoints['config gateway'].split()[0]} (OpenAPI "
+            f"at /openapi.json; metrics at {ctx.endpoints['metrics']}, /healthz and /readyz "
+            "beside them)"
         )
-        await ctx.stop.wait()
+
+    # the fence refuses a missing env in one line
+    await serve_alone(settings, env, "gateway", functools.partial(run, conf=conf), on_ready=say)
 
 
 token_app = typer.Typer(

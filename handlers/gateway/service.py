@@ -16,9 +16,15 @@ from handlers.gateway.runtime import GatewayServer, GatewaySettings
 log = logging.getLogger(__name__)
 
 
-async def run(ctx: ServiceContext) -> None:
+async def run(ctx: ServiceContext, conf: GatewaySettings | None = None) -> None:
+    """Serve until ``ctx.stop``; ``conf`` (the `gateway` command's flags) over the env's."""
     server = GatewayServer(
-        ctx.settings, ctx.env, ctx.pg_dsn, GatewaySettings(), registry=ctx.metrics, bus=ctx.bus
+        ctx.settings,
+        ctx.env,
+        ctx.pg_dsn,
+        conf or GatewaySettings(),
+        registry=ctx.metrics,
+        bus=ctx.bus,
     )
     async with server:
         await server.wait_ready()

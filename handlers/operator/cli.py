@@ -8,17 +8,16 @@ operator they are refused there.
 from __future__ import annotations
 
 import asyncio
+import functools
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from dlrover_events.embedded import resolve_postgres
-from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
-from dlrover_events.standalone import standalone
+from dlrover_events.standalone import serve_alone
 from handlers.operator.modes import run_operator
 
 
@@ -98,17 +97,13 @@ def operator(
 
 
 async def _run(settings: Settings, env: str, options: dict[str, Any]) -> None:
-    postgres = await resolve_postgres(settings)
-    try:
-        ctx = ServiceContext(settings, env, postgres.dsn)
-        async with standalone(ctx):
-            serving = asyncio.create_task(run_operator(ctx, options))
-            if await wait_for_any([ctx.ready], [serving]):
-                typer.echo(
-                    f"operator of env {env} is running (metrics: {ctx.endpoints['metrics']}); "
-                    "Ctrl-C stops it",
-                    err=True,
-                )
-            await serving
-    finally:
-        postgres.stop()  # only an embedded server this command started
+    def say(ctx: ServiceContext) -> None:
+        typer.echo(
+            f"operator of env {env} is running (metrics: {ctx.endpoints['metrics']}, /healthz "
+            "and /readyz beside them); Ctrl-C stops it",
+            err=True,
+        )
+
+    await serve_alone(
+        settings, env, "operator", functools.partial(run_operator, options=options), on_ready=say
+    )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import tempfile
@@ -46,14 +47,13 @@ import typer
 from faust.types import TP
 
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.metrics import BrainMetrics, CollectorRegistry
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings, load_settings
-from dlrover_events.standalone import standalone
+from dlrover_events.standalone import serve_alone
 from dlrover_events.store import EnvStore
 from dlrover_events.topics import (
     BRAIN_PLANS,
@@ -717,18 +717,17 @@ service = Service(
 
 
 async def _standalone(settings: Settings, env: str, freeze_gc: bool) -> None:
-    pg = await resolve_postgres(settings)
-    try:
-        if await EnvRegistry(settings, pg.dsn).get(env) is None:
-            raise UserError(
-                f"env {env!r} does not exist; create it with `dlrover-events env create`"
-            )
-        ctx = ServiceContext(settings, env, pg.dsn)
-        async with standalone(ctx):
-            typer.echo(f"brain of {env}: metrics on {ctx.endpoints['metrics']}", err=True)
-            await run(ctx, freeze_gc=freeze_gc)
-    finally:
-        pg.stop()
+    def say(ctx: ServiceContext) -> None:
+        typer.echo(
+            f"brain of {env}: metrics on {ctx.endpoints['metrics']}, /healthz and /readyz "
+            "beside them",
+            err=True,
+        )
+
+    # the fence refuses a missing env in one line
+    await serve_alone(
+        settings, env, "brain", functools.partial(run, freeze_gc=freeze_gc), on_ready=say
+    )
 
 
 def brain(

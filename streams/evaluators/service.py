@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -22,6 +23,7 @@ from dlrover_events.embedded import resolve_postgres
 from dlrover_events.metrics import EvaluatorMetrics
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings, load_settings
+from dlrover_events.standalone import serve_alone
 from dlrover_events.store import EnvStore
 from dlrover_events.tail import Line
 from dlrover_events.tailer import follow
@@ -142,3 +144,21 @@ def evaluate_command(
                 await publish(settings, store, batch)
 
     run_async(go())
+
+
+def evaluator_command(
+    env: str = typer.Option(..., "--env", "-e", help="the env to evaluate"),
+    interval: float = typer.Option(10.0, min=0.1, help="seconds between two rounds of reports"),
+) -> None:
+    """Run the evaluator of one env alone: its KPIs reported to <env>.eval.reports and
+    Postgres every --interval seconds (`evaluate` prints them once)."""
+
+    def say(ctx: ServiceContext) -> None:
+        typer.echo(
+            f"evaluator of env {env} is running (metrics: {ctx.endpoints['metrics']}, "
+            "/healthz and /readyz beside them); Ctrl-C stops it",
+            err=True,
+        )
+
+    work = functools.partial(run, interval_s=interval)
+    run_async(serve_alone(load_settings(), check_env_name(env), "evaluator", work, on_ready=say))

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import typer
 from pydantic import Field, ValidationError
@@ -20,9 +22,9 @@ from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.fence import fenced
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import load_settings
+from dlrover_events.standalone import serve_alone
 from dlrover_events.tail import Line, parse_since
 from dlrover_events.tailer import follow
 from dlrover_events.topics import JOB_EVENTS, check_env_name
@@ -127,18 +129,27 @@ class WatchdogSettings(BaseSettings):
         return WatchdogPolicy(self.standby, self.failed_rate, span, self.min_finished)
 
 
-async def run_service(ctx: ServiceContext) -> None:
-    """Watch ``ctx.env`` until it fails over, then idle until stopped: returning would
-    make `up` start it again, on an env that is no longer the real one."""
+def _watchdog_settings(**given: Any) -> WatchdogSettings:
+    """DLROVER_EVENTS_WATCHDOG_* under ``given`` (a command's flags); a bad value is one line."""
     try:
-        settings = WatchdogSettings()
+        return WatchdogSettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise UserError(f"DLROVER_EVENTS_WATCHDOG_{where.upper()}: {first['msg']}") from None
-    policy = settings.policy()
-    if policy is None:
-        ctx.endpoints["failover"] = "off (set DLROVER_EVENTS_WATCHDOG_STANDBY to a virtual env)"
+
+
+async def guard(ctx: ServiceContext, policy: WatchdogPolicy, check_every_s: float = 2.0) -> None:
+    """Watch ``ctx.env`` until it fails over, then idle until stopped: returning would
+    make `up` start it again (and a Deployment restart it) on an env that is no longer the
+    real one. Started after a failover (the standby is real already), it only idles."""
+    standby = await EnvRegistry(ctx.settings, ctx.pg_dsn).get(policy.standby)
+    if standby is not None and standby.mode == EnvMode.REAL:
+        log.warning(
+            "the standby %s is the real env already (failed over before): nothing to watch",
+            policy.standby,
+        )
+        ctx.endpoints["failover"] = f"done: {policy.standby} is the real env"
         ctx.ready.set()
         await ctx.stop.wait()
         return
@@ -146,9 +157,22 @@ async def run_service(ctx: ServiceContext) -> None:
         f"to {policy.standby} when >= {policy.failed_rate:.0%} of >= {policy.min_finished}"
         f" jobs finished in {policy.window} failed"
     )
-    reason = await watch(ctx, policy, settings.check_every_s)
+    reason = await watch(ctx, policy, check_every_s)
     if reason:
+        ctx.endpoints["failover"] = f"done: {reason}"
         await ctx.stop.wait()
+
+
+async def run_service(ctx: ServiceContext) -> None:
+    """The watchdog of `up`: DLROVER_EVENTS_WATCHDOG_*; without a standby it only idles."""
+    settings = _watchdog_settings()
+    policy = settings.policy()
+    if policy is None:
+        ctx.endpoints["failover"] = "off (set DLROVER_EVENTS_WATCHDOG_STANDBY to a virtual env)"
+        ctx.ready.set()
+        await ctx.stop.wait()
+        return
+    await guard(ctx, policy, settings.check_every_s)
 
 
 service = Service(
@@ -159,27 +183,48 @@ service = Service(
 
 
 def watchdog_command(
-    standby: str = typer.Option(..., help="virtual env that takes over"),
+    standby: str | None = typer.Option(
+        None, help="virtual env that takes over (default DLROVER_EVENTS_WATCHDOG_STANDBY)"
+    ),
     env: str | None = typer.Option(None, "--env", "-e", help="real env to watch (default: it)"),
-    failed_rate: float = typer.Option(0.5, min=0.0, max=1.0, help="failed share that trips"),
-    window: str = typer.Option("1h", help="window of finished jobs: 30m, 1h, 1d"),
-    min_finished: int = typer.Option(5, min=1, help="finished jobs needed before judging"),
+    failed_rate: float | None = typer.Option(
+        None, min=0.0, max=1.0, help="failed share that trips (default 0.5)"
+    ),
+    window: str | None = typer.Option(None, help="window of finished jobs: 30m, 1h (default), 1d"),
+    min_finished: int | None = typer.Option(
+        None, min=1, help="finished jobs needed before judging (default 5)"
+    ),
 ) -> None:
-    """Watch the real env; when too many jobs fail, promote the standby env."""
-    check_env_name(standby)
-    policy = WatchdogPolicy(standby, failed_rate, parse_window(window), min_finished)
+    """Watch the real env; when too many jobs fail, promote the standby env, then keep
+    running (a Deployment's container) until Ctrl-C or SIGTERM."""
+    conf = _watchdog_settings(
+        standby=standby, failed_rate=failed_rate, window=window, min_finished=min_finished
+    )
+    policy = conf.policy()
+    if policy is None:
+        raise UserError("name the standby env: --standby or DLROVER_EVENTS_WATCHDOG_STANDBY")
     settings = load_settings()
 
     async def go() -> None:
-        pg = await resolve_postgres(settings)
-        real = env or (r.name if (r := await EnvRegistry(settings, pg.dsn).real()) else None)
-        if real is None:
-            raise UserError("there is no real env to watch")
-        ctx = ServiceContext(settings, real, pg.dsn)
-        async with fenced(ctx):
-            reason = await watch(ctx, policy)
-        if not reason:
-            raise UserError(f"env {real!r} was deleted; the watchdog stopped")
-        typer.echo(f"{standby} took over from {real}: {reason}")
+        watched = env
+        if watched is None:
+            pg = await resolve_postgres(settings)
+            try:
+                real = await EnvRegistry(settings, pg.dsn).real()
+            finally:
+                pg.stop()
+            if real is None:
+                raise UserError("there is no real env to watch")
+            watched = real.name
+
+        def say(ctx: ServiceContext) -> None:
+            typer.echo(
+                f"watchdog of env {watched}: failover {ctx.endpoints['failover']} (metrics: "
+                f"{ctx.endpoints['metrics']}, /healthz and /readyz beside them)",
+                err=True,
+            )
+
+        run = functools.partial(guard, policy=policy, check_every_s=conf.check_every_s)
+        await serve_alone(settings, watched, "watchdog", run, on_ready=say)
 
     run_async(go())

@@ -103,7 +103,8 @@ async def _run(settings: Settings, to: str, source: str | None, work: Work) -> N
         raise UserError(f"no env named {source!r} to replay from")
     ctx = ServiceContext(settings, to, pg.dsn)
     stop = ctx.stop  # Ctrl-C, SIGTERM, or the target env deleted under the replay
-    async with standalone(ctx):
+    async with standalone(ctx, "replay"):
+        ctx.ready.set()  # copying from here on: /readyz says so
         report = await _copy(to, work, stop)
     _summary(report, to)
 

@@ -1,4 +1,4 @@
-"""A command's service, run alone: fenced to its env and its metrics served."""
+"""A command's service, run alone: fenced to its env, its metrics and probes served."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import socket
 import aiohttp
 import pytest
 
+from dlrover_events.embedded import Broker
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.metrics import EvaluatorMetrics
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.standalone import standalone
-from tests.conftest import EnvFactory
+from tests.conftest import ARTIFACTS, EnvFactory
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,7 @@ async def test_serves_metrics_on_loopback_and_stops_when_its_env_is_deleted(
         entered = asyncio.Event()
 
         async def service() -> None:
-            async with standalone(ctx, signals=False):
+            async with standalone(ctx, "evaluator", signals=False):
                 entered.set()
                 await ctx.stop.wait()
 
@@ -51,3 +52,70 @@ async def test_serves_metrics_on_loopback_and_stops_when_its_env_is_deleted(
         async with asyncio.timeout(20):
             await running  # the fence set ctx.stop: the service ended by itself
         assert ctx.stop.is_set()
+
+
+async def _get(url: str) -> tuple[int, dict[str, object]]:
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        return resp.status, await resp.json()
+
+
+async def _until(url: str, status: int, timeout_s: float = 20) -> dict[str, object]:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            got, body = await _get(url)
+            if got == status:
+                return body
+            await asyncio.sleep(0.1)
+
+
+async def test_probes_say_ready_only_while_the_service_and_its_bus_are(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    env = (await make_env()).name
+    # a broker of the test's own, so that it can go away under the command
+    own = Broker("127.0.0.1", log_dir=ARTIFACTS / "logs")
+    own.start()
+    try:
+        conf = settings.model_copy(
+            update={
+                "bootstrap_servers": own.bootstrap_servers,
+                "metrics_port": 0,
+                "bus_probe_s": 0.2,
+            }
+        )
+        ctx = ServiceContext(conf, env, pg_dsn)
+        entered = asyncio.Event()
+
+        async def service() -> None:
+            async with standalone(ctx, "archiver", signals=False):
+                entered.set()
+                await ctx.stop.wait()
+
+        running = asyncio.create_task(service())
+        async with asyncio.timeout(20):
+            await entered.wait()
+        base = ctx.endpoints["metrics"].removesuffix("/metrics")
+        assert (await _get(f"{base}/healthz"))[0] == 200
+        # started, not ready yet: the service has not said so
+        status, body = await _get(f"{base}/readyz")
+        assert (status, body["reason"]) == (503, "service archiver is starting")
+        assert body["postgres"] is True and body["bus"] is True
+
+        ctx.ready.set()
+        await _until(f"{base}/readyz", 200)
+
+        own.stop()
+        body = await _until(f"{base}/readyz", 503)
+        assert body["reason"] == f"bus at {own.bootstrap_servers} does not answer"
+        assert not ctx.bus.is_set(), "the service sees the bus away too (ctx.bus)"
+        assert (await _get(f"{base}/healthz"))[0] == 200, "the process itself is fine"
+
+        own = Broker("127.0.0.1", own.port, ARTIFACTS / "logs")
+        own.start()
+        await _until(f"{base}/readyz", 200)
+
+        ctx.stop.set()
+        async with asyncio.timeout(20):
+            await running
+    finally:
+        own.stop()

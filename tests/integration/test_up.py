@@ -13,20 +13,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from dlrover_events.admin import TopicAdmin
 from dlrover_events.bus import Producer
-from dlrover_events.embedded import Broker, free_port, port_open, with_database
+from dlrover_events.embedded import Broker, free_port, port_open
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.store.database import quote_ident
 from schemas import EnvMode, JobMeta, JobSubmitted
 from tests.conftest import REPO, unique_env
 
@@ -116,23 +113,6 @@ def up_environ(pg_dsn: str, data_dir: object, **extra: str) -> dict[str, str]:
         "COLUMNS": "200",
         **extra,
     }
-
-
-@pytest.fixture
-async def own_pg(pg_dsn: str) -> AsyncIterator[str]:
-    """A database of its own: a registry no other test shares (its real env may go)."""
-    name = f"dle_up_{uuid.uuid4().hex[:8]}"
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {quote_ident(name)}")
-    finally:
-        await conn.close()
-    yield with_database(pg_dsn, name)
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
-    finally:
-        await conn.close()
 
 
 async def test_up_runs_the_stack_and_stops_on_sigterm(pg_dsn: str, tmp_path: Path) -> None:

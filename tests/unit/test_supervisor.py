@@ -12,7 +12,7 @@ from dlrover_events.errors import BusUnavailable, EnvError, StoreUnavailable, Us
 from dlrover_events.metrics import ServiceMetrics
 from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings
-from dlrover_events.supervisor import Backoff, State, Supervised, is_fatal
+from dlrover_events.supervisor import Backoff, BusWatch, State, Supervised, is_fatal, readiness
 
 FAST = Backoff(initial_s=0.01, max_s=0.04, stable_s=60)
 
@@ -109,3 +109,26 @@ async def test_stop_ends_a_backoff_at_once() -> None:
     async with asyncio.timeout(10):  # not the hour of its backoff
         await task
     assert sup.state == State.STOPPED
+
+
+async def test_readiness_names_what_is_not_ready() -> None:
+    """/readyz's verdict for `up` and a standalone command: 200 only with everything
+    ready, else 503 with a reason a person can act on."""
+    bus = BusWatch("kafka-0:9092", asyncio.Event())
+    postgres = asyncio.Event()
+    postgres.set()
+    ready, body = readiness(bus, {"brain": State.READY}, postgres=postgres)
+    assert ready and "reason" not in body
+    assert body == {"bus": True, "services": {"brain": "ready"}, "postgres": True}
+
+    bus.up.clear()
+    postgres.clear()
+    ready, body = readiness(bus, {"brain": State.STARTING, "gateway": State.READY}, postgres)
+    assert not ready
+    assert body["reason"] == (
+        "bus at kafka-0:9092 does not answer; Postgres does not answer; service brain is starting"
+    )
+    # no Postgres watch given: no such key, and it does not decide
+    bus.up.set()
+    ready, body = readiness(bus, {"brain": State.READY})
+    assert ready and "postgres" not in body

@@ -134,7 +134,7 @@ async def test_command_says_so_when_the_env_is_missing(settings: Settings, pg_ds
     async with asyncio.timeout(60):
         out, _ = await proc.communicate()
     assert proc.returncode == 2, out.decode()
-    assert "env 'nosuchenv' does not exist" in out.decode()
+    assert "no env named 'nosuchenv'" in out.decode()  # the fence's one line
 
 
 async def test_env_settings_choose_the_brains_policy(settings: Settings, pg_dsn: str) -> None:
