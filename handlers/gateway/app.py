@@ -37,6 +37,7 @@ from handlers.gateway.http_rules import (
     Refused,
     body_problem,
     check_name,
+    parse_body,
     parse_if_match,
 )
 from handlers.gateway.openapi import (
@@ -436,11 +437,7 @@ async def _read(request: web.Request) -> bytes:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await _read(request)
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise ApiError(400, "bad_json", f"the body is not valid JSON: {err}") from None
+    obj = parse_body(await _read(request))
     if not isinstance(obj, dict):
         raise ApiError(422, "invalid_document", "the body must be a JSON object (a document)")
     problem = body_problem(obj)
@@ -646,10 +643,7 @@ async def _optimize_body(request: web.Request) -> OptimizeBody:
     raw = await _read(request)
     if len(raw) > MAX_OPTIMIZE_BODY:
         raise ApiError(413, "request_entity_too_large", f"the body is over {MAX_OPTIMIZE_BODY} B")
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise ApiError(400, "bad_json", f"the body is not valid JSON: {err}") from None
+    obj = parse_body(raw)
     if not isinstance(obj, dict):
         raise ApiError(422, "invalid_request", 'the body must be a JSON object: {"stage": ...}')
     problem = body_problem(obj)

@@ -4,6 +4,7 @@ takes; a body's bounds are checked without recursion, at any depth."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import orjson
@@ -17,8 +18,10 @@ from handlers.gateway.http_rules import (
     Refused,
     body_problem,
     check_name,
+    parse_body,
     parse_if_match,
 )
+from schemas.bounds import INT64_MAX, INT64_MIN
 from schemas.config import ConfigDocument
 
 versions = st.integers(min_value=1, max_value=999_999_999)
@@ -98,3 +101,61 @@ def test_a_body_without_a_problem_encodes_and_stores(value: object) -> None:
     if body_problem(value) is None:
         assert orjson.loads(orjson.dumps(value)) == value
         assert "\\u0000" not in orjson.dumps(value).decode()
+
+
+#: integers of any size, the bounds of int64 and of orjson's own reading among them
+any_integers = (
+    st.integers()
+    | st.integers(min_value=-(10**40), max_value=10**40)
+    | st.sampled_from([INT64_MAX, INT64_MAX + 1, INT64_MIN, INT64_MIN - 1, 2**64, 10**23])
+)
+exact_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | any_integers
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4)
+    ),
+    max_leaves=30,
+)
+
+
+@given(exact_values)
+def test_a_body_is_read_with_every_number_as_written(value: object) -> None:
+    """An integer stays the integer it was (orjson alone made 10^23 the float 1e+23),
+    a float the float it was."""
+    raw = json.dumps(value).encode()
+    read = parse_body(raw)
+    assert read == value
+    assert _shape(read) == _shape(value)
+
+
+def _shape(value: object) -> object:
+    """The value with each number replaced by its type (1 == 1.0, but not as JSON)."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(v) for v in value]
+    return type(value)
+
+
+@given(any_integers.filter(lambda n: not INT64_MIN <= n <= INT64_MAX))
+def test_an_integer_beyond_int64_is_refused_whatever_its_size(number: int) -> None:
+    problem = body_problem(parse_body(b'{"Configure": {"k": %d}}' % number))
+    assert problem is not None and "beyond int64" in problem
+
+
+@given(st.sampled_from([b"1e23", b"1.0e23", b"-1E+30", b"123456789012345678901.5"]))
+def test_a_large_float_stays_a_float(number: bytes) -> None:
+    read = parse_body(b'{"k": %s}' % number)
+    assert read == {"k": float(number)} and body_problem(read) is None
+
+
+@given(st.binary(max_size=40) | st.text(max_size=40).map(str.encode))
+def test_any_bytes_are_a_value_or_a_400(raw: bytes) -> None:
+    try:
+        parse_body(raw)
+    except Refused as err:
+        assert err.status == 400 and err.code == "bad_json" and "not valid JSON" in err.message

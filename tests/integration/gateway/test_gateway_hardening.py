@@ -103,6 +103,38 @@ async def test_deep_or_huge_json_is_a_4xx_that_states_the_bound(tight: Running) 
     assert status == 413 and str(MAX_CONFIG_DOCUMENT_BYTES) in body["error"]["message"], body
 
 
+async def test_an_integer_beyond_int64_is_a_422_not_a_stored_float(tight: Running) -> None:
+    """orjson read 10^23 as the float 1e+23, and the document was stored so."""
+    json = {"Content-Type": "application/json"}
+    for number in ("100000000000000000000000", "-9223372036854775809", "18446744073709551616"):
+        status, body = await call(
+            tight,
+            "POST",
+            "/v1/documents",
+            data='{"name": "big", "Configure": {"k": ' + number + "}}",
+            headers=json,
+        )
+        assert status == 422, (number, body)
+        assert f"integer {number} is beyond int64" in body["error"]["message"], body
+        status, body = await call(
+            tight,
+            "POST",
+            "/v1/jobs/some-job/optimize",
+            data='{"stage": "x", "config": {"k": ' + number + "}}",
+            headers=json,
+        )
+        assert status == 422 and "beyond int64" in body["error"]["message"], body
+    # a float literal of that size is a float, and taken as one
+    status, body = await call(
+        tight,
+        "POST",
+        "/v1/documents",
+        data='{"name": "float", "Configure": {"k": 1e23}}',
+        headers=json,
+    )
+    assert status == 201 and body["Configure"] == {"k": 1e23}, body
+
+
 async def test_if_match_must_be_one_quoted_strong_tag(tight: Running) -> None:
     status, body = await call(tight, "POST", "/v1/documents", json={"name": "d"})
     assert status == 201, body
