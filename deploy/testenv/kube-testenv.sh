@@ -8,8 +8,7 @@
 # `build` needs root (or sudo) for apt on Debian 12; `start`/`stop` need neither.
 #
 # Usage:
-#   kube-testenv.sh build        build kube-apiserver once (cached); make sure etcd and
-#                                kubectl 1.20 (for `kubectl kustomize` in the tests) exist
+#   kube-testenv.sh build        build kube-apiserver once (cached); make sure etcd exists
 #   kube-testenv.sh start DIR    start etcd + kube-apiserver on free 127.0.0.1 ports,
 #                                write DIR/kubeconfig (admin token), wait for /readyz
 #   kube-testenv.sh stop DIR     stop what `start DIR` started
@@ -38,7 +37,6 @@ readonly CACHE_ROOT="${KUBE_TESTENV_CACHE:-${HOME}/.cache/dlrover-events}"
 readonly APISERVER_DIR="${CACHE_ROOT}/kube-apiserver-${K8S_VERSION}"
 readonly APISERVER_BIN="${KUBE_APISERVER:-${APISERVER_DIR}/kube-apiserver}"
 readonly ETCD_CACHE_DIR="${CACHE_ROOT}/etcd-debian"
-readonly KUBECTL_CACHE_DIR="${CACHE_ROOT}/kubernetes-client"
 readonly BUILD_DIR="${CACHE_ROOT}/build-kubernetes-${K8S_VERSION}"
 readonly APT_SOURCES_FILE="/etc/apt/sources.list.d/dlrover-events-deb-src.sources"
 readonly BUILD_PACKAGES=(golang-go make rsync jq dpkg-dev openssl curl
@@ -153,15 +151,6 @@ ensure_etcd() {
   log "etcd: ${etcd} ($("${etcd}" --version | sed -n 1p))"
 }
 
-# kubectl v1.20.2 (Debian's kubernetes-client): the tests render deploy/overlays with its
-# `kubectl kustomize` (kustomize v2.0.3), the oldest renderer the overlays support.
-ensure_kubectl() {
-  if [[ ! -x "${KUBECTL_CACHE_DIR}/usr/bin/kubectl" ]]; then
-    extract_deb kubernetes-client "${KUBECTL_CACHE_DIR}"
-  fi
-  log "kubectl: ${KUBECTL_CACHE_DIR}/usr/bin/kubectl"
-}
-
 build_apiserver() {
   apt_enable_deb_src
   apt_install_build_deps
@@ -224,7 +213,6 @@ cmd_build() {
   fi
   "${APISERVER_BIN}" --version >&2
   ensure_etcd
-  ensure_kubectl
   flock -u 9
 }
 

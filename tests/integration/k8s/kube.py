@@ -35,9 +35,6 @@ CACHE = Path(
 APISERVER = Path(
     os.environ.get("KUBE_APISERVER", CACHE / "kube-apiserver-v1.20.2" / "kube-apiserver")
 )
-# kubectl v1.20.2 from Debian's kubernetes-client package: its `kubectl kustomize`
-# (kustomize v2.0.3) is the oldest renderer deploy/overlays must work with.
-DEBIAN_KUBECTL = CACHE / "kubernetes-client" / "usr" / "bin" / "kubectl"
 
 GROUP = "dlrover-events.io"
 VERSION = "v1alpha1"

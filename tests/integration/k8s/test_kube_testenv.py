@@ -6,16 +6,14 @@
   watch sees each step (what the operator's pod watch will rely on).
 - The operator's and the gateway's RBAC (deploy/rbac) allow what they call and nothing
   else: RBAC is really enforced, with real ServiceAccount tokens.
-- The base Deployments and the kustomize overlays are accepted by the API server, and the
-  virtual overlay holds no cluster credentials.
+
+The deploy/ overlays on this API server: test_manifests.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import shutil
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,6 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from .kube import (
     CRD_NAME,
-    DEBIAN_KUBECTL,
     DEPLOY,
     GROUP,
     PLURAL,
@@ -567,135 +564,3 @@ async def test_gateway_rbac_reads_configmaps_only(api: client.ApiClient, namespa
         ]
         for call in denied:
             await expect_forbidden(call(), namespace, "dlrover-events-gateway")
-
-
-# ---------------------------------------------------------------------- Deployments
-
-
-def _namespaced(doc: dict[str, Any]) -> bool:
-    return doc["kind"] not in {"Namespace", "CustomResourceDefinition"}
-
-
-async def _create_all(api: client.ApiClient, namespace: str, docs: list[dict[str, Any]]) -> None:
-    for doc in docs:
-        await utils.create_from_dict(api, _into_namespace(doc, namespace), namespace=namespace)
-
-
-def _deployments(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
-
-
-async def test_base_deployments_are_accepted(api: client.ApiClient, namespace: str) -> None:
-    docs = [d for f in sorted((DEPLOY / "base").glob("*.yaml")) for d in load_yaml_documents(f)]
-    docs = [d for d in docs if d.get("kind") == "Deployment"]
-    await _create_all(api, namespace, docs)
-    apps = client.AppsV1Api(api)
-    for service in ("brain", "operator", "gateway"):
-        dep = await apps.read_namespaced_deployment(f"dlrover-events-{service}", namespace)
-        pod = dep.spec.template.spec
-        assert pod.automount_service_account_token is False
-        (container,) = pod.containers
-        assert container.command == ["dlrover-events", service, "--env", "$(ENV)"]
-        assert "ENV" in {e.name for e in container.env}
-
-
-def _renderers() -> list[list[str]]:
-    """Every kustomize at hand: Debian's kubectl v1.20 (kustomize v2.0.3, extracted by
-    `kube-testenv.sh build`), and kustomize or a newer kubectl where the machine has one."""
-    found = []
-    if DEBIAN_KUBECTL.exists():
-        found.append([str(DEBIAN_KUBECTL), "kustomize"])
-    if kustomize := shutil.which("kustomize"):
-        found.append([kustomize, "build"])
-    if (kubectl := shutil.which("kubectl")) and Path(kubectl).resolve() != DEBIAN_KUBECTL:
-        found.append([kubectl, "kustomize"])
-    return found
-
-
-def _kustomize(overlay: str) -> list[dict[str, Any]]:
-    """The overlay rendered by every kustomize at hand; they must agree on what it holds."""
-    renderers = _renderers()
-    assert renderers, f"no kustomize: {DEBIAN_KUBECTL} should come with kube-testenv.sh build"
-    rendered = []
-    for cmd in renderers:
-        out = subprocess.run(
-            [*cmd, str(DEPLOY / "overlays" / overlay)],
-            stdout=subprocess.PIPE,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout
-        rendered.append(parse_yaml_documents(out))
-    first = rendered[0]
-    for other, cmd in zip(rendered[1:], renderers[1:], strict=True):
-        assert _shape(other) == _shape(first), f"{cmd} renders {overlay} differently"
-    return first
-
-
-def _shape(docs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """Kind, name (without the generator's hash) and credentials of each document."""
-    shape = []
-    for d in docs:
-        name = d["metadata"]["name"]
-        if d["kind"] == "ConfigMap":
-            name = name.rsplit("-", 1)[0]
-        pod = d.get("spec", {}).get("template", {}).get("spec", {})
-        credentials = (pod.get("serviceAccountName"), pod.get("automountServiceAccountToken"))
-        shape.append((d["kind"], name, repr(credentials)))
-    return sorted(shape)
-
-
-async def test_prod_overlay_gives_tokens_to_operator_and_gateway_only(
-    api: client.ApiClient, trainingjob_crd: str
-) -> None:
-    docs = _kustomize("prod")
-    kinds = sorted(d["kind"] for d in docs)
-    assert kinds.count("Deployment") == 4  # brain, operator, gateway, watchdog
-    assert "CustomResourceDefinition" in kinds
-    namespace = await create_namespace(api)
-    await _create_all(api, namespace, [d for d in docs if _namespaced(d)])
-    deployments = _deployments(docs)
-    for tokenless in ("brain", "watchdog"):
-        pod = deployments[f"dlrover-events-{tokenless}"]["spec"]["template"]["spec"]
-        assert pod["automountServiceAccountToken"] is False
-        assert "serviceAccountName" not in pod
-    for service in ("operator", "gateway"):
-        pod = deployments[f"dlrover-events-{service}"]["spec"]["template"]["spec"]
-        assert pod["serviceAccountName"] == f"dlrover-events-{service}"
-        assert pod["automountServiceAccountToken"] is True
-    rbac = client.RbacAuthorizationV1Api(api)
-    bindings = await rbac.list_namespaced_role_binding(namespace)
-    subjects = {s.name for b in bindings.items for s in b.subjects}
-    assert subjects == {"dlrover-events-operator", "dlrover-events-gateway"}
-
-
-async def test_virtual_overlay_holds_no_cluster_credentials(api: client.ApiClient) -> None:
-    docs = _kustomize("virtual")
-    kinds = {d["kind"] for d in docs}
-    assert kinds == {"ServiceAccount", "ConfigMap", "Deployment"}, kinds
-    namespace = await create_namespace(api)
-    await _create_all(api, namespace, docs)
-
-    core = client.CoreV1Api(api)
-    (sa_doc,) = [d for d in docs if d["kind"] == "ServiceAccount"]
-    sa_name = sa_doc["metadata"]["name"]
-    sa = await core.read_namespaced_service_account(sa_name, namespace)
-    assert sa.automount_service_account_token is False
-    apps = client.AppsV1Api(api)
-    deployments = (await apps.list_namespaced_deployment(namespace)).items
-    assert len(deployments) == 3
-    for dep in deployments:
-        pod = dep.spec.template.spec
-        assert pod.automount_service_account_token is False
-        assert pod.service_account_name == sa_name
-        assert dep.spec.template.metadata.labels["dlrover-events.io/env"] == "virtual"
-        (container,) = pod.containers
-        assert container.command[-2:] == ["--env", "$(ENV)"]
-    rbac = client.RbacAuthorizationV1Api(api)
-    assert (await rbac.list_namespaced_role_binding(namespace)).items == []
-    assert (await rbac.list_namespaced_role(namespace)).items == []
-    # ... and that ServiceAccount can do nothing at all with a token of its own.
-    async with await service_account_client(api, namespace, sa_name) as sa_api:
-        await expect_forbidden(
-            client.CoreV1Api(sa_api).list_namespaced_pod(namespace), namespace, sa_name
-        )

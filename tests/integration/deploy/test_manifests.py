@@ -1,0 +1,198 @@
+"""The deploy/ manifests as rendered (`kubectl kustomize`, kustomize v5), read: current
+kustomize syntax; every service probed on a port its Service names; bind addresses set for
+a cluster; the security posture of every pod; the operator's two replicas under leader
+election. That the API server takes them is tests/integration/k8s/test_manifests.py; that
+their containers run is test_cluster_as_processes.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml  # type: ignore[import-untyped,unused-ignore]
+
+from tests.integration.deploy.manifests import (
+    COMPONENTS,
+    DEPLOY,
+    OVERLAYS,
+    Doc,
+    kubectl,
+    of_kind,
+    overlay,
+    pod_spec,
+    service_of,
+    with_component,
+    workloads,
+)
+
+#: kustomize's fields of old, which kustomize v5 warns about
+OLD_FIELDS = {"bases", "commonLabels", "patchesJson6902", "patchesStrategicMerge", "vars",
+              "imageTags"}  # fmt: skip
+#: the Deployments of each env, by the name kustomize gives them
+SERVICES = ["archiver", "brain", "console", "evaluator", "gateway", "operator", "watchdog"]
+#: who may hold a ServiceAccount token, per overlay
+TOKENS = {"prod": {"dlrover-events-operator", "dlrover-events-gateway"}, "virtual": set()}
+#: the variable that sets each named port's number (what the ConfigMap says it is)
+PORT_VARIABLES = {
+    ("gateway", "http"): "DLROVER_EVENTS_GATEWAY_PORT",
+    ("console", "http"): "DLROVER_EVENTS_CONSOLE_PORT",
+    (None, "metrics"): "DLROVER_EVENTS_METRICS_PORT",
+}
+BIND_VARIABLES = ["DLROVER_EVENTS_METRICS_HOST", "DLROVER_EVENTS_GATEWAY_HOST",
+                  "DLROVER_EVENTS_CONSOLE_HOST"]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def rendered(request: pytest.FixtureRequest) -> tuple[str, list[Doc]]:
+    return request.param, overlay(request.param)
+
+
+def config_map(docs: list[Doc]) -> dict[str, str]:
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "ENV" in d.get("data", {})]
+    data: dict[str, str] = cm["data"]
+    return data
+
+
+def component_of(deployment: Doc) -> str:
+    return str(deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"])
+
+
+def test_kustomizations_use_current_fields_only() -> None:
+    files = sorted(DEPLOY.glob("**/kustomization.yaml"))
+    assert len(files) >= 6
+    for file in files:
+        fields = set(yaml.safe_load(file.read_text()))
+        assert not fields & OLD_FIELDS, f"{file}: {sorted(fields & OLD_FIELDS)}"
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_overlays_render_without_warnings(name: str) -> None:
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(DEPLOY / "overlays" / name)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_components_render_over_the_install(component: str, tmp_path: Path) -> None:
+    with_component(component, tmp_path)  # fails with kustomize's message
+
+
+def test_cluster_rbac_gives_the_operator_its_rules_cluster_wide(tmp_path: Path) -> None:
+    (role,) = [
+        r for r in of_kind(overlay("prod"), "Role").values() if "operator" in r["metadata"]["name"]
+    ]
+    docs = with_component("cluster-rbac", tmp_path)
+    assert sorted(of_kind(docs, "Role")) == ["dlrover-events-gateway"]
+    cluster_role = of_kind(docs, "ClusterRole")["dlrover-events-operator"]
+    assert cluster_role["rules"] == role["rules"]  # one copy of the rules
+    binding = of_kind(docs, "ClusterRoleBinding")["dlrover-events-operator"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+        "name": "dlrover-events-operator",
+    }  # fmt: skip
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "dlrover-events-operator", "namespace": "dlrover-events"}
+    ]
+    assert sorted(of_kind(docs, "RoleBinding")) == ["dlrover-events-gateway"]
+
+
+def test_every_env_runs_each_service_once(rendered: tuple[str, list[Doc]]) -> None:
+    name, docs = rendered
+    deployments = of_kind(docs, "Deployment").values()
+    expected = [s for s in SERVICES if name == "prod" or s != "watchdog"]
+    assert sorted(component_of(d) for d in deployments) == expected
+    prefix = "" if name == "prod" else f"{name}-"
+    for d in deployments:
+        assert d["metadata"]["name"] == f"{prefix}dlrover-events-{component_of(d)}"
+        (container,) = pod_spec(d)["containers"]
+        assert container["command"] == ["dlrover-events"]
+        assert container["args"] == [component_of(d), "--env", "$(ENV)"]
+        assert container["image"] == "dlrover-events:0.1.0"
+        # Selectors keep each env's pods apart from the other envs' in one namespace.
+        assert d["spec"]["selector"]["matchLabels"]["dlrover-events.io/env"] == name
+    assert config_map(docs)["ENV"] == name
+
+
+def test_every_service_is_probed_on_a_port_its_service_names(
+    rendered: tuple[str, list[Doc]],
+) -> None:
+    _, docs = rendered
+    settings = config_map(docs)
+    for deployment in of_kind(docs, "Deployment").values():
+        (container,) = pod_spec(deployment)["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        service = service_of(docs, deployment)
+        named = {p["targetPort"]: p["port"] for p in service["spec"]["ports"]}
+        assert set(named) == set(ports), (service["metadata"]["name"], named, ports)
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+        for port_name, number in ports.items():
+            variable = (
+                PORT_VARIABLES.get((component_of(deployment), port_name))
+                or (PORT_VARIABLES[(None, port_name)])
+            )
+            assert settings[variable] == str(number), (variable, number)
+            assert named[port_name] == number
+
+
+def test_bind_addresses_are_set_for_a_cluster(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    settings = config_map(docs)
+    assert {v: settings[v] for v in BIND_VARIABLES} == dict.fromkeys(BIND_VARIABLES, "0.0.0.0")
+
+
+def test_security_posture(rendered: tuple[str, list[Doc]]) -> None:
+    name, docs = rendered
+    with_token = set()
+    for workload in workloads(docs):
+        pod = pod_spec(workload)
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 10001  # the image's USER
+        assert pod["enableServiceLinks"] is False
+        for container in pod["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["readOnlyRootFilesystem"] is True
+            assert ctx["allowPrivilegeEscalation"] is False
+            assert ctx["capabilities"]["drop"] == ["ALL"]
+        if pod["automountServiceAccountToken"]:
+            with_token.add(pod["serviceAccountName"])
+    assert with_token == TOKENS[name]
+    dockerfile = (DEPLOY.parent / "Dockerfile").read_text()
+    assert re.search(r"^USER 10001:10001$", dockerfile, flags=re.M)
+
+
+def test_prod_operator_runs_two_replicas_under_leader_election() -> None:
+    docs = overlay("prod")
+    operator = of_kind(docs, "Deployment")["dlrover-events-operator"]
+    assert operator["spec"]["replicas"] == 2
+    assert operator["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (container,) = pod_spec(operator)["containers"]
+    env = {e["name"] for e in container["env"]} | set(config_map(docs))
+    # Leader election is the operator's default (KubeSettings.leader_elect): nothing
+    # may turn it off, and each replica names itself in the Lease by its pod.
+    assert "DLROVER_EVENTS_OPERATOR_LEADER_ELECT" not in env
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in (
+        container["env"]
+    )
+    budgets = of_kind(docs, "PodDisruptionBudget")
+    assert sorted(budgets) == ["dlrover-events-gateway", "dlrover-events-operator"]
+    for budget in budgets.values():
+        assert budget["apiVersion"] == "policy/v1"
+        assert budget["spec"]["minAvailable"] == 1
+        target = of_kind(docs, "Deployment")[budget["metadata"]["name"]]
+        assert budget["spec"]["selector"] == target["spec"]["selector"]
+        assert target["spec"]["replicas"] == 2
+
+
+def test_virtual_operator_runs_alone_without_a_budget() -> None:
+    docs = overlay("virtual")
+    operator = of_kind(docs, "Deployment")["virtual-dlrover-events-operator"]
+    assert operator["spec"]["replicas"] == 1
+    assert operator["spec"]["strategy"] == {"type": "Recreate"}
+    assert sorted(of_kind(docs, "PodDisruptionBudget")) == ["virtual-dlrover-events-gateway"]

@@ -1,0 +1,213 @@
+"""The rendered manifests on the real kube-apiserver: every overlay of deploy/overlays,
+and every component of deploy/components over the prod overlay, applied with
+`kubectl apply` (the machine's kubectl, as `kubectl apply -k` would) and accepted, all
+into the one namespace an install uses, as an install would (prod first: it makes the
+namespace; the virtual env beside it).
+
+One translation, for the test's API server only: it is v1.20, which serves
+PodDisruptionBudget as policy/v1beta1 (policy/v1 is GA in v1.21); the manifests target
+current clusters with policy/v1, and the two versions share every field they use
+(minAvailable, selector). See `for_v1_20`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml  # type: ignore[import-untyped,unused-ignore]
+from kubernetes_asyncio import client
+
+from tests.integration.deploy.manifests import (
+    COMPONENTS,
+    INSTALL,
+    OVERLAYS,
+    Doc,
+    kubectl,
+    of_kind,
+    overlay,
+    pod_spec,
+    with_component,
+)
+
+from .kube import create_namespace, service_account_client
+from .test_kube_testenv import eventually_allowed, expect_forbidden
+
+pytestmark = pytest.mark.integration
+
+NAMESPACE = "dlrover-events"
+
+
+def for_v1_20(doc: Doc) -> Doc:
+    """The document as the v1.20 API server of the tests takes it (module docstring)."""
+    if doc["kind"] == "PodDisruptionBudget" and doc["apiVersion"] == "policy/v1":
+        doc = copy.deepcopy(doc)
+        doc["apiVersion"] = "policy/v1beta1"
+    return doc
+
+
+def apply(kubeconfig: Path, docs: list[Doc]) -> list[str]:
+    """`kubectl apply` of the documents; the names kubectl says it applied."""
+    done = subprocess.run(
+        [kubectl(), "--kubeconfig", str(kubeconfig), "apply", "-o", "name", "-f", "-"],
+        input=yaml.safe_dump_all([for_v1_20(d) for d in docs]),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def withdraw_cluster_rights(kubeconfig: Path, docs: list[Doc]) -> None:
+    """Delete the cluster-wide RBAC a test applied: the grants of one test must not make
+    another's denials pass or fail."""
+    cluster_wide = [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    if cluster_wide:
+        done = subprocess.run(
+            [kubectl(), "--kubeconfig", str(kubeconfig), "delete", "-f", "-"],
+            input=yaml.safe_dump_all(cluster_wide),
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+
+def applied_names(docs: list[Doc]) -> list[str]:
+    """What `kubectl apply -o name` prints for the documents: kind.group/name."""
+    names = []
+    for d in docs:
+        group = d["apiVersion"].rpartition("/")[0]
+        kind = d["kind"].lower() + (f".{group}" if group else "")
+        names.append(f"{kind}/{d['metadata']['name']}")
+    return names
+
+
+@pytest.fixture(scope="module")
+def install(kube: Path) -> list[Doc]:
+    """The prod overlay, applied (it makes the namespace every overlay installs into)."""
+    docs = overlay(INSTALL)
+    assert sorted(apply(kube, docs)) == sorted(applied_names(docs))
+    return docs
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+async def test_every_overlay_is_accepted(
+    kube: Path, install: list[Doc], api: client.ApiClient, name: str
+) -> None:
+    docs = overlay(name)
+    assert sorted(apply(kube, docs)) == sorted(applied_names(docs))
+    apps = client.AppsV1Api(api)
+    for deployment in of_kind(docs, "Deployment").values():
+        got = await apps.read_namespaced_deployment(deployment["metadata"]["name"], NAMESPACE)
+        assert got.spec.replicas == deployment["spec"]["replicas"]
+        (container,) = got.spec.template.spec.containers
+        assert container.readiness_probe.http_get.path == "/readyz"
+        assert container.liveness_probe.http_get.path == "/healthz"
+        assert got.spec.template.spec.security_context.run_as_non_root is True
+    core = client.CoreV1Api(api)
+    for service in of_kind(docs, "Service").values():
+        got_service = await core.read_namespaced_service(service["metadata"]["name"], NAMESPACE)
+        assert {p.name for p in got_service.spec.ports} >= {"metrics"}
+    # policy/v1beta1: the client library has no typed API for it any more (for_v1_20).
+    custom = client.CustomObjectsApi(api)
+    for budget in of_kind(docs, "PodDisruptionBudget").values():
+        got_budget = await custom.get_namespaced_custom_object(
+            "policy", "v1beta1", NAMESPACE, "poddisruptionbudgets", budget["metadata"]["name"]
+        )
+        assert got_budget["spec"] == budget["spec"]
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_every_component_is_accepted_over_the_install(
+    kube: Path, install: list[Doc], tmp_path: Path, component: str
+) -> None:
+    docs = with_component(component, tmp_path)
+    try:
+        assert sorted(apply(kube, docs)) == sorted(applied_names(docs))
+    finally:
+        withdraw_cluster_rights(kube, docs)
+
+
+async def test_prod_tokens_go_to_the_operator_and_the_gateway_only(
+    api: client.ApiClient, install: list[Doc]
+) -> None:
+    apps = client.AppsV1Api(api)
+    listed = await apps.list_namespaced_deployment(
+        NAMESPACE, label_selector="dlrover-events.io/env=prod"
+    )
+    tokens = {
+        d.metadata.name: d.spec.template.spec.service_account_name
+        for d in listed.items
+        if d.spec.template.spec.automount_service_account_token
+    }
+    assert tokens == {
+        "dlrover-events-operator": "dlrover-events-operator",
+        "dlrover-events-gateway": "dlrover-events-gateway",
+    }
+    assert len(listed.items) == 7
+    bindings = await client.RbacAuthorizationV1Api(api).list_namespaced_role_binding(
+        NAMESPACE, label_selector="dlrover-events.io/env=prod"
+    )
+    subjects = {s.name for b in bindings.items for s in b.subjects}
+    assert subjects == {"dlrover-events-operator", "dlrover-events-gateway"}
+
+
+async def test_the_operator_acts_in_its_namespace_only_without_cluster_rbac(
+    api: client.ApiClient, install: list[Doc]
+) -> None:
+    """As installed (a Role), the operator's own token lists pods in the install's
+    namespace and nowhere else."""
+    other = await create_namespace(api)
+    account = "dlrover-events-operator"
+    async with await service_account_client(api, NAMESPACE, account) as sa:
+        core = client.CoreV1Api(sa)
+        await eventually_allowed(lambda: core.list_namespaced_pod(NAMESPACE))
+        await expect_forbidden(core.list_namespaced_pod(other), NAMESPACE, account)
+
+
+async def test_cluster_rbac_lets_the_operator_act_in_any_namespace(
+    kube: Path, api: client.ApiClient, install: list[Doc], tmp_path: Path
+) -> None:
+    docs = with_component("cluster-rbac", tmp_path)
+    apply(kube, docs)
+    jobs = await create_namespace(api)  # where the TrainingJobs would live
+    account = "dlrover-events-operator"
+    async with (
+        await service_account_client(api, NAMESPACE, account) as sa,
+        contextlib.AsyncExitStack() as cleanup,
+    ):
+        cleanup.callback(withdraw_cluster_rights, kube, docs)
+        core = client.CoreV1Api(sa)
+        pods = await eventually_allowed(lambda: core.list_namespaced_pod(jobs))
+        assert pods.items == []
+        leases = client.CoordinationV1Api(sa)
+        lease = client.V1Lease(
+            metadata=client.V1ObjectMeta(name="dlrover-events-operator"),
+            spec=client.V1LeaseSpec(holder_identity="op-a", lease_duration_seconds=15),
+        )
+        await leases.create_namespaced_lease(jobs, lease)
+        # Still only the operator's rules: no secrets, anywhere.
+        await expect_forbidden(core.list_namespaced_secret(jobs), NAMESPACE, account)
+
+
+async def test_virtual_env_holds_no_cluster_credentials(
+    kube: Path, api: client.ApiClient, install: list[Doc]
+) -> None:
+    docs = overlay("virtual")
+    apply(kube, docs)
+    (account,) = of_kind(docs, "ServiceAccount")
+    core = client.CoreV1Api(api)
+    sa = await core.read_namespaced_service_account(account, NAMESPACE)
+    assert sa.automount_service_account_token is False
+    for deployment in of_kind(docs, "Deployment").values():
+        pod = pod_spec(deployment)
+        assert pod["serviceAccountName"] == account
+        assert pod["automountServiceAccountToken"] is False
+    bindings = await client.RbacAuthorizationV1Api(api).list_namespaced_role_binding(NAMESPACE)
+    assert account not in {s.name for b in bindings.items for s in b.subjects}
+    # ... and that ServiceAccount can do nothing at all with a token of its own.
+    async with await service_account_client(api, NAMESPACE, account) as sa_api:
+        await expect_forbidden(
+            client.CoreV1Api(sa_api).list_namespaced_pod(NAMESPACE), NAMESPACE, account
+        )
