@@ -29,6 +29,7 @@ from schemas.plans import (
     ScalePlan,
     ScaleResult,
     TrainingApplied,
+    TrainingRescaled,
 )
 
 AnyEvent = Annotated[
@@ -46,6 +47,7 @@ AnyEvent = Annotated[
     | ScalePlan
     | ScaleResult
     | TrainingApplied
+    | TrainingRescaled
     | ConfigChange
     | EvaluationReport
     | DeadLetter
@@ -70,6 +72,7 @@ EVENT_CLASSES: tuple[type[Event], ...] = (
     ScalePlan,
     ScaleResult,
     TrainingApplied,
+    TrainingRescaled,
     ConfigChange,
     EvaluationReport,
     DeadLetter,

@@ -17,6 +17,7 @@ from schemas.bounds import (
     Document,
     Gpus,
     Int64,
+    Rate,
     Replicas,
     Steps,
     Text,
@@ -99,6 +100,10 @@ def _false(value: object) -> bool:
     return value is False
 
 
+def _none(value: object) -> bool:
+    return value is None
+
+
 class ScalePlan(JobEvent):
     """The concrete diff the operator applies, once per plan_id."""
 
@@ -164,12 +169,32 @@ class NotApplied(Model):
     reason: Text = Field(min_length=1, max_length=1024)
 
 
+class RescaleMode(StrEnum):
+    """How a job's training processes take a new world size.
+
+    ``restart``: every worker process is stopped and started again (torchrun's agents
+    re-rendezvous) and resumes from its checkpoint. ``in_place``: the processes go on;
+    at one step boundary they agree on the new membership and re-form their process
+    group, and newcomers receive the state from a surviving rank (the SDK's
+    ``dlrover_events.sdk.inplace``).
+    """
+
+    IN_PLACE = "in_place"
+    RESTART = "restart"
+
+
 class ScaleResult(JobEvent):
     topic: ClassVar[str] = "scale.results"
     type: Literal["scale.result"] = "scale.result"
     plan_id: Text = Field(min_length=1)
     status: ScaleStatus
     reason: Text = ""
+    rescale_mode: RescaleMode | None = Field(
+        default=None,
+        exclude_if=_none,
+        description="how the job's processes take the new world size, for a plan that "
+        "resized an elastic role (its phases come from the job: training.rescaled)",
+    )
     observed: dict[Text, dict[Text, Int64]] = Field(
         default_factory=dict,
         max_length=MAX_ROLES,
@@ -209,6 +234,56 @@ class TrainingApplied(JobEvent):
         max_length=16, description="the knobs now in force, e.g. local_batch_size"
     )
     global_step: Steps = Field(description="the first step trained with them")
+
+
+class RescalePhases(Model):
+    """Where the seconds of one rescale went, each measured by the job (None: not
+    measured in this mode). In place: ``plan_delivery`` (the plan's publication to the
+    job's first sign of it: a leaving process told to stop, a newcomer registered),
+    ``agreement`` (that sign to every rank agreeing on the new membership, the wait for
+    the step boundary included), ``reform`` (the process group destroyed and created
+    again, DDP rebuilt), ``state_transfer`` (newcomers receiving the model and optimizer
+    state by broadcast), ``first_step`` (the first step at the new size). Restart:
+    ``reform`` is a new process's start to its process group (importing torch and the
+    rendezvous), ``state_transfer`` the checkpoint's load."""
+
+    plan_delivery_s: Rate | None = None
+    agreement_s: Rate | None = None
+    reform_s: Rate | None = None
+    state_transfer_s: Rate | None = None
+    first_step_s: Rate | None = None
+    total_s: Rate | None = Field(
+        default=None,
+        description="the plan's publication (else the first sign) to the end of the "
+        "first step at the new size",
+    )
+
+
+class TrainingRescaled(JobEvent):
+    """The job's own word that it trains at a new world size, how it got there and what
+    it cost (rank 0 speaks for all, after the first step at the new size)."""
+
+    topic: ClassVar[str] = "job.events"
+    type: Literal["training.rescaled"] = "training.rescaled"
+    mode: RescaleMode
+    plan_id: Text | None = Field(
+        default=None, max_length=256, description="the plan that asked for it, when known"
+    )
+    node: NodeRef = Field(description="the process that reports (rank 0 of the new world)")
+    world_size_before: Replicas | None = None
+    world_size: Replicas
+    global_step: Steps = Field(description="the first step trained at the new size")
+    steps_lost: Steps | None = Field(
+        default=None,
+        description="completed steps trained again after it (None: not known, as after a "
+        "restart that resumed from a checkpoint the new processes cannot compare)",
+    )
+    reason: Text = Field(
+        default="",
+        max_length=1024,
+        description="why: a plan, a peer lost, a restart after in-place re-forming failed",
+    )
+    phases: RescalePhases = Field(default_factory=RescalePhases)
 
 
 class JobPlan(Model):

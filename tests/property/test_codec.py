@@ -41,7 +41,16 @@ from schemas.codec import decode_obj
 from schemas.dlq import DeadLetter, FailureKind
 from schemas.events import EVENT_TYPES
 from schemas.jobs import JobSubmitted, NodeRef, NodeUsage, RoleSpec
-from schemas.plans import MigrateNode, Node, NodeGroupResource
+from schemas.plans import (
+    MigrateNode,
+    Node,
+    NodeGroupResource,
+    RescaleMode,
+    RescalePhases,
+    ScaleResult,
+    ScaleStatus,
+    TrainingRescaled,
+)
 
 envs = st.from_regex(r"\A[a-z][a-z0-9-]{0,30}\Z")
 #: strings a valid event may hold: any but NUL, which Postgres cannot store
@@ -196,7 +205,40 @@ letters = st.builds(
     error=text,
     **envelope,
 )
-any_event = st.one_of(samples, submissions(), ooms, scale_plans, changes, letters)
+seconds = st.none() | floats
+rescales = st.builds(
+    TrainingRescaled,
+    job=job_meta,
+    mode=st.sampled_from(RescaleMode),
+    plan_id=st.none() | ident,
+    node=node_ref,
+    world_size_before=st.none() | st.integers(0, MAX_REPLICAS),
+    world_size=st.integers(0, MAX_REPLICAS),
+    global_step=counts,
+    steps_lost=st.none() | st.integers(0, 10),
+    reason=text,
+    phases=st.builds(
+        RescalePhases,
+        plan_delivery_s=seconds,
+        agreement_s=seconds,
+        reform_s=seconds,
+        state_transfer_s=seconds,
+        first_step_s=seconds,
+        total_s=seconds,
+    ),
+    **envelope,
+)
+applied_results = st.builds(
+    ScaleResult,
+    job=job_meta,
+    plan_id=ident,
+    status=st.just(ScaleStatus.APPLIED),
+    rescale_mode=st.none() | st.sampled_from(RescaleMode),
+    **envelope,
+)
+any_event = st.one_of(
+    samples, submissions(), ooms, scale_plans, changes, letters, rescales, applied_results
+)
 
 
 @given(any_event)
