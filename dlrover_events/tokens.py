@@ -49,6 +49,12 @@ def token_env(token: str) -> str | None:
     return m.group(1) if m else None
 
 
+def token_id_of(token: str) -> str | None:
+    """The id a well-formed token carries in clear (what `gateway-token list` shows)."""
+    m = _TOKEN.match(token)
+    return m.group(2) if m else None
+
+
 def grants(scopes: Collection[str], needed: Scope) -> bool:
     return needed.value in scopes or Scope.ADMIN.value in scopes
 
@@ -104,6 +110,16 @@ class Tokens:
             hash_token(token),
             sorted(Scope(s).value for s in scopes),
         )
+
+    async def state(self, token: str) -> str:
+        """``active``, ``revoked`` or ``unknown`` (not stored here): whether a token kept
+        elsewhere (a Secret, a file) still works, or was revoked on purpose."""
+        row = await self.pool.fetchrow(
+            "SELECT revoked_at FROM gateway_tokens WHERE token_hash = $1", hash_token(token)
+        )
+        if row is None:
+            return "unknown"
+        return "active" if row["revoked_at"] is None else "revoked"
 
     async def revoke(self, token_id: str) -> bool:
         status = await self.pool.execute(

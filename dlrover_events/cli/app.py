@@ -52,12 +52,13 @@ def register_commands() -> typer.Typer:
     if _registered:
         return app
     _registered = True
-    from dlrover_events.cli import env, schemas_cmd, tail, up
+    from dlrover_events.cli import bootstrap, env, schemas_cmd, tail, up
 
     app.add_typer(env.app, name="env")
     app.add_typer(schemas_cmd.app, name="schemas")
     app.command("tail")(tail.tail)
     app.command("up")(up.up)
+    app.command("bootstrap")(bootstrap.bootstrap_command)
     # Commands contributed by streams/ and handlers/ (brain, operator, gateway, bench...).
     for ep in entry_points(group=COMMAND_GROUP):
         contributed = ep.load()

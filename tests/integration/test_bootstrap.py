@@ -1,0 +1,166 @@
+"""`dlrover-events bootstrap` outside a cluster (tokens in files), run as a user runs it:
+a fresh install is set up, a re-run changes nothing and says so, a kept token is never
+minted again unless --rotate, and a token revoked on purpose is replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlrover_events.admin import TopicAdmin
+from dlrover_events.envs import EnvRegistry
+from dlrover_events.settings import Settings
+from dlrover_events.store import EnvStore
+from dlrover_events.tokens import Scope, Tokens, token_id_of
+from dlrover_events.topics import ENV_TOPICS, topic
+from schemas.control import EnvMode
+from tests.conftest import REPO, cli_environ, unique_env
+
+pytestmark = pytest.mark.integration
+
+SETTINGS_YAML = "brain:\n  optimizers: [dlrover-resource]\n"
+
+
+async def bootstrap(environ: dict[str, str], *args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from dlrover_events.cli import main; main()",
+        "bootstrap",
+        *args,
+        cwd=REPO,
+        env=environ,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    async with asyncio.timeout(120):
+        out, _ = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def verdict(dsn: str, env: str, token: str, scope: Scope) -> int:
+    store = await EnvStore.open(dsn, env, max_size=1)
+    try:
+        return (await Tokens(store.pool, env).verify(f"Bearer {token}", scope)).status
+    finally:
+        await store.close()
+
+
+async def test_bootstrap_sets_up_an_install_once(
+    settings: Settings, own_pg: str, tmp_path: Path
+) -> None:
+    conf = settings.model_copy(update={"pg_dsn": own_pg})
+    environ = cli_environ(conf, own_pg)
+    real, standby = unique_env("prod"), unique_env("standby")
+    (tmp_path / "settings.yaml").write_text(SETTINGS_YAML)
+    tokens = tmp_path / "tokens"
+    args = [
+        "--env",
+        real,
+        "--standby",
+        standby,
+        "--settings",
+        str(tmp_path / "settings.yaml"),
+        "--tokens-dir",
+        str(tokens),
+    ]
+
+    code, out = await bootstrap(environ, *args)
+    assert code == 0, out
+    registry = EnvRegistry(conf, own_pg)
+    made = {e.name: e for e in await registry.list()}
+    assert made[real].mode == EnvMode.REAL and made[standby].mode == EnvMode.VIRTUAL
+    for name in (real, standby):
+        assert made[name].settings == {"brain": {"optimizers": ["dlrover-resource"]}}
+    async with TopicAdmin(conf) as admin:
+        present = set(await admin.list_topics())
+    assert {topic(n, t.name) for n in (real, standby) for t in ENV_TOPICS} <= present
+    kept = {}
+    for name in (real, standby):
+        for scope in Scope:
+            path = tokens / f"{name}.{scope.value}.token"
+            assert path.stat().st_mode & 0o777 == 0o600, "a token file is the owner's only"
+            kept[name, scope] = path.read_text().strip()
+            assert await verdict(own_pg, name, kept[name, scope], scope) == 200
+    assert await verdict(own_pg, real, kept[real, Scope.READ], Scope.ADMIN) == 403, (
+        "the training pods' token reads, nothing more"
+    )
+    assert out.strip().endswith("changes)"), out
+
+    # again: nothing changes, and it says so
+    code, out = await bootstrap(environ, *args)
+    assert code == 0, out
+    assert out.strip().splitlines()[-1] == "bootstrap: nothing to do (everything was in place)"
+    assert {(n, s): (tokens / f"{n}.{s.value}.token").read_text().strip() for n, s in kept} == kept
+
+    # a token revoked on purpose is replaced, the others are kept
+    store = await EnvStore.open(own_pg, real, max_size=1)
+    try:
+        revoked = token_id_of(kept[real, Scope.READ])
+        assert revoked is not None and await Tokens(store.pool, real).revoke(revoked)
+    finally:
+        await store.close()
+    code, out = await bootstrap(environ, *args)
+    assert code == 0, out
+    assert f"read token of {real}: the kept one was revoked: minted anew" in out, out
+    assert "bootstrap: done (1 changes)" in out, out
+    replaced = (tokens / f"{real}.read.token").read_text().strip()
+    assert replaced != kept[real, Scope.READ]
+    assert await verdict(own_pg, real, replaced, Scope.READ) == 200
+    assert (tokens / f"{real}.admin.token").read_text().strip() == kept[real, Scope.ADMIN]
+
+    # --rotate: every token anew, the old ones revoked
+    code, out = await bootstrap(environ, *args, "--rotate")
+    assert code == 0, out
+    for name, scope in kept:
+        new = (tokens / f"{name}.{scope.value}.token").read_text().strip()
+        assert new not in (kept[name, scope], replaced)
+        assert await verdict(own_pg, name, new, scope) == 200
+        assert await verdict(own_pg, name, kept[name, scope], scope) == 401
+
+
+async def test_bootstrap_registers_kept_tokens_in_a_new_database(
+    settings: Settings, own_pg: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    """A database made anew (the same envs re-created) keeps the tokens that pods hold."""
+    conf = settings.model_copy(update={"pg_dsn": own_pg})
+    real = unique_env("prod")
+    tokens = tmp_path / "tokens"
+    args = ["--env", real, "--tokens-dir", str(tokens)]
+    code, out = await bootstrap(cli_environ(conf, own_pg), *args)
+    assert code == 0, out
+    held = (tokens / f"{real}.read.token").read_text().strip()
+
+    # the same install against a database of its own (the session's, with no such env)
+    other = settings.model_copy(update={"pg_dsn": pg_dsn})
+    code, out = await bootstrap(cli_environ(other, pg_dsn), *args)
+    try:
+        assert code == 0, out
+        assert (
+            f"read token of {real}: the one in {tokens}/{real}.read.token registered again" in out
+        )
+        assert (tokens / f"{real}.read.token").read_text().strip() == held
+        assert await verdict(pg_dsn, real, held, Scope.READ) == 200
+    finally:
+        await EnvRegistry(other, pg_dsn).delete(real, force=True)
+
+
+async def test_bootstrap_refuses_a_second_real_env(
+    settings: Settings, own_pg: str, tmp_path: Path
+) -> None:
+    conf = settings.model_copy(update={"pg_dsn": own_pg})
+    environ = cli_environ(conf, own_pg)
+    first = unique_env("prod")
+    code, out = await bootstrap(environ, "--env", first, "--tokens-dir", str(tmp_path))
+    assert code == 0, out
+    second = unique_env("prod")
+    code, out = await bootstrap(environ, "--env", second, "--tokens-dir", str(tmp_path))
+    assert code == 2
+    assert out.strip().splitlines()[-1] == (
+        f"error: env {first!r} is the real env already; bootstrap it (--env {first}) "
+        f"or promote {second!r} later (`env promote`)"
+    )
