@@ -34,7 +34,10 @@ OLD_FIELDS = {"bases", "commonLabels", "patchesJson6902", "patchesStrategicMerge
 #: the Deployments of each env, by the name kustomize gives them
 SERVICES = ["archiver", "brain", "console", "evaluator", "gateway", "operator", "watchdog"]
 #: who may hold a ServiceAccount token, per overlay
-TOKENS = {"prod": {"dlrover-events-operator", "dlrover-events-gateway"}, "virtual": set()}
+TOKENS = {
+    "prod": {"dlrover-events-operator", "dlrover-events-gateway", "dlrover-events-bootstrap"},
+    "standby": set(),
+}
 #: the variable that sets each named port's number (what the ConfigMap says it is)
 PORT_VARIABLES = {
     ("gateway", "http"): "DLROVER_EVENTS_GATEWAY_PORT",
@@ -106,6 +109,7 @@ def test_every_env_runs_each_service_once(rendered: tuple[str, list[Doc]]) -> No
     name, docs = rendered
     deployments = of_kind(docs, "Deployment").values()
     expected = [s for s in SERVICES if name == "prod" or s != "watchdog"]
+    assert sorted(of_kind(docs, "Job")) == (["dlrover-events-bootstrap"] if name == "prod" else [])
     assert sorted(component_of(d) for d in deployments) == expected
     prefix = "" if name == "prod" else f"{name}-"
     for d in deployments:
@@ -190,9 +194,9 @@ def test_prod_operator_runs_two_replicas_under_leader_election() -> None:
         assert target["spec"]["replicas"] == 2
 
 
-def test_virtual_operator_runs_alone_without_a_budget() -> None:
-    docs = overlay("virtual")
-    operator = of_kind(docs, "Deployment")["virtual-dlrover-events-operator"]
+def test_standby_operator_runs_alone_without_a_budget() -> None:
+    docs = overlay("standby")
+    operator = of_kind(docs, "Deployment")["standby-dlrover-events-operator"]
     assert operator["spec"]["replicas"] == 1
     assert operator["spec"]["strategy"] == {"type": "Recreate"}
-    assert sorted(of_kind(docs, "PodDisruptionBudget")) == ["virtual-dlrover-events-gateway"]
+    assert sorted(of_kind(docs, "PodDisruptionBudget")) == ["standby-dlrover-events-gateway"]

@@ -2,7 +2,7 @@
 and every component of deploy/components over the prod overlay, applied with
 `kubectl apply` (the machine's kubectl, as `kubectl apply -k` would) and accepted, all
 into the one namespace an install uses, as an install would (prod first: it makes the
-namespace; the virtual env beside it).
+namespace; the standby env, a virtual env, beside it).
 
 One translation, for the test's API server only: it is v1.20, which serves
 PodDisruptionBudget as policy/v1beta1 (policy/v1 is GA in v1.21); the manifests target
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.rest import ApiException
 
 from tests.integration.deploy.manifests import (
     COMPONENTS,
@@ -129,7 +130,7 @@ def test_every_component_is_accepted_over_the_install(
         withdraw_cluster_rights(kube, docs)
 
 
-async def test_prod_tokens_go_to_the_operator_and_the_gateway_only(
+async def test_prod_tokens_go_to_the_operator_gateway_and_bootstrap_only(
     api: client.ApiClient, install: list[Doc]
 ) -> None:
     apps = client.AppsV1Api(api)
@@ -146,11 +147,50 @@ async def test_prod_tokens_go_to_the_operator_and_the_gateway_only(
         "dlrover-events-gateway": "dlrover-events-gateway",
     }
     assert len(listed.items) == 7
+    job = await client.BatchV1Api(api).read_namespaced_job("dlrover-events-bootstrap", NAMESPACE)
+    assert job.spec.template.spec.service_account_name == "dlrover-events-bootstrap"
     bindings = await client.RbacAuthorizationV1Api(api).list_namespaced_role_binding(
         NAMESPACE, label_selector="dlrover-events.io/env=prod"
     )
     subjects = {s.name for b in bindings.items for s in b.subjects}
-    assert subjects == {"dlrover-events-operator", "dlrover-events-gateway"}
+    assert subjects == {
+        "dlrover-events-operator", "dlrover-events-gateway", "dlrover-events-bootstrap"
+    }  # fmt: skip
+
+
+async def test_the_bootstrap_writes_its_two_secrets_and_reads_no_other(
+    api: client.ApiClient, install: list[Doc]
+) -> None:
+    """The bootstrap's own token: create, read and patch the token Secrets; never read the
+    Postgres DSN's Secret (the kubelet gives the pod that value), list or delete."""
+    admin = client.CoreV1Api(api)
+    with contextlib.suppress(ApiException):  # another test may have made it (409)
+        await admin.create_namespaced_secret(
+            NAMESPACE,
+            client.V1Secret(
+                metadata=client.V1ObjectMeta(name="dlrover-events-postgres"),
+                string_data={"dsn": "postgresql://nobody@nowhere/none"},
+            ),
+        )
+    account = "dlrover-events-bootstrap"
+    name = "dlrover-events-gateway-read"
+    async with await service_account_client(api, NAMESPACE, account) as sa:
+        core = client.CoreV1Api(sa)
+        body = client.V1Secret(metadata=client.V1ObjectMeta(name=name), string_data={"t": "1"})
+        try:
+            await eventually_allowed(lambda: core.create_namespaced_secret(NAMESPACE, body))
+        except ApiException as e:
+            assert e.status == 409, e.body  # made by a bootstrap already: still ours to patch
+        await core.read_namespaced_secret(name, NAMESPACE)
+        await core.patch_namespaced_secret(name, NAMESPACE, {"stringData": {"t": "2"}})
+        denied = [
+            core.read_namespaced_secret("dlrover-events-postgres", NAMESPACE),
+            core.list_namespaced_secret(NAMESPACE),
+            core.delete_namespaced_secret(name, NAMESPACE),
+            core.read_namespaced_config_map("dlrover-events", NAMESPACE),
+        ]
+        for call in denied:
+            await expect_forbidden(call, NAMESPACE, account)
 
 
 async def test_the_operator_acts_in_its_namespace_only_without_cluster_rbac(
@@ -171,30 +211,39 @@ async def test_cluster_rbac_lets_the_operator_act_in_any_namespace(
 ) -> None:
     docs = with_component("cluster-rbac", tmp_path)
     apply(kube, docs)
-    jobs = await create_namespace(api)  # where the TrainingJobs would live
-    account = "dlrover-events-operator"
-    async with (
-        await service_account_client(api, NAMESPACE, account) as sa,
-        contextlib.AsyncExitStack() as cleanup,
-    ):
-        cleanup.callback(withdraw_cluster_rights, kube, docs)
-        core = client.CoreV1Api(sa)
-        pods = await eventually_allowed(lambda: core.list_namespaced_pod(jobs))
-        assert pods.items == []
-        leases = client.CoordinationV1Api(sa)
-        lease = client.V1Lease(
-            metadata=client.V1ObjectMeta(name="dlrover-events-operator"),
-            spec=client.V1LeaseSpec(holder_identity="op-a", lease_duration_seconds=15),
-        )
-        await leases.create_namespaced_lease(jobs, lease)
-        # Still only the operator's rules: no secrets, anywhere.
-        await expect_forbidden(core.list_namespaced_secret(jobs), NAMESPACE, account)
+    try:
+        jobs = await create_namespace(api)  # where the TrainingJobs would live
+        account = "dlrover-events-operator"
+        async with await service_account_client(api, NAMESPACE, account) as sa:
+            core = client.CoreV1Api(sa)
+            pods = await eventually_allowed(lambda: core.list_namespaced_pod(jobs))
+            assert pods.items == []
+            leases = client.CoordinationV1Api(sa)
+            lease = client.V1Lease(
+                metadata=client.V1ObjectMeta(name="dlrover-events-operator"),
+                spec=client.V1LeaseSpec(holder_identity="op-a", lease_duration_seconds=15),
+            )
+            await leases.create_namespaced_lease(jobs, lease)
+            # Still only the operator's rules: no secrets, anywhere.
+            await expect_forbidden(core.list_namespaced_secret(jobs), NAMESPACE, account)
+        # ... and the bootstrap writes the read token's Secret there (training pods read it).
+        account = "dlrover-events-bootstrap"
+        async with await service_account_client(api, NAMESPACE, account) as sa:
+            core = client.CoreV1Api(sa)
+            body = client.V1Secret(
+                metadata=client.V1ObjectMeta(name="dlrover-events-gateway-read"),
+                string_data={"prod": "token"},
+            )
+            await eventually_allowed(lambda: core.create_namespaced_secret(jobs, body))
+            await expect_forbidden(core.list_namespaced_secret(jobs), NAMESPACE, account)
+    finally:
+        withdraw_cluster_rights(kube, docs)
 
 
-async def test_virtual_env_holds_no_cluster_credentials(
+async def test_the_standby_env_holds_no_cluster_credentials(
     kube: Path, api: client.ApiClient, install: list[Doc]
 ) -> None:
-    docs = overlay("virtual")
+    docs = overlay("standby")
     apply(kube, docs)
     (account,) = of_kind(docs, "ServiceAccount")
     core = client.CoreV1Api(api)
