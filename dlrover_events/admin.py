@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from dlrover_events.bus import start_kafka_client
+from dlrover_events.kafka_client import kafka_connection, start_kafka_client
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.topics import CONTROL_TOPIC, ENV_TOPICS, topic
@@ -18,7 +18,7 @@ class TopicAdmin(AsyncResource):
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._client = AIOKafkaAdminClient(
-            bootstrap_servers=settings.bootstrap_servers,
+            **kafka_connection(settings),
             client_id=f"{settings.client_id}-admin",
             request_timeout_ms=settings.request_timeout_ms,
         )

@@ -21,7 +21,7 @@ from aiokafka.errors import (
 )
 
 from dlrover_events.errors import BusUnavailable
-from dlrover_events.kafka_client import start_kafka_client, topic_partitions
+from dlrover_events.kafka_client import kafka_connection, start_kafka_client, topic_partitions
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.topic_reader import read_topics
@@ -39,7 +39,7 @@ class Producer(AsyncResource):
     def __init__(self, settings: Settings, *, linger_ms: int = 5) -> None:
         self._settings = settings
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap_servers,
+            **kafka_connection(settings),
             client_id=settings.client_id,
             enable_idempotence=settings.enable_idempotence,
             transactional_id=settings.transactional_id,
@@ -253,7 +253,7 @@ class Consumer(AsyncResource):
         self._backoff = retry_backoff_s
         self._consumer = AIOKafkaConsumer(
             *self._topics,
-            bootstrap_servers=settings.bootstrap_servers,
+            **kafka_connection(settings),
             client_id=settings.client_id,
             group_id=self.group,
             enable_auto_commit=False,

@@ -109,16 +109,32 @@ class Broker:
     """
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int | None = None, log_dir: Path | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_dir: Path | None = None,
+        *,
+        advertised: str | None = None,
+        authentication: bool = False,
     ):
+        """`advertised`: the host:port the broker tells clients to connect to (default:
+        where it listens), for a proxy in front of it. `authentication`: clients must
+        authenticate with SASL SCRAM (tansu's memory storage keeps no credentials, so
+        every attempt is refused: the tests of a refusal use it)."""
         self.host = host
         self.port = port or free_port(host)
+        self._advertised = advertised
+        self.authentication = authentication
         self._log_dir = log_dir
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def advertised(self) -> str:
+        return self._advertised or self.bootstrap_servers
 
     @property
     def pid(self) -> int | None:
@@ -177,9 +193,10 @@ class Broker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                f"tcp://{self.advertised}",
                 "--storage-engine",
                 "memory://tansu/",
+                *(["--authentication"] if self.authentication else []),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -20,9 +20,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel
 
 from dlrover_events.admin import TopicAdmin
-from dlrover_events.bus import Producer, start_kafka_client
+from dlrover_events.bus import Producer
 from dlrover_events.errors import EnvError
 from dlrover_events.fence import FENCE_CHANNEL, fence_holders, fence_key
+from dlrover_events.kafka_client import kafka_connection, start_kafka_client
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import (
     REGISTRY_SCHEMA,
@@ -285,7 +286,7 @@ class EnvRegistry:
     async def _wrong_partitions(self, envs: EnvRecords) -> dict[str, tuple[int, int]]:
         want = {t: e.partitions for e in envs for t in env_topics(e.name)}
         client = AIOKafkaAdminClient(
-            bootstrap_servers=self._settings.bootstrap_servers,
+            **kafka_connection(self._settings),
             client_id=f"{self._settings.client_id}-admin",
             request_timeout_ms=self._settings.request_timeout_ms,
         )
@@ -302,7 +303,7 @@ class EnvRegistry:
 
     async def _delete_topics(self, names: Sequence[str]) -> None:
         client = AIOKafkaAdminClient(
-            bootstrap_servers=self._settings.bootstrap_servers,
+            **kafka_connection(self._settings),
             client_id=f"{self._settings.client_id}-admin",
             request_timeout_ms=self._settings.request_timeout_ms,
         )

@@ -8,7 +8,16 @@ class UserError(Exception):
 
 
 class BusUnavailable(UserError):
-    pass
+    """The bus does not answer: time may mend it (a service waits and tries again)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        #: what the client met (a refused connection, a timeout), without the advice
+        self.reason = reason or message
+
+
+class BusRefused(UserError):
+    """The bus answers but refuses this client (TLS, SASL): only new settings mend it."""
 
 
 class StoreUnavailable(UserError):

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from dlrover_events.errors import UserError
-from dlrover_events.kafka_client import start_kafka_client, topic_partitions
+from dlrover_events.kafka_client import kafka_connection, start_kafka_client, topic_partitions
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 
@@ -71,7 +71,7 @@ class TopicReader(AsyncResource):
         self._missing = missing
         consumer_args.setdefault("request_timeout_ms", settings.request_timeout_ms)
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers,
+            **kafka_connection(settings),
             group_id=None,
             enable_auto_commit=False,
             client_id=f"{settings.client_id}-{client_id}",

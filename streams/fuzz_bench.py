@@ -40,6 +40,7 @@ from dlrover_events.bus import read_topic
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import bench_broker, resolve_postgres
 from dlrover_events.envs import EnvRegistry
+from dlrover_events.kafka_client import kafka_connection
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import EnvStore
@@ -303,7 +304,7 @@ class Sent:
 async def publish(settings: Settings, env: str, plan: Plan) -> Sent:
     """Send every record, in order per job; the broker's refusals are counted, not sent."""
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers,
+        **kafka_connection(settings),
         linger_ms=20,
         max_batch_size=1 << 20,
         max_request_size=4 << 20,  # let the broker, not the client, refuse what is too big

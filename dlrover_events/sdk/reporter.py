@@ -35,6 +35,7 @@ from typing import Any, Self, TypeVar
 
 from dlrover_events.config_client import TOKEN_ENV, URL_ENV, ConfigSnapshot, SyncConfigClient
 from dlrover_events.control import EnvWatcher, real_env
+from dlrover_events.errors import UserError
 from dlrover_events.sdk import quiet
 from dlrover_events.sdk.buffer import DROP_LOG_EVERY_S, DropBuffer
 from dlrover_events.sdk.follow import Following, FollowReal, follow_real_from_env
@@ -43,7 +44,7 @@ from dlrover_events.sdk.probes import HostProbe, Probe
 from dlrover_events.sdk.sampling import SampleCutter
 from dlrover_events.sdk.sender import Sender
 from dlrover_events.sdk.window import StepRecord
-from dlrover_events.settings import Settings
+from dlrover_events.settings import Settings, load_settings
 from schemas.envelope import Event
 from schemas.jobs import RuntimeSample
 
@@ -113,7 +114,10 @@ class Reporter:
         if buffer_size < 1 or max_batch < 1 or step_buffer < 2:
             raise ValueError("buffer_size and max_batch must be >= 1, step_buffer >= 2")
         self.identity = identity
-        self._settings = settings or Settings()
+        settings_error: UserError | None = None
+        if settings is None:
+            settings, settings_error = _settings_from_env()
+        self._settings = settings
         self.interval_s = interval_s if interval_s is not None else _interval_from_env()
         if self.interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
@@ -162,7 +166,9 @@ class Reporter:
             send_timeout_s=send_timeout_s,
             backoff_max_s=retry_backoff_max_s,
             quiet_kafka=self._quiet_kafka,
+            settings_error=settings_error,
         )
+        self._settings_error = settings_error
 
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -375,7 +381,11 @@ class Reporter:
         self._ready.set()
         # Two tasks, so a send that waits out a dead broker never delays the samples.
         sender = asyncio.create_task(self._sender.run(self._send_wake, self._flushes))
-        follower = None if self._following.settled else asyncio.create_task(self._follow())
+        follower = (
+            None
+            if self._following.settled or self._settings_error is not None
+            else asyncio.create_task(self._follow())
+        )
         try:
             await self._sampler(loop)
             close_by = loop.time() + self._close_timeout_s
@@ -476,6 +486,15 @@ class Reporter:
 
     def _cut_sample(self) -> RuntimeSample | None:
         return self._cutter.cut(self.identity, self.batch_size, self._batch)
+
+
+def _settings_from_env() -> tuple[Settings, UserError | None]:
+    """The pod's settings; invalid ones (say, SASL without a password) are not raised
+    into training: the reporter says why once, as an outage, and sends nothing."""
+    try:
+        return load_settings(), None
+    except UserError as err:
+        return Settings.model_construct(), err
 
 
 def _interval_from_env() -> float:

@@ -25,6 +25,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from dlrover_events.errors import BusUnavailable, UserError
+from dlrover_events.kafka_client import kafka_connection, start_kafka_client
 from dlrover_events.sdk import quiet
 from dlrover_events.sdk.buffer import DropBuffer
 from dlrover_events.settings import Settings
@@ -47,6 +49,7 @@ class Sender:
         send_timeout_s: float,
         backoff_max_s: float,
         quiet_kafka: bool,
+        settings_error: UserError | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -56,6 +59,8 @@ class Sender:
         self._send_timeout_s = send_timeout_s
         self._backoff_max_s = backoff_max_s
         self._quiet_kafka = quiet_kafka
+        #: settings that cannot connect (said once, as an outage): nothing is sent
+        self._settings_error = settings_error
         self._producer: AIOKafkaProducer | None = None
         self._failures = 0
         #: loop time before which no send is tried (a back-off).
@@ -111,17 +116,28 @@ class Sender:
     async def _connect(self) -> AIOKafkaProducer | None:
         if self._producer is not None:
             return self._producer
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.bootstrap_servers,
-            client_id=f"{self._settings.client_id}-sdk",
-            enable_idempotence=False,
-            linger_ms=5,
-            request_timeout_ms=max(int(self._send_timeout_s * 1000), 1000),
-            acks=1,
-        )
+        if self._settings_error is not None:
+            self._failed(self._settings_error)
+            return None
         try:
+            # files (a CA, a password) are read at each connection: a Secret mounted or
+            # rotated later is picked up by the next try
+            producer = AIOKafkaProducer(
+                **kafka_connection(self._settings),
+                client_id=f"{self._settings.client_id}-sdk",
+                enable_idempotence=False,
+                linger_ms=5,
+                request_timeout_ms=max(int(self._send_timeout_s * 1000), 1000),
+                acks=1,
+            )
+        except UserError as err:
+            self._failed(err)
+            return None
+        try:
+            # a refusal (TLS, SASL) is named by start_kafka_client, which also stops the
+            # client that failed
             async with asyncio.timeout(self._send_timeout_s):
-                await producer.start()
+                await start_kafka_client(producer, self._settings)
         except asyncio.CancelledError:
             await _stop_quietly(producer)
             raise
@@ -176,17 +192,29 @@ class Sender:
 
     def _failed(self, err: BaseException) -> None:
         now = asyncio.get_running_loop().time()
-        text = str(err)
+        # an outage is told by what the client met, without the advice for a laptop's stack
+        text = err.reason if isinstance(err, BusUnavailable) else str(err)
         if not text and isinstance(err, TimeoutError):
             text = f"no answer within {self._send_timeout_s:g} s"
         name = type(err).__name__
-        self.last_error = text if text.startswith(name) else f"{name}: {text}"
+        plain = isinstance(err, BusUnavailable) or text.startswith(name)
+        self.last_error = text if plain else f"{name}: {text}"
         self._failures += 1
         backoff = min(self._backoff_max_s, 0.25 * 2 ** min(self._failures, 8))
         self.retry_at = now + backoff * random.uniform(0.5, 1.0)
         if self._down_since is None:
             self._down_since = now
             self._buffer.outage_started()
+            if isinstance(err, UserError) and not isinstance(err, BusUnavailable):
+                # refused (TLS, SASL) or misconfigured: the reason is the whole line
+                log.warning(
+                    "dlrover-events: cannot publish to Kafka: %s; %d events buffered, "
+                    "training goes on (buffer holds %d, the oldest samples go first)",
+                    err,
+                    len(self._buffer),
+                    self._buffer.capacity,
+                )
+                return
             log.warning(
                 "dlrover-events: broker %s unreachable since %s (%s); %d events buffered, "
                 "training goes on (buffer holds %d, the oldest samples go first)%s",

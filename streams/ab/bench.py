@@ -45,6 +45,7 @@ from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import bench_broker, resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.kafka_client import kafka_connection
 from dlrover_events.services import ServiceContext, discover_services
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic
@@ -178,11 +179,11 @@ async def bus_delay(settings: Settings, env: str, samples: int = PROBE_SAMPLES) 
     """Seconds from publishing a record (acked) to a reader fetching it, the reader waiting
     at most `PROBE_FETCH_WAIT_MS` per fetch, as the lockstep consumers do."""
     tp = TopicPartition(topic(env, JOB_METRICS), 0)
-    servers = settings.bootstrap_servers
+    connection = kafka_connection(settings)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=servers, enable_auto_commit=False, fetch_max_wait_ms=PROBE_FETCH_WAIT_MS
+        **connection, enable_auto_commit=False, fetch_max_wait_ms=PROBE_FETCH_WAIT_MS
     )
-    producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all")
+    producer = AIOKafkaProducer(**connection, acks="all")
     await consumer.start()
     await producer.start()
     delays: list[float] = []

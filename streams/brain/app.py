@@ -49,6 +49,7 @@ from faust.types import TP
 from dlrover_events.cli.app import run_async
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.kafka_client import kafka_connection
 from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.metrics import BrainMetrics, CollectorRegistry
 from dlrover_events.services import Service, ServiceContext
@@ -70,6 +71,7 @@ from streams.brain.faust_glue import (
     FETCH_MAX_WAIT_MS,
     BrainApp,
     RecordSink,
+    broker_credentials,
     commit,
     fetch_progress,
 )
@@ -158,6 +160,7 @@ class Brain:
         self.app = BrainApp(
             self.group,
             broker=[f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")],
+            broker_credentials=broker_credentials(kafka_connection(settings)),
             key_serializer="raw",
             value_serializer="raw",
             datadir=str(datadir),

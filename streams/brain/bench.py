@@ -35,6 +35,7 @@ from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.kafka_client import kafka_connection
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic, topic_of
 from schemas.codec import encode
@@ -163,7 +164,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 async def _preload(settings: Settings, events: Sequence[Event]) -> None:
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers,
+        **kafka_connection(settings),
         linger_ms=20,
         max_batch_size=1 << 20,
         acks="all",
@@ -190,7 +191,7 @@ def _rate(total: int, first_batch: int, first_at: float, last_at: float) -> floa
 
 async def _baseline(settings: Settings, env: str, total: int) -> float:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
+        **kafka_connection(settings),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",

@@ -57,6 +57,24 @@ RELIES_ON: tuple[tuple[type, str], ...] = (
 )
 
 
+def broker_credentials(connection: Mapping[str, Any]) -> faust.auth.Credentials | None:
+    """faust's credentials object for the aiokafka arguments every client of the project
+    connects with (`dlrover_events.kafka_client.kafka_connection`): the same TLS context
+    and SASL user, so the brain connects as the other services do."""
+    protocol = connection["security_protocol"]
+    if protocol == "SSL":
+        return faust.SSLCredentials(connection["ssl_context"])
+    if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        return faust.SASLCredentials(
+            username=connection["sasl_plain_username"],
+            password=connection["sasl_plain_password"],
+            mechanism=connection["sasl_mechanism"],
+            # faust picks SASL_SSL when given a context, SASL_PLAINTEXT without one
+            ssl_context=connection.get("ssl_context"),
+        )
+    return None
+
+
 class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)

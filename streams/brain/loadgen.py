@@ -20,6 +20,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from dlrover_events.kafka_client import kafka_connection
+from dlrover_events.settings import load_settings
 from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic, topic_of
 from schemas.codec import CodecError, decode, encode
 from schemas.plans import ScalePlan
@@ -29,7 +31,8 @@ from streams.brain.planner import plan_id
 
 
 async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
-    servers = spec["bootstrap_servers"]
+    # the bench's broker, with the security settings of this process's environment
+    connection = kafka_connection(load_settings(bootstrap_servers=spec["bootstrap_servers"]))
     env = spec["env"]
     workload = Workload(
         env,
@@ -46,16 +49,16 @@ async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
     plans_topic = topic(env, SCALE_PLANS)
     # tansu answers a fetch only when its wait is over: keep the wait out of the timing
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=servers, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=5
+        **connection, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=5
     )
     # the bus's own delay, as the brain's fetch sees it: the tail the brain cannot beat
     bus = AIOKafkaConsumer(
-        bootstrap_servers=servers,
+        **connection,
         group_id=None,
         enable_auto_commit=False,
         fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
     )
-    producer = AIOKafkaProducer(bootstrap_servers=servers, linger_ms=0, acks="all")
+    producer = AIOKafkaProducer(**connection, linger_ms=0, acks="all")
     await consumer.start()
     await bus.start()
     await producer.start()

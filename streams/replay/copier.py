@@ -17,8 +17,9 @@ from datetime import datetime
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from dlrover_events.bus import Producer, start_kafka_client, topic_partitions
+from dlrover_events.bus import Producer
 from dlrover_events.errors import UserError
+from dlrover_events.kafka_client import kafka_connection, start_kafka_client, topic_partitions
 from dlrover_events.settings import Settings
 from dlrover_events.topic_reader import TopicReader, seek_to_time
 from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, split_topic, topic
@@ -76,7 +77,7 @@ class Replay:
         if self.source == self.target:
             raise UserError("replay needs two different envs (--from and --to are the same)")
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.bootstrap_servers,
+            **kafka_connection(self.settings),
             group_id=self.group,
             enable_auto_commit=False,
             client_id=f"{self.settings.client_id}-replay",
