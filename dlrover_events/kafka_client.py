@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import os
 import ssl
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,14 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
 )
 from aiokafka.helpers import create_ssl_context
-from aiokafka.protocol.admin import ApiVersionRequest_v0
 
 from dlrover_events.errors import BusRefused, BusUnavailable, UserError
 from dlrover_events.settings import ENV_PREFIX, Settings, SettingsError
 
 #: how long a TLS start may take before the listener is asked whether it speaks plaintext
 PLAINTEXT_SNIFF_AFTER_S = 1.0
+#: how long a diagnosis waits for a TLS alert after a handshake (a refused certificate)
+ALERT_WAIT_S = 1.0
 
 
 def kafka_connection(settings: Settings) -> dict[str, Any]:
@@ -249,27 +249,28 @@ def _tls_refused(settings: Settings, err: ssl.SSLError) -> BusRefused:
 
 
 async def _tls_alert(settings: Settings, context: ssl.SSLContext) -> ssl.SSLError | None:
-    """The TLS alert that ends a connection right after the handshake (with TLS 1.3 a
-    broker refuses a client certificate, or the lack of one, only then; aiokafka reports
-    just a closed connection). One request is sent so that a broker that accepts us
-    answers instead of waiting."""
+    """The TLS alert that ends a connection right after the handshake: with TLS 1.3 a
+    broker refuses a client certificate, or the lack of one, only then, and aiokafka
+    reports just a closed connection. Nothing is sent (a request the broker has not read
+    when it closes would reset the connection before its alert is read); a broker that
+    accepted us says nothing, and the wait ends after `ALERT_WAIT_S`."""
     host, port = _first_server(settings)
-    request = ApiVersionRequest_v0()
-    header = request.build_request_header(correlation_id=1, client_id=settings.client_id)
-    message = header.encode() + request.encode()
     try:
         async with asyncio.timeout(settings.request_timeout_ms / 1000):
             reader, writer = await asyncio.open_connection(host, port, ssl=context)
-            try:
-                writer.write(struct.pack(">i", len(message)) + message)
-                await writer.drain()
-                await reader.read(4)
-            finally:
-                writer.close()
     except ssl.SSLError as alert:
         return alert
     except (OSError, TimeoutError):
         return None
+    try:
+        async with asyncio.timeout(ALERT_WAIT_S):
+            await reader.read(1)
+    except ssl.SSLError as alert:
+        return alert
+    except (OSError, TimeoutError):
+        pass
+    finally:
+        writer.close()
     return None
 
 
