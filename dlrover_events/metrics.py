@@ -1,8 +1,11 @@
 """Prometheus metrics of the long-running services, all declared here.
 
-One place lists every metric a user can scrape (the README's table is written from it),
-so names follow one convention: `dlrover_events_<service>_<what>[_<unit>][_total]`, and
-every metric of an env-scoped service carries an `env` label.
+One place lists every metric a user can scrape (`dlrover-events metrics list` prints the
+table of `catalogue()`, docs/metrics.md holds it, a test checks both agree), so names
+follow one convention (Prometheus'): `dlrover_events_<service>_<what>[_<unit>][_total]`;
+a count that only grows is a Counter (its name ends in `_total`), a value that goes up
+and down a Gauge, a unit is in the name (`_seconds`, `_bytes`, `_records`), and every
+series carries an `env` label (tests/unit/test_metrics_conventions.py walks them all).
 
 No metric lives in a process-global registry: `up` runs several services (and `ab run`
 one brain per arm) in one process, so each service instance declares its metrics on the
@@ -15,12 +18,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -37,7 +42,8 @@ class BrainMetrics:
         self.env = env
         self.consumer_lag = Gauge(
             "dlrover_events_brain_consumer_lag_records",
-            "records of an input partition not yet decided (high watermark minus position)",
+            "records of an input partition not yet decided (the log's end as last fetched minus "
+            "the next offset to decide)",
             ["env", "topic", "partition"],
             registry=registry,
         )
@@ -49,7 +55,7 @@ class BrainMetrics:
         ).labels(env)
         self.events = Counter(
             "dlrover_events_brain_events_total",
-            "input records decided",
+            "input records decided (dead letters included)",
             ["env"],
             registry=registry,
         ).labels(env)
@@ -114,7 +120,8 @@ class OperatorMetrics:
         self.platform = platform
         self._plans = Counter(
             "dlrover_events_operator_plans_total",
-            "ScalePlans answered, by result status (applied, partial, rejected, failed)",
+            "ScalePlans answered, by result status (applied, partial, rejected, failed); platform "
+            "kubernetes, local or virtual",
             ["env", "platform", "status"],
             registry=registry,
         )
@@ -135,8 +142,9 @@ class OperatorMetrics:
         self._phase = Counter(
             "dlrover_events_operator_phase_seconds_total",
             "wall seconds a virtual operator spent, by phase (simulate: the simulated "
-            "cluster; checkpoint: saving it to Postgres; publish: its events to the broker; "
-            "wait_acks: a lockstep tick waiting for its brain's acknowledgements)",
+            "cluster; apply; checkpoint: saving it to Postgres; publish: its events to the "
+            "broker; mark_published; wait_acks: a lockstep tick waiting for its brain's "
+            "acknowledgements; input_*: handling its consumer's records)",
             ["env", "platform", "phase"],
             registry=registry,
         )
@@ -198,10 +206,108 @@ class ConsoleMetrics:
         ).labels(env)
 
 
-class ServiceMetrics:
-    """What `up`'s supervisor knows of each service it runs."""
+class CountersRead(Collector):
+    """Counters whose values a service keeps anyway (changes applied, jobs evicted), read
+    at each scrape rather than incremented twice: `name -> (help, read)`."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        env: str,
+        counters: dict[str, tuple[str, Callable[[], float]]],
+    ) -> None:
+        self.env = env
+        self.counters = counters
+        registry.register(self)
+
+    def _families(self, read: bool) -> Iterator[Metric]:
+        for name, (documentation, value) in self.counters.items():
+            family = CounterMetricFamily(name, documentation, labels=["env"])
+            if read:
+                family.add_metric([self.env], value())
+            yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families(read=False)
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(read=True)
+
+
+class GatewayMetrics:
+    """The config gateway: its requests, and what its index and plan book hold (read at
+    each scrape from the callables given)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        env: str,
+        *,
+        documents: Callable[[], float],
+        ready: Callable[[], float],
+        changes_applied: Callable[[], float],
+        plan_jobs: Callable[[], float],
+        plan_waiters: Callable[[], float],
+        plans_ready: Callable[[], float],
+        plan_jobs_evicted: Callable[[], float],
+    ) -> None:
+        self.env = env
+        self._requests = Counter(
+            "dlrover_events_gateway_requests_total",
+            "HTTP requests answered, by route, method and status",
+            ["env", "route", "method", "status"],
+            registry=registry,
+        )
+        self._duration = Histogram(
+            "dlrover_events_gateway_request_duration_seconds",
+            "HTTP request duration by route (long-polls included)",
+            ["env", "route"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30, 60),
+            registry=registry,
+        )
+        self.long_polls = Gauge(
+            "dlrover_events_gateway_long_polls",
+            "config long-polls waiting for a change",
+            ["env"],
+            registry=registry,
+        ).labels(env)
+        self._read: dict[str, Gauge] = {}
+        for name, documentation, read in (
+            ("documents", "config documents in the index", documents),
+            ("ready", "1 once the index has caught up with the env's config changes", ready),
+            ("plan_jobs", "jobs whose plan the gateway follows", plan_jobs),
+            ("plan_waiters", "plan long-polls and optimize requests waiting", plan_waiters),
+            ("plans_ready", "1 once the job and plan topics were read", plans_ready),
+        ):
+            gauge = Gauge(
+                f"dlrover_events_gateway_{name}", documentation, ["env"], registry=registry
+            )
+            gauge.labels(env).set_function(read)
+            self._read[name] = gauge
+        self.counts = CountersRead(
+            registry,
+            env,
+            {
+                "dlrover_events_gateway_changes_applied_total": (
+                    "config changes applied to the index from the env's feed",
+                    changes_applied,
+                ),
+                "dlrover_events_gateway_plan_jobs_evicted_total": (
+                    "jobs the gateway stopped following to stay within its cap",
+                    plan_jobs_evicted,
+                ),
+            },
+        )
+
+    def answered(self, route: str, method: str, status: int, seconds: float) -> None:
+        self._requests.labels(self.env, route, method, str(status)).inc()
+        self._duration.labels(self.env, route).observe(seconds)
+
+
+class ServiceMetrics:
+    """What `up`'s supervisor knows of each service it runs, and of the bus."""
+
+    def __init__(self, registry: CollectorRegistry, env: str) -> None:
         self.up = Gauge(
             "dlrover_events_service_up",
             "1 while the service runs, 0 once it stopped or failed",
@@ -216,9 +322,89 @@ class ServiceMetrics:
         )
         self.bus_up = Gauge(
             "dlrover_events_bus_up",
-            "1 while the broker answers, 0 while it is away",
+            "1 while the broker answers, 0 while it is away (as `up` of the env sees it)",
+            ["env"],
             registry=registry,
-        )
+        ).labels(env)
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """One metric as a scrape shows it: the name (a counter's with `_total`), its type,
+    its labels (`env` first) and what it says."""
+
+    name: str
+    type: str
+    labels: tuple[str, ...]
+    help: str
+
+
+#: Every service's metrics, built as the service builds them (an example env and
+#: platform; the gateway's readings at 0): what `catalogue()` lists.
+def _every_service(registry: CollectorRegistry) -> list[object]:
+    env = "<env>"
+    zero: Callable[[], float] = lambda: 0.0  # noqa: E731
+    return [
+        BrainMetrics(registry, env),
+        OperatorMetrics(registry, env, "<platform>"),
+        ArchiverMetrics(registry, env),
+        EvaluatorMetrics(registry, env),
+        ConsoleMetrics(registry, env),
+        GatewayMetrics(
+            registry,
+            env,
+            documents=zero,
+            ready=zero,
+            changes_applied=zero,
+            plan_jobs=zero,
+            plan_waiters=zero,
+            plans_ready=zero,
+            plan_jobs_evicted=zero,
+        ),
+        ServiceMetrics(registry, env),
+    ]
+
+
+def example_registry() -> CollectorRegistry:
+    """A registry with every metric of every service and a series of each (label values
+    `<label>`), as a scrape of all of them would show: for the catalogue and the test of
+    the conventions.
+
+    A labelled metric shows no series until its labels are given; its label names are
+    read from prometheus_client's `_labelnames`, the one private member used here."""
+    registry = CollectorRegistry(auto_describe=True)
+    for metrics in _every_service(registry):
+        for held in vars(metrics).values():
+            for metric in held.values() if isinstance(held, dict) else [held]:
+                if not isinstance(metric, MetricWrapperBase) or metric._labelvalues:
+                    continue  # not a metric, or one labelled already
+                if metric._labelnames:
+                    metric.labels(*(f"<{name}>" for name in metric._labelnames))
+    return registry
+
+
+def catalogue() -> list[MetricInfo]:
+    """Every metric of every service, by name."""
+    out = []
+    for family in example_registry().collect():
+        labels: dict[str, None] = {"env": None}
+        for sample in family.samples:
+            labels.update(dict.fromkeys(k for k in sample.labels if k != "le"))
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        out.append(MetricInfo(name, family.type, tuple(labels), family.documentation))
+    return sorted(out, key=lambda m: m.name)
+
+
+def catalogue_markdown() -> str:
+    """The table of docs/metrics.md (`dlrover-events metrics list`)."""
+    rows = [
+        "| metric | type | labels | what |",
+        "| --- | --- | --- | --- |",
+    ]
+    for m in catalogue():
+        text = m.help.replace("|", "\\|")
+        rows.append(f"| `{m.name}` | {m.type} | {', '.join(m.labels)} | {text} |")
+    return "\n".join(rows) + "\n"
 
 
 class _Registries(Collector):
@@ -317,8 +503,14 @@ __all__ = [
     "BrainMetrics",
     "CollectorRegistry",
     "ConsoleMetrics",
+    "CountersRead",
     "EvaluatorMetrics",
+    "GatewayMetrics",
+    "MetricInfo",
     "MetricsServer",
     "OperatorMetrics",
     "ServiceMetrics",
+    "catalogue",
+    "catalogue_markdown",
+    "example_registry",
 ]

@@ -119,7 +119,7 @@ async def _supervise(
     dsn = stack.postgres.dsn
     backoff = Backoff(max_s=settings.restart_backoff_max_s)
     own = CollectorRegistry(auto_describe=True)
-    service_metrics = ServiceMetrics(own)
+    service_metrics = ServiceMetrics(own, env)
     # every service's metrics, and up's /healthz and /readyz (bus, Postgres, each service)
     metrics = MetricsServer(
         settings.metrics_host,

@@ -19,18 +19,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiokafka.errors import KafkaError
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
 
 from dlrover_events.config_matching import MAX_KEY, Job, make_job, problems
 from dlrover_events.errors import BusUnavailable, StoreUnavailable
+from dlrover_events.metrics import GatewayMetrics
 from dlrover_events.tokens import Scope, Tokens
 from handlers.gateway.http_rules import (
     INT32,
@@ -161,65 +155,22 @@ def json_response(
     )
 
 
-class Metrics:
-    def __init__(self, registry: CollectorRegistry, state: GatewayState, plans: PlanBook) -> None:
-        self.requests = Counter(
-            "dlrover_events_gateway_requests",
-            "HTTP requests by route and status",
-            ["route", "method", "status"],
-            registry=registry,
-        )
-        self.latency = Histogram(
-            "dlrover_events_gateway_request_seconds",
-            "HTTP request latency (long-polls included)",
-            ["route"],
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30, 60),
-            registry=registry,
-        )
-        self.waiting = Gauge(
-            "dlrover_events_gateway_long_polls",
-            "long-polls waiting for a change",
-            registry=registry,
-        )
-        docs = Gauge(
-            "dlrover_events_gateway_documents", "documents in the index", registry=registry
-        )
-        docs.set_function(lambda: len(state.index))
-        applied = Gauge(
-            "dlrover_events_gateway_changes_applied",
-            "changes applied from the feed",
-            registry=registry,
-        )
-        applied.set_function(lambda: state.applied)
-        ready = Gauge(
-            "dlrover_events_gateway_ready", "1 once the index has caught up", registry=registry
-        )
-        ready.set_function(lambda: 1 if state.ready.is_set() else 0)
-        jobs = Gauge(
-            "dlrover_events_gateway_plan_jobs", "jobs whose plan is tracked", registry=registry
-        )
-        jobs.set_function(lambda: len(plans))
-        plan_waiting = Gauge(
-            "dlrover_events_gateway_plan_waiters",
-            "plan long-polls and optimize requests waiting",
-            registry=registry,
-        )
-        plan_waiting.set_function(lambda: plans.waiting)
-        evicted = Gauge(
-            "dlrover_events_gateway_plan_jobs_evicted",
-            "jobs forgotten to keep within the cap",
-            registry=registry,
-        )
-        evicted.set_function(lambda: plans.evicted)
-        plans_ready = Gauge(
-            "dlrover_events_gateway_plans_ready",
-            "1 once the job and plan topics were read",
-            registry=registry,
-        )
-        plans_ready.set_function(lambda: 1 if plans.ready.is_set() else 0)
+def gateway_metrics(registry: CollectorRegistry, gateway: Gateway) -> GatewayMetrics:
+    state, plans = gateway.state, gateway.plans
+    return GatewayMetrics(
+        registry,
+        gateway.env,
+        documents=lambda: len(state.index),
+        ready=lambda: 1 if state.ready.is_set() else 0,
+        changes_applied=lambda: state.applied,
+        plan_jobs=lambda: len(plans),
+        plan_waiters=lambda: plans.waiting,
+        plans_ready=lambda: 1 if plans.ready.is_set() else 0,
+        plan_jobs_evicted=lambda: plans.evicted,
+    )
 
 
-METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+METRICS: web.AppKey[GatewayMetrics] = web.AppKey("metrics", GatewayMetrics)
 
 
 def _route_name(request: web.Request) -> str:
@@ -286,9 +237,9 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = error_response(500, "internal", "internal error; see the gateway's log")
     if response.status == 408:
         response.force_close()  # the rest of a body that came too slowly is not awaited
-    metrics = request.app[METRICS]
-    metrics.requests.labels(route, request.method, str(response.status)).inc()
-    metrics.latency.labels(route).observe(time.perf_counter() - started)
+    request.app[METRICS].answered(
+        route, request.method, response.status, time.perf_counter() - started
+    )
     return response
 
 
@@ -374,13 +325,13 @@ async def get_config(request: web.Request) -> web.StreamResponse:
                 **{"Retry-After": "1"},
             )
         metrics = request.app[METRICS]
-        metrics.waiting.inc()
+        metrics.long_polls.inc()
         gw.config_waiting += 1
         try:
             answer = await gw.state.wait_for_change(job, seen, wait)
         finally:
             gw.config_waiting -= 1
-            metrics.waiting.dec()
+            metrics.long_polls.dec()
     headers = {"ETag": answer.etag, "Cache-Control": "no-cache"}
     if answer.etag in seen or "*" in seen:
         return web.Response(status=304, headers=headers)
@@ -729,7 +680,7 @@ def build_app(
         },
     )
     app[GATEWAY] = gateway
-    app[METRICS] = Metrics(gateway.registry, gateway.state, gateway.plans)
+    app[METRICS] = gateway_metrics(gateway.registry, gateway)
     r = app.router
     r.add_get("/healthz", healthz, allow_head=False)
     r.add_get("/readyz", readyz, allow_head=False)

@@ -17,11 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dlrover_events.admin import TopicAdmin
 from dlrover_events.bus import Producer
 from dlrover_events.embedded import Broker, free_port, port_open
 from dlrover_events.envs import EnvRegistry
+from dlrover_events.metrics import catalogue
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from schemas import EnvMode, JobMeta, JobSubmitted
@@ -146,7 +148,14 @@ async def test_up_runs_the_stack_and_stops_on_sigterm(pg_dsn: str, tmp_path: Pat
         _, metrics = await asyncio.to_thread(up.get, "/metrics")
         for svc in ("archiver", "brain", "watchdog"):
             assert f'dlrover_events_service_up{{env="{real.name}",service="{svc}"}} 1.0' in metrics
-        assert "dlrover_events_bus_up 1.0" in metrics
+        assert f'dlrover_events_bus_up{{env="{real.name}"}} 1.0' in metrics
+        # every series of every service of `up` carries the env, and is in the catalogue
+        known = {m.name.removesuffix("_total") for m in catalogue()}
+        for family in text_string_to_metric_families(metrics):
+            # the text format shows a counter's or histogram's `_created` as a family
+            assert family.name.removesuffix("_created") in known, family.name
+            for sample in family.samples:
+                assert sample.labels.get("env") == real.name, sample
     finally:
         rc = await up.stop()
     assert rc == 0, up.stderr

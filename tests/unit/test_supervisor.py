@@ -54,7 +54,7 @@ async def test_a_failing_service_is_said_and_restarted_until_it_runs(
 
     stop = asyncio.Event()
     registry = CollectorRegistry()
-    sup = _supervised(flaky, stop, ServiceMetrics(registry))
+    sup = _supervised(flaky, stop, ServiceMetrics(registry, "prod"))
     task = asyncio.create_task(sup.run())
     with caplog.at_level(logging.ERROR, logger="dlrover_events.supervisor"):
         async with asyncio.timeout(10):
@@ -84,7 +84,7 @@ async def test_a_user_mistake_is_not_retried() -> None:
         raise UserError("DLROVER_EVENTS_X is not a number")
 
     stop = asyncio.Event()
-    sup = _supervised(misconfigured, stop, ServiceMetrics(CollectorRegistry()))
+    sup = _supervised(misconfigured, stop, ServiceMetrics(CollectorRegistry(), "prod"))
     async with asyncio.timeout(10):
         await sup.run()
     assert sup.failed.is_set() and sup.state == State.FAILED
@@ -97,7 +97,7 @@ async def test_stop_ends_a_backoff_at_once() -> None:
 
     stop = asyncio.Event()
     slow = Backoff(initial_s=3600, max_s=3600)
-    sup = _supervised(crash, stop, ServiceMetrics(CollectorRegistry()))
+    sup = _supervised(crash, stop, ServiceMetrics(CollectorRegistry(), "prod"))
     sup._backoff = slow
     task = asyncio.create_task(sup.run())
     for _ in range(1000):

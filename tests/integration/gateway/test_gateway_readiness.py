@@ -35,4 +35,4 @@ async def test_not_ready_while_the_bus_is_away(
         bus.set()
         async with http.get(f"{server.url}/readyz") as resp:
             assert resp.status == 200
-    assert b"dlrover_events_gateway_ready 1.0" in generate_latest(registry)
+    assert f'dlrover_events_gateway_ready{{env="{env}"}} 1.0'.encode() in generate_latest(registry)

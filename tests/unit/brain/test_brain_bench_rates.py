@@ -17,9 +17,7 @@ def test_each_printed_ratio_is_the_ratio_of_the_printed_rates(
     out = printed_rates(brain, baseline, raw)
     assert out["events_per_s"] == round(brain)
     assert out["baseline_events_per_s"] == round(baseline)
-    assert out["ratio_to_baseline"] == round(
-        out["events_per_s"] / out["baseline_events_per_s"], 4
-    )
+    assert out["ratio_to_baseline"] == round(out["events_per_s"] / out["baseline_events_per_s"], 4)
     if raw is None:
         assert out["faust_raw_events_per_s"] is None and out["ratio_to_faust_raw"] is None
     else:
