@@ -27,6 +27,19 @@ OVERLAYS = sorted(p.parent.name for p in (DEPLOY / "overlays").glob("*/kustomiza
 COMPONENTS = sorted(p.parent.name for p in (DEPLOY / "components").glob("*/kustomization.yaml"))
 #: the overlay a component is tried on
 INSTALL = "prod"
+#: the variable that sets the number of each named container port, by (component, port
+#: name); None: any component
+PORT_VARIABLES = {
+    ("gateway", "http"): "DLROVER_EVENTS_GATEWAY_PORT",
+    ("console", "http"): "DLROVER_EVENTS_CONSOLE_PORT",
+    (None, "metrics"): "DLROVER_EVENTS_METRICS_PORT",
+}
+#: the variable that sets the address each of them binds
+BIND_VARIABLES = {
+    "DLROVER_EVENTS_GATEWAY_PORT": "DLROVER_EVENTS_GATEWAY_HOST",
+    "DLROVER_EVENTS_CONSOLE_PORT": "DLROVER_EVENTS_CONSOLE_HOST",
+    "DLROVER_EVENTS_METRICS_PORT": "DLROVER_EVENTS_METRICS_HOST",
+}
 
 Doc = dict[str, Any]
 
@@ -75,6 +88,18 @@ def with_component(component: str, workdir: Path, base: str = INSTALL) -> list[D
     }
     (workdir / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     return render(workdir)
+
+
+def component_of(workload: Doc) -> str:
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    return str(labels["app.kubernetes.io/component"])
+
+
+def port_variable(workload: Doc, port_name: str) -> str:
+    """The variable whose value is the number of the workload's port of that name."""
+    return (
+        PORT_VARIABLES.get((component_of(workload), port_name)) or PORT_VARIABLES[(None, port_name)]
+    )
 
 
 def of_kind(docs: list[Doc], kind: str) -> dict[str, Doc]:

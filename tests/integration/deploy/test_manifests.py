@@ -15,14 +15,17 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from tests.integration.deploy.manifests import (
+    BIND_VARIABLES,
     COMPONENTS,
     DEPLOY,
     OVERLAYS,
     Doc,
+    component_of,
     kubectl,
     of_kind,
     overlay,
     pod_spec,
+    port_variable,
     service_of,
     with_component,
     workloads,
@@ -38,14 +41,6 @@ TOKENS = {
     "prod": {"dlrover-events-operator", "dlrover-events-gateway", "dlrover-events-bootstrap"},
     "standby": set(),
 }
-#: the variable that sets each named port's number (what the ConfigMap says it is)
-PORT_VARIABLES = {
-    ("gateway", "http"): "DLROVER_EVENTS_GATEWAY_PORT",
-    ("console", "http"): "DLROVER_EVENTS_CONSOLE_PORT",
-    (None, "metrics"): "DLROVER_EVENTS_METRICS_PORT",
-}
-BIND_VARIABLES = ["DLROVER_EVENTS_METRICS_HOST", "DLROVER_EVENTS_GATEWAY_HOST",
-                  "DLROVER_EVENTS_CONSOLE_HOST"]  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=OVERLAYS)
@@ -57,10 +52,6 @@ def config_map(docs: list[Doc]) -> dict[str, str]:
     (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "ENV" in d.get("data", {})]
     data: dict[str, str] = cm["data"]
     return data
-
-
-def component_of(deployment: Doc) -> str:
-    return str(deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"])
 
 
 def test_kustomizations_use_current_fields_only() -> None:
@@ -137,10 +128,7 @@ def test_every_service_is_probed_on_a_port_its_service_names(
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
         assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
         for port_name, number in ports.items():
-            variable = (
-                PORT_VARIABLES.get((component_of(deployment), port_name))
-                or (PORT_VARIABLES[(None, port_name)])
-            )
+            variable = port_variable(deployment, port_name)
             assert settings[variable] == str(number), (variable, number)
             assert named[port_name] == number
 
@@ -148,7 +136,8 @@ def test_every_service_is_probed_on_a_port_its_service_names(
 def test_bind_addresses_are_set_for_a_cluster(rendered: tuple[str, list[Doc]]) -> None:
     _, docs = rendered
     settings = config_map(docs)
-    assert {v: settings[v] for v in BIND_VARIABLES} == dict.fromkeys(BIND_VARIABLES, "0.0.0.0")
+    hosts = sorted(BIND_VARIABLES.values())
+    assert {v: settings[v] for v in hosts} == dict.fromkeys(hosts, "0.0.0.0")
 
 
 def test_security_posture(rendered: tuple[str, list[Doc]]) -> None:
