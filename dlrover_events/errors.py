@@ -26,3 +26,7 @@ class StoreUnavailable(UserError):
 
 class EnvError(UserError):
     pass
+
+
+class TopicsMissing(UserError):
+    """An env's topics are not there and this process may not create them."""

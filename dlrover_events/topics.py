@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlrover_events.errors import UserError
+from dlrover_events.settings import Settings
 from schemas.control import EnvAnnouncement
 from schemas.envelope import ENV_NAME_PATTERN, Event, _check_env
 
@@ -19,6 +20,8 @@ class TopicSpec:
     name: str
     compacted: bool
     purpose: str
+    #: which retention setting (`retention_<kind>_ms`) bounds it; none for a compacted one
+    retention: str | None = None
 
 
 JOB_METRICS = "job.metrics"
@@ -31,15 +34,17 @@ EVAL_REPORTS = "eval.reports"
 DLQ = "dlq"
 
 ENV_TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec(JOB_METRICS, False, "runtime samples from training jobs"),
-    TopicSpec(JOB_EVENTS, False, "job lifecycle and node events"),
-    TopicSpec(BRAIN_PLANS, False, "OptimizePlans: what the brain wants, and why"),
-    TopicSpec(SCALE_PLANS, False, "ScalePlans: the diff for the operator"),
-    TopicSpec(SCALE_RESULTS, False, "what the operator did with each plan"),
+    TopicSpec(JOB_METRICS, False, "runtime samples from training jobs", "metrics"),
+    TopicSpec(JOB_EVENTS, False, "job lifecycle and node events", "events"),
+    TopicSpec(BRAIN_PLANS, False, "OptimizePlans: what the brain wants, and why", "plans"),
+    TopicSpec(SCALE_PLANS, False, "ScalePlans: the diff for the operator", "plans"),
+    TopicSpec(SCALE_RESULTS, False, "what the operator did with each plan", "results"),
     TopicSpec(CONFIG_CHANGES, True, "config document changes (compacted)"),
-    TopicSpec(EVAL_REPORTS, False, "evaluator KPIs"),
-    TopicSpec(DLQ, False, "messages that could not be processed, with the reason"),
+    TopicSpec(EVAL_REPORTS, False, "evaluator KPIs", "eval"),
+    TopicSpec(DLQ, False, "messages that could not be processed, with the reason", "dlq"),
 )
+#: the env registry's announcements: one for the whole bus, one partition, compacted
+CONTROL_SPEC = TopicSpec(CONTROL_TOPIC, True, "env announcements (compacted)")
 ENV_TOPIC_NAMES = tuple(t.name for t in ENV_TOPICS)
 
 
@@ -72,6 +77,21 @@ def topic_of(event: Event) -> str:
     return topic(event.env, type(event).topic)
 
 
+def topic_configs(spec: TopicSpec, settings: Settings) -> dict[str, str]:
+    """The Kafka configs a topic is created with (by `env create`, `up`, or a rendered
+    Strimzi KafkaTopic): compaction, retention by kind of topic, min.insync.replicas."""
+    configs: dict[str, str] = {}
+    if spec.compacted:
+        configs["cleanup.policy"] = "compact"
+    elif spec.retention is not None:
+        retention_ms = getattr(settings, f"retention_{spec.retention}_ms")
+        if retention_ms is not None:
+            configs["retention.ms"] = str(retention_ms)
+    if settings.min_insync_replicas is not None:
+        configs["min.insync.replicas"] = str(settings.min_insync_replicas)
+    return configs
+
+
 def split_topic(full: str) -> tuple[str, str]:
     """``prod.job.metrics`` -> (``prod``, ``job.metrics``)."""
     env, _, name = full.partition(".")
@@ -83,6 +103,7 @@ def split_topic(full: str) -> tuple[str, str]:
 __all__ = [
     "BRAIN_PLANS",
     "CONFIG_CHANGES",
+    "CONTROL_SPEC",
     "CONTROL_TOPIC",
     "DLQ",
     "ENV_NAME_PATTERN",
@@ -98,5 +119,6 @@ __all__ = [
     "env_topics",
     "split_topic",
     "topic",
+    "topic_configs",
     "topic_of",
 ]

@@ -15,6 +15,7 @@ from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.settings import load_settings
+from dlrover_events.topic_manifests import kafka_topics
 from schemas.control import EnvMode
 
 app = typer.Typer(
@@ -122,3 +123,54 @@ def history(name: str | None = typer.Argument(None, help="only this env")) -> No
         Console().print(table)
 
     run_async(go())
+
+
+@app.command()
+def topics(
+    envs: list[str] = typer.Argument(..., help="env names (their topics are <env>.*)"),
+    partitions: int | None = typer.Option(
+        None, min=1, help="partitions per env topic (default: settings.partitions)"
+    ),
+    replicas: int | None = typer.Option(
+        None, min=1, help="replicas per topic (default: settings.replication_factor)"
+    ),
+    strimzi: bool = typer.Option(
+        False, "--strimzi", help="print Strimzi KafkaTopic resources (YAML) to apply"
+    ),
+    cluster: str | None = typer.Option(
+        None, help="with --strimzi: the Kafka resource's name (label strimzi.io/cluster)"
+    ),
+    namespace: str | None = typer.Option(
+        None, help="with --strimzi: the namespace of the resources (the Topic Operator's)"
+    ),
+    control: bool = typer.Option(
+        True, "--control/--no-control", help="include the bus's one dlrover.control topic"
+    ),
+) -> None:
+    """The topics of envs with their partitions, replicas and configs (retention, compaction
+    from the settings), as `env create` makes them; with --strimzi as KafkaTopic resources,
+    for clusters where Strimzi makes topics (then set DLROVER_EVENTS_CREATE_TOPICS=false).
+    Reads no registry and needs no broker."""
+    settings = load_settings()
+    parts = partitions or settings.partitions
+    reps = replicas or settings.replication_factor
+    if strimzi and not cluster:
+        raise UserError("--strimzi needs --cluster NAME (the name of the Strimzi Kafka resource)")
+    resources = kafka_topics(
+        envs,
+        settings,
+        partitions=parts,
+        replicas=reps,
+        cluster=cluster or "",
+        namespace=namespace,
+        control=control,
+    )
+    if strimzi:
+        typer.echo(yaml.safe_dump_all(resources, sort_keys=False), nl=False)
+        return
+    table = Table("topic", "partitions", "replicas", "configs")
+    for r in resources:
+        spec = r["spec"]
+        configs = ", ".join(f"{k}={v}" for k, v in spec.get("config", {}).items())
+        table.add_row(spec["topicName"], str(spec["partitions"]), str(spec["replicas"]), configs)
+    Console().print(table)

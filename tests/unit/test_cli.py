@@ -16,6 +16,7 @@ COMMANDS = [
     ["env", "create"],
     ["env", "list"],
     ["env", "delete"],
+    ["env", "topics"],
     ["tail"],
     ["up"],
     ["schemas"],
