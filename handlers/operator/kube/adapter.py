@@ -17,6 +17,7 @@ from dlrover_events.errors import UserError
 from handlers.operator.kube import planning
 from handlers.operator.kube.model import LABEL_JOB, JobView, PodView
 from handlers.operator.kube.planning import NewPod, PlanChange
+from handlers.operator.kube.wiring import PodWiring
 from schemas.plans import NotApplied, ScalePlan
 
 
@@ -62,10 +63,14 @@ class WorkloadAdapter(ABC):
         the plan alone, so a plan finished after a restart is answered the same way."""
         return planning.plan_not_applied(plan)
 
-    def configured(self, *, gpu_type_label: str | None) -> WorkloadAdapter:
+    def configured(
+        self, *, gpu_type_label: str | None, wiring: PodWiring | None = None
+    ) -> WorkloadAdapter:
         """This adapter for a cluster whose nodes name their GPU type with
-        ``gpu_type_label`` (None: none does); a workload that does not select GPU types
-        is the same adapter."""
+        ``gpu_type_label`` (None: none does), whose pods are told where the bus and the
+        gateway are by ``wiring``; a workload that neither selects GPU types nor makes
+        pods (PyTorchJob: its template carries the variables, see deploy/README.md) is
+        the same adapter."""
         return self
 
     def services(

@@ -28,17 +28,20 @@ from prometheus_client.registry import Collector
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dlrover_events.bootstrap import TOKEN_SECRETS
 from dlrover_events.control import EnvWatcher
 from dlrover_events.errors import UserError
 from dlrover_events.kube import credentials
 from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
+from dlrover_events.tokens import Scope
 from handlers.operator.kube.adapter import adapter_for
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, Timing
 from handlers.operator.kube.reconciler import EnvReconciler, StepHook
 from handlers.operator.kube.trainingjob import DEFAULT_GPU_TYPE_LABEL
+from handlers.operator.kube.wiring import pod_wiring
 from handlers.operator.platform import FencedPlatform, Platform
 from schemas.control import EnvAnnouncement, EnvMode
 
@@ -93,6 +96,33 @@ class KubeSettings(BaseSettings):
     identity: str | None = Field(
         default=None,
         description="this replica in the Lease; unset: POD_NAME or host name, pid, random",
+    )
+    # What a TrainingJob's pods are told (handlers/operator/kube/wiring.py); Secrets are
+    # named in the jobs' namespace, where a pod's references find them.
+    gateway_url: str | None = Field(
+        default=None,
+        description="the gateway as training pods reach it (its Service: "
+        "http://dlrover-events-gateway.<ns>.svc:8470); unset: pods get no gateway",
+    )
+    gateway_token_secret: str = Field(
+        default=TOKEN_SECRETS[Scope.READ],
+        min_length=1,
+        description="Secret with each env's read token under the env's name (`bootstrap`)",
+    )
+    pod_bootstrap_servers: str | None = Field(
+        default=None, description="Kafka as training pods reach it; unset: the operator's"
+    )
+    pod_sasl_username: str | None = Field(
+        default=None, description="the pods' Kafka user; unset: the operator's"
+    )
+    pod_sasl_password_secret: str | None = Field(
+        default=None, description="SECRET:KEY of the pods' Kafka password (SASL)"
+    )
+    pod_kafka_ca_secret: str | None = Field(
+        default=None, description="Secret with the Kafka CA, mounted in pods (TLS)"
+    )
+    pod_kafka_cert_secret: str | None = Field(
+        default=None, description="Secret with the pods' client certificate and key (mTLS)"
     )
 
     @model_validator(mode="after")
@@ -339,7 +369,21 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     """Entry of the mode dispatch (modes.run_operator) for the real env, or any env with
     follow_real."""
     conf = kube_settings(options)
-    adapter = adapter_for(conf.workload).configured(gpu_type_label=conf.gpu_type_label or None)
+    wiring = pod_wiring(
+        ctx.settings,
+        bootstrap_servers=conf.pod_bootstrap_servers,
+        gateway_url=conf.gateway_url,
+        token_secret=conf.gateway_token_secret,
+        sasl_username=conf.pod_sasl_username,
+        sasl_password_secret=conf.pod_sasl_password_secret,
+        ca_secret=conf.pod_kafka_ca_secret,
+        cert_secret=conf.pod_kafka_cert_secret,
+    )
+    for warning in wiring.warnings:
+        log.warning("%s", warning)
+    adapter = adapter_for(conf.workload).configured(
+        gpu_type_label=conf.gpu_type_label or None, wiring=wiring
+    )
     api, namespace = await connect(conf)
     async with api:
         kube = KubeApi(api, adapter, namespace)

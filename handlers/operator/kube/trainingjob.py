@@ -55,6 +55,7 @@ from handlers.operator.kube.model import (
     pod_name,
 )
 from handlers.operator.kube.planning import NewPod, PlanChange
+from handlers.operator.kube.wiring import PodWiring
 from schemas.plans import NotApplied, ScalePlan
 
 GROUP = "dlrover-events.io"
@@ -86,11 +87,14 @@ class TrainingJobAdapter(PodCreatingAdapter):
     version = VERSION
     plural = PLURAL
 
-    def __init__(self, gpu_type_label: str | None = None) -> None:
+    def __init__(self, gpu_type_label: str | None = None, wiring: PodWiring | None = None) -> None:
         self.gpu_type_label = gpu_type_label or None
+        self.wiring = wiring
 
-    def configured(self, *, gpu_type_label: str | None) -> TrainingJobAdapter:
-        return TrainingJobAdapter(gpu_type_label)
+    def configured(
+        self, *, gpu_type_label: str | None, wiring: PodWiring | None = None
+    ) -> TrainingJobAdapter:
+        return TrainingJobAdapter(gpu_type_label, wiring)
 
     def plan_not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
         return planning.plan_not_applied(plan, self.gpu_type_label)
@@ -128,6 +132,7 @@ class TrainingJobAdapter(PodCreatingAdapter):
             env,
             rendezvous_host=rendezvous_host,
             gpu_type_label=self.gpu_type_label,
+            wiring=self.wiring,
         )
 
     def status_patch(
@@ -285,6 +290,7 @@ def pod_manifest(
     *,
     rendezvous_host: str | None = None,
     gpu_type_label: str | None = None,
+    wiring: PodWiring | None = None,
 ) -> dict[str, Any]:
     """The pod of one node of a job (pure: the same inputs give the same pod).
 
@@ -294,6 +300,7 @@ def pod_manifest(
     node's resources go on that container, merged over what its template asks (other
     resources of the template stay); a GPU type becomes a node selector on
     ``gpu_type_label`` (without one, none: the plan said so, see plan_not_applied).
+    ``wiring``: where the pod's SDK finds the bus and the gateway (`wiring.PodWiring`).
     """
     role = job.roles[pod.role]
     template = copy.deepcopy(dict(role.template))
@@ -350,6 +357,8 @@ def pod_manifest(
             }
         if role.container is not None:
             annotations[ANN_CONTAINER] = role.container
+    if wiring is not None:
+        wiring.apply(spec, env)
     if pod.resources.gpu_type is not None and gpu_type_label:
         spec["nodeSelector"] = {
             **(spec.get("nodeSelector") or {}),
