@@ -159,7 +159,7 @@ async def start_kafka_client(client: Any, settings: Settings) -> None:
             if not done and await _speaks_plaintext(settings):
                 raise _tls_to_plaintext(settings)
         await start
-    except KafkaError as err:
+    except (KafkaError, *_SCRAM_REFUSALS) as err:
         await _release(client)
         raise await diagnose(settings, err) from None
     except BaseException:
@@ -219,6 +219,18 @@ async def diagnose(settings: Settings, err: object) -> UserError:
         )
     except IllegalSaslStateError as sasl:
         return BusRefused(f"SASL {settings.sasl_mechanism} with {where} failed ({sasl})")
+    except _SCRAM_REFUSALS as scram:
+        if isinstance(scram, KeyError):
+            # the final message of the broker's SCRAM holds no proof: RFC 5802's `e=`
+            # server-error, a refusal aiokafka does not name
+            return BusRefused(
+                f"{where} refused user {settings.sasl_username!r} ({settings.sasl_mechanism}): "
+                "wrong username or password (a SCRAM server-error)"
+            )
+        return BusRefused(
+            f"SASL {settings.sasl_mechanism} with {where} failed ({scram}): is it the broker "
+            "you meant?"
+        )
     except (OSError, KafkaError, TimeoutError) as other:
         secure = settings.security_protocol in ("SSL", "SASL_SSL")
         if secure and (alert := await _tls_alert(settings, args["ssl_context"])) is not None:
@@ -230,9 +242,22 @@ async def diagnose(settings: Settings, err: object) -> UserError:
             )
         if secure and await _speaks_plaintext(settings):
             return _tls_to_plaintext(settings)
+        if settings.security_protocol.startswith("SASL_") and await _answers_without_sasl(
+            settings, args.get("ssl_context")
+        ):
+            # up, and it speaks our transport: the login is what it hung up on
+            return BusRefused(
+                f"{where} closed the connection at the SASL {settings.sasl_mechanism} login: "
+                f"does it accept {settings.sasl_mechanism}?"
+            )
         return _unavailable(settings, other or err)
     conn.close()
     return _unavailable(settings, err)
+
+
+#: what aiokafka's SCRAM client raises on an answer it cannot use: a server-final message
+#: with an error instead of the server's proof (KeyError 'v'), a wrong nonce or proof
+_SCRAM_REFUSALS = (KeyError, ValueError)
 
 
 def _tls_refused(settings: Settings, err: ssl.SSLError) -> BusRefused:
@@ -295,6 +320,25 @@ async def _speaks_plaintext(settings: Settings) -> bool:
             port,
             client_id=f"{settings.client_id}-probe",
             request_timeout_ms=settings.request_timeout_ms,
+        )
+    except (OSError, KafkaError, TimeoutError):
+        return False
+    conn.close()
+    return True
+
+
+async def _answers_without_sasl(settings: Settings, context: ssl.SSLContext | None) -> bool:
+    """Whether the first bootstrap server answers a request (ApiVersions, which a broker
+    takes before a login) on our transport, SASL left out."""
+    host, port = _first_server(settings)
+    try:
+        conn = await create_conn(
+            host,
+            port,
+            client_id=f"{settings.client_id}-probe",
+            request_timeout_ms=settings.request_timeout_ms,
+            security_protocol="SSL" if context is not None else "PLAINTEXT",
+            ssl_context=context,
         )
     except (OSError, KafkaError, TimeoutError):
         return False
