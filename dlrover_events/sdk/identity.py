@@ -50,6 +50,15 @@ NUM_NODES_ENV = "DLROVER_EVENTS_NUM_NODES"
 #: (a new uuid) does not resume another's training.
 CHECKPOINT_DIR_ENV = "DLROVER_EVENTS_CHECKPOINT_DIR"
 
+#: An in-place elastic role (``elastic.mode: inPlace``): the job's membership store
+#: (``host:port``), which the process with ELASTIC_STORE_HOST_ENV=1 hosts; how many
+#: members the first generation waits for; and, for a warm spare, the file the platform
+#: writes to admit it (the pod's variables it takes on). See dlrover_events.sdk.inplace.
+ELASTIC_STORE_ENV = "DLROVER_EVENTS_ELASTIC_STORE"
+ELASTIC_STORE_HOST_ENV = "DLROVER_EVENTS_ELASTIC_STORE_HOST"
+ELASTIC_EXPECT_ENV = "DLROVER_EVENTS_ELASTIC_EXPECT"
+ELASTIC_ADMIT_ENV = "DLROVER_EVENTS_ELASTIC_ADMIT"
+
 
 def default_checkpoint_path(job_uuid: str, environ: Mapping[str, str] | None = None) -> Path | None:
     """``$DLROVER_EVENTS_CHECKPOINT_DIR/<job uuid>.pt``, None when no directory is given."""

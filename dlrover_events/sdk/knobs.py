@@ -246,20 +246,45 @@ class StepKnobs:
 
     # -- the training loop's side --------------------------------------------------------
 
-    def at_step_boundary(self, step: int) -> Switch | None:
+    def at_step_boundary(self, step: int, *, now: bool = False) -> Switch | None:
         """Switch now if a plan says so; ``step`` is the number of steps done so far.
 
         Returns the switch (the caller rebuilds its data loader for a new local batch
         size), or None: the common case, one attribute read (and, with several ranks,
-        one small broadcast every ``sync_every`` steps).
+        one small broadcast every ``sync_every`` steps). ``now``: decide at this step
+        whatever ``sync_every`` says (every rank must pass it at the same step: an
+        in-place re-form does, so a plan's knobs switch with its new world size).
         """
         if self._sync is None:
             if self._pending is None:
                 return None
             return self._decide_alone(step)
-        if step % self.sync_every:
+        if step % self.sync_every and not now:
             return None
         return self._decide_together(step)
+
+    def resize(
+        self, world_size: int, rank: int, sync: KnobSync | None, step: int = 0
+    ) -> Switch | None:
+        """The process is now ``rank`` of a world of ``world_size`` (an in-place re-form):
+        the accumulation that keeps the target global batch there (returned as a switch,
+        and logged, when it changes), and ``sync`` for the new group."""
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if world_size > 1 and sync is None:
+            raise ValueError("a world of more than one process needs sync: knob_sync()")
+        before = self._knobs
+        self.world_size, self.rank = world_size, rank
+        self._sync = sync if world_size > 1 else None
+        if self.keep_global_batch:
+            self._knobs = for_world(before, self.target_global_batch, world_size).knobs
+        self._tell_reporter()
+        if self._knobs == before:
+            return None
+        self.switches += 1
+        switch = Switch(before, self._knobs, step, world_size, self.target_global_batch)
+        log.info("%s", switch.describe())
+        return switch
 
     def _take(self) -> tuple[str, dict[str, int]] | None:
         with self._lock:

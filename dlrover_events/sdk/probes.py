@@ -35,6 +35,20 @@ def rss_bytes() -> int:
         return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def process_started_at(pid: int | str = "self") -> float | None:
+    """Wall-clock time the process started (Linux: /proc), None where it cannot be read:
+    a restarted worker's phases count from there, torch's import included."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # the command may hold spaces and parentheses: fields count after the last ')'
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 class HostProbe:
     """Host memory (RSS) and CPU cores used by the whole process since the last call."""
 

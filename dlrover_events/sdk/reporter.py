@@ -250,6 +250,11 @@ class Reporter:
         """Switch both knobs at once (a step boundary): the next samples report them."""
         self._batch = (local_batch_size, accumulation_steps)
 
+    def set_world(self, world_size: int, process_rank: int) -> None:
+        """This process is now ``process_rank`` of ``world_size`` (an in-place re-form,
+        where the process outlives its world): the next samples say so."""
+        self.identity = replace(self.identity, world_size=world_size, process_rank=process_rank)
+
     def add_probe(self, probe: Probe) -> None:
         """Measure more per sample (the torch hook adds GPU memory); read in our thread."""
         self._cutter.probes.append(probe)

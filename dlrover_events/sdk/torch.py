@@ -590,6 +590,8 @@ class ElasticCheckpoint:
         self.step = 0
         self.saved_step: int | None = None
         self.saves = 0
+        #: the world size the checkpoint ``restore`` loaded was saved in (None: none loaded)
+        self.restored_world_size: int | None = None
         self._stop = False
         self._said_stop = False
         self._previous: Any = None
@@ -708,6 +710,8 @@ class ElasticCheckpoint:
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         step = int(state["step"])
+        saved_world = state.get("world_size")
+        self.restored_world_size = int(saved_world) if saved_world is not None else None
         if self.knobs is not None and state.get("knobs"):
             self.knobs.load_state_dict(state["knobs"], step)
         self.step = step

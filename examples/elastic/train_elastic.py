@@ -13,6 +13,15 @@ at the new size and go on from the checkpoint; stop one node and the others go o
 it. The model is a small MLP on synthetic data (no download), trained with
 DistributedDataParallel (gloo on CPU, NCCL with CUDA).
 
+In place (a role with ``elastic.mode: inPlace``; the platform sets
+DLROVER_EVENTS_ELASTIC_STORE): the processes are never restarted for a resize. Each pod's
+torchrun agent only supervises its own worker (``--standalone``); the workers form the
+job's group themselves (``InPlaceGroup``), re-form it at a step boundary when a pod comes
+or goes, and a newcomer gets the model and optimizer state by broadcast. A warm spare
+(DLROVER_EVENTS_ELASTIC_ADMIT set) imports torch and builds its model, then waits to be
+admitted. When re-forming fails, the worker exits with EXIT_REFORM_FAILED and its agent
+starts it again: the job forms anew from the checkpoint (the restart path).
+
 The SDK's pieces: the Reporter and TorchHook (samples with the world size and the knobs
 in force), ElasticCheckpoint (save every N steps, on SIGTERM before a re-rendezvous, and
 when a peer left mid-step; resume with the step count going on), the PlanFollower (rank 0
@@ -21,7 +30,8 @@ StepKnobs (local batch size and gradient accumulation switched at a step boundar
 every rank at the same step, keeping the global batch).
 
 Printed on stdout, one JSON object a line: ``membership`` when training starts in a world
-(world size, first step), ``knobs`` at each switch, and ``exit`` at the end (the summary).
+(world size, first step), ``rescaled`` when the first step in that world is done (in place:
+with its phases), ``knobs`` at each switch, and ``exit`` at the end (the summary).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -43,22 +54,40 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dlrover_events.sdk import JobIdentity, Reporter
-from dlrover_events.sdk.identity import default_checkpoint_path
+from dlrover_events.sdk.identity import ELASTIC_EXPECT_ENV, default_checkpoint_path
+from dlrover_events.sdk.inplace import (
+    InPlaceGroup,
+    ReformFailed,
+    publish_rescale,
+    requested,
+    wait_admitted,
+)
 from dlrover_events.sdk.knobs import StepKnobs, Switch
+from dlrover_events.sdk.membership import Rescale, plan_for
 from dlrover_events.sdk.plans import PlanFollower
+from dlrover_events.sdk.probes import process_started_at
 from dlrover_events.sdk.torch import (
     ElasticCheckpoint,
     TorchHook,
     is_peer_failure,
     step_knobs,
 )
-from schemas.plans import JobPlan, NotApplied, ScalePlan, ScaleResult, ScaleStatus
+from schemas.plans import (
+    JobPlan,
+    NotApplied,
+    RescaleMode,
+    ScalePlan,
+    ScaleResult,
+    ScaleStatus,
+)
 
 FEATURES = 32
 CLASSES = 8
-#: Exit codes: a stop asked by SIGTERM (as if killed by it), a peer lost mid-step.
+#: Exit codes: a stop asked by SIGTERM (as if killed by it), a peer lost mid-step, in-place
+#: re-forming failed (the agent starts the worker again: the restart path).
 EXIT_STOPPED = 143
 EXIT_PEER_LOST = 1
+EXIT_REFORM_FAILED = 3
 
 log = logging.getLogger("train_elastic")
 
@@ -164,7 +193,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--job-id", default=None, help="default: $DLROVER_EVENTS_JOB_ID or 'elastic'")
     p.add_argument("--close-timeout-s", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--kill-at-step",
+        type=int,
+        default=None,
+        help="SIGKILL this process once it completed this step (to try failures)",
+    )
     return p.parse_args(argv)
+
+
+def build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model: nn.Module = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +215,13 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s [rank %(rank)s] %(message)s"
     )
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    started = time.time()
+    started = process_started_at() or time.time()
+    _tag_logs(0)
+    model, optimizer = build(args.seed)  # a warm spare has it built before it is admitted
+    if not wait_admitted():
+        return 0  # a spare no longer needed
+    if requested():
+        return in_place(args, model, optimizer, started)
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -184,6 +231,19 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     _tag_logs(rank)
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # the restart path's phases: this process's start to its group, the checkpoint's load
+    rescale = Rescale(
+        mode=RescaleMode.RESTART,
+        generation=restarts,
+        world_before=None,
+        world_size=world_size,
+        rank=rank,
+        step=0,
+        reason="re-rendezvous: the workers restarted" if restarts else "started",
+        agreed_at=started,
+        group_at=time.time(),
+    )
 
     identity = JobIdentity.from_env(
         job_id=args.job_id or os.environ.get("DLROVER_EVENTS_JOB_ID") or "elastic"
@@ -196,9 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         sync_every=args.knob_sync_every,
         target_global_batch=args.global_batch,
     )
-    torch.manual_seed(args.seed)
-    model: nn.Module = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     path = args.checkpoint or default_checkpoint_path(identity.job.uuid)
     ckpt = (
         ElasticCheckpoint(path, model, optimizer, every=args.checkpoint_every, knobs=knobs)
@@ -206,8 +263,12 @@ def main(argv: list[str] | None = None) -> int:
         else None
     )
     step = ckpt.restore() if ckpt is not None else 0
+    rescale.state_at = time.time()
+    rescale.step = step
+    rescale.world_before = ckpt.restored_world_size if ckpt is not None else None
     if dist.is_initialized():
         model = DistributedDataParallel(model)
+    rescale.ready_at = time.time()
     hook = TorchHook(reporter).start()
     follower: PlanFollower | None = None
     if rank == 0:  # rank 0 decides the knobs for all: the only one to follow the plan
@@ -243,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                 loss = train_step(model, optimizer, data, step, rank, knobs)
             step += 1
             hook.step(samples=knobs.local_batch_size * knobs.accumulation_steps, global_step=step)
+            if rescale.first_step_at is None:
+                rescale.first_step_at = time.time()
+                _restarted(rescale, follower, identity.role, reporter if restarts else None)
             if ckpt is not None:
                 ckpt.maybe_save(step)
                 if ckpt.should_stop:
@@ -286,6 +350,140 @@ def main(argv: list[str] | None = None) -> int:
     if dist.is_initialized() and code == 0:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+    return code
+
+
+def _restarted(
+    rescale: Rescale,
+    follower: PlanFollower | None,
+    role: str,
+    reporter: Reporter | None,
+) -> None:
+    """After the first step of a restarted worker: say it, and rank 0 reports it."""
+    current = follower.current() if follower is not None else None
+    found = plan_for(current.scale_plan if current else None, role, rescale.world_size)
+    if found is not None and found[1] <= (rescale.agreed_at or 0):
+        rescale.plan_id, rescale.published_at = found
+    emit("rescaled", pid=os.getpid(), **rescale.as_line())
+    if reporter is not None and rescale.rank == 0:
+        publish_rescale(reporter, rescale)
+
+
+def in_place(
+    args: argparse.Namespace, model: nn.Module, optimizer: torch.optim.Optimizer, started: float
+) -> int:
+    """The training loop of an in-place role: the process outlives every resize."""
+    identity = JobIdentity.from_env(
+        job_id=args.job_id or os.environ.get("DLROVER_EVENTS_JOB_ID") or "elastic"
+    )
+    reporter = Reporter(identity, interval_s=args.interval_s)
+    expect = int(os.environ.get(ELASTIC_EXPECT_ENV) or 1)
+    knobs = StepKnobs(
+        args.batch_size,
+        args.accumulation,
+        reporter=reporter,
+        sync_every=args.knob_sync_every,
+        target_global_batch=args.global_batch
+        or args.batch_size * args.accumulation * max(expect, 1),
+    )
+    # every process follows the plan: whichever is rank 0 after a re-form decides knobs
+    follower = PlanFollower.from_env(identity)
+    knobs.follow(follower.start())
+
+    def plan() -> ScalePlan | None:
+        current = follower.current()
+        return current.scale_plan if current is not None else None
+
+    def rescaled(r: Rescale) -> None:
+        emit("rescaled", pid=os.getpid(), node=identity.rank, **r.as_line())
+
+    group = InPlaceGroup.from_env(reporter=reporter, knobs=knobs, plan=plan, on_rescaled=rescaled)
+    assert group is not None
+    path = args.checkpoint or default_checkpoint_path(identity.job.uuid)
+    ckpt = (
+        ElasticCheckpoint(
+            path, model, optimizer, every=args.checkpoint_every, knobs=knobs, handle_sigterm=False
+        )
+        if path
+        else None
+    )
+    hook = TorchHook(reporter).start()
+    data = Data(args.seed)
+    reason, loss, code, first = "done", float("nan"), 0, 0
+    generation = 0
+    try:
+        group.join(model, optimizer, checkpoint=ckpt)
+        first = group.step
+        while group.step < args.steps and not group.left:
+            if group.generation != generation:
+                generation = group.generation
+                _tag_logs(group.rank)
+                emit(
+                    "membership",
+                    mode="in_place",
+                    world_size=group.world_size,
+                    rank=group.rank,
+                    node=identity.rank,
+                    pid=os.getpid(),
+                    generation=generation,
+                    first_step=group.step,
+                    restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                    since_start_s=round(time.time() - started, 3),
+                    **knobs.knobs.as_training(),
+                )
+            group.boundary()
+            if group.left:
+                reason = "left"
+                break
+            if group.generation != generation:
+                continue  # say the new membership before its first step
+            before = group.step
+            with hook.guard(), group.stepping():
+                switch = knobs.at_step_boundary(group.step)
+                if switch is not None:
+                    _said(switch)
+                loss = train_step(group.model, optimizer, data, group.step, group.rank, knobs)
+            if group.step == before:
+                continue  # a peer was lost in it: the group re-formed, the step goes again
+            hook.step(
+                samples=knobs.local_batch_size * knobs.accumulation_steps,
+                global_step=group.step,
+            )
+            if ckpt is not None:
+                ckpt.maybe_save(group.step)
+            if args.kill_at_step is not None and group.step >= args.kill_at_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if args.step_sleep_s:
+                time.sleep(args.step_sleep_s)
+        else:
+            if ckpt is not None and not group.left:
+                ckpt.save(group.step)
+    except ReformFailed as err:
+        log.error("in-place re-forming failed (%s): exiting for a restart", err)
+        reason, code = "reform_failed", EXIT_REFORM_FAILED
+    finally:
+        stats = hook.close(args.close_timeout_s if code == 0 else min(args.close_timeout_s, 0.5))
+        follower.close()
+    emit(
+        "exit",
+        mode="in_place",
+        reason=reason,
+        world_size=group.world_size,
+        rank=group.rank,
+        node=identity.rank,
+        pid=os.getpid(),
+        first_step=first,
+        step=group.step,
+        loss=round(loss, 4),
+        saved_step=ckpt.saved_step if ckpt else None,
+        saves=ckpt.saves if ckpt else 0,
+        knob_switches=knobs.switches,
+        samples=stats.samples,
+        published=stats.published,
+        dropped=stats.dropped,
+        **knobs.knobs.as_training(),
+    )
+    group.close()
     return code
 
 
