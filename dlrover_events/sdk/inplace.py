@@ -81,6 +81,7 @@ from dlrover_events.sdk.membership import (
     read_check,
     recovered,
 )
+from dlrover_events.sdk.probes import process_started_at
 from dlrover_events.sdk.reporter import Reporter
 from dlrover_events.sdk.torch import ElasticCheckpoint, is_peer_failure, knob_sync
 from schemas.plans import RescaleMode, ScalePlan, TrainingRescaled
@@ -270,6 +271,7 @@ class InPlaceGroup:
         self._store: dist.TCPStore | None = None
         self._epoch = ""
         self._decision: Decision | None = None
+        self._rank = 0
         self._module: torch.nn.Module | None = None
         self._ddp: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
@@ -311,7 +313,8 @@ class InPlaceGroup:
 
     @property
     def rank(self) -> int:
-        return dist.get_rank() if dist.is_initialized() else 0
+        """This process's rank in its generation (the last one, once it left)."""
+        return self._rank
 
     @property
     def world_size(self) -> int:
@@ -492,6 +495,11 @@ class InPlaceGroup:
         assert rank is not None
         first = decision.source == FROM_CHECKPOINT
         restarted = first and decision.reason == "restart"
+        if restarted:
+            # the restart path: its phases count from this process's start (torch's import
+            # and the wait for the others included); what the old processes had trained
+            # since the checkpoint is not known here
+            boundary_at = agreed_at = process_started_at() or boundary_at
         rescale = Rescale(
             mode=RescaleMode.RESTART if restarted else mode,
             generation=decision.generation,
@@ -502,8 +510,8 @@ class InPlaceGroup:
             reason=_reason(decision),
             joined=len(decision.joined),
             left=max((decision.world_before or 0) + len(decision.joined) - decision.world_size, 0),
-            steps_lost=decision.steps_lost,
-            sign_at=decision.sign_at,
+            steps_lost=None if restarted else decision.steps_lost,
+            sign_at=None if restarted else decision.sign_at,
             boundary_at=boundary_at,
             agreed_at=agreed_at,
         )
@@ -519,7 +527,7 @@ class InPlaceGroup:
             )
         except Exception as err:
             raise _Lost(decision, err) from err
-        self._decision = decision
+        self._decision, self._rank = decision, rank
         rescale.group_at = time.time()
         self.step = decision.step
         try:

@@ -271,7 +271,8 @@ class Rescale:
     reason: str
     joined: int = 0
     left: int = 0
-    steps_lost: int = 0
+    #: None: not known (a restart from a checkpoint)
+    steps_lost: int | None = 0
     #: the first sign of the change: a SIGTERM, a newcomer's registration, a failure
     sign_at: float | None = None
     #: the member saw the change at a step boundary (or a step failed)

@@ -41,7 +41,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from datetime import timedelta
@@ -194,10 +193,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--close-timeout-s", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--kill-at-step",
-        type=int,
-        default=None,
-        help="SIGKILL this process once it completed this step (to try failures)",
+        "--loss-every", type=int, default=0, help="print a `loss` line every N steps (0: never)"
     )
     return p.parse_args(argv)
 
@@ -449,10 +445,10 @@ def in_place(
                 samples=knobs.local_batch_size * knobs.accumulation_steps,
                 global_step=group.step,
             )
+            if args.loss_every and group.step % args.loss_every == 0:
+                emit("loss", step=group.step, loss=round(loss, 4), world_size=group.world_size)
             if ckpt is not None:
                 ckpt.maybe_save(group.step)
-            if args.kill_at_step is not None and group.step >= args.kill_at_step:
-                os.kill(os.getpid(), signal.SIGKILL)
             if args.step_sleep_s:
                 time.sleep(args.step_sleep_s)
         else:
