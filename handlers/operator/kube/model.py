@@ -63,8 +63,15 @@ class InvalidJob(ValueError):
     """The job's spec breaks a rule the v1.20 schema cannot express."""
 
 
-#: Where torch's c10d rendezvous store listens when the spec does not say.
+#: Where torch's c10d rendezvous store listens when the spec does not say (in place: the
+#: job's membership store).
 DEFAULT_RENDEZVOUS_PORT = 29400
+#: The elastic modes of a role (spec.roles.R.elastic.mode).
+RESTART = "restart"
+IN_PLACE = "inPlace"
+ELASTIC_MODES = (RESTART, IN_PLACE)
+#: Warm spares per role at most: each is a process holding its model in memory.
+MAX_SPARES = 16
 
 
 @dataclass(frozen=True)
@@ -79,9 +86,18 @@ class ElasticPolicy:
     rendezvous_port: int = DEFAULT_RENDEZVOUS_PORT
     nproc_per_node: int = 1
     max_restarts: int = 100
+    #: ``restart`` (torchrun's agents re-rendezvous and restart every worker) or
+    #: ``inPlace`` (the workers re-form their group themselves: dlrover_events.sdk.inplace)
+    mode: str = "restart"
+    #: warm spare processes the platform keeps ready for a scale-up (in place only)
+    spares: int = 0
 
     #: the pod rank that hosts the rendezvous store
     host_rank: int = 0
+
+    @property
+    def in_place(self) -> bool:
+        return self.mode == IN_PLACE
 
 
 @dataclass(frozen=True)
@@ -291,9 +307,23 @@ def _elastic(role: str, raw: Any) -> ElasticPolicy | None:
             rendezvous_port=int(raw.get("rendezvousPort") or DEFAULT_RENDEZVOUS_PORT),
             nproc_per_node=int(raw.get("nprocPerNode") or 1),
             max_restarts=int(raw.get("maxRestarts", 100)),
+            mode=str(raw.get("mode") or RESTART),
+            spares=int(raw.get("spares") or 0),
         )
     except (TypeError, ValueError) as e:
         raise InvalidJob(f"role {role}: elastic: {e}") from None
+    if policy.mode not in ELASTIC_MODES:
+        raise InvalidJob(
+            f"role {role}: elastic.mode must be one of {', '.join(ELASTIC_MODES)}, "
+            f"got {policy.mode!r}"
+        )
+    if not 0 <= policy.spares <= MAX_SPARES:
+        raise InvalidJob(f"role {role}: elastic.spares must be 0..{MAX_SPARES}")
+    if policy.spares and not policy.in_place:
+        raise InvalidJob(
+            f"role {role}: elastic.spares needs elastic.mode {IN_PLACE} (a spare is admitted "
+            "into a running group; the restart mode restarts every worker anyway)"
+        )
     if not 1 <= policy.rendezvous_port <= 65535:
         raise InvalidJob(f"role {role}: elastic.rendezvousPort must be 1..65535")
     if not 1 <= policy.nproc_per_node <= 64 or not 0 <= policy.max_restarts <= 10000:
@@ -375,9 +405,11 @@ __all__ = [
     "ANN_PLANS",
     "ANN_REMOVE_FIRST",
     "DEFAULT_RENDEZVOUS_PORT",
+    "ELASTIC_MODES",
     "FAILED",
     "FINAL_PHASES",
     "IDENTITY_LABELS",
+    "IN_PLACE",
     "LABEL_INDEX",
     "LABEL_JOB",
     "LABEL_JOB_UID",
@@ -385,8 +417,10 @@ __all__ = [
     "LABEL_RANK",
     "LABEL_ROLE",
     "MANAGED_BY",
+    "MAX_SPARES",
     "PENDING",
     "PLAN_MEMORY",
+    "RESTART",
     "RUNNING",
     "SUCCEEDED",
     "ElasticPolicy",

@@ -45,7 +45,7 @@ from handlers.operator.kube.model import (
 )
 from handlers.operator.kube.quantity import GPU, Resources
 from schemas.plan_parts import not_applied
-from schemas.plans import NotApplied, ScalePlan
+from schemas.plans import NotApplied, RescaleMode, ScalePlan
 
 #: A job that names no success roles (spec.successPolicy.roles) succeeds once every pod of
 #: the first of these roles it has succeeded; a job with none of them (DI-engine's
@@ -282,6 +282,23 @@ def plan_change(
         "; ".join(done) or "nothing to change",
         not_applied=plan_not_applied(plan, gpu_type_label),
     )
+
+
+def rescale_mode(job: JobView, plan: ScalePlan) -> RescaleMode | None:
+    """How the job's training processes take what ``plan`` resizes: None when it resizes
+    no elastic role; in place only when every elastic role it resizes is in place (one
+    role restarting restarts the job's training)."""
+    resized = (
+        {r for r, g in plan.node_group_resources.items() if g.count}
+        | {n.type for n in plan.launch_nodes}
+        | {n.type for n in plan.remove_nodes}
+    )
+    policies = [p for p in (job.roles[r].elastic for r in sorted(resized) if r in job.roles) if p]
+    if not policies:
+        return None
+    if all(p.in_place for p in policies):
+        return RescaleMode.IN_PLACE
+    return RescaleMode.RESTART
 
 
 def _keep_rendezvous_hosts(job: JobView, plan: ScalePlan) -> None:
@@ -548,6 +565,7 @@ __all__ = [
     "plan_change",
     "plan_not_applied",
     "replaces",
+    "rescale_mode",
     "service_changes",
     "status_patch",
     "success_roles",

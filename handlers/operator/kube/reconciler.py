@@ -63,7 +63,7 @@ from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
 from handlers.operator.platform import NotLeader, Platform
 from schemas.envelope import Event
 from schemas.jobs import JobMeta
-from schemas.plans import NotApplied, ScalePlan, ScaleResult, ScaleStatus
+from schemas.plans import NotApplied, RescaleMode, ScalePlan, ScaleResult, ScaleStatus
 
 log = logging.getLogger(__name__)
 
@@ -446,6 +446,9 @@ class EnvReconciler:
             outcome.status.value,
             outcome.reason,
         )
+        mode = None
+        if outcome.status in (ScaleStatus.APPLIED, ScaleStatus.PARTIAL):
+            mode = await self._rescale_mode(plan)
         await self._publish(
             [
                 ScaleResult(
@@ -462,12 +465,22 @@ class EnvReconciler:
                     reason=outcome.reason,
                     observed=outcome.observed,
                     not_applied=list(outcome.not_applied),
+                    rescale_mode=mode,
                 )
             ],
             dedupe=False,
         )
         if self.metrics is not None:
             self.metrics.answered(outcome.status.value, time.monotonic() - read_at)
+
+    async def _rescale_mode(self, plan: ScalePlan) -> RescaleMode | None:
+        """How the job's processes take the plan (its roles' elastic mode), None when it
+        resizes no elastic role or the job is gone."""
+        try:
+            _, job = await self._find(plan)
+        except PlanRejected:
+            return None
+        return planning.rescale_mode(job, plan)
 
     async def _observed(self, plan: ScalePlan) -> dict[str, dict[str, int]]:
         try:

@@ -23,6 +23,9 @@ from typing import Any
 from dlrover_events.sdk.identity import (
     APP_ENV,
     CLUSTER_ENV,
+    ELASTIC_EXPECT_ENV,
+    ELASTIC_STORE_ENV,
+    ELASTIC_STORE_HOST_ENV,
     ENV_ENV,
     GROUP_ENV,
     JOB_ID_ENV,
@@ -260,9 +263,24 @@ def elastic_command(
 ) -> list[str]:
     """torchrun's elastic agent around the training command: ``--nnodes=MIN:MAX`` and a c10d
     rendezvous, never a frozen world size. The role's host rank binds the store
-    (``is_host=1``); the others only connect, so the store lives as long as that pod."""
+    (``is_host=1``); the others only connect, so the store lives as long as that pod.
+
+    In place, each pod's agent only supervises its own workers (``--standalone``: a
+    rendezvous of its own, restarting a worker that fails); the workers form the job's
+    group themselves (``in_place_env``)."""
     policy = role.elastic
     assert policy is not None
+    if policy.in_place:
+        return [
+            "torchrun",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc-per-node={policy.nproc_per_node}",
+            f"--max-restarts={policy.max_restarts}",
+            "--monitor-interval=1",
+            "--no-python",
+            *command,
+        ]
     low = role.min_replicas if role.min_replicas is not None else role.replicas
     high = role.max_replicas if role.max_replicas is not None else max(role.replicas, low)
     is_host = 1 if pod.rank == policy.host_rank else 0
@@ -280,6 +298,22 @@ def elastic_command(
         "--no-python",
         *command,
     ]
+
+
+def in_place_env(role: RoleView, rank: int, rendezvous_host: str) -> dict[str, str]:
+    """What an in-place role's workers need to form the job's group: its membership store
+    (hosted by the host rank's worker, on the rendezvous port), and how many members the
+    first generation waits for."""
+    policy = role.elastic
+    assert policy is not None
+    assert policy.in_place
+    env = {
+        ELASTIC_STORE_ENV: f"{rendezvous_host}:{policy.rendezvous_port}",
+        ELASTIC_EXPECT_ENV: str(max(role.replicas, 1) * policy.nproc_per_node),
+    }
+    if rank == policy.host_rank:
+        env[ELASTIC_STORE_HOST_ENV] = "1"
+    return env
 
 
 def pod_manifest(
@@ -327,8 +361,11 @@ def pod_manifest(
         identity[IDENTITY_ENV[attr]] = value
     if job.labels:
         identity[LABELS_ENV] = ",".join(f"{k}={v}" for k, v in sorted(job.labels.items()))
+    host = rendezvous_host or rendezvous_service(job, pod.role)
     if role.elastic is None:
         identity[WORLD_SIZE_ENV] = str(role.replicas)
+    elif role.elastic.in_place:
+        identity.update(in_place_env(role, pod.rank, host))
     else:
         identity.update(ELASTIC_AGENT_ENV)
     containers = spec.get("containers") or []
@@ -344,7 +381,6 @@ def pod_manifest(
                 *(container.get("command") or []),
                 *(container.get("args") or []),
             ]
-            host = rendezvous_host or rendezvous_service(job, pod.role)
             container["command"] = elastic_command(job, role, pod, host, training)
             container.pop("args", None)
         quantities = pod.resources.to_quantities()
@@ -393,6 +429,7 @@ __all__ = [
     "TrainingJobAdapter",
     "elastic_command",
     "host_selector",
+    "in_place_env",
     "pod_manifest",
     "rendezvous_service",
     "rendezvous_services",
