@@ -53,7 +53,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dlrover_events.sdk import JobIdentity, Reporter
-from dlrover_events.sdk.identity import ELASTIC_EXPECT_ENV, default_checkpoint_path
+from dlrover_events.sdk.identity import (
+    ELASTIC_ADMIT_ENV,
+    ELASTIC_EXPECT_ENV,
+    default_checkpoint_path,
+)
 from dlrover_events.sdk.inplace import (
     InPlaceGroup,
     ReformFailed,
@@ -214,10 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     started = process_started_at() or time.time()
     _tag_logs(0)
     model, optimizer = build(args.seed)  # a warm spare has it built before it is admitted
+    spare = bool(os.environ.get(ELASTIC_ADMIT_ENV))
     if not wait_admitted():
         return 0  # a spare no longer needed
     if requested():
-        return in_place(args, model, optimizer, started)
+        return in_place(args, model, optimizer, started, spare)
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -366,7 +371,11 @@ def _restarted(
 
 
 def in_place(
-    args: argparse.Namespace, model: nn.Module, optimizer: torch.optim.Optimizer, started: float
+    args: argparse.Namespace,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    started: float,
+    spare: bool,
 ) -> int:
     """The training loop of an in-place role: the process outlives every resize."""
     identity = JobIdentity.from_env(
@@ -424,6 +433,7 @@ def in_place(
                     generation=generation,
                     first_step=group.step,
                     restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                    spare=spare,
                     since_start_s=round(time.time() - started, 3),
                     **knobs.knobs.as_training(),
                 )

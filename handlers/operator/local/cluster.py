@@ -8,6 +8,10 @@ apart. What differs is underneath: job objects are files (``store.JobStore``), a
 is a process on this machine, a shim (``shim.py``) around the node's command, whose pid
 file lets a restarted operator adopt it and whose ``exit.json`` says how it ended.
 
+An in-place elastic role may ask for warm spares (``elastic.spares``): processes of the
+role started ahead, which a new pod of the role takes instead of a cold start
+(``spares.py``).
+
 A watch here starts with every current object (as MODIFIED) and then follows changes a
 poller sees; the reconciler's handling is level-triggered and its events keyed by facts,
 so a repeated object costs a look, never a duplicate effect.
@@ -35,9 +39,9 @@ import psutil
 from kubernetes_asyncio.client.rest import ApiException
 
 from handlers.operator.kube.adapter import WorkloadAdapter
-from handlers.operator.kube.model import LABEL_JOB
+from handlers.operator.kube.model import LABEL_JOB, LABEL_JOB_UID, LABEL_ROLE, InvalidJob
 from handlers.operator.kube.quantity import QuantityError, Resources
-from handlers.operator.local import shim
+from handlers.operator.local import shim, spares
 from handlers.operator.local.memory import Enforcement
 from handlers.operator.local.store import (
     NAMESPACE,
@@ -56,6 +60,9 @@ ANN_WORKDIR = "dlrover-events.io/workdir"
 POD = "pod.json"
 PID = "pid"
 DEFAULT_GRACE_S = 30.0
+#: Seconds before a role's spare is started again after one ended on its own (a spare
+#: that cannot start must not be started in a loop).
+SPARE_BACKOFF_S = 10.0
 _WATCH_QUEUE = 10_000
 _OVERFLOW = object()
 
@@ -126,6 +133,9 @@ class LocalCluster:
         self.poll_s = poll_s
         self.python = python
         self._shims: dict[str, subprocess.Popen[bytes]] = {}
+        #: spares asked to end, and when a role's spare last ended on its own
+        self._ending_spares: set[str] = set()
+        self._spare_failed: dict[tuple[str, str], float] = {}
         self._seen: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {"jobs": {}, "pods": {}}
         self._subs: dict[str, set[asyncio.Queue[Any]]] = {"jobs": set(), "pods": set()}
         self._poller: asyncio.Task[None] | None = None
@@ -137,6 +147,9 @@ class LocalCluster:
             adopted = [n for n, r in self._pid_records().items() if _alive(r)]
             if adopted:
                 log.warning("local platform: adopted %d running node(s): %s", len(adopted), adopted)
+            kept = [n for n, (_, alive) in self._spares().items() if alive]
+            if kept:
+                log.warning("local platform: adopted %d warm spare(s): %s", len(kept), kept)
             self._scan()
             self._poller = asyncio.create_task(self._poll(), name="local.poller")
 
@@ -220,10 +233,13 @@ class LocalCluster:
         pod = json.loads(json.dumps(manifest))
         pod["metadata"].update(uid=str(uuid.uuid4()), namespace=NAMESPACE, creationTimestamp=_now())
         try:
-            (pod_dir / shim.SPEC).write_text(json.dumps(self._shim_spec(pod)))
+            spec = self._shim_spec(pod)
         except (QuantityError, ValueError, KeyError) as e:
             shutil.rmtree(pod_dir, ignore_errors=True)
             raise _api_error(422, "Invalid", f"pod {name}: {e}") from None
+        if self.runs_pods and self._admit_spare(name, pod, spec):
+            return True
+        (pod_dir / shim.SPEC).write_text(json.dumps(spec))
         write_json(pod_dir / POD, pod)
         if self.runs_pods:
             self._start(name)
@@ -282,8 +298,8 @@ class LocalCluster:
             "grace_s": float(grace),
         }
 
-    def _start(self, name: str) -> None:
-        pod_dir = self._pod_dir(name)
+    def _start(self, name: str, pod_dir: Path | None = None) -> None:
+        pod_dir = pod_dir or self._pod_dir(name)
         proc = subprocess.Popen(
             [self.python, "-m", "handlers.operator.local.shim", str(pod_dir)],
             stdin=subprocess.DEVNULL,
@@ -312,7 +328,135 @@ class LocalCluster:
         logs.mkdir(exist_ok=True)
         with contextlib.suppress(OSError):
             os.replace(pod_dir / shim.LOG, logs / f"{name}.log")
+        self._forget_admission(pod_dir)
         shutil.rmtree(pod_dir, ignore_errors=True)
+
+    # -- warm spares ----------------------------------------------------------------------
+
+    @property
+    def _spares_dir(self) -> Path:
+        return self.store.root / spares.SPARES
+
+    def _admission_file(self, spare: str) -> Path:
+        return self.store.root / spares.ADMISSIONS / f"{spare}.json"
+
+    def _forget_admission(self, node_dir: Path) -> None:
+        record = read_json(node_dir / spares.SPARE)
+        if record is not None:
+            with contextlib.suppress(OSError):
+                self._admission_file(str(record["name"])).unlink()
+
+    def _spares(self) -> dict[str, tuple[spares.SpareKey, bool]]:
+        """Every spare: what it was started for, and whether it still runs."""
+        out: dict[str, tuple[spares.SpareKey, bool]] = {}
+        if not self._spares_dir.is_dir():
+            return out
+        for spare_dir in sorted(self._spares_dir.iterdir()):
+            record, pid = read_json(spare_dir / spares.SPARE), read_json(spare_dir / PID)
+            if record is None:
+                continue
+            running = pid is not None and _alive(pid) and not (spare_dir / shim.EXIT).exists()
+            out[spare_dir.name] = (spares.SpareKey.from_record(record), running)
+        return out
+
+    def _admit_spare(self, name: str, pod: dict[str, Any], spec: dict[str, Any]) -> bool:
+        """A warm spare becomes the pod ``name`` (see ``spares.py``); False when none fits."""
+        labels = pod["metadata"].get("labels") or {}
+        if LABEL_JOB_UID not in labels or LABEL_ROLE not in labels:
+            return False
+        key = spares.SpareKey.of(labels[LABEL_JOB_UID], labels[LABEL_ROLE], spec)
+        ending = self._ending_spares
+        running = {n: k for n, (k, alive) in self._spares().items() if alive and n not in ending}
+        spare = spares.take(running, key)
+        if spare is None:
+            return False
+        pod_dir = self._pod_dir(name)
+        try:
+            os.rename(self._spares_dir / spare, pod_dir)  # onto the empty dir just made
+        except OSError as err:
+            log.warning("local platform: spare %s not admitted as %s: %s", spare, name, err)
+            return False
+        write_json(pod_dir / POD, pod)
+        admit = self._admission_file(spare)
+        admit.parent.mkdir(parents=True, exist_ok=True)
+        write_json(admit, spares.admission(name, spec))
+        log.info("local platform: pod %s admitted warm spare %s", name, spare)
+        return True
+
+    def _keep_spares(self, jobs: list[dict[str, Any]], pods: dict[str, dict[str, Any]]) -> None:
+        """As many running spares per in-place role as it asks for; none for a job that
+        ended or is gone, nor one started for what a pod of the role no longer runs."""
+        views = []
+        for obj in jobs:
+            with contextlib.suppress(InvalidJob, KeyError, TypeError, ValueError):
+                views.append(self.adapter.parse(obj))
+        wanted = spares.wanted(views)
+        by_uid = {v.uid: v for v in views}
+        current: dict[tuple[str, str], spares.SpareKey] = {}
+        for (uid, role), _ in wanted.items():
+            template = self._template(pods, uid, role)
+            if template is not None:
+                current[(uid, role)] = spares.SpareKey.of(uid, role, template[1])
+        keep: dict[tuple[str, str], int] = {}
+        now = asyncio.get_running_loop().time()
+        for name, (key, running) in self._spares().items():
+            spare_dir = self._spares_dir / name
+            where = (key.job_uid, key.role)
+            if not running:
+                if name not in self._ending_spares:
+                    log.warning("local platform: warm spare %s ended on its own", name)
+                    self._spare_failed[where] = now
+                self._ending_spares.discard(name)
+                self._forget_admission(spare_dir)
+                shutil.rmtree(spare_dir, ignore_errors=True)
+                continue
+            if name in self._ending_spares:
+                continue
+            if current.get(where) != key or keep.get(where, 0) >= wanted.get(where, 0):
+                self._end_spare(name)
+                continue
+            keep[where] = keep.get(where, 0) + 1
+        for where, count in wanted.items():
+            if where not in current or keep.get(where, 0) >= count:
+                continue
+            failed = self._spare_failed.get(where)
+            if failed is not None and now - failed < SPARE_BACKOFF_S:
+                continue
+            template = self._template(pods, *where)
+            if template is not None:
+                self._start_spare(by_uid[where[0]].name, current[where], template[1])
+
+    def _template(
+        self, pods: dict[str, dict[str, Any]], uid: str, role: str
+    ) -> tuple[str, dict[str, Any]] | None:
+        """A pod of the role to make spares of (its shim spec), None before there is one."""
+        for name, pod in sorted(pods.items()):
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get(LABEL_JOB_UID) != uid or labels.get(LABEL_ROLE) != role:
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            spec = read_json(self._pod_dir(name) / shim.SPEC)
+            if spec is not None:
+                return name, spec
+        return None
+
+    def _start_spare(self, job: str, key: spares.SpareKey, template: dict[str, Any]) -> None:
+        name = spares.spare_name(job, key.role)
+        spare_dir = self._spares_dir / name
+        spare_dir.mkdir(parents=True)
+        spec = spares.spare_spec(template, name, self._admission_file(name))
+        (spare_dir / shim.SPEC).write_text(json.dumps(spec))
+        write_json(spare_dir / spares.SPARE, {"name": name, **key.as_record()})
+        self._start(name, spare_dir)
+        log.info("local platform: started warm spare %s of %s/%s", name, job, key.role)
+
+    def _end_spare(self, name: str) -> None:
+        record = read_json(self._spares_dir / name / PID)
+        self._ending_spares.add(name)
+        if record is not None and _alive(record):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(record["pid"]), signal.SIGTERM)
 
     def _pid_records(self) -> dict[str, dict[str, Any]]:
         out = {}
@@ -405,6 +549,8 @@ class LocalCluster:
         jobs = {o["metadata"]["name"]: o for o in self.store.list()}
         self._diff("jobs", jobs, lambda o: str(o["metadata"]["resourceVersion"]))
         pods = self._pods()
+        if self.runs_pods:
+            self._keep_spares(list(jobs.values()), pods)
         for name, pod in list(pods.items()):
             phase = pod["status"]["phase"]
             deleting = bool(pod["metadata"].get("deletionTimestamp"))
@@ -431,15 +577,26 @@ class LocalCluster:
         names = list(self._pid_records())
         for name in names:
             self._terminate(name)
+        kept = list(self._spares())
+        for name in kept:
+            self._end_spare(name)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
-            if not any(_alive(r) for r in self._pid_records().values()):
+            if not any(_alive(r) for r in self._pid_records().values()) and not any(
+                alive for _, alive in self._spares().values()
+            ):
                 break
             await asyncio.sleep(0.2)
         for name in names:
             self._remove(name)
-        log.warning("local platform: ended %d node(s) on shutdown", len(names))
+        for name in kept:
+            self._forget_admission(self._spares_dir / name)
+            shutil.rmtree(self._spares_dir / name, ignore_errors=True)
+        self._ending_spares.clear()
+        log.warning(
+            "local platform: ended %d node(s) and %d spare(s) on shutdown", len(names), len(kept)
+        )
 
 
 def with_rendezvous_ports(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -58,8 +59,27 @@ def _become_subreaper() -> None:
         pass
 
 
+class _Here:
+    """Where this node's directory is now: a warm spare's moves when a pod admits it
+    (``spares.py``), and its ending must be written where the pod is."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            self._fd = None
+
+    def __truediv__(self, name: str) -> Path:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                return Path(os.readlink(f"/proc/self/fd/{self._fd}")) / name
+        return self.path / name
+
+
 def main(pod_dir: Path) -> int:
     _become_subreaper()
+    here = _Here(pod_dir)
     spec = json.loads((pod_dir / SPEC).read_text())
     memory = NodeMemory.prepare(
         spec["name"], spec.get("memory"), Enforcement(spec.get("enforcement", "none"))
@@ -106,7 +126,7 @@ def main(pod_dir: Path) -> int:
                 # A process of the node was killed for the node's limit while the node
                 # goes on (torchrun restarts its worker): the operator reports it.
                 seen_ooms = kills
-                write_json(pod_dir / OOM, {"oom_kills": kills, "at": time.time()})
+                write_json(here / OOM, {"oom_kills": kills, "at": time.time()})
     # Nothing of the node survives it: workers torchrun left behind go too.
     leftovers = psutil.Process().children(recursive=True)
     _signal_all(leftovers, signal.SIGKILL)
@@ -120,7 +140,7 @@ def main(pod_dir: Path) -> int:
     elif stopping.is_set():
         reason = "Terminated"
     write_json(
-        pod_dir / EXIT,
+        here / EXIT,
         {
             "exitCode": exit_code,
             "signal": signum,
