@@ -23,9 +23,11 @@ import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+from dlrover_events import logs
 from dlrover_events.embedded import resolve_postgres
 from dlrover_events.fence import fenced
 from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.logs import log_fields
 from dlrover_events.metrics import MetricsServer
 from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
@@ -51,6 +53,14 @@ async def standalone(
     The metrics port is `DLROVER_EVENTS_METRICS_PORT` (as for `up`); when it is taken
     (by `up`, or another command) the command says so and serves them on a free port.
     """
+    logs.for_service()
+    with log_fields(env=ctx.env, service=service):
+        async with _standalone(ctx, service, signals=signals):
+            yield
+
+
+@contextlib.asynccontextmanager
+async def _standalone(ctx: ServiceContext, service: str, *, signals: bool) -> AsyncIterator[None]:
     if signals:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -103,6 +113,7 @@ async def serve_alone(
     """Run a service of ``env`` as this process's one service, until SIGTERM, the env's
     deletion or the service's end. Postgres is found as `up` finds it (an embedded one
     started here is stopped at the end); ``on_ready`` may say where it serves."""
+    logs.for_service()
     postgres = await resolve_postgres(settings)
     try:
         ctx = ServiceContext(settings, env, postgres.dsn)

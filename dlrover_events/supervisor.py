@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import Metric
 from dlrover_events.embedded import Broker, kafka_reachable
 from dlrover_events.errors import BusUnavailable, StoreUnavailable, UserError
 from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.logs import log_fields
 from dlrover_events.metrics import ServiceMetrics
 from dlrover_events.services import Service, ServiceContext
 
@@ -135,7 +136,8 @@ class Supervised:
             self.ctx = ctx
             started = self._clock()
             self.state = State.STARTING
-            task = asyncio.create_task(self.service.run(ctx), name=self.name)
+            with log_fields(env=self._env, service=self.name):
+                task = asyncio.create_task(self.service.run(ctx), name=self.name)
             ready = asyncio.create_task(self._on_ready(ctx))
             self._gauge(1)
             try:

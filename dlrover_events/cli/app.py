@@ -5,7 +5,6 @@ show a traceback.
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from collections.abc import Coroutine
 from importlib.metadata import entry_points
@@ -13,7 +12,9 @@ from typing import Any, TypeVar
 
 import typer
 
+from dlrover_events import logs
 from dlrover_events.errors import UserError
+from dlrover_events.logs import FORMAT_ENV, LEVEL_ENV, LogFormat, LogLevel
 from dlrover_events.services import BENCH_GROUP, COMMAND_GROUP
 
 T = TypeVar("T")
@@ -27,6 +28,30 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+@app.callback()
+def root(
+    log_level: LogLevel | None = typer.Option(
+        None,
+        "--log-level",
+        envvar=LEVEL_ENV,
+        case_sensitive=False,
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL [default: INFO for `up` and the "
+        "services run alone, WARNING for the other commands]",
+        show_default=False,
+    ),
+    log_format: LogFormat = typer.Option(
+        LogFormat.TEXT,
+        "--log-format",
+        envvar=FORMAT_ENV,
+        case_sensitive=False,
+        help="text, or json: one JSON object a line (timestamp, level, logger, message, "
+        "env, service, job, plan_id)",
+    ),
+) -> None:
+    """The event-driven Brain of an elastic deep-learning training cluster, on Kafka."""
+    logs.configure(log_level, log_format)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -78,11 +103,7 @@ def register_commands() -> typer.Typer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # aiokafka logs every refused connection at ERROR; our own error line says it once.
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    logs.configure()  # until the root's options are read (`root`)
     try:
         register_commands()(args=argv, standalone_mode=False)
     except typer.Exit as exc:

@@ -19,12 +19,14 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
+from dlrover_events import logs
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import Broker, Postgres, resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.fence import EnvFence
 from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.logs import log_fields
 from dlrover_events.metrics import MetricsServer, ServiceMetrics
 from dlrover_events.services import Service, ServiceContext, discover_services
 from dlrover_events.settings import Settings, load_settings
@@ -68,6 +70,7 @@ def up(
     A failed service is restarted with backoff; the broker dies with `up`; /metrics,
     /healthz and /readyz on DLROVER_EVENTS_METRICS_PORT (127.0.0.1:9470).
     """
+    logs.for_service()
     run_async(_up(load_settings(), only or []))
 
 
@@ -93,7 +96,10 @@ async def _up(settings: Settings, only: list[str]) -> None:
         env = real.name if real else settings.default_env
         await registry.create(env, EnvMode.REAL, exist_ok=True)
         envs = await registry.resync(repair=stack.broker is not None)
-        await _supervise(settings, stack, registry, env, len(envs), _chosen(services, only), stop)
+        with log_fields(env=env, service="up"):
+            await _supervise(
+                settings, stack, registry, env, len(envs), _chosen(services, only), stop
+            )
     finally:
         stack.close()
 

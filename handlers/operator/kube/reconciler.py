@@ -41,6 +41,7 @@ from kubernetes_asyncio.client.rest import ApiException
 from dlrover_events.bus import Consumer, Producer, Received
 from dlrover_events.kube.informer import Informer
 from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.logs import log_fields
 from dlrover_events.metrics import OperatorMetrics
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
@@ -313,6 +314,10 @@ class EnvReconciler:
         return [p for p in map(self.adapter.parse_pod, items) if p is not None]
 
     async def reconcile(self, name: str) -> None:
+        with log_fields(job=name):  # its lines ("created pod ...") say which job
+            await self._reconcile(name)
+
+    async def _reconcile(self, name: str) -> None:
         async with self._lock(name):
             obj = await self.kube.get_job(name)
             if obj is None:
@@ -414,6 +419,10 @@ class EnvReconciler:
     async def _answer(self, plan: ScalePlan, read_at: float) -> None:
         """Apply the plan once (or answer it as the first time), then publish its result;
         ``read_at``: when its batch was read (monotonic), for the apply latency."""
+        with log_fields(job=plan.job.name or plan.job.uuid, plan_id=plan.plan_id):
+            await self._answer_plan(plan, read_at)
+
+    async def _answer_plan(self, plan: ScalePlan, read_at: float) -> None:
         assert self._ledger is not None
         earlier = await self._ledger.answer(plan.plan_id)
         if earlier is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ import pytest
 from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.bus import Producer
+from dlrover_events.logs import JsonFormatter, log_fields
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from handlers.operator.kube.client import KubeApi
@@ -203,6 +205,40 @@ async def test_a_plan_scales_up_and_down_and_migrates_a_node(
     assert row is not None
     assert row["status"] == "applied"
     assert row["applied_at"] is not None
+
+
+async def test_pod_lines_are_info_with_the_env_service_job_and_plan_as_fields(
+    cluster: Cluster, env: str, tap: Tap, producer: Producer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What an operator of the cluster reads: which pods were created and deleted, for
+    which job and plan, as fields a JSON log line carries (not parsed from the text)."""
+    caplog.set_level(logging.INFO, logger="handlers.operator")
+    with log_fields(env=env, service="operator"):  # as `up` and `standalone` run it
+        await cluster.start(env)
+    name = await cluster.create_job({"worker": role(2)})
+    await until(lambda: cluster.workers_running(name, 2), "2 running workers")
+    meta = await cluster.meta(name)
+    down = cluster.plan(
+        env, meta, "down-1", node_group_resources={"worker": NodeGroupResource(count=1)}
+    )
+    await producer.publish(down)
+    (result,) = await result_of(tap, "down-1")
+    assert result.status is ScaleStatus.APPLIED, result.reason
+
+    def lines(text: str) -> list[dict[str, Any]]:
+        return [
+            json.loads(JsonFormatter().format(r)) for r in caplog.records if text in r.getMessage()
+        ]
+
+    created = lines(f"created pod {name}-worker-")
+    assert len(created) == 2, created
+    for line in created:
+        assert line["level"] == "INFO"
+        assert line["logger"] == "handlers.operator.kube.reconciler"
+        assert (line["env"], line["service"], line["job"]) == (env, "operator", name), line
+    (deleted,) = lines(f"deleted pod {name}-worker-1")
+    assert (deleted["env"], deleted["service"], deleted["job"]) == (env, "operator", name)
+    assert deleted["plan_id"] == "down-1"
 
 
 async def test_the_same_plan_twice_applies_once(
