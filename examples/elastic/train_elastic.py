@@ -29,9 +29,10 @@ follows the job's plan at the gateway when DLROVER_EVENTS_GATEWAY_URL is set) an
 StepKnobs (local batch size and gradient accumulation switched at a step boundary, on
 every rank at the same step, keeping the global batch).
 
-Printed on stdout, one JSON object a line: ``membership`` when training starts in a world
-(world size, first step), ``rescaled`` when the first step in that world is done (in place:
-with its phases), ``knobs`` at each switch, and ``exit`` at the end (the summary).
+Printed on stdout, one JSON object a line: ``spare`` when a warm spare is ready to be
+admitted, ``membership`` when training starts in a world (world size, first step),
+``rescaled`` when the first step in that world is done (in place: with its phases),
+``knobs`` at each switch, and ``exit`` at the end (the summary).
 """
 
 from __future__ import annotations
@@ -219,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     _tag_logs(0)
     model, optimizer = build(args.seed)  # a warm spare has it built before it is admitted
     spare = bool(os.environ.get(ELASTIC_ADMIT_ENV))
+    if spare:
+        emit("spare", pid=os.getpid(), since_start_s=round(time.time() - started, 3))
     if not wait_admitted():
         return 0  # a spare no longer needed
     if requested():

@@ -1,16 +1,24 @@
-"""`dlrover-events bench elastic`: how long a plan takes to change a running training job.
+"""`dlrover-events bench elastic`: how long a plan takes to change a running training job,
+restarting its processes and in place.
 
 Registered as the ``elastic`` entry point of ``dlrover_events.benches``.
 
 The example elastic job (examples/elastic) runs on the local platform, driven by the real
 reconciler, on a real broker (Kafka as the settings find it, else an embedded tansu) and
-Postgres, in a throwaway env. The bench publishes ScalePlans that take it up one worker
-and back down, again and again, and reads what the workers themselves printed: for each
-plan, the seconds from its publication to the first step at the new world size (the
-`membership` line each worker prints as it starts training in a world), and the steps the
-job lost to it (the last step trained before, minus the step it resumed from; negative
-never, 0 when the checkpoint held the last step). Medians are reported; the last line
-printed is one JSON object.
+Postgres, in a throwaway env: once as ``job.yaml`` (mode restart: torchrun's agents
+re-rendezvous and restart every worker, which resumes from its checkpoint), once as
+``job-inplace.yaml`` (mode inPlace: the workers re-form their group at a step boundary,
+a scale-up admits the warm spare the platform keeps). The same run measures both, one
+job after the other, so they meet the same machine.
+
+The bench publishes ScalePlans that take each job up one worker and back down, again and
+again, and reads what the workers themselves printed. For each plan: the seconds from its
+publication to the end of the first training step at the new world size (the workers'
+`rescaled` lines), the steps the job lost to it, and in place the phases (plan delivery,
+agreement, group re-form, state transfer, first step) and whether the scale-up took a
+warm spare. Before each scale-up in place the bench waits for the spare to be ready (torch
+imported, model built): the figures are those of a grow with a warm spare. Medians per
+mode and kind are reported; the last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -41,33 +49,89 @@ from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import ANN_WORKDIR, LocalCluster
 from handlers.operator.local.memory import available
 from handlers.operator.local.runner import node_env
-from schemas.plans import NodeGroupResource, ScalePlan
+from handlers.operator.local.spares import SPARES
+from schemas.plans import NodeGroupResource, RescaleMode, ScalePlan
 
-EXAMPLE = Path("examples/elastic/job.yaml")
+EXAMPLES = {
+    RescaleMode.RESTART: Path("examples/elastic/job.yaml"),
+    RescaleMode.IN_PLACE: Path("examples/elastic/job-inplace.yaml"),
+}
+PHASES = ("plan_delivery_s", "agreement_s", "reform_s", "state_transfer_s", "first_step_s")
+_KINDS = ("membership", "exit", "rescaled", "spare")
 
 
-def memberships(root: Path) -> list[dict[str, Any]]:
-    """What the workers printed: `membership` and `exit` lines, from live and kept logs."""
+def worker_lines(paths: list[Path]) -> list[dict[str, Any]]:
     out = []
-    for log in sorted([*root.glob("pods/*/log"), *root.glob("logs/*.log")]):
+    for log in sorted(paths):
         pod = log.parent.name if log.name == "log" else log.stem
         for line in log.read_text(errors="replace").splitlines():
-            if line.startswith('{"event": "membership"') or line.startswith('{"event": "exit"'):
+            if any(line.startswith(f'{{"event": "{kind}"') for kind in _KINDS):
                 out.append({**json.loads(line), "pod": pod})
     return out
 
 
-def resize_figures(lines: list[dict[str, Any]], published: float, size: int) -> tuple[float, int]:
-    """(seconds from the plan to the first step at ``size``, steps lost) for one plan."""
-    joined = [
+def memberships(root: Path) -> list[dict[str, Any]]:
+    """What the workers printed (`membership`, `exit`, `rescaled`, `spare` lines), from
+    live pods and kept logs."""
+    return worker_lines([*root.glob("pods/*/log"), *root.glob("logs/*.log")])
+
+
+def ready_spares(root: Path) -> list[dict[str, Any]]:
+    """The `spare` lines of the spares waiting now: each is ready to be admitted."""
+    return [s for s in worker_lines(list(root.glob(f"{SPARES}/*/log"))) if s["event"] == "spare"]
+
+
+def first_steps(lines: list[dict[str, Any]], published: float, size: int) -> list[dict[str, Any]]:
+    """The `rescaled` lines at ``size`` after ``published``, first step first."""
+    found = [
         m
         for m in lines
-        if m["event"] == "membership" and m["world_size"] == size and m["time"] > published
+        if m["event"] == "rescaled" and m["world_size"] == size and m["time"] > published
     ]
-    first = min(joined, key=lambda m: m["time"])
-    before = [m["step"] for m in lines if m["event"] == "exit" and m["time"] <= first["time"]]
-    lost = max(0, max(before, default=first["first_step"]) - first["first_step"])
-    return first["time"] - published, lost
+    return sorted(found, key=lambda m: m["at"]["first_step"])
+
+
+def resize_figures(lines: list[dict[str, Any]], published: float, size: int) -> dict[str, Any]:
+    """One plan's figures: seconds from its publication to the end of the first step at
+    ``size``, the steps lost, and (in place) the phases and whether a spare came in."""
+    done = first_steps(lines, published, size)
+    if not done:
+        raise ValueError(f"no first step at world size {size} after {published}")
+    first = done[0]
+    mode = first["mode"]
+    out: dict[str, Any] = {
+        "mode": mode,
+        "seconds": round(first["at"]["first_step"] - published, 3),
+    }
+    if mode == RescaleMode.IN_PLACE.value:
+        lead = next(
+            (m for m in done if m["rank"] == 0 and m["generation"] == first["generation"]), first
+        )
+        at = lead["at"]
+        sign = at.get("sign")
+        out["steps_lost"] = lead.get("steps_lost") or 0
+        out["phases"] = {
+            "plan_delivery_s": None if sign is None else round(max(sign - published, 0.0), 3),
+            **{k: lead[k] for k in PHASES[1:] if k in lead},
+        }
+        if lead.get("joined"):  # a scale-up: did a warm spare come in?
+            out["warm"] = any(
+                m["event"] == "membership"
+                and m.get("generation") == first["generation"]
+                and m["first_step"] == first["step"]
+                and m.get("spare")
+                for m in lines
+            )
+        return out
+    # restart: the steps trained before the plan that the new world did again
+    resumed = min(m["step"] for m in done)
+    before = [
+        m["step"]
+        for m in lines
+        if m["event"] == "exit" and published <= m["time"] <= first["at"]["first_step"]
+    ]
+    out["steps_lost"] = max(0, max(before, default=resumed) - resumed)
+    return out
 
 
 async def _until(check: Any, what: str, timeout_s: float) -> Any:
@@ -80,8 +144,122 @@ async def _until(check: Any, what: str, timeout_s: float) -> Any:
     raise TimeoutError(f"no {what} within {timeout_s:.0f} s")
 
 
+async def _measure(
+    cluster: LocalCluster,
+    root: Path,
+    producer: Producer,
+    env: str,
+    workdir: Path,
+    mode: RescaleMode,
+    resizes: int,
+    step_sleep_s: float,
+) -> list[dict[str, Any]]:
+    """One job of ``mode``: ``resizes`` plans, 2 -> 3 -> 2 ..., then the job deleted."""
+    body = yaml.safe_load((workdir / EXAMPLES[mode]).read_text())
+    body["metadata"]["name"] = f"bench-{'inplace' if mode is RescaleMode.IN_PLACE else 'restart'}"
+    command = body["spec"]["roles"]["worker"]["elastic"]["command"]
+    body["spec"]["roles"]["worker"]["elastic"]["command"] = [
+        *[c for c in command if not c.startswith("--step-sleep-s")],
+        f"--step-sleep-s={step_sleep_s}",
+    ]
+    body["metadata"]["annotations"] = {ANN_WORKDIR: str(workdir)}
+    obj = await cluster.create_job(body)
+    job = TRAINING_JOB.parse(obj)
+    started = time.time()
+    figures: list[dict[str, Any]] = []
+    try:
+        await _until(
+            lambda: first_steps(memberships(root), started, 2), "training at world size 2", 180
+        )
+        for i in range(resizes):
+            size = 3 if i % 2 == 0 else 2
+            if size == 3 and mode is RescaleMode.IN_PLACE:
+                await _until(lambda: ready_spares(root), "a ready warm spare", 180)
+            plan = ScalePlan(
+                env=env,
+                source="bench",
+                job=job_meta(job),
+                plan_id=f"bench-{mode.value}-{i}",
+                node_group_resources={"worker": NodeGroupResource(count=size)},
+            )
+            published = time.time()
+            await producer.publish(plan)
+            await _until(
+                lambda s=size, t=published: first_steps(memberships(root), t, s),
+                f"training at world size {size}",
+                180,
+            )
+            await asyncio.sleep(0.5)  # the other ranks' lines of the same step
+            got = resize_figures(memberships(root), published, size)
+            figures.append(
+                {"plan": i, "to": size, "kind": "grow" if size == 3 else "shrink", **got}
+            )
+            typer.echo(_said(figures[-1]))
+            await asyncio.sleep(3)  # a few steps at the new size before the next plan
+    finally:
+        await cluster.delete_job(job.name)
+        await _until(
+            lambda: not list(root.glob("pods/*")) and not list(root.glob(f"{SPARES}/*")),
+            "the job's pods gone",
+            120,
+        )
+    return figures
+
+
+def _said(f: dict[str, Any]) -> str:
+    text = (
+        f"plan {f['plan']} [{f['mode']}]: -> {f['to']} workers in {f['seconds']:.2f} s, "
+        f"{f['steps_lost']} steps lost"
+    )
+    phases = f.get("phases")
+    if phases:
+        text += (
+            " ("
+            + ", ".join(
+                f"{k.removesuffix('_s').replace('_', ' ')} {v:.3f}"
+                for k, v in phases.items()
+                if v is not None
+            )
+            + ")"
+        )
+    if f.get("warm"):
+        text += ", warm spare"
+    return text
+
+
+def summary(figures: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians per kind of plan (and per phase, in place) of one mode's figures."""
+
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 3) if values else None
+
+    out: dict[str, Any] = {}
+    for kind in ("grow", "shrink"):
+        mine = [f for f in figures if f["kind"] == kind]
+        out[kind] = {
+            "plans": len(mine),
+            "median_s": median([f["seconds"] for f in mine]),
+            "max_s": max((f["seconds"] for f in mine), default=None),
+            "steps_lost_median": median([f["steps_lost"] for f in mine]),
+            "steps_lost_max": max((f["steps_lost"] for f in mine), default=None),
+        }
+        phased = [f["phases"] for f in mine if f.get("phases")]
+        if phased:
+            out[kind]["phases_median_s"] = {
+                k: median([p[k] for p in phased if p.get(k) is not None]) for k in PHASES
+            }
+        if kind == "grow" and any("warm" in f for f in mine):
+            out[kind]["warm"] = sum(1 for f in mine if f.get("warm"))
+    return out
+
+
 async def _run(
-    settings: Settings, dsn: str, workdir: Path, resizes: int, step_sleep_s: float
+    settings: Settings,
+    dsn: str,
+    workdir: Path,
+    modes: list[RescaleMode],
+    resizes: int,
+    step_sleep_s: float,
 ) -> dict[str, Any]:
     env = f"bench-elastic-{uuid.uuid4().hex[:8]}"
     registry = EnvRegistry(settings, dsn)
@@ -100,48 +278,14 @@ async def _run(
     reconciler = EnvReconciler(settings, env, dsn, cluster, platform="local")
     await cluster.start()
     running = asyncio.create_task(reconciler.run(ctx.stop))
-    figures: list[dict[str, Any]] = []
+    by_mode: dict[str, list[dict[str, Any]]] = {}
     try:
         await asyncio.wait_for(reconciler.ready.wait(), 120)
-        body = yaml.safe_load((workdir / EXAMPLE).read_text())
-        command = body["spec"]["roles"]["worker"]["elastic"]["command"]
-        body["spec"]["roles"]["worker"]["elastic"]["command"] = [
-            *[c for c in command if not c.startswith("--step-sleep-s")],
-            f"--step-sleep-s={step_sleep_s}",
-        ]
-        body["metadata"]["annotations"] = {ANN_WORKDIR: str(workdir)}
-        obj = await cluster.create_job(body)
-        job = TRAINING_JOB.parse(obj)
-        await _until(
-            lambda: [m for m in memberships(root) if m.get("world_size") == 2],
-            "training at world size 2",
-            180,
-        )
         async with Producer(settings) as producer:
-            for i in range(resizes):
-                size = 3 if i % 2 == 0 else 2
-                plan = ScalePlan(
-                    env=env,
-                    source="bench",
-                    job=job_meta(job),
-                    plan_id=f"bench-{i}",
-                    node_group_resources={"worker": NodeGroupResource(count=size)},
+            for mode in modes:
+                by_mode[mode.value] = await _measure(
+                    cluster, root, producer, env, workdir, mode, resizes, step_sleep_s
                 )
-                published = time.time()
-                await producer.publish(plan)
-                await _until(
-                    lambda s=size, t=published: [
-                        m
-                        for m in memberships(root)
-                        if m["event"] == "membership" and m["world_size"] == s and m["time"] > t
-                    ],
-                    f"training at world size {size}",
-                    180,
-                )
-                seconds, lost = resize_figures(memberships(root), published, size)
-                figures.append({"to": size, "seconds": round(seconds, 3), "steps_lost": lost})
-                typer.echo(f"plan {i}: -> {size} workers in {seconds:.2f} s, {lost} steps lost")
-                await asyncio.sleep(3)  # a few steps at the new size before the next plan
     finally:
         ctx.stop.set()
         running.cancel()
@@ -149,32 +293,41 @@ async def _run(
         await cluster.stop(end_pods=True)
         tmp.cleanup()
         await registry.delete(env, force=True)
-    grow = [f["seconds"] for f in figures if f["to"] == 3]
-    shrink = [f["seconds"] for f in figures if f["to"] == 2]
     return {
         "bench": "elastic",
-        "resizes": len(figures),
-        "grow_median_s": round(statistics.median(grow), 3) if grow else None,
-        "shrink_median_s": round(statistics.median(shrink), 3) if shrink else None,
-        "steps_lost_median": statistics.median([f["steps_lost"] for f in figures]),
-        "steps_lost_max": max((f["steps_lost"] for f in figures), default=0),
+        "resizes": resizes,
         "step_sleep_s": step_sleep_s,
         "memory_limits": available().value,
-        "runs": figures,
+        "modes": {mode: summary(figures) for mode, figures in by_mode.items()},
+        "runs": [f for figures in by_mode.values() for f in figures],
     }
 
 
 def bench_elastic(
-    resizes: int = typer.Option(6, min=1, help="Plans to publish: up one worker, down one."),
+    resizes: int = typer.Option(
+        12, min=1, help="Plans per mode: up one worker, down one (12: six of each kind)."
+    ),
+    mode: str = typer.Option(
+        "both", help="restart, in_place, or both (restart first, in the same run)."
+    ),
     step_sleep_s: float = typer.Option(
         0.05, min=0.0, help="Added to each training step of the example."
     ),
 ) -> None:
-    """Seconds from a plan to the first step at the new world size, and steps lost."""
+    """Seconds from a plan to the first step at the new world size, restart and in place."""
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    choices = {"both": [RescaleMode.RESTART, RescaleMode.IN_PLACE]} | {
+        m.value: [m] for m in RescaleMode
+    }
+    if mode not in choices:
+        typer.echo(f"error: --mode must be one of {', '.join(choices)}, got {mode!r}", err=True)
+        raise typer.Exit(2)
     workdir = Path.cwd()
-    if not (workdir / EXAMPLE).exists():
-        typer.echo(f"error: run from the repository's root ({EXAMPLE} not found)", err=True)
+    missing = [str(p) for m in choices[mode] if not (workdir / (p := EXAMPLES[m])).exists()]
+    if missing:
+        typer.echo(
+            f"error: run from the repository's root ({', '.join(missing)} not found)", err=True
+        )
         raise typer.Exit(2)
     settings = load_settings()
     broker: Broker | None = None
@@ -184,7 +337,9 @@ def bench_elastic(
         settings = settings.with_overrides(bootstrap_servers=broker.bootstrap_servers)
     postgres = asyncio.run(resolve_postgres(settings))
     try:
-        result = asyncio.run(_run(settings, postgres.dsn, workdir, resizes, step_sleep_s))
+        result = asyncio.run(
+            _run(settings, postgres.dsn, workdir, choices[mode], resizes, step_sleep_s)
+        )
     finally:
         postgres.stop()
         if broker is not None:
