@@ -77,17 +77,26 @@ def overlay(name: str) -> list[Doc]:
 
 
 def with_component(component: str, workdir: Path, base: str = INSTALL) -> list[Doc]:
-    """`base` with `component` added, by a kustomization in ``workdir`` (kustomize takes
-    relative paths only), as an install adds a component to its copy of the overlay."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [os.path.relpath(DEPLOY / "overlays" / base, workdir)],
-        "components": [os.path.relpath(DEPLOY / "components" / component, workdir)],
-    }
-    (workdir / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    return render(workdir)
+    """`base` with `component` added, as an install adds one: a copy of the overlay whose
+    kustomization lists the component (its other paths made relative to the copy, since
+    kustomize takes relative paths only)."""
+    source = DEPLOY / "overlays" / base
+    copy = workdir / base
+    shutil.copytree(source, copy)
+    kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
+
+    def moved(entry: str) -> str:
+        if (source / entry).is_dir():
+            return os.path.relpath((source / entry).resolve(), copy)
+        return entry  # a file of the overlay: copied beside it
+
+    kustomization["resources"] = [moved(r) for r in kustomization.get("resources", [])]
+    kustomization["components"] = [
+        *(moved(c) for c in kustomization.get("components", [])),
+        os.path.relpath(DEPLOY / "components" / component, copy),
+    ]
+    (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return render(copy)
 
 
 def component_of(workload: Doc) -> str:

@@ -7,13 +7,20 @@ their containers run is test_cluster_as_processes.py.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
+from dlrover_events.bootstrap import TOKEN_SECRETS
+from dlrover_events.settings import ENV_PREFIX, Settings
+from dlrover_events.tokens import Scope
+from handlers.operator.kube.runner import KubeSettings
+from handlers.operator.kube.wiring import PodWiring, pod_wiring
 from tests.integration.deploy.manifests import (
     BIND_VARIABLES,
     COMPONENTS,
@@ -24,8 +31,10 @@ from tests.integration.deploy.manifests import (
     kubectl,
     of_kind,
     overlay,
+    parse,
     pod_spec,
     port_variable,
+    render,
     service_of,
     with_component,
     workloads,
@@ -189,3 +198,121 @@ def test_standby_operator_runs_alone_without_a_budget() -> None:
     assert operator["spec"]["replicas"] == 1
     assert operator["spec"]["strategy"] == {"type": "Recreate"}
     assert sorted(of_kind(docs, "PodDisruptionBudget")) == ["standby-dlrover-events-gateway"]
+
+
+def operator_wiring(settings: Settings) -> PodWiring:
+    """What the real env's operator tells TrainingJob pods, from the same environment
+    (as handlers/operator/kube/runner.py makes it)."""
+    conf = KubeSettings()
+    return pod_wiring(
+        settings,
+        bootstrap_servers=conf.pod_bootstrap_servers,
+        gateway_url=conf.gateway_url,
+        token_secret=conf.gateway_token_secret,
+        sasl_username=conf.pod_sasl_username,
+        sasl_password_secret=conf.pod_sasl_password_secret,
+        ca_secret=conf.pod_kafka_ca_secret,
+        cert_secret=conf.pod_kafka_cert_secret,
+    )
+
+
+def test_training_pods_are_told_the_gateway_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = overlay("prod")
+    wiring = operator_wiring(settings_of(docs, monkeypatch))
+    assert not wiring.warnings
+    url = dict(wiring.values)["DLROVER_EVENTS_GATEWAY_URL"]
+    gateway = of_kind(docs, "Service")["dlrover-events-gateway"]
+    (http,) = [p for p in gateway["spec"]["ports"] if p["name"] == "http"]
+    namespace = gateway["metadata"]["namespace"]
+    assert url == f"http://{gateway['metadata']['name']}.{namespace}.svc:{http['port']}"
+    assert wiring.token_secret == TOKEN_SECRETS[Scope.READ]  # what the bootstrap writes
+
+
+def settings_of(docs: list[Doc], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The Settings every process of the install gets from its ConfigMap (their own check
+    that the values hold together included)."""
+    for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+    for name, value in config_map(docs).items():
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.setenv(name, value)
+    return Settings()
+
+
+@pytest.mark.parametrize(
+    ("component", "protocol"), [("kafka-tls", "SSL"), ("kafka-scram", "SASL_SSL")]
+)
+def test_kafka_security_components_hold_together(
+    component: str, protocol: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = with_component(component, tmp_path)
+    settings = settings_of(docs, monkeypatch)
+    assert settings.security_protocol == protocol
+    files = [
+        f
+        for f in (
+            settings.ssl_cafile,
+            settings.ssl_certfile,
+            settings.ssl_keyfile,
+            settings.sasl_password_file,
+        )
+        if f is not None
+    ]
+    assert settings.ssl_cafile in files
+    secrets_of_files = {}
+    for workload in workloads(docs):
+        pod = pod_spec(workload)
+        (container,) = pod["containers"]
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for file in files:
+            # every file the settings name is a key of a Secret mounted at its folder
+            mount = mounts[str(file.parent)]
+            assert mount["readOnly"] is True
+            secret = volumes[mount["name"]]["secret"]
+            keys = [i["path"] for i in secret.get("items", [])] or [file.name]
+            assert file.name in keys, (workload["metadata"]["name"], file, secret)
+            secrets_of_files[file] = secret["secretName"]
+    # Training pods get the same Secrets from the operator (handlers/operator/kube/wiring.py),
+    # which takes its settings without a word of warning.
+    assert not operator_wiring(settings).warnings
+    pods = config_map(docs)
+    assert (
+        pods["DLROVER_EVENTS_OPERATOR_POD_KAFKA_CA_SECRET"] == secrets_of_files[settings.ssl_cafile]
+    )
+    if settings.ssl_certfile is not None:
+        assert (
+            pods["DLROVER_EVENTS_OPERATOR_POD_KAFKA_CERT_SECRET"]
+            == (secrets_of_files[settings.ssl_certfile])
+        )
+    if settings.sasl_password_file is not None:
+        name, _, key = pods["DLROVER_EVENTS_OPERATOR_POD_SASL_PASSWORD_SECRET"].partition(":")
+        assert (name, key) == (
+            secrets_of_files[settings.sasl_password_file],
+            settings.sasl_password_file.name,
+        )
+
+
+def test_strimzi_topics_are_the_command_s_output_for_the_install(tmp_path: Path) -> None:
+    """deploy/kafka-topics/topics.yaml is what `env topics --strimzi` renders for the
+    install's envs with the install's topic settings (it cannot drift from the code)."""
+    install = overlay("prod")
+    envs = [config_map(overlay(name))["ENV"] for name in ("prod", "standby")]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    environ |= {k: v for k, v in config_map(install).items() if k.startswith(ENV_PREFIX)}
+    cli = Path(sys.executable).parent / "dlrover-events"
+    done = subprocess.run(
+        [str(cli), "env", "topics", *envs, "--strimzi", "--cluster", "my-cluster"],
+        capture_output=True, text=True, timeout=120, check=False, env=environ, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    committed = parse((DEPLOY / "kafka-topics" / "topics.yaml").read_text())
+    assert committed == parse(done.stdout)
+    rendered = render(DEPLOY / "kafka-topics")
+    assert len(rendered) == len(committed)
+    for topic in rendered:
+        assert topic["metadata"]["namespace"] == "kafka"
+        assert topic["metadata"]["labels"]["strimzi.io/cluster"] == "my-cluster"
+    # Strimzi's topics replace the app's only with the app told not to make them.
+    settings = config_map(with_component("strimzi-topics", tmp_path / "with"))
+    assert settings["DLROVER_EVENTS_CREATE_TOPICS"] == "false"

@@ -51,7 +51,9 @@ from tests.integration.deploy.manifests import (
     pod_spec,
     port_variable,
     service_of,
+    with_component,
 )
+from tests.integration.deploy.promql import base_name, expressions, parse
 
 from .kube import server_of
 from .kubelet_env import command_line, container_environment, expand
@@ -246,6 +248,17 @@ async def answers(url: str) -> int | None:
         return None
 
 
+async def metric_names(url: str) -> set[str]:
+    """The metrics a /metrics page declares (its `# TYPE` lines), with or without series."""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.get(url) as resp,
+    ):
+        assert resp.status == 200, url
+        text = await resp.text()
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
 async def until_ready(pod: Pod, path: str, port: int) -> None:
     url = f"http://127.0.0.1:{port}{path}"
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -309,6 +322,17 @@ async def test_the_cluster_as_processes(
                         probes.append((pod, get["path"], pod.ports[get["port"]]))
         assert len({p.workload["metadata"]["name"] for p in pods}) == 13
         await asyncio.gather(*(until_ready(pod, path, port) for pod, path, port in probes))
+
+        # Every metric the monitoring asks for is served by a running service.
+        served: set[str] = set()
+        for pod in pods:
+            served |= await metric_names(f"http://127.0.0.1:{pod.ports['metrics']}/metrics")
+        asked = {
+            base_name(s.name)
+            for where, expr in expressions(with_component("monitoring", tmp_path / "monitoring"))
+            for s in parse(where, expr).selectors
+        }
+        assert asked - {"up"} <= served, sorted(asked - {"up"} - served)
 
         # The operator's two replicas: one holds the Lease, each named by its pod.
         lease = kubectl_json(kube, "get", "lease", "dlrover-events-operator", "-n", NAMESPACE)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import subprocess
 from pathlib import Path
 
@@ -24,13 +25,16 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from tests.integration.deploy.manifests import (
     COMPONENTS,
+    DEPLOY,
     INSTALL,
     OVERLAYS,
     Doc,
     kubectl,
     of_kind,
     overlay,
+    parse,
     pod_spec,
+    render,
     with_component,
 )
 
@@ -40,6 +44,8 @@ from .test_kube_testenv import eventually_allowed, expect_forbidden
 pytestmark = pytest.mark.integration
 
 NAMESPACE = "dlrover-events"
+#: the kinds of the monitoring and of the Strimzi topics (see the file's header)
+THIRD_PARTY_CRDS = Path(__file__).resolve().parent / "crds" / "third-party.yaml"
 
 
 def for_v1_20(doc: Doc) -> Doc:
@@ -51,7 +57,16 @@ def for_v1_20(doc: Doc) -> Doc:
 
 
 def apply(kubeconfig: Path, docs: list[Doc]) -> list[str]:
-    """`kubectl apply` of the documents; the names kubectl says it applied."""
+    """`kubectl apply` of the documents; the names kubectl says it applied. A Job among
+    them is deleted first, as deploy/README.md's upgrade says: its pod template cannot
+    change, and it does whenever the ConfigMap does (the ConfigMap's name is a hash of
+    its content)."""
+    for job in (d for d in docs if d["kind"] == "Job"):
+        namespace = job["metadata"].get("namespace", NAMESPACE)
+        delete = [kubectl(), "--kubeconfig", str(kubeconfig), "delete", "job", "-n", namespace,
+                  job["metadata"]["name"], "--ignore-not-found"]  # fmt: skip
+        done = subprocess.run(delete, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
     done = subprocess.run(
         [kubectl(), "--kubeconfig", str(kubeconfig), "apply", "-o", "name", "-f", "-"],
         input=yaml.safe_dump_all([for_v1_20(d) for d in docs]),
@@ -84,8 +99,26 @@ def applied_names(docs: list[Doc]) -> list[str]:
     return names
 
 
+def kubectl_run(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(
+        [kubectl(), "--kubeconfig", str(kubeconfig), *args],
+        input=stdin, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 @pytest.fixture(scope="module")
-def install(kube: Path) -> list[Doc]:
+def third_party_crds(kube: Path) -> list[Doc]:
+    docs = parse(THIRD_PARTY_CRDS.read_text())
+    apply(kube, docs)
+    names = [f"crd/{d['metadata']['name']}" for d in docs]
+    kubectl_run(kube, "wait", "--for", "condition=established", "--timeout", "60s", *names)
+    return docs
+
+
+@pytest.fixture(scope="module")
+def install(kube: Path, third_party_crds: list[Doc]) -> list[Doc]:
     """The prod overlay, applied (it makes the namespace every overlay installs into)."""
     docs = overlay(INSTALL)
     assert sorted(apply(kube, docs)) == sorted(applied_names(docs))
@@ -128,6 +161,21 @@ def test_every_component_is_accepted_over_the_install(
         assert sorted(apply(kube, docs)) == sorted(applied_names(docs))
     finally:
         withdraw_cluster_rights(kube, docs)
+
+
+def test_strimzi_topics_are_accepted(kube: Path, third_party_crds: list[Doc]) -> None:
+    docs = render(DEPLOY / "kafka-topics")
+    (namespace,) = {d["metadata"]["namespace"] for d in docs}
+    made = subprocess.run(
+        [kubectl(), "create", "namespace", namespace, "--dry-run=client", "-o", "yaml"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    kubectl_run(kube, "apply", "-f", "-", stdin=made)
+    assert sorted(apply(kube, docs)) == sorted(applied_names(docs))
+    listed = json.loads(kubectl_run(kube, "get", "kafkatopics", "-n", namespace, "-o", "json"))
+    assert {t["spec"]["topicName"] for t in listed["items"]} >= {
+        d["spec"]["topicName"] for d in docs
+    }
 
 
 async def test_prod_tokens_go_to_the_operator_gateway_and_bootstrap_only(
