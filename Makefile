@@ -21,7 +21,8 @@ test: lint typecheck test-deps kube-testenv
 	$(BIN)/pytest
 
 ## The console's browser test drives Debian's Chromium (playwright-core comes from npm
-## inside the test). The Kubernetes tests build their API server themselves (cached).
+## inside the test); the deploy/ tests render the manifests with kubectl (kustomize v5).
+## The Kubernetes tests build their API server themselves (cached).
 test-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then \
@@ -30,6 +31,8 @@ test-deps:
 	    echo "make test needs Debian's chromium (sudo apt-get install chromium)"; exit 1; \
 	  fi; }
 	@command -v npm >/dev/null 2>&1 || { echo "make test needs node and npm"; exit 1; }
+	@command -v kubectl >/dev/null 2>&1 || { \
+	  echo "make test needs kubectl with kustomize v5 (kubectl 1.27+) to render deploy/"; exit 1; }
 
 ## A real kube-apiserver v1.20.2 + etcd for the operator tests, built once from Debian's
 ## kubernetes source package and cached in ~/.cache/dlrover-events (needs root or sudo).
