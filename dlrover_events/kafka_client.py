@@ -232,6 +232,9 @@ async def diagnose(settings: Settings, err: object) -> UserError:
             "you meant?"
         )
     except (OSError, KafkaError, TimeoutError) as other:
+        if isinstance(other, OSError) and not isinstance(other, TimeoutError):
+            # refused, no route, no such host: nothing listens to ask further
+            return _unavailable(settings, other)
         secure = settings.security_protocol in ("SSL", "SASL_SSL")
         if secure and (alert := await _tls_alert(settings, args["ssl_context"])) is not None:
             return _tls_refused(settings, alert)
