@@ -128,3 +128,22 @@ async def own_pg(pg_dsn: str) -> AsyncIterator[str]:
     await _admin(pg_dsn, f"CREATE DATABASE {quote_ident(name)}")
     yield with_database(pg_dsn, name)
     await _admin(pg_dsn, f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+
+
+@pytest.fixture
+def own_broker() -> Iterator[Broker]:
+    """A broker of the test's own: its dlrover.control (where a real env is announced)
+    is no other test's."""
+    b = Broker("127.0.0.1", log_dir=ARTIFACTS / "logs")
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def own_settings(settings: Settings, own_broker: Broker, own_pg: str) -> Settings:
+    """An install of the test's own (broker and database): a real env made here is
+    announced to no other test's operator, and takes no other test's place."""
+    return settings.model_copy(
+        update={"bootstrap_servers": own_broker.bootstrap_servers, "pg_dsn": own_pg}
+    )

@@ -8,12 +8,14 @@ import asyncio
 import sys
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from dlrover_events.admin import TopicAdmin
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
+from dlrover_events.store.database import env_schema, quote_ident
 from dlrover_events.tokens import Scope, Tokens, token_id_of
 from dlrover_events.topics import ENV_TOPICS, topic
 from schemas.control import EnvMode
@@ -51,9 +53,9 @@ async def verdict(dsn: str, env: str, token: str, scope: Scope) -> int:
 
 
 async def test_bootstrap_sets_up_an_install_once(
-    settings: Settings, own_pg: str, tmp_path: Path
+    own_settings: Settings, own_pg: str, tmp_path: Path
 ) -> None:
-    conf = settings.model_copy(update={"pg_dsn": own_pg})
+    conf = own_settings
     environ = cli_environ(conf, own_pg)
     real, standby = unique_env("prod"), unique_env("standby")
     (tmp_path / "settings.yaml").write_text(SETTINGS_YAML)
@@ -124,10 +126,11 @@ async def test_bootstrap_sets_up_an_install_once(
 
 
 async def test_bootstrap_registers_kept_tokens_in_a_new_database(
-    settings: Settings, own_pg: str, pg_dsn: str, tmp_path: Path
+    own_settings: Settings, own_pg: str, tmp_path: Path
 ) -> None:
-    """A database made anew (the same envs re-created) keeps the tokens that pods hold."""
-    conf = settings.model_copy(update={"pg_dsn": own_pg})
+    """A database made anew (its envs gone, the topics and the kept tokens still there)
+    keeps the tokens that pods hold."""
+    conf = own_settings
     real = unique_env("prod")
     tokens = tmp_path / "tokens"
     args = ["--env", real, "--tokens-dir", str(tokens)]
@@ -135,24 +138,24 @@ async def test_bootstrap_registers_kept_tokens_in_a_new_database(
     assert code == 0, out
     held = (tokens / f"{real}.read.token").read_text().strip()
 
-    # the same install against a database of its own (the session's, with no such env)
-    other = settings.model_copy(update={"pg_dsn": pg_dsn})
-    code, out = await bootstrap(cli_environ(other, pg_dsn), *args)
+    conn = await asyncpg.connect(own_pg)
     try:
-        assert code == 0, out
-        assert (
-            f"read token of {real}: the one in {tokens}/{real}.read.token registered again" in out
+        await conn.execute(
+            f"DROP SCHEMA dlrover CASCADE; DROP SCHEMA {quote_ident(env_schema(real))} CASCADE"
         )
-        assert (tokens / f"{real}.read.token").read_text().strip() == held
-        assert await verdict(pg_dsn, real, held, Scope.READ) == 200
     finally:
-        await EnvRegistry(other, pg_dsn).delete(real, force=True)
+        await conn.close()
+    code, out = await bootstrap(cli_environ(conf, own_pg), *args)
+    assert code == 0, out
+    assert f"read token of {real}: the one in {tokens}/{real}.read.token registered again" in out
+    assert (tokens / f"{real}.read.token").read_text().strip() == held
+    assert await verdict(own_pg, real, held, Scope.READ) == 200
 
 
 async def test_bootstrap_refuses_a_second_real_env(
-    settings: Settings, own_pg: str, tmp_path: Path
+    own_settings: Settings, own_pg: str, tmp_path: Path
 ) -> None:
-    conf = settings.model_copy(update={"pg_dsn": own_pg})
+    conf = own_settings
     environ = cli_environ(conf, own_pg)
     first = unique_env("prod")
     code, out = await bootstrap(environ, "--env", first, "--tokens-dir", str(tmp_path))

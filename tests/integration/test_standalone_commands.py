@@ -56,9 +56,9 @@ COMMANDS: dict[str, tuple[str, list[str]]] = {
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 async def test_a_command_serves_its_probes_on_every_interface(
-    command: str, settings: Settings, own_pg: str, tmp_path: Path
+    command: str, own_settings: Settings, own_pg: str, tmp_path: Path
 ) -> None:
-    conf = settings.model_copy(update={"pg_dsn": own_pg})
+    conf = own_settings  # its real env is announced to no other test's operator
     registry = EnvRegistry(conf, own_pg)
     real, standby = unique_env("r"), unique_env("s")
     await registry.create(real, EnvMode.REAL)

@@ -27,10 +27,10 @@ async def secret_data(api: client.ApiClient, namespace: str, name: str) -> dict[
 
 
 async def test_tokens_go_into_secrets_once(
-    settings: Settings, own_pg: str, kube: Path, api: client.ApiClient, namespace: str
+    own_settings: Settings, own_pg: str, kube: Path, api: client.ApiClient, namespace: str
 ) -> None:
     jobs = await create_namespace(api, "jobs")
-    conf = settings.model_copy(update={"pg_dsn": own_pg})
+    conf = own_settings  # its real env is announced to no other test's operator
     environ = cli_environ(conf, own_pg)
     real, standby = unique_env("prod"), unique_env("standby")
     args = [

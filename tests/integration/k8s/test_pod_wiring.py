@@ -63,7 +63,7 @@ def config_requests(gateway: GatewayServer, status: str) -> float:
 
 
 async def test_a_trainingjobs_pod_reports_with_only_what_its_spec_says(
-    settings: Settings,
+    own_settings: Settings,
     own_pg: str,
     kube: Path,
     api: client.ApiClient,
@@ -72,7 +72,7 @@ async def test_a_trainingjobs_pod_reports_with_only_what_its_spec_says(
     kubelet: FakeKubelet,
     tmp_path: Path,
 ) -> None:
-    conf = settings.model_copy(update={"pg_dsn": own_pg})
+    conf = own_settings  # its real env is announced to no other test's operator
     environ = cli_environ(conf, own_pg)
     environ.pop("KUBECONFIG", None)
     env = unique_env("prod")
