@@ -21,8 +21,10 @@ pytestmark = pytest.mark.integration
 
 
 async def test_up_runs_its_services_over_sasl_ssl(
-    sasl_ssl_front: KafkaFront, pki: Pki, pg_dsn: str, tmp_path: Path
+    sasl_ssl_front: KafkaFront, pki: Pki, own_pg: str, tmp_path: Path
 ) -> None:
+    # a registry of its own: the real env `up` makes takes no other test's place
+    pg_dsn = own_pg
     settings = secure_settings(
         sasl_ssl_front.bootstrap_servers,
         pg_dsn,
