@@ -56,6 +56,7 @@ unit: $(STAMP)
 ## Regenerate the JSON Schema files for non-Python producers.
 schemas: $(STAMP)
 	$(BIN)/dlrover-events schemas export
+	$(BIN)/dlrover-events schemas settings-doc
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

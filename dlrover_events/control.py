@@ -9,13 +9,20 @@ gives the registry as of now, and a tombstone removes an env.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Callable
 
+from aiokafka.errors import KafkaError
+
+from dlrover_events.errors import BusUnavailable
 from dlrover_events.settings import Settings
 from dlrover_events.topic_reader import TopicReader
 from dlrover_events.topics import CONTROL_TOPIC
 from schemas.codec import CodecError, decode
 from schemas.control import EnvAnnouncement, EnvMode
+
+log = logging.getLogger(__name__)
 
 
 def fold_control(
@@ -93,3 +100,54 @@ class EnvWatcher:
             self._on_change(envs)
         async with self._changed:
             self._changed.notify_all()
+
+
+class SettingsFollower:
+    """One env's settings as announced on dlrover.control: ``on_change`` hears each
+    version newer than the last it heard (starting from ``version``, what the process
+    read from the registry when it started), never an older one, so an announcement
+    that lags the registry cannot undo a change. A process that runs an env (its brain,
+    its operator) runs this beside its work to take a change without a restart.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        env: str,
+        version: int,
+        on_change: Callable[[EnvAnnouncement], None],
+    ) -> None:
+        self.env = env
+        self.version = version
+        self._on_change = on_change
+        self._watcher = EnvWatcher(settings, on_change=self._seen)
+
+    @property
+    def caught_up(self) -> asyncio.Event:
+        return self._watcher.caught_up
+
+    def _seen(self, envs: dict[str, EnvAnnouncement]) -> None:
+        announced = envs.get(self.env)
+        if announced is None or announced.settings_version <= self.version:
+            return
+        self.version = announced.settings_version
+        self._on_change(announced)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow until ``stop``; a broker away is logged and retried, never fatal (the
+        process goes on with the settings it has)."""
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                await self._watcher.run(stop)
+            except (KafkaError, BusUnavailable) as err:
+                log.warning(
+                    "env %s: following its settings on %s: %s; retrying in %.1f s",
+                    self.env,
+                    CONTROL_TOPIC,
+                    err,
+                    delay,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, 10.0)

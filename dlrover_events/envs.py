@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from dlrover_events.admin import TopicAdmin
 from dlrover_events.bus import Producer
+from dlrover_events.env_settings import validate_settings
 from dlrover_events.errors import EnvError
 from dlrover_events.fence import FENCE_CHANNEL, fence_holders, fence_key
 from dlrover_events.kafka_client import kafka_connection, start_kafka_client
@@ -34,6 +35,7 @@ from dlrover_events.store.database import (
 from dlrover_events.store.migrations import apply_migrations
 from dlrover_events.topics import CONTROL_TOPIC, check_env_name, env_topics
 from schemas.control import EnvAnnouncement, EnvMode
+from schemas.env_settings import EnvSettings
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,10 @@ class EnvRecord(BaseModel):
     name: str
     mode: EnvMode
     partitions: int
+    #: what was set (sparse: `schemas.env_settings.EnvSettings.stored`)
     settings: dict[str, Any]
+    #: counts the settings' changes (announced: a follower takes only newer ones)
+    settings_version: int = 1
     created_at: datetime
     updated_at: datetime
     #: new each time the name is created: a process fenced on one knows the next is not it
@@ -132,15 +137,19 @@ class EnvRegistry:
         mode: EnvMode = EnvMode.VIRTUAL,
         *,
         partitions: int | None = None,
-        settings: dict[str, Any] | None = None,
+        settings: Mapping[str, Any] | EnvSettings | None = None,
         exist_ok: bool = False,
     ) -> EnvRecord:
         """Register the env, migrate its schema, create its topics, announce it.
 
-        Topics are created inside the registry transaction: if the broker refuses, the
-        env is not registered and nothing half-made is left in Postgres.
+        ``settings`` are validated first (`dlrover_events.env_settings`: a SettingsError
+        names what is wrong); an env that exists already (``exist_ok``) keeps its own,
+        which `change_settings` changes. Topics are created inside the registry
+        transaction: if the broker refuses, the env is not registered and nothing
+        half-made is left in Postgres.
         """
         check_env_name(name)
+        stored = validate_settings(settings or {}).stored()
         parts = partitions or self._settings.partitions
         if parts < 1:
             raise EnvError("partitions must be at least 1")
@@ -172,16 +181,18 @@ class EnvRegistry:
                         name,
                         mode.value,
                         parts,
-                        settings or {},
+                        stored,
                     )
                 except asyncpg.UniqueViolationError as err:
                     if err.constraint_name == "envs_one_real":  # lost a race to another
                         raise EnvError(_second_real("another", name)) from None
                     raise EnvError(f"env {name!r} already exists") from None
                 await conn.execute(
-                    "INSERT INTO env_changes (name, change, mode) VALUES ($1, 'create', $2)",
+                    "INSERT INTO env_changes (name, change, mode, settings)"
+                    " VALUES ($1, 'create', $2, $3)",
                     name,
                     mode.value,
+                    stored,
                 )
                 await apply_migrations(conn, env_schema(name), "env")
                 async with TopicAdmin(self._settings) as admin:
@@ -370,12 +381,65 @@ class EnvRegistry:
         await self._announce(new_rec, reason=why)
         return new_rec, old_rec
 
+    async def change_settings(
+        self,
+        name: str,
+        edit: Callable[[dict[str, Any]], Mapping[str, Any]],
+        *,
+        reason: str = "",
+    ) -> tuple[EnvRecord, bool]:
+        """Change the env's settings in place: ``edit`` gets what is stored and returns
+        the new document, which is validated (a SettingsError names what is wrong, and
+        nothing is stored), stored with the next settings version and a history row,
+        then announced on dlrover.control, where the env's running brains and operators
+        take it. Returns the record and whether anything changed (an edit that changes
+        nothing stores and announces nothing).
+
+        The row is locked from read to write, so two changes at once apply one after the
+        other, the second to what the first stored.
+        """
+        check_env_name(name)
+        conn = await self._conn()
+        try:
+            async with conn.transaction():
+                row = await conn.fetchrow(
+                    "SELECT * FROM envs WHERE name = $1 AND deleting_since IS NULL FOR UPDATE",
+                    name,
+                )
+                if row is None:
+                    raise EnvError(f"no env named {name!r} (see `dlrover-events env list`)")
+                before = _record(row)
+                stored = validate_settings(edit(dict(before.settings))).stored()
+                if stored == before.settings:
+                    return before, False
+                row = await conn.fetchrow(
+                    "UPDATE envs SET settings = $2, settings_version = settings_version + 1,"
+                    " updated_at = now() WHERE name = $1 RETURNING *",
+                    name,
+                    stored,
+                )
+                await conn.execute(
+                    "INSERT INTO env_changes (name, change, mode, reason, settings)"
+                    " VALUES ($1, 'settings', $2, $3, $4)",
+                    name,
+                    before.mode.value,
+                    reason,
+                    stored,
+                )
+        finally:
+            await conn.close()
+        assert row is not None
+        record = _record(row)
+        await self._announce(record, reason=reason)
+        return record, True
+
     async def changes(self, name: str | None = None) -> EnvChanges:
-        """The registry's history: create, delete, promote, demote, with reasons."""
+        """The registry's history: create, delete, promote, demote, settings, with reasons
+        (and the settings a create or a settings change stored)."""
         conn = await self._conn()
         try:
             rows = await conn.fetch(
-                "SELECT name, change, mode, reason, changed_at FROM env_changes"
+                "SELECT name, change, mode, reason, settings, changed_at FROM env_changes"
                 " WHERE $1::text IS NULL OR name = $1 ORDER BY id",
                 name,
             )
@@ -393,6 +457,7 @@ class EnvRegistry:
                     mode=record.mode,
                     partitions=record.partitions,
                     settings=record.settings,
+                    settings_version=record.settings_version,
                     reason=reason,
                 )
             )

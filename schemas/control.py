@@ -26,7 +26,15 @@ class EnvAnnouncement(Event):
     name: EnvName
     mode: EnvMode
     partitions: int = Field(ge=1)
-    settings: Document = Field(default_factory=dict)
+    settings: Document = Field(
+        default_factory=dict, description="what the env's settings set (schemas.env_settings)"
+    )
+    settings_version: int = Field(
+        default=1,
+        ge=1,
+        le=2**31 - 1,
+        description="counts the settings' changes: a follower takes only a newer version",
+    )
     deleted: bool = False
     reason: Text = ""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -93,6 +94,25 @@ def cli_environ(settings: Settings, pg_dsn: str) -> dict[str, str]:
         "DLROVER_EVENTS_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
         "DLROVER_EVENTS_HEARTBEAT_INTERVAL_MS": str(settings.heartbeat_interval_ms),
     }
+
+
+async def run_cli(settings: Settings, pg_dsn: str, *args: str) -> tuple[int, str, str]:
+    """`dlrover-events ARGS` in its own process against the test's broker and Postgres:
+    its exit code, stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from dlrover_events.cli import main; main()",
+        *args,
+        cwd=REPO,
+        env=cli_environ(settings, pg_dsn),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(120):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 def unique_env(prefix: str = "t") -> str:

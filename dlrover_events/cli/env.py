@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 import yaml
@@ -12,8 +11,18 @@ from rich.table import Table
 
 from dlrover_events.cli.app import run_async
 from dlrover_events.embedded import resolve_postgres
+from dlrover_events.env_settings import (
+    Edit,
+    apply_edits,
+    load_settings_file,
+    parse_set,
+    parse_settings,
+    parse_unset,
+    read_settings_file,
+    render,
+)
 from dlrover_events.envs import EnvRegistry
-from dlrover_events.errors import UserError
+from dlrover_events.errors import EnvError, UserError
 from dlrover_events.settings import load_settings
 from dlrover_events.topic_manifests import kafka_topics
 from schemas.control import EnvMode
@@ -23,16 +32,8 @@ app = typer.Typer(
 )
 
 
-def _read_settings(path: Path) -> dict[str, Any]:
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise UserError(f"cannot read {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise UserError(f"{path} is not valid YAML: {err}") from None
-    if not isinstance(loaded, dict):
-        raise UserError(f"{path} must hold a mapping of settings (brain:, operator:)")
-    return loaded
+#: The most of a settings change's summary kept as its reason in `env history`.
+MAX_SUMMARY_CHARS = 500
 
 
 async def _registry() -> EnvRegistry:
@@ -49,11 +50,14 @@ def create(
         None, min=1, help="partitions per topic (default: settings.partitions)"
     ),
     settings_file: Path | None = typer.Option(
-        None, "--settings", help="YAML of the env's settings (brain:, operator:)"
+        None,
+        "--settings",
+        help="YAML of the env's settings (brain:, operator:; docs/env-settings.md)",
     ),
 ) -> None:
     """Create an env: its topics <env>.*, its schema env_<name> (migrated), and announce it."""
-    env_settings = _read_settings(settings_file) if settings_file else {}
+    # (checked before anything is made; the registry checks the same again)
+    env_settings = load_settings_file(settings_file) if settings_file else None
 
     async def go() -> None:
         registry = await _registry()
@@ -174,3 +178,71 @@ def topics(
         configs = ", ".join(f"{k}={v}" for k, v in spec.get("config", {}).items())
         table.add_row(spec["topicName"], str(spec["partitions"]), str(spec["replicas"]), configs)
     Console().print(table)
+
+
+@app.command("settings")
+def settings(
+    name: str = typer.Argument(..., help="the env"),
+    set_: list[str] = typer.Option(
+        None,
+        "--set",
+        metavar="KEY=VALUE",
+        help="set one setting, e.g. brain.scheduler.name=goodput-cluster (the value is "
+        "YAML: 16, goodput, null, {explore: false}); repeatable",
+    ),
+    unset: list[str] = typer.Option(
+        None, "--unset", metavar="KEY", help="a setting back to its default; repeatable"
+    ),
+    file: Path | None = typer.Option(
+        None,
+        "--file",
+        help="YAML that replaces all of the env's settings (a key left out goes back to "
+        "its default); --unset and --set then apply on top of it",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of YAML"),
+    defaults: bool = typer.Option(
+        False, "--defaults", help="print every setting, the defaults of those not set too"
+    ),
+    reason: str = typer.Option("", help="why: recorded in `env history` and announced"),
+) -> None:
+    """Show an env's settings, or change them: validated, stored with a new version (and
+    a row in `env history`), announced on dlrover.control; the env's running brain and
+    operator take the change without a restart (docs/env-settings.md)."""
+    edits = [*(parse_unset(k) for k in unset or []), *(parse_set(a) for a in set_ or [])]
+    replacement = read_settings_file(file) if file is not None else None
+    changing = replacement is not None or bool(edits)
+
+    async def go() -> None:
+        registry = await _registry()
+        if not changing:
+            record = await registry.get(name)
+            if record is None:
+                raise EnvError(f"no env named {name!r} (see `dlrover-events env list`)")
+            doc = record.settings
+            if defaults:
+                doc = parse_settings(record.settings).model_dump(mode="json")
+            if not as_json:
+                typer.echo(f"# env {name}: settings version {record.settings_version}")
+            typer.echo(render(doc, as_json=as_json))
+            return
+        summary = _summary(file, edits)
+        why = f"{reason} ({summary})" if reason else summary
+        record, changed = await registry.change_settings(
+            name,
+            lambda stored: apply_edits(stored if replacement is None else replacement, edits),
+            reason=why,
+        )
+        if changed:
+            typer.echo(
+                f"env {name}: settings version {record.settings_version} stored and announced"
+            )
+        else:
+            typer.echo(f"env {name}: settings unchanged (version {record.settings_version})")
+
+    run_async(go())
+
+
+def _summary(file: Path | None, edits: list[Edit]) -> str:
+    said = ([f"settings from {file.name}"] if file is not None else []) + [str(e) for e in edits]
+    text = "; ".join(said)
+    return text if len(text) <= MAX_SUMMARY_CHARS else text[: MAX_SUMMARY_CHARS - 3] + "..."

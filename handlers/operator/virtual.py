@@ -36,6 +36,8 @@ from datetime import datetime
 from typing import Any
 
 from dlrover_events.bus import Consumer, Producer, Received
+from dlrover_events.control import SettingsFollower
+from dlrover_events.env_settings import parse_settings
 from dlrover_events.envs import EnvRecord, EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import wait_for_any
@@ -69,7 +71,8 @@ from handlers.simulator.job import PlanOutcome
 from handlers.simulator.lockstep import TickGate
 from handlers.simulator.throughput import TraceDataError, pollux_dir
 from schemas.codec import CodecError, decode
-from schemas.control import EnvMode
+from schemas.control import EnvAnnouncement, EnvMode
+from schemas.env_settings import OperatorSettings
 from schemas.envelope import Event
 from schemas.jobs import JobEvent, JobSubmitted, RuntimeSample
 from schemas.lockstep import Barrier, BarrierAck
@@ -141,6 +144,10 @@ async def check_virtual(settings: Settings, dsn: str, env: str) -> EnvRecord:
     return record
 
 
+#: Options a running virtual operator takes from a change of the env's settings.
+LIVE_OPTIONS = ("speed", "fast", "max_sleep")
+
+
 class VirtualOperator:
     def __init__(
         self,
@@ -178,6 +185,49 @@ class VirtualOperator:
         # The saved checkpoint's outbox being marked published, awaited before the next
         # save (which must not be overtaken by it) rather than before going on.
         self._marking: asyncio.Task[None] | None = None
+
+    def take_settings(self, options: VirtualSettings, version: int) -> None:
+        """A newer version of the env's settings, while it runs: the pace (`speed`,
+        `fast`, `max_sleep`) is taken at once, the simulated time going on from where it
+        is. The rest made the simulated cluster (its shape, admission, job model,
+        lockstep): it keeps them, as its checkpoint does across restarts; a new env
+        takes them."""
+        kept = sorted(
+            name
+            for name in OperatorSettings.model_fields
+            if name not in LIVE_OPTIONS and getattr(options, name) != getattr(self.options, name)
+        )
+        if kept:
+            log.warning(
+                "env %s: settings version %d: the simulated cluster keeps its %s (fixed "
+                "when it was made; an env created with them takes them)",
+                self.env,
+                version,
+                ", ".join(f"operator.{name}" for name in kept),
+            )
+        pace = {name: getattr(options, name) for name in LIVE_OPTIONS}
+        if all(getattr(self.options, k) == v for k, v in pace.items()):
+            return
+        self.options = self.options.model_copy(update=pace)
+        if not self.options.lockstep:
+            self._pace(None if self.options.fast else self.options.speed)
+        log.warning(
+            "env %s: settings version %d: the simulated cluster runs %s from now on",
+            self.env,
+            version,
+            "as fast as possible" if self.options.fast else f"at {self.options.speed:g}x",
+        )
+        self._wake.set()
+
+    def _pace(self, speed: float | None) -> None:
+        """The clock at a new pace, going on from the simulated time it is."""
+        fleet = self.state.fleet
+        now = self.clock.now()
+        if now is None and fleet is not None and fleet.started:
+            now = fleet.clock
+        self.clock = SimClock(speed)
+        if now is not None:
+            self.clock.start(now)
 
     @property
     def fleet(self) -> VirtualCluster | None:
@@ -710,18 +760,19 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     """Entry of the mode dispatch (modes.run_operator) for virtual envs.
 
     The env's own settings (``operator:`` in the registry, e.g. an A/B arm's cluster and
-    speed) come first; options given on the command line override them.
+    speed) come first; options given on the command line override them. The settings are
+    followed while it runs: a newer version's pace is taken at once (`take_settings`).
     """
     record = await check_virtual(ctx.settings, ctx.pg_dsn, ctx.env)
-    from_env = record.settings.get("operator", {})
-    if not isinstance(from_env, Mapping):
-        raise UserError(f"env {ctx.env!r}: settings.operator must be a mapping of options")
-    merged = {**from_env, **options}
+    try:
+        from_env = _operator_settings(record.settings)
+    except UserError as e:
+        raise UserError(f"env {ctx.env!r}: {e}") from None
     operator = VirtualOperator(
         ctx.settings,
         ctx.env,
         ctx.pg_dsn,
-        virtual_settings(merged),
+        virtual_settings({**from_env, **options}),
         OperatorMetrics(ctx.metrics, ctx.env, "virtual"),
     )
     o = operator.options
@@ -736,7 +787,33 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
         pace,
         o.admission,
     )
-    await operator.run(ctx.stop, ctx.ready)
+
+    def changed(announced: EnvAnnouncement) -> None:
+        try:
+            taken = virtual_settings({**_operator_settings(announced.settings), **options})
+        except UserError as e:
+            log.error(
+                "env %s: its operator does not take settings version %d (%s)",
+                ctx.env,
+                announced.settings_version,
+                e,
+            )
+            return
+        operator.take_settings(taken, announced.settings_version)
+
+    follower = SettingsFollower(ctx.settings, ctx.env, record.settings_version, changed)
+    following = asyncio.create_task(follower.run(ctx.stop), name=f"{ctx.env}.operator-settings")
+    try:
+        await operator.run(ctx.stop, ctx.ready)
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+
+
+def _operator_settings(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """What the env's settings set of `operator` (the schema's reading)."""
+    return parse_settings(stored).operator.model_dump(exclude_unset=True)
 
 
 __all__ = [

@@ -26,6 +26,7 @@ from pydantic import TypeAdapter
 
 from handlers.simulator.cluster import Allocation, Cluster, GiB, PodRequest
 from handlers.simulator.throughput import OutOfTraceError, SimulatedApplication, StepTime
+from schemas.env_settings import SIM_RESTART_DELAY_S
 from schemas.jobs import (
     JobCompleted,
     JobEvent,
@@ -57,7 +58,7 @@ MiB = 1024**2
 TRAINING_ROLES: frozenset[str] = frozenset({"worker", "chief"})
 
 #: Pollux's simulator charges every re-allocation 30 s of checkpoint-restart.
-DEFAULT_RESTART_DELAY = 30.0
+DEFAULT_RESTART_DELAY = SIM_RESTART_DELAY_S
 
 #: Who decides when a job's gang starts. "cluster": the simulated cluster admits each
 #: submitted job as soon as its gang fits (the static baseline). "brain": a cluster

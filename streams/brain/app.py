@@ -76,6 +76,7 @@ from streams.brain.faust_glue import (
     fetch_progress,
 )
 from streams.brain.leader import Leadership
+from streams.brain.live_policy import LivePolicy, env_policy
 from streams.brain.merge import Fetch, Merge, event_time
 from streams.brain.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
 from streams.brain.recovery import published_since, recover, stale_offsets, warn_stale
@@ -223,7 +224,7 @@ class Brain:
             # an env made by an older version gets the tables this brain writes
             await EnvRegistry(self.settings, self.pg_dsn).migrate(self.env)
         else:
-            self.processor.policy = await env_policy(self.settings, self.pg_dsn, self.env)
+            self.processor.policy, _ = await env_policy(self.settings, self.pg_dsn, self.env)
         await self.configs.start()
         try:
             # decide with the documents that exist, not with none while they load
@@ -252,6 +253,11 @@ class Brain:
             # latency. Measured in `bench brain` (p99 at 1,000 events/s about halved).
             gc.set_threshold(*GC_THRESHOLDS)
         self._checkpointer = asyncio.create_task(self._checkpoint_loop(), name="brain-checkpoint")
+
+    def use_policy(self, policy: Policy) -> None:
+        """Decide from the next batch on with `policy` (`streams.brain.live_policy`): a
+        batch is decided whole, in one call, so it never sees two policies."""
+        self.processor.policy = policy
 
     def halt(self) -> None:
         """Fail-stop (a scheduler leader that lost its lock, `streams.brain.leader`):
@@ -634,37 +640,49 @@ __all__ = [
 # -- `up` and the command ----------------------------------------------------------------
 
 
-async def env_policy(settings: Settings, pg_dsn: str, env: str) -> Policy:
-    """The policy the env's settings ask for (`settings["brain"]` in the registry), the
-    env's tables migrated first (an env made by an older version gets the tables this
-    brain writes); a misconfigured env is a UserError of one line."""
-    record = await EnvRegistry(settings, pg_dsn).migrate(env)
-    raw = None if record is None else record.settings.get(GROUP)
-    try:
-        return Policy.from_settings(raw)
-    except ValueError as exc:
-        raise UserError(f"env {env!r}: {exc}") from None
-
-
 async def run(ctx: ServiceContext, *, freeze_gc: bool = False) -> None:
     """Decide the env's events until stopped. An env with a cluster scheduler is decided
     by one brain instance at a time, its leader (`streams.brain.leader`): this one stands
-    by until it leads, and stands by again if it loses the lead."""
+    by until it leads, and stands by again if it loses the lead.
+
+    The env's settings are followed while it runs (`streams.brain.live_policy`): a change
+    is taken between two batches, or, when it changes who decides the env (a scheduler
+    on or off, lockstep), the brain hands its partitions over and starts again under it."""
     metrics = BrainMetrics(ctx.metrics, ctx.env)
-    policy = await env_policy(ctx.settings, ctx.pg_dsn, ctx.env)
-    if policy.scheduler is None:
-        await _decide(ctx, policy, metrics, freeze_gc=freeze_gc)
-        return
+    live = await LivePolicy.open(ctx.settings, ctx.pg_dsn, ctx.env)
+    following = asyncio.create_task(live.run(ctx.stop), name=f"{ctx.env}.brain-settings")
+    try:
+        while not ctx.stop.is_set():
+            live.regroup.clear()
+            if live.policy.scheduler is None:
+                await _decide(ctx, live, metrics, freeze_gc=freeze_gc)
+            else:
+                await _lead(ctx, live, metrics, freeze_gc=freeze_gc)
+            if not live.regroup.is_set():
+                return
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+
+
+async def _lead(
+    ctx: ServiceContext, live: LivePolicy, metrics: BrainMetrics, *, freeze_gc: bool
+) -> None:
+    """Decide as the env's scheduler leader, standing by while another instance leads,
+    until stopped or the settings regroup the env."""
     leadership = Leadership(ctx.pg_dsn, ctx.env, poll_s=ctx.settings.fence_check_s)
     # standing by is this instance's job while another leads: ready (not failing)
     standing_by = asyncio.create_task(_ready_once(leadership.standing_by, ctx))
     leading = metrics.scheduler_leader.labels(ctx.env)
     leading.set(0)
+    until = asyncio.Event()  # stopped, or regrouped
+    watching = asyncio.create_task(_set_on_any(until, ctx.stop, live.regroup))
     try:
-        while await leadership.acquire(ctx.stop):
+        while await leadership.acquire(until):
             leading.set(1)
             try:
-                await _decide(ctx, policy, metrics, freeze_gc=freeze_gc, lost=leadership.lost)
+                await _decide(ctx, live, metrics, freeze_gc=freeze_gc, lost=leadership.lost)
             finally:
                 leading.set(0)
                 await leadership.release()
@@ -672,6 +690,12 @@ async def run(ctx: ServiceContext, *, freeze_gc: bool = False) -> None:
                 return
     finally:
         standing_by.cancel()
+        watching.cancel()
+
+
+async def _set_on_any(target: asyncio.Event, *events: asyncio.Event) -> None:
+    await wait_for_any(list(events))
+    target.set()
 
 
 async def _ready_once(event: asyncio.Event, ctx: ServiceContext) -> None:
@@ -681,28 +705,36 @@ async def _ready_once(event: asyncio.Event, ctx: ServiceContext) -> None:
 
 async def _decide(
     ctx: ServiceContext,
-    policy: Policy,
+    live: LivePolicy,
     metrics: BrainMetrics,
     *,
     freeze_gc: bool,
     lost: asyncio.Event | None = None,
 ) -> None:
-    """One brain, from its start until `ctx.stop`, a crash, or `lost` (then halted at
-    once: the lock that made it the env's only decider is gone)."""
+    """One brain, from its start until `ctx.stop`, a crash, a change of settings that
+    regroups the env (then stopped as at `ctx.stop`: checkpointed), or `lost` (then
+    halted at once: the lock that made it the env's only decider is gone)."""
     brain = Brain(
-        ctx.settings, ctx.env, ctx.pg_dsn, policy=policy, metrics=metrics, freeze_gc=freeze_gc
+        ctx.settings,
+        ctx.env,
+        ctx.pg_dsn,
+        policy=live.policy,
+        metrics=metrics,
+        freeze_gc=freeze_gc,
     )
+    live.attach(brain.use_policy)
     halting = None if lost is None else asyncio.create_task(_halt_when(lost, brain))
     try:
         await brain.start()
         try:
-            stops = [ctx.stop] if lost is None else [ctx.stop, lost]
+            stops = [ctx.stop, live.regroup] + ([] if lost is None else [lost])
             if await wait_for_any([brain.ready, *stops]) and brain.ready.is_set():
                 ctx.ready.set()
             await brain.run_until(stops)
         finally:
             await brain.stop()
     finally:
+        live.attach(None)
         if halting is not None:
             halting.cancel()
 

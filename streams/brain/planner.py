@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from schemas.bounds import MAX_REPLICAS
+from schemas.env_settings import LimitSettings
 from schemas.jobs import NodeRef
 from schemas.plans import (
     MigrateNode,
@@ -32,7 +33,6 @@ from schemas.plans import (
 from streams.brain.state import (
     PS,
     WORKER,
-    GiB,
     JobState,
     NodeState,
     Pinned,
@@ -49,19 +49,24 @@ SOURCE = "brain"
 #: Optimizers that recover a failing job; cooldowns must not delay them.
 URGENT_OPTIMIZERS = frozenset({"host-oom", "gpu-oom", "ps-oom", "worker-create-oom", "straggler"})
 
+#: The defaults of every limit an env may set.
+_SETTINGS = LimitSettings()
+
 
 @dataclass(frozen=True)
 class Limits:
-    min_cpu: float = 4
-    max_cpu: float = 32
-    min_memory: int = 6 * GiB
-    max_memory: int = 64 * GiB
+    """The planner's limits; an env's `brain.limits` settings set them (defaults there)."""
+
+    min_cpu: float = _SETTINGS.min_cpu
+    max_cpu: float = _SETTINGS.max_cpu
+    min_memory: int = _SETTINGS.min_memory
+    max_memory: int = _SETTINGS.max_memory
     max_replicas: Mapping[str, int] = field(default_factory=lambda: {WORKER: 60, PS: 15})
     #: the most one plan raises a node's memory, whichever optimizer asked (an OOM
     #: optimizer doubling 10 GiB gets 18 GiB, then more at the next OOM if needed)
-    max_memory_step: int = 8 * GiB
-    ps_cooldown_s: float = 3600
-    running_cooldown_s: float = 300
+    max_memory_step: int = _SETTINGS.max_memory_step
+    ps_cooldown_s: float = _SETTINGS.ps_cooldown_s
+    running_cooldown_s: float = _SETTINGS.running_cooldown_s
     urgent: frozenset[str] = URGENT_OPTIMIZERS
 
 

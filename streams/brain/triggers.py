@@ -20,8 +20,19 @@ from datetime import datetime
 from typing import Any
 
 from msgspec import Struct
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
+from schemas.env_settings import (
+    MAX_TOMBSTONES,
+    PRUNE_EVERY_S,
+    RETENTION_AFTER_S,
+    SETTING,
+    TOMBSTONE_S,
+    BrainSettings,
+    EnvSettings,
+    JobDefaults,
+    problem,
+)
 from schemas.envelope import Event, Model
 from schemas.jobs import JobEvent, JobMeta, JobSubmitted, NodeOOM, RuntimeSample
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
@@ -60,11 +71,11 @@ class Retention:
     an unknown job does. The default `after_s` is the history optimizers' 7 days.
     """
 
-    after_s: float = 7 * 86400
-    tombstone_s: float = 30 * 86400
-    max_tombstones: int = 100_000
+    after_s: float = RETENTION_AFTER_S
+    tombstone_s: float = TOMBSTONE_S
+    max_tombstones: int = MAX_TOMBSTONES
     #: the least time between two prunes of one brain
-    every_s: float = 300
+    every_s: float = PRUNE_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -113,116 +124,105 @@ class Policy:
     scheduler: SchedulerPolicy | None = None
 
     @classmethod
-    def from_settings(cls, raw: Any) -> Policy:
-        """The policy an env's settings (`settings["brain"]` of the env registry) ask
-        for; ValueError says what is wrong, so a misconfigured brain does not start."""
+    def from_settings(cls, raw: BrainSettings | Mapping[str, Any] | bool | None) -> Policy:
+        """The policy an env's settings (`brain` of `schemas.env_settings.EnvSettings`,
+        typed or as stored) ask for. What only the registries here can judge (optimizer
+        and scheduler names, their parameters) is checked here too: a ValueError names
+        the setting and says why, so a misconfigured brain does not start and a bad
+        change is not taken."""
         if raw is None or isinstance(raw, bool):
             return cls()
         try:
-            parsed = BrainSettings.model_validate(raw)
+            brain = raw if isinstance(raw, BrainSettings) else BrainSettings.model_validate(raw)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "brain"
-            raise ValueError(f"env setting brain.{where}: {first['msg']}") from None
+            raise ValueError(problem(exc, raw, "brain")) from None
+        _check_job_config(brain.job_config, REGISTRY)
         limits = None
-        if parsed.limits is not None:
-            limits = replace(Limits(), **parsed.limits.model_dump(exclude_none=True))
+        if brain.limits is not None:
+            limits = replace(Limits(), **brain.limits.model_dump(exclude_unset=True))
         retention = None
-        if parsed.retention_s is not None:
+        if brain.retention_s is not None:
             retention = Retention(
-                after_s=parsed.retention_s,
-                tombstone_s=parsed.tombstone_s,
-                max_tombstones=parsed.max_tombstones,
-                every_s=parsed.prune_every_s,
+                after_s=brain.retention_s,
+                tombstone_s=brain.tombstone_s,
+                max_tombstones=brain.max_tombstones,
+                every_s=brain.prune_every_s,
             )
         scheduler = None
-        if parsed.scheduler is not None:
-            sched = parsed.scheduler
+        if brain.scheduler is not None:
+            sched = brain.scheduler
             try:
                 spec = get_scheduler(sched.name)
             except KeyError as exc:
-                raise ValueError(f"env setting brain.scheduler.name: {exc.args[0]}") from None
+                raise ValueError(f"{SETTING} brain.scheduler.name: {exc.args[0]}") from None
             try:
                 params = spec.parse(sched.params)
             except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(part) for part in first["loc"]) or "params"
-                raise ValueError(
-                    f"env setting brain.scheduler.params.{where}: {first['msg']}"
-                ) from None
+                raise ValueError(problem(exc, sched.params, "brain.scheduler.params")) from None
             scheduler = SchedulerPolicy(
                 spec.name, params, sched.nodes, sched.gpus_per_node, sched.interval_s
             )
         return cls(
-            sample_every=parsed.sample_every,
-            running_every=parsed.running_every,
+            sample_every=brain.sample_every,
+            running_every=brain.running_every,
             limits=limits,
-            job_config=dict(parsed.job_config),
-            cluster_gpus=parsed.cluster_gpus,
-            lockstep=parsed.lockstep,
+            job_config=brain.job_config.model_dump(mode="json", exclude_unset=True),
+            cluster_gpus=brain.cluster_gpus,
+            lockstep=brain.lockstep,
             retention=retention,
             scheduler=scheduler,
         )
 
-
-class LimitSettings(Model):
-    min_cpu: float | None = Field(default=None, gt=0)
-    max_cpu: float | None = Field(default=None, gt=0)
-    min_memory: int | None = Field(default=None, gt=0)
-    max_memory: int | None = Field(default=None, gt=0)
-    ps_cooldown_s: float | None = Field(default=None, ge=0)
-    running_cooldown_s: float | None = Field(default=None, ge=0)
-    max_memory_step: int | None = Field(
-        default=None, gt=0, description="the most one plan raises a node's memory (bytes)"
-    )
+    def regroups(self, other: Policy) -> bool:
+        """Whether going from this policy to `other` changes who decides the env, so a
+        running brain cannot swap one for the other between two batches: a cluster
+        scheduler is decided by one leader over every partition, other envs by the
+        consumer group's members; lockstep holds records back until their tick."""
+        return (self.scheduler is None) != (other.scheduler is None) or (
+            self.lockstep != other.lockstep
+        )
 
 
-class SchedulerSettings(Model):
-    """`settings["brain"]["scheduler"]`: which cluster scheduler, on what cluster."""
+def _check_job_config(job_config: JobDefaults, registry: Registry) -> None:
+    """`brain.job_config`: the optimizers it names exist, for stages that exist, and
+    their parameters are what each optimizer takes."""
+    named = job_config.optimizer
+    by_stage = named if isinstance(named, dict) else {}
+    stages = {s.value for s in Stage}
+    for stage in by_stage:
+        if stage not in stages:
+            raise ValueError(
+                f"{SETTING} brain.job_config.optimizer.{stage}: unknown stage; known: "
+                f"{', '.join(sorted(stages))}"
+            )
+    chosen = [("", named)] if isinstance(named, str) else list(by_stage.items())
+    for where, name in chosen:
+        if name and name not in registry:
+            at = f".{where}" if where else ""
+            raise ValueError(
+                f"{SETTING} brain.job_config.optimizer{at}: unknown optimizer {name!r}; known: "
+                f"{', '.join(registry.names())}"
+            )
+    for name, raw in job_config.optimizer_params.items():
+        spec = registry.get(name)
+        if spec is None:
+            raise ValueError(
+                f"{SETTING} brain.job_config.optimizer_params.{name}: unknown optimizer; known: "
+                f"{', '.join(registry.names())}"
+            )
+        try:
+            spec.parse_params(raw)
+        except ValidationError as exc:
+            raise ValueError(
+                problem(exc, raw, f"brain.job_config.optimizer_params.{name}")
+            ) from None
 
-    name: str = Field(min_length=1, description="a registered scheduler, e.g. goodput-cluster")
-    params: dict[str, Any] = Field(default_factory=dict)
-    nodes: int = Field(ge=1, le=100_000, description="nodes of the cluster it schedules")
-    gpus_per_node: int = Field(ge=1, le=64)
-    interval_s: float = Field(
-        default=60.0, gt=0, le=86400, description="event-time seconds between two rounds"
-    )
 
-
-class BrainSettings(Model):
-    """`settings["brain"]` of an env, as `env create --settings` stores it."""
-
-    sample_every: int = Field(default=2, ge=1)
-    running_every: int = Field(default=8, ge=1)
-    limits: LimitSettings | None = None
-    job_config: dict[str, Any] = Field(default_factory=dict)
-    cluster_gpus: int | None = Field(
-        default=None, ge=0, description="the cluster's GPUs: goodput grows only into free ones"
-    )
-    lockstep: bool = Field(
-        default=False, description="decide whole ticks of a virtual env's simulated clock"
-    )
-    retention_s: float | None = Field(
-        default=Retention.after_s,
-        gt=0,
-        le=100 * 365 * 86400,
-        description="prune a finished job's state and samples this long after it ended "
-        "(null: keep them)",
-    )
-    tombstone_s: float = Field(
-        default=Retention.tombstone_s,
-        ge=0,
-        le=100 * 365 * 86400,
-        description="how long a pruned job's id is kept after pruning, so that its late "
-        "events are ignored",
-    )
-    max_tombstones: int = Field(
-        default=Retention.max_tombstones, ge=0, description="pruned job ids kept per brain"
-    )
-    prune_every_s: float = Field(default=Retention.every_s, gt=0, le=86400)
-    scheduler: SchedulerSettings | None = Field(
-        default=None, description="a cluster scheduler that owns the env's GPUs"
-    )
+def check_env_settings(settings: EnvSettings) -> None:
+    """The brain's check of an env's settings, found through the entry point group
+    `dlrover_events.env_settings` (the CLI and the registry check with it before they
+    store anything)."""
+    Policy.from_settings(settings.brain)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 
+import asyncpg
 import pytest
 
 from dlrover_events.bus import Producer
@@ -141,7 +142,19 @@ async def test_env_settings_choose_the_brains_policy(settings: Settings, pg_dsn:
     registry = EnvRegistry(settings, pg_dsn)
     good, bad = unique_env("b"), unique_env("b")
     await registry.create(good, settings={"brain": {"running_every": 20}})
-    await registry.create(bad, settings={"brain": {"running_every": "often"}})
+    with pytest.raises(UserError, match=r"brain\.running_every"):  # refused at the door
+        await registry.create(bad, settings={"brain": {"running_every": "often"}})
+    await registry.create(bad)
+    # settings the registry no longer takes, stored by an older version or by hand
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(
+            "UPDATE dlrover.envs SET settings = $2::jsonb WHERE name = $1",
+            bad,
+            '{"brain": {"running_every": "often"}}',
+        )
+    finally:
+        await conn.close()
     try:
         brain = Brain(settings, good, pg_dsn)
         await brain.start()

@@ -14,7 +14,6 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -25,14 +24,11 @@ from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.topics import BRAIN_PLANS, SCALE_PLANS, topic
 from schemas import encode
-from schemas.envelope import Event
-from schemas.jobs import JobMeta, JobSubmitted, NodeUsage, RoleSpec, RuntimeSample
 from schemas.plans import ScalePlan
 from streams.brain.app import service
 from streams.brain.leader import APP_PREFIX, LOCK_CLASS, Leadership, Role
-from streams.brain.state import GiB
 from tests.conftest import REPO, cli_environ, unique_env
-from tests.integration.brain.workload import T0, plans_on, wait_for
+from tests.integration.brain.workload import plans_on, scheduled_job, scheduler_leaders, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,22 +36,6 @@ pytestmark = pytest.mark.integration
 SCHEDULED = {"brain": {"scheduler": {"name": "goodput-cluster", "nodes": 2, "gpus_per_node": 4}}}
 #: the standby's poll (and the leader's check of its lock), short for the test
 POLL_S = 0.5
-
-
-async def _leaders(pg_dsn: str, env: str) -> list[str]:
-    """application_name of every session holding the env's leader lock."""
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        rows = await conn.fetch(
-            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-            " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::int::oid"
-            " AND l.objid = hashtext($2)::oid AND l.objsubid = 2",
-            LOCK_CLASS,
-            env,
-        )
-    finally:
-        await conn.close()
-    return [r["application_name"] for r in rows]
 
 
 async def _end_leader_session(pg_dsn: str, env: str) -> None:
@@ -75,48 +55,9 @@ async def _end_leader_session(pg_dsn: str, env: str) -> None:
     assert ended == 1
 
 
-def _job_events(env: str, uuid: str, at_s: float) -> list[Event]:
-    """A job submitted at `at_s` that reports twice: the second report's event time
-    passes a multiple of the scheduler's interval (60 s), and its round plans the job."""
-    job = JobMeta(uuid=uuid, name=uuid)
-    out: list[Event] = [
-        JobSubmitted(
-            env=env,
-            job=job,
-            occurred_at=T0 + timedelta(seconds=at_s),
-            application="cifar10",
-            batch_size=64,
-            max_batch_size=512,
-            min_local_batch_size=8,
-            max_local_batch_size=128,
-            adaptive_batch_size=True,
-            roles={"worker": RoleSpec(replicas=1, gpu_num=1, memory=4 * GiB)},
-        )
-    ]
-    for after_s in (29, 60):
-        out.append(
-            RuntimeSample(
-                env=env,
-                job=job,
-                occurred_at=T0 + timedelta(seconds=at_s + after_s),
-                global_step=int(after_s),
-                speed=2.0,
-                batch_size=64,
-                local_batch_size=64,
-                world_size=1,
-                num_nodes=1,
-                allreduce_s=0.0,
-                grad_sqr=1.0,
-                grad_var=64.0,
-                nodes=[NodeUsage(type="worker", id=0, memory=3 * GiB)],
-            )
-        )
-    return out
-
-
 async def _submit(settings: Settings, env: str, uuid: str, at_s: float) -> None:
     async with Producer(settings) as producer:
-        await producer.publish_many(_job_events(env, uuid, at_s))
+        await producer.publish_many(scheduled_job(env, uuid, at_s))
 
 
 async def _plans(settings: Settings, env: str) -> dict[str, set[str]]:
@@ -208,7 +149,7 @@ async def test_one_of_two_brain_processes_leads_and_the_other_takes_over_when_it
             timeout_s=60,
             what="a brain to stand by",
         )
-        (holder,) = await _leaders(pg_dsn, env)
+        (holder,) = await scheduler_leaders(pg_dsn, env)
         assert holder.startswith(f"{APP_PREFIX} {env} ")
         (leader,) = [b for b in brains if holder.endswith(b.app_name_part)]
         (standby,) = [b for b in brains if b is not leader]
@@ -223,7 +164,7 @@ async def test_one_of_two_brain_processes_leads_and_the_other_takes_over_when_it
         assert leader.proc.returncode == -signal.SIGKILL
         await _submit(settings, env, "job-after", at_s=121)
         await _wait_plan(settings, env, "job-after", "for a job submitted after the leader died")
-        (holder,) = await _leaders(pg_dsn, env)
+        (holder,) = await scheduler_leaders(pg_dsn, env)
         assert holder.endswith(standby.app_name_part)
         assert standby.said("the env's scheduler leader; joining")
 
@@ -274,7 +215,7 @@ async def test_a_leader_whose_lock_session_ends_stops_deciding_and_leads_again(
     try:
         async with asyncio.timeout(60):
             await ctx.ready.wait()
-        (holder,) = await _leaders(pg_dsn, env)
+        (holder,) = await scheduler_leaders(pg_dsn, env)
         assert holder.endswith(f"pid {os.getpid()}")
         assert leading() == 1.0
         await _submit(settings, env, "job-first", at_s=1)
@@ -299,7 +240,7 @@ async def test_a_leader_whose_lock_session_ends_stops_deciding_and_leads_again(
         ctx.stop.set()
         async with asyncio.timeout(30):
             await task  # a clean stop
-    assert await _leaders(pg_dsn, env) == [], "a stopped brain gives the lock back"
+    assert await scheduler_leaders(pg_dsn, env) == [], "a stopped brain gives the lock back"
     assert leading() == 0.0
 
 
@@ -314,7 +255,7 @@ async def test_an_env_without_a_scheduler_takes_no_leader_lock(
     try:
         async with asyncio.timeout(60):
             await ctx.ready.wait()
-        assert await _leaders(pg_dsn, env) == []
+        assert await scheduler_leaders(pg_dsn, env) == []
     finally:
         ctx.stop.set()
         async with asyncio.timeout(30):
@@ -340,13 +281,13 @@ async def test_a_standby_takes_the_lock_once_the_leaders_session_ends(pg_dsn: st
             assert await taking
         assert first.reason is not None
         assert second.role is Role.LEADER and not second.lost.is_set()
-        (holder,) = await _leaders(pg_dsn, env)
+        (holder,) = await scheduler_leaders(pg_dsn, env)
         assert holder.startswith(f"{APP_PREFIX} {env} ")
     finally:
         stop.set()
         await first.release()
         await second.release()
-    assert await _leaders(pg_dsn, env) == []
+    assert await scheduler_leaders(pg_dsn, env) == []
 
 
 async def test_a_standby_told_to_stop_gives_up_waiting(pg_dsn: str) -> None:

@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
+
 from dlrover_events.bus import read_topic
 from dlrover_events.settings import Settings
 from schemas import decode
@@ -22,6 +24,7 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from schemas.plans import OptimizePlan, ScalePlan
+from streams.brain.leader import LOCK_CLASS
 from streams.brain.state import GiB
 from streams.brain.triggers import Policy, step
 
@@ -118,3 +121,58 @@ async def wait_for(check: Callable[[], bool], timeout_s: float = 60.0, what: str
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what or check}")
         await asyncio.sleep(0.05)
+
+
+def scheduled_job(env: str, uuid: str, at_s: float) -> list[Event]:
+    """A job submitted at `at_s` that reports twice: the second report's event time
+    passes a multiple of the scheduler's interval (60 s), and its round plans the job."""
+    job = JobMeta(uuid=uuid, name=uuid)
+    out: list[Event] = [
+        JobSubmitted(
+            env=env,
+            job=job,
+            occurred_at=T0 + timedelta(seconds=at_s),
+            application="cifar10",
+            batch_size=64,
+            max_batch_size=512,
+            min_local_batch_size=8,
+            max_local_batch_size=128,
+            adaptive_batch_size=True,
+            roles={"worker": RoleSpec(replicas=1, gpu_num=1, memory=4 * GiB)},
+        )
+    ]
+    for after_s in (29, 60):
+        out.append(
+            RuntimeSample(
+                env=env,
+                job=job,
+                occurred_at=T0 + timedelta(seconds=at_s + after_s),
+                global_step=int(after_s),
+                speed=2.0,
+                batch_size=64,
+                local_batch_size=64,
+                world_size=1,
+                num_nodes=1,
+                allreduce_s=0.0,
+                grad_sqr=1.0,
+                grad_var=64.0,
+                nodes=[NodeUsage(type="worker", id=0, memory=3 * GiB)],
+            )
+        )
+    return out
+
+
+async def scheduler_leaders(pg_dsn: str, env: str) -> list[str]:
+    """application_name of every session holding the env's leader lock."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::int::oid"
+            " AND l.objid = hashtext($2)::oid AND l.objsubid = 2",
+            LOCK_CLASS,
+            env,
+        )
+    finally:
+        await conn.close()
+    return [r["application_name"] for r in rows]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 
+import asyncpg
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -287,21 +288,31 @@ async def test_the_envs_own_settings_configure_its_operator(
 ) -> None:
     registry = EnvRegistry(settings, pg_dsn)
     name = f"t{uuid.uuid4().hex[:10]}"
-    await registry.create(name, settings={"operator": {"speed": -1.0}})
+    with pytest.raises(UserError, match=r"operator\.speed"):  # refused at the door
+        await registry.create(name, settings={"operator": {"speed": -1.0}})
+    await registry.create(name, settings={"operator": {"speed": 0.5, "nodes": 3}})
     try:
         ctx = ServiceContext(settings, name, pg_dsn)
-        with pytest.raises(UserError, match="speed"):
-            await virtual.run(ctx, {})  # the env's own (bad) setting is used...
-        task = asyncio.create_task(virtual.run(ctx, {"speed": 100.0}))  # ...options win
+        task = asyncio.create_task(virtual.run(ctx, {"speed": 100.0}))  # options win
         await asyncio.wait_for(ctx.ready.wait(), 60)
         ctx.stop.set()
         await asyncio.wait_for(task, 30)
     finally:
         await registry.delete(name)
     bad = f"t{uuid.uuid4().hex[:10]}"
-    await registry.create(bad, settings={"operator": "fast please"})
+    await registry.create(bad)
+    # settings the registry no longer takes, stored by an older version or by hand
+    conn = await asyncpg.connect(pg_dsn)
     try:
-        with pytest.raises(UserError, match="must be a mapping"):
+        await conn.execute(
+            "UPDATE dlrover.envs SET settings = $2::jsonb WHERE name = $1",
+            bad,
+            '{"operator": "fast please"}',
+        )
+    finally:
+        await conn.close()
+    try:
+        with pytest.raises(UserError, match=f"env '{bad}': env setting operator: "):
             await virtual.run(ServiceContext(settings, bad, pg_dsn), {})
     finally:
         await registry.delete(bad)
