@@ -21,8 +21,8 @@ from dlrover_events.bootstrap import (
     bootstrap,
 )
 from dlrover_events.cli.app import run_async
-from dlrover_events.cli.env import _read_settings
 from dlrover_events.embedded import resolve_postgres
+from dlrover_events.env_settings import load_settings_file
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings, load_settings
 from schemas.control import EnvMode
@@ -112,7 +112,9 @@ def bootstrap_command(
 
 
 def _settings(path: Path | None) -> dict[str, Any] | None:
-    return None if path is None else _read_settings(path)
+    """The file's settings, validated before anything is made, as the registry stores
+    them (only what is set), so that they compare with an env's stored ones."""
+    return None if path is None else load_settings_file(path).stored()
 
 
 async def _run(

@@ -23,7 +23,7 @@ from tests.conftest import REPO, cli_environ, unique_env
 
 pytestmark = pytest.mark.integration
 
-SETTINGS_YAML = "brain:\n  optimizers: [dlrover-resource]\n"
+SETTINGS_YAML = "brain:\n  job_config:\n    optimizer: worker-resource\n"
 
 
 async def bootstrap(environ: dict[str, str], *args: str) -> tuple[int, str]:
@@ -77,7 +77,7 @@ async def test_bootstrap_sets_up_an_install_once(
     made = {e.name: e for e in await registry.list()}
     assert made[real].mode == EnvMode.REAL and made[standby].mode == EnvMode.VIRTUAL
     for name in (real, standby):
-        assert made[name].settings == {"brain": {"optimizers": ["dlrover-resource"]}}
+        assert made[name].settings == {"brain": {"job_config": {"optimizer": "worker-resource"}}}
     async with TopicAdmin(conf) as admin:
         present = set(await admin.list_topics())
     assert {topic(n, t.name) for n in (real, standby) for t in ENV_TOPICS} <= present
