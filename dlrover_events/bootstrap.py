@@ -3,7 +3,8 @@ so that running it again changes nothing and says so.
 
 In order: the Postgres migrations (the registry's and every env's); the real env and the
 standby env the watchdog promotes, with their settings (the registry's create and settings
-change: the path `env create --settings` and `env settings` take) and their topics (unless
+change: the path `env create --settings` and `env settings` take; an existing env keeps
+settings changed since, unless told to apply the given ones) and their topics (unless
 `create_topics` is off: then they are only checked); then the gateway tokens each env
 needs: an ``admin`` token (the admin API, the local jobs API) and a ``read`` token (what a
 training pod follows its plan and reads its config with; the console). A token is kept
@@ -64,6 +65,8 @@ class Plan:
     envs: Sequence[EnvSpec]
     partitions: int | None = None
     rotate: bool = False
+    #: an existing env whose settings differ from those given gets them (else: kept)
+    apply_settings: bool = False
 
 
 class TokenKeeper(Protocol):
@@ -193,6 +196,8 @@ async def ensure_env(
     existing_topics: set[str],
     partitions: int | None,
     report: Report,
+    *,
+    apply_settings: bool = False,
 ) -> EnvRecord:
     """The env as the install needs it. One that exists keeps its mode: after a failover
     the standby is the real env and the old one virtual, and a re-run leaves it so."""
@@ -215,11 +220,20 @@ async def ensure_env(
         moved = "" if record.mode == spec.mode else f" (not {spec.mode.value}: left as it is)"
         report.same(f"env {record.name}: exists, {record.mode.value}{moved}")
         if spec.settings is not None and dict(spec.settings) != record.settings:
-            # changed since (`env settings`, live tuning): a re-run does not undo that
-            report.same(
-                f"env {record.name}: its settings differ from those given: left as they are "
-                f"(`dlrover-events env settings {record.name} --file FILE` changes them)"
-            )
+            given = dict(spec.settings)
+            if apply_settings:  # the path of `env settings NAME --file FILE`
+                record, _ = await registry.change_settings(
+                    spec.name, lambda _: given, reason="bootstrap --apply-settings"
+                )
+                report.changed(
+                    f"env {record.name}: settings changed to those given "
+                    f"(version {record.settings_version})"
+                )
+            else:  # changed since (`env settings`, live tuning): a re-run keeps that
+                report.same(
+                    f"env {record.name}: its settings differ from those given: left as they "
+                    "are (--apply-settings, or `env settings --file`, changes them)"
+                )
     missing = [topic(record.name, t.name) for t in ENV_TOPICS]
     made = [t for t in missing if t not in existing_topics]
     if made:
@@ -285,7 +299,9 @@ async def bootstrap(
     async with TopicAdmin(settings) as admin:
         existing = set(await admin.list_topics())
     for spec in plan.envs:
-        await ensure_env(registry, spec, existing, plan.partitions, report)
+        await ensure_env(
+            registry, spec, existing, plan.partitions, report, apply_settings=plan.apply_settings
+        )
     for spec in plan.envs:
         for scope in (Scope.ADMIN, Scope.READ):
             await ensure_token(dsn, spec.name, scope, keeper, plan.rotate, report)

@@ -84,6 +84,12 @@ def bootstrap_command(
     rotate: bool = typer.Option(
         False, "--rotate", help="mint every token anew and revoke the old ones"
     ),
+    apply_settings: bool = typer.Option(
+        False,
+        "--apply-settings",
+        help="an existing env whose settings differ from the files gets theirs (default: "
+        "it keeps them, as changed since with `env settings`)",
+    ),
 ) -> None:
     """Set up an install: migrations, the real and standby envs (settings, topics), and the
     gateway tokens (Kubernetes Secrets in a pod, else files). A re-run changes nothing and
@@ -97,7 +103,7 @@ def bootstrap_command(
         specs.append(
             EnvSpec(standby, EnvMode.VIRTUAL, _settings(standby_settings or settings_file))
         )
-    plan = Plan(specs, partitions=partitions, rotate=rotate)
+    plan = Plan(specs, partitions=partitions, rotate=rotate, apply_settings=apply_settings)
     chosen = keep or (Keep.KUBERNETES if _in_a_pod() else Keep.FILES)
     if chosen == Keep.FILES and (namespace or jobs_namespaces or kubeconfig or context):
         raise UserError(

@@ -125,6 +125,43 @@ async def test_bootstrap_sets_up_an_install_once(
         assert await verdict(own_pg, name, kept[name, scope], scope) == 401
 
 
+async def test_bootstrap_keeps_settings_changed_since_unless_told(
+    own_settings: Settings, own_pg: str, tmp_path: Path
+) -> None:
+    """A re-run does not undo `env settings` (live tuning); --apply-settings does, through
+    the same registry change, and then has nothing more to do."""
+    conf = own_settings
+    environ = cli_environ(conf, own_pg)
+    real = unique_env("prod")
+    (tmp_path / "settings.yaml").write_text(SETTINGS_YAML)
+    args = ["--env", real, "--settings", str(tmp_path / "settings.yaml")]
+    args += ["--tokens-dir", str(tmp_path / "tokens")]
+    code, out = await bootstrap(environ, *args)
+    assert code == 0, out
+    given = {"brain": {"job_config": {"optimizer": "worker-resource"}}}
+    tuned = {"brain": {"job_config": {"optimizer": "goodput"}}}
+    registry = EnvRegistry(conf, own_pg)
+    await registry.change_settings(real, lambda _: tuned, reason="tuned by hand")
+
+    code, out = await bootstrap(environ, *args)
+    assert code == 0, out
+    assert f"env {real}: its settings differ from those given: left as they are" in out
+    assert out.strip().splitlines()[-1] == "bootstrap: nothing to do (everything was in place)"
+    record = await registry.get(real)
+    assert record is not None and record.settings == tuned
+
+    code, out = await bootstrap(environ, *args, "--apply-settings")
+    assert code == 0, out
+    assert f"env {real}: settings changed to those given (version 3)" in out, out
+    assert out.strip().splitlines()[-1] == "bootstrap: done (1 changes)"
+    record = await registry.get(real)
+    assert record is not None and record.settings == given
+
+    code, out = await bootstrap(environ, *args, "--apply-settings")
+    assert code == 0, out
+    assert out.strip().splitlines()[-1] == "bootstrap: nothing to do (everything was in place)"
+
+
 async def test_bootstrap_registers_kept_tokens_in_a_new_database(
     own_settings: Settings, own_pg: str, tmp_path: Path
 ) -> None:
