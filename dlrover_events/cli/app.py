@@ -77,11 +77,22 @@ def register_commands() -> typer.Typer:
     if _registered:
         return app
     _registered = True
-    from dlrover_events.cli import bootstrap, env, metrics_cmd, schemas_cmd, tail, up
+    from dlrover_events.cli import (
+        bootstrap,
+        docs_cmd,
+        env,
+        metrics_cmd,
+        schemas_cmd,
+        settings_cmd,
+        tail,
+        up,
+    )
 
     app.add_typer(env.app, name="env")
     app.add_typer(metrics_cmd.app, name="metrics")
     app.add_typer(schemas_cmd.app, name="schemas")
+    app.add_typer(settings_cmd.app, name="settings")
+    app.add_typer(docs_cmd.app, name="docs")
     app.command("tail")(tail.tail)
     app.command("up")(up.up)
     app.command("bootstrap")(bootstrap.bootstrap_command)

@@ -26,7 +26,9 @@ class ConsoleSettings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="listen address; loopback by default")
     port: int = Field(default=8480, ge=0, le=65535, description="0: any free port")
-    token_cache_s: float = Field(default=5.0, gt=0)
+    token_cache_s: float = Field(
+        default=5.0, gt=0, description="how long a token's verdict is kept"
+    )
     backlog: int = Field(default=500, ge=0, description="recent events a new page may ask for")
     queue: int = Field(default=1000, ge=1, description="events a slow page may lag behind")
 

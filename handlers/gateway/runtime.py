@@ -57,7 +57,7 @@ class GatewaySettings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="listen address; loopback by default")
     port: int = Field(default=8470, ge=0, le=65535, description="0: any free port")
-    pool_max: int = Field(default=5, ge=1)
+    pool_max: int = Field(default=5, ge=1, description="Postgres connections of the gateway")
     token_cache_s: float = Field(default=5.0, gt=0, description="how long a verdict is kept")
     configmaps: bool = Field(
         default=False,

@@ -116,10 +116,19 @@ class WatchdogSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DLROVER_EVENTS_WATCHDOG_", extra="ignore")
 
     standby: str | None = Field(default=None, description="virtual env that takes over")
-    failed_rate: float = Field(default=0.5, ge=0.0, le=1.0)
-    window: str = "1h"
-    min_finished: int = Field(default=5, ge=1)
-    check_every_s: float = Field(default=2.0, gt=0)
+    failed_rate: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="share of failed jobs in the window that fails over",
+    )
+    window: str = Field(default="1h", description="the span of finished jobs judged (30m, 1h, 1d)")
+    min_finished: int = Field(
+        default=5, ge=1, description="fewer jobs finished in the window decide nothing"
+    )
+    check_every_s: float = Field(
+        default=2.0, gt=0, description="seconds between looks at the real env"
+    )
 
     def policy(self) -> WatchdogPolicy | None:
         if not self.standby:

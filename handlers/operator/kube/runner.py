@@ -70,8 +70,12 @@ class KubeSettings(BaseSettings):
         description="node label whose value is a node's GPU type: a plan's GPU type "
         "becomes a node selector on it; empty: GPU types are not applied (said so)",
     )
-    resync_seconds: float = Field(default=30.0, gt=0)
-    watch_timeout_seconds: int = Field(default=60, ge=1)
+    resync_seconds: float = Field(
+        default=30.0, gt=0, description="every job is reconciled at least this often"
+    )
+    watch_timeout_seconds: int = Field(
+        default=60, ge=1, description="server-side timeout of each watch (then it resumes)"
+    )
     leader_elect: bool = Field(
         default=True,
         description="hold a coordination.k8s.io Lease so that of several replicas only "

@@ -56,13 +56,20 @@ class LocalSettings(BaseSettings):
         description="a clean stop ends the jobs' processes (a restart starts them again); "
         "a killed operator leaves them running for the next one to adopt",
     )
-    poll_s: float = Field(default=0.25, gt=0, le=10)
+    poll_s: float = Field(
+        default=0.25,
+        gt=0,
+        le=10,
+        description="how often the platform scans its jobs and nodes (starts, ends, changes)",
+    )
     gateway_url: str | None = Field(
         default=None,
         description="where the nodes' SDK follows its plans; unset: "
         "DLROVER_EVENTS_GATEWAY_URL, else the gateway `up` starts (127.0.0.1:8470)",
     )
-    resync_seconds: float = Field(default=30.0, gt=0)
+    resync_seconds: float = Field(
+        default=30.0, gt=0, description="every job is reconciled at least this often"
+    )
     api_host: str = Field(default="127.0.0.1", description="the jobs API (admin token)")
     api_port: int | None = Field(
         default=8490, ge=0, le=65535, description="the jobs API's port; unset: no API"
