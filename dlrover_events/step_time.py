@@ -1,7 +1,7 @@
 """A data-parallel job's step time, fitted from what the job measured.
 
 One model serves two places that must agree: the brain's cluster scheduler predicts a
-job's throughput at allocations it has not seen (streams/brain/schedulers/goodput.py),
+job's throughput at allocations it has not seen (streams/brain/core/schedulers/goodput.py),
 and the simulator runs a job whose application has no traces from the steps it reported
 in its real env (handlers/simulator/measured.py). streams and handlers never import each
 other, so the model and its fit live here, pure: the same samples give the same fit in

@@ -118,7 +118,7 @@ class ScalePlan(JobEvent):
     remove_nodes: list[NodeRef] = Field(default_factory=list, max_length=MAX_NODES)
     migrate_nodes: list[MigrateNode] = Field(default_factory=list, max_length=MAX_NODES)
     training: Document = Field(default_factory=dict)
-    # What a cluster scheduler (streams.brain.schedulers) decides beyond counts. Left out
+    # What a cluster scheduler (streams.brain.core.schedulers) decides beyond counts. Left out
     # of the JSON when unset, so a plan without them is the same bytes as before.
     placement: dict[Text, Gpus] = Field(
         default_factory=dict,

@@ -62,7 +62,7 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from streams import archiver
-from streams.brain.app import Brain
+from streams.brain.runtime.app import Brain
 
 log = logging.getLogger(__name__)
 

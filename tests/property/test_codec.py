@@ -468,7 +468,7 @@ def test_what_jobs_report_reads_back_as_sent() -> None:
 
 def test_a_sample_without_the_new_fields_encodes_as_before() -> None:
     """Unset, they are left out of the JSON: such samples are the bytes they were before
-    the fields existed, and so keep the brain's fast read (`streams/brain/samples.py`
+    the fields existed, and so keep the brain's fast read (`streams/brain/core/samples.py`
     refuses any field it was not built with)."""
     event = RuntimeSample(env="prod", job=JobMeta(uuid="job-1"), global_step=1)
     written = orjson.loads(encode(event))

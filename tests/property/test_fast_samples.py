@@ -26,9 +26,9 @@ from schemas.bounds import (
 from schemas.codec import CodecError, decode
 from schemas.events import AnyEvent
 from schemas.jobs import JobMeta, NodeUsage, RuntimeSample
-from streams.brain.processor import decode_event
-from streams.brain.samples import SampleRead, read_sample, sample_of
-from streams.brain.state import JobState
+from streams.brain.core.processor import decode_event
+from streams.brain.core.samples import SampleRead, read_sample, sample_of
+from streams.brain.core.state import JobState
 
 _EVENT: TypeAdapter[Any] = TypeAdapter(AnyEvent)
 

@@ -17,8 +17,8 @@ from dlrover_events.env_settings import (
 )
 from schemas.env_settings import MAX_SETTINGS_BYTES, EnvSettings, OperatorSettings
 from schemas.settings_doc import BEGIN, END, with_reference
-from streams.brain.planner import Limits
-from streams.brain.triggers import Policy
+from streams.brain.core.planner import Limits
+from streams.brain.core.triggers import Policy
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER = {"name": "goodput-cluster", "nodes": 4, "gpus_per_node": 8}

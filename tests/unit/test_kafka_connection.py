@@ -13,7 +13,7 @@ import pytest
 
 from dlrover_events.kafka_client import kafka_connection, ssl_context
 from dlrover_events.settings import Settings, SettingsError
-from streams.brain.faust_glue import broker_credentials
+from streams.brain.runtime.faust_glue import broker_credentials
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT = re.compile(r"AIOKafka(Producer|Consumer|AdminClient|Client)\(")

@@ -71,7 +71,7 @@ def test_imports_point_one_way() -> None:
     ("source", "module"),
     [
         ("schemas/x.py", "dlrover_events.bus"),
-        ("dlrover_events/x.py", "streams.brain.app"),
+        ("dlrover_events/x.py", "streams.brain.runtime.app"),
         ("streams/x.py", "handlers.gateway.app"),
         ("handlers/console/x.py", "handlers.gateway.runtime"),
     ],

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from dlrover_events.settings import Settings
-from streams.brain.app import Brain
+from streams.brain.runtime.app import Brain
 
 
 class PausingBrain(Brain):

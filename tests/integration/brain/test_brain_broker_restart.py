@@ -20,7 +20,7 @@ from dlrover_events.topic_reader import TopicReader
 from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic
 from schemas import encode
 from schemas.jobs import JobMeta
-from streams.brain.app import Brain
+from streams.brain.runtime.app import Brain
 from tests.conftest import ARTIFACTS, unique_env
 from tests.integration.brain.workload import expected_plans, job_events, plans_on, wait_for
 

@@ -14,7 +14,7 @@ from dlrover_events.settings import Settings
 from dlrover_events.topics import CONFIG_CHANGES, topic
 from schemas.config import ConfigChange, ConfigDocument
 from schemas.jobs import JobMeta
-from streams.brain.configs import ConfigFollower
+from streams.brain.runtime.configs import ConfigFollower
 from tests.conftest import EnvFactory, unique_env
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from dlrover_events.store import EnvStore
 from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, topic
 from schemas import encode
 from schemas.jobs import JobMeta
-from streams.brain.app import Brain
+from streams.brain.runtime.app import Brain
 from tests.conftest import REPO, EnvFactory
 from tests.integration.brain.workload import expected_plans, job_events, plans_on, wait_for
 

@@ -3,7 +3,7 @@ decides: the same plan ids with the same bodies, none lost.
 
 What the brain decides for a job depends on how its `job.metrics` and `job.events`
 interleave; each restart reads a backlog cut into other fetch batches than the live run
-read. The merge by event time (streams/brain/merge.py) makes the order a function of the
+read. The merge by event time (streams/brain/core/merge.py) makes the order a function of the
 records, so the plans are too.
 """
 
@@ -22,7 +22,7 @@ from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, JOB_METRICS, SCALE_PL
 from schemas import encode
 from schemas.envelope import Event
 from schemas.jobs import JobMeta, RuntimeSample
-from streams.brain.app import Brain
+from streams.brain.runtime.app import Brain
 from tests.conftest import REPO, EnvFactory
 from tests.integration.brain.workload import job_events, plans_on, wait_for
 

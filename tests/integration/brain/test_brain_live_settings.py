@@ -21,10 +21,10 @@ from dlrover_events.settings import Settings
 from dlrover_events.topics import SCALE_PLANS, topic
 from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import ScalePlan
-from streams.brain.app import service
-from streams.brain.planner import Limits
-from streams.brain.state import GiB
-from streams.brain.triggers import Policy, step
+from streams.brain.core.planner import Limits
+from streams.brain.core.state import GiB
+from streams.brain.core.triggers import Policy, step
+from streams.brain.runtime.app import service
 from tests.conftest import run_cli, unique_env
 from tests.integration.brain.workload import (
     oom,
@@ -105,7 +105,7 @@ async def _set(settings: Settings, pg_dsn: str, env: str, *args: str) -> None:
 async def test_a_limit_changed_by_the_cli_changes_the_next_plan(
     settings: Settings, pg_dsn: str, running_brain: ServiceContext, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="streams.brain.live_policy")
+    caplog.set_level(logging.INFO, logger="streams.brain.runtime.live_policy")
     env = running_brain.env
     before, after = Policy(), Policy(limits=Limits(max_memory_step=GiB))
     want_before = _expected_memory(env, "job-before", before)

@@ -11,7 +11,7 @@ from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.topics import JOB_EVENTS, topic
 from schemas.jobs import JobMeta, JobStarted
-from streams.brain.app import service
+from streams.brain.runtime.app import service
 from tests.conftest import EnvFactory
 from tests.integration.brain.workload import oom, submitted, wait_for
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-import streams.brain.app as brain_app
+import streams.brain.runtime.app as brain_app
 from dlrover_events.bus import Producer, read_topic
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
@@ -19,10 +19,10 @@ from schemas.config import ConfigChange, ConfigDocument
 from schemas.dlq import DeadLetter, FailureKind
 from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import OptimizePlan, ScalePlan
-from streams.brain.app import Brain
-from streams.brain.planner import plan_id
-from streams.brain.processor import Output
-from streams.brain.state import GiB, JobState, JobStatus
+from streams.brain.core.planner import plan_id
+from streams.brain.core.processor import Output
+from streams.brain.core.state import GiB, JobState, JobStatus
+from streams.brain.runtime.app import Brain
 from tests.conftest import EnvFactory
 from tests.integration.brain.workload import oom, plans_on, sample, submitted, wait_for
 

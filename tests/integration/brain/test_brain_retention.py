@@ -17,13 +17,13 @@ from dlrover_events.store import EnvStore, connect, env_schema, prepare_env
 from dlrover_events.store.database import quote_ident
 from schemas import encode
 from schemas.jobs import JobCompleted, JobMeta, JobStarted
-from streams.brain.app import Brain
-from streams.brain.checkpoint import BrainStore, Snapshot
-from streams.brain.processor import BrainProcessor
-from streams.brain.retention import Pruned, Pruner, prune
-from streams.brain.samples import JobRef, SampleRead
-from streams.brain.state import JobState, JobStatus, Sample, fold
-from streams.brain.triggers import Policy, Retention
+from streams.brain.core.processor import BrainProcessor
+from streams.brain.core.samples import JobRef, SampleRead
+from streams.brain.core.state import JobState, JobStatus, Sample, fold
+from streams.brain.core.triggers import Policy, Retention
+from streams.brain.runtime.app import Brain
+from streams.brain.runtime.checkpoint import BrainStore, Snapshot
+from streams.brain.runtime.retention import Pruned, Pruner, prune
 from tests.conftest import EnvFactory, unique_env
 from tests.unit.brain.builders import Rec
 

@@ -19,8 +19,8 @@ from dlrover_events.store import EnvStore
 from dlrover_events.topics import SCALE_PLANS, topic
 from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import ScalePlan
-from streams.brain.app import Brain, service
-from streams.brain.planner import plan_id
+from streams.brain.core.planner import plan_id
+from streams.brain.runtime.app import Brain, service
 from tests.conftest import REPO, EnvFactory, cli_environ, unique_env
 from tests.integration.brain.workload import oom, plans_on, submitted
 
@@ -78,7 +78,7 @@ async def test_command_runs_until_sigterm(
     env = (await make_env()).name
     want = await _publish_oom_job(settings, env, "job-cmd")
     environ = cli_environ(settings, pg_dsn)
-    script = "import typer; from streams.brain.app import brain; typer.run(brain)"
+    script = "import typer; from streams.brain.runtime.app import brain; typer.run(brain)"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -115,7 +115,7 @@ async def test_command_says_so_when_the_env_is_missing(settings: Settings, pg_ds
     script = (
         "import sys, typer\n"
         "from dlrover_events.errors import UserError\n"
-        "from streams.brain.app import brain\n"
+        "from streams.brain.runtime.app import brain\n"
         "try:\n"
         "    typer.run(brain)\n"
         "except UserError as e:\n"

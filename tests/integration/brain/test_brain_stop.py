@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 SCRIPT = (
     "import logging, typer\n"
     "logging.basicConfig(level=logging.WARNING)\n"
-    "from streams.brain.app import brain\n"
+    "from streams.brain.runtime.app import brain\n"
     "typer.run(brain)\n"
 )
 

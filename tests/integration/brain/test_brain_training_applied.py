@@ -17,8 +17,8 @@ from dlrover_events.store import EnvStore
 from dlrover_events.topics import SCALE_PLANS, topic
 from schemas.jobs import JobMeta, JobStarted, NodeOOM, NodeRef, OOMKind
 from schemas.plans import NotApplied, ScalePlan, ScaleResult, ScaleStatus, TrainingApplied
-from streams.brain.app import Brain
-from streams.brain.state import JobState
+from streams.brain.core.state import JobState
+from streams.brain.runtime.app import Brain
 from tests.conftest import EnvFactory
 from tests.integration.brain.workload import T0, plans_on, sample, submitted
 

@@ -25,8 +25,8 @@ from dlrover_events.settings import Settings
 from dlrover_events.topics import BRAIN_PLANS, SCALE_PLANS, topic
 from schemas import encode
 from schemas.plans import ScalePlan
-from streams.brain.app import service
-from streams.brain.leader import APP_PREFIX, LOCK_CLASS, Leadership, Role
+from streams.brain.runtime.app import service
+from streams.brain.runtime.leader import APP_PREFIX, LOCK_CLASS, Leadership, Role
 from tests.conftest import REPO, cli_environ, unique_env
 from tests.integration.brain.workload import plans_on, scheduled_job, scheduler_leaders, wait_for
 
@@ -112,7 +112,7 @@ class BrainProcess:
 
 async def _start_brain(settings: Settings, pg_dsn: str, env: str) -> BrainProcess:
     environ = {**cli_environ(settings, pg_dsn), "DLROVER_EVENTS_FENCE_CHECK_S": str(POLL_S)}
-    script = "import typer; from streams.brain.app import brain; typer.run(brain)"
+    script = "import typer; from streams.brain.runtime.app import brain; typer.run(brain)"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -193,7 +193,7 @@ class _Said(logging.Handler):
 @pytest.fixture
 def said() -> Iterator[_Said]:
     handler = _Said()
-    logger = logging.getLogger("streams.brain.leader")
+    logger = logging.getLogger("streams.brain.runtime.leader")
     logger.addHandler(handler)
     try:
         yield handler

@@ -24,9 +24,9 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from schemas.plans import OptimizePlan, ScalePlan
-from streams.brain.leader import LOCK_CLASS
-from streams.brain.state import GiB
-from streams.brain.triggers import Policy, step
+from streams.brain.core.state import GiB
+from streams.brain.core.triggers import Policy, step
+from streams.brain.runtime.leader import LOCK_CLASS
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 

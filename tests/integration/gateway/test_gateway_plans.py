@@ -32,7 +32,7 @@ from schemas.plans import (
     ScaleResult,
     ScaleStatus,
 )
-from streams.brain.app import Brain
+from streams.brain.runtime.app import Brain
 from tests.integration.gateway.conftest import Running, gateway_settings
 
 pytestmark = pytest.mark.integration

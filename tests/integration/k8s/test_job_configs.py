@@ -20,7 +20,7 @@ from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RE
 from schemas.config import ConfigChange, ConfigDocument
 from schemas.jobs import JobSubmitted
 from schemas.plans import OptimizePlan, ScaleResult, ScaleStatus
-from streams.brain.app import service as brain_service
+from streams.brain.runtime.app import service as brain_service
 from tests.integration.tap import Tap
 
 from .test_elastic_jobs import create_job

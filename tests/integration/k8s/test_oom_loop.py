@@ -26,10 +26,10 @@ from handlers.operator.kube.model import PodView
 from schemas.envelope import Event
 from schemas.jobs import JobStarted, NodeOOM, OOMKind
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
-from streams.brain.app import service as brain_service
-from streams.brain.optimizers.gpu import HostOOMParams
-from streams.brain.planner import Limits
-from streams.brain.state import JobState, ceil_int
+from streams.brain.core.optimizers.gpu import HostOOMParams
+from streams.brain.core.planner import Limits
+from streams.brain.core.state import JobState, ceil_int
+from streams.brain.runtime.app import service as brain_service
 from tests.integration.tap import Tap
 
 from .kube import FakeKubelet

@@ -21,7 +21,7 @@ from kubernetes_asyncio import client
 from dlrover_events.config_client import TOKEN_ENV, URL_ENV
 from dlrover_events.settings import Settings
 from handlers.gateway.runtime import GatewayServer, GatewaySettings
-from streams.brain.app import Brain
+from streams.brain.runtime.app import Brain
 from tests.conftest import REPO, cli_environ, unique_env
 from tests.integration.test_bootstrap import bootstrap
 

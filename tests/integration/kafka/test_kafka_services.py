@@ -14,7 +14,7 @@ from dlrover_events.store import EnvStore
 from dlrover_events.supervisor import is_fatal
 from dlrover_events.topics import SCALE_PLANS, topic
 from schemas.plans import ScalePlan
-from streams.brain.app import service
+from streams.brain.runtime.app import service
 from tests.integration.brain.test_brain_service import _publish_oom_job
 from tests.integration.brain.workload import plans_on
 from tests.integration.kafka.conftest import Pki, environ, sasl, secure_settings, tls

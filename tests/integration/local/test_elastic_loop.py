@@ -20,9 +20,9 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from handlers.operator.local.bench import memberships as worker_lines
 from schemas.jobs import JobSubmitted, RuntimeSample
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
-from streams.brain.app import Brain
-from streams.brain.planner import Limits
-from streams.brain.triggers import Policy
+from streams.brain.core.planner import Limits
+from streams.brain.core.triggers import Policy
+from streams.brain.runtime.app import Brain
 from tests.conftest import cli_environ
 from tests.integration.local.conftest import Local
 

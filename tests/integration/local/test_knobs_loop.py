@@ -19,7 +19,7 @@ from dlrover_events.settings import Settings
 from handlers.gateway.runtime import GatewayServer, GatewaySettings
 from schemas.jobs import JobSubmitted, NodeOOM, NodeRef, OOMKind, RuntimeSample
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus, TrainingApplied
-from streams.brain.app import Brain
+from streams.brain.runtime.app import Brain
 from tests.integration.local.conftest import Local
 from tests.integration.local.test_elastic_loop import ROOT, example_job, of_plan, wait_for
 from tests.integration.local.test_local_platform import sleeper_job

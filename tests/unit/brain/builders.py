@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 
 from schemas.jobs import JobMeta, NodeUsage, OOMKind
-from streams.brain.optimizers import REGISTRY, OptimizeContext, Proposal
-from streams.brain.state import (
+from streams.brain.core.optimizers import REGISTRY, OptimizeContext, Proposal
+from streams.brain.core.state import (
     GiB,
     JobState,
     JobStatus,

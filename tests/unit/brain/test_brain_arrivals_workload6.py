@@ -11,8 +11,8 @@ from datetime import timedelta
 from handlers.simulator.workload import parse_workload, workload_path
 from schemas import encode
 from schemas.lockstep import Barrier
-from streams.brain.processor import BrainProcessor
-from streams.brain.triggers import Policy
+from streams.brain.core.processor import BrainProcessor
+from streams.brain.core.triggers import Policy
 from tests.unit.brain.builders import ENV, T0, Rec
 
 EVENTS = f"{ENV}.job.events"

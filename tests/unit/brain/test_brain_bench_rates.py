@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.brain.bench import printed_rates
+from streams.brain.bench.run import printed_rates
 
 rates = st.floats(min_value=1.0, max_value=1e7, allow_nan=False)
 

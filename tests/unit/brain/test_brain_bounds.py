@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from dlrover_events.errors import UserError
 from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_REPLICAS
-from streams.brain.dry_run import dry_run, parse_state
-from streams.brain.optimizers import REGISTRY
-from streams.brain.state import PS, WORKER, ceil_int
+from streams.brain.core.optimizers import REGISTRY
+from streams.brain.core.state import PS, WORKER, ceil_int
+from streams.brain.runtime.dry_run import dry_run, parse_state
 
 from .builders import T0
 

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from schemas.codec import encode
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan
-from streams.brain.core import merge
-from streams.brain.optimizers import Proposal
-from streams.brain.planner import PLAN_NAMESPACE, plan_event_id, plan_id
-from streams.brain.router import Condition, condition
-from streams.brain.state import WORKER, Stage
+from streams.brain.core.decide import merge
+from streams.brain.core.optimizers import Proposal
+from streams.brain.core.planner import PLAN_NAMESPACE, plan_event_id, plan_id
+from streams.brain.core.router import Condition, condition
+from streams.brain.core.state import WORKER, Stage
 
 from .builders import ENV, T0, meta, oom, sample, state, use
 

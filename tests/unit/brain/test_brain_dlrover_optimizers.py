@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from schemas.plans import NodeGroupResource, NodeResource
-from streams.brain.optimizers.dlrover import free_rate, speed_trend
-from streams.brain.state import PS, WORKER, JobState, NodeStatus, RoleResources, Stage
+from streams.brain.core.optimizers.dlrover import free_rate, speed_trend
+from streams.brain.core.state import PS, WORKER, JobState, NodeStatus, RoleResources, Stage
 
 from .builders import (
     T0,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dlrover_events.errors import UserError
-from streams.brain.dry_run import dry_run, optimize, optimizers, parse_history, parse_state
-from streams.brain.state import WORKER, NodeStatus, RoleResources
+from streams.brain.core.state import WORKER, NodeStatus, RoleResources
+from streams.brain.runtime.dry_run import dry_run, optimize, optimizers, parse_history, parse_state
 
 from .builders import T0, GiB, completed, node, nodes, oom, state, use
 

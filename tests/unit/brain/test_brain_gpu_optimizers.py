@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource
-from streams.brain.optimizers.fit import _solve, nnls
-from streams.brain.optimizers.gpu import fit_throughput, observations, smaller_micro_batch
-from streams.brain.state import WORKER, JobState, NodeStatus, RoleResources, Sample
+from streams.brain.core.optimizers.fit import _solve, nnls
+from streams.brain.core.optimizers.gpu import fit_throughput, observations, smaller_micro_batch
+from streams.brain.core.state import WORKER, JobState, NodeStatus, RoleResources, Sample
 
 from .builders import GiB, node, nodes, oom, run, sample, state, use
 

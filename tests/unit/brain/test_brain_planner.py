@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
-from streams.brain.core import Decision, decide
-from streams.brain.planner import Limits, plan_id, plan_scale
-from streams.brain.state import PS, WORKER, JobState, NodeStatus, Pinned, RoleResources, Stage
+from streams.brain.core.decide import Decision, decide
+from streams.brain.core.planner import Limits, plan_id, plan_scale
+from streams.brain.core.state import PS, WORKER, JobState, NodeStatus, Pinned, RoleResources, Stage
 
 from .builders import ENV, T0, GiB, meta, node, nodes, oom, state
 

@@ -21,9 +21,9 @@ from schemas.jobs import (
     RoleSpec,
 )
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
-from streams.brain.checkpoint import Loaded
-from streams.brain.processor import BrainProcessor, decode_event
-from streams.brain.state import GiB, JobStatus
+from streams.brain.core.processor import BrainProcessor, decode_event
+from streams.brain.core.state import GiB, JobStatus
+from streams.brain.runtime.checkpoint import Loaded
 
 from .builders import ENV, T0, Rec
 
@@ -148,8 +148,8 @@ def test_a_route_error_is_said_once_per_change() -> None:
 def test_free_gpus_are_the_clusters_less_what_jobs_hold_or_wait_for() -> None:
     from schemas import JobCompleted, JobMeta, JobStarted, JobSubmitted, encode
     from schemas.jobs import RoleSpec
-    from streams.brain.processor import BrainProcessor
-    from streams.brain.triggers import Policy
+    from streams.brain.core.processor import BrainProcessor
+    from streams.brain.core.triggers import Policy
 
     class Rec:
         def __init__(self, offset: int, value: bytes) -> None:

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from schemas import encode
 from schemas.jobs import JobMeta, JobStarted
-from streams.brain.checkpoint import Loaded
-from streams.brain.processor import BrainProcessor
-from streams.brain.retention import Finished, Pruning, select
-from streams.brain.state import JobState, JobStatus
-from streams.brain.triggers import Policy, Retention
+from streams.brain.core.processor import BrainProcessor
+from streams.brain.core.state import JobState, JobStatus
+from streams.brain.core.triggers import Policy, Retention
+from streams.brain.runtime.checkpoint import Loaded
+from streams.brain.runtime.retention import Finished, Pruning, select
 
 from .builders import ENV, T0, Rec
 

@@ -8,10 +8,10 @@ import pytest
 
 from schemas.jobs import OOMKind
 from schemas.plans import ResourcePlan
-from streams.brain.core import Decision, NoDecision, decide
-from streams.brain.optimizers import REGISTRY, NoParams, OptimizeContext, Proposal
-from streams.brain.router import Condition, Route, RouteError, route
-from streams.brain.state import PS, WORKER, JobState, RoleResources, Stage
+from streams.brain.core.decide import Decision, NoDecision, decide
+from streams.brain.core.optimizers import REGISTRY, NoParams, OptimizeContext, Proposal
+from streams.brain.core.router import Condition, Route, RouteError, route
+from streams.brain.core.state import PS, WORKER, JobState, RoleResources, Stage
 
 from .builders import T0, node, nodes, oom, sample, state, use
 

@@ -1,4 +1,4 @@
-"""A job's memo (`streams.brain.memo`) gives what a plain computation gives.
+"""A job's memo (`streams.brain.core.memo`) gives what a plain computation gives.
 
 goodput's observations and the straggler detector read every sample of a job at every
 decision, so what they derive from a sample is made once per sample, in the job's memo;
@@ -19,15 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.jobs import NodeUsage, RuntimeSample
-from streams.brain.memo import TABLE_LIMIT, SampleMemo
-from streams.brain.optimizers import gpu
-from streams.brain.optimizers.gpu import (
+from streams.brain.core.memo import TABLE_LIMIT, SampleMemo
+from streams.brain.core.optimizers import gpu
+from streams.brain.core.optimizers.gpu import (
     StepObservation,
     StragglerParams,
     find_stragglers,
     observations,
 )
-from streams.brain.state import (
+from streams.brain.core.state import (
     MAX_SAMPLES,
     WORKER,
     JobState,

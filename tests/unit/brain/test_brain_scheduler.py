@@ -23,11 +23,11 @@ from schemas.jobs import (
 )
 from schemas.lockstep import Barrier
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
-from streams.brain.cluster_round import job_model, memory_for, run_round
-from streams.brain.planner import DEFAULT_LIMITS
-from streams.brain.processor import BrainProcessor
-from streams.brain.state import PROFILE_SAMPLES, GiB, JobState, fold
-from streams.brain.triggers import Policy
+from streams.brain.core.cluster_round import job_model, memory_for, run_round
+from streams.brain.core.planner import DEFAULT_LIMITS
+from streams.brain.core.processor import BrainProcessor
+from streams.brain.core.state import PROFILE_SAMPLES, GiB, JobState, fold
+from streams.brain.core.triggers import Policy
 
 from .builders import ENV, T0, Rec
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from schemas.plans import NodeGroupResource, NodeResource
-from streams.brain.dry_run import dry_run, parse_state
-from streams.brain.state import PS, WORKER, NodeStatus, RoleResources
+from streams.brain.core.state import PS, WORKER, NodeStatus, RoleResources
+from streams.brain.runtime.dry_run import dry_run, parse_state
 
 from .builders import T0, GiB, completed, node, nodes, oom, run, samples, state, use
 

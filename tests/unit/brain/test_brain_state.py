@@ -33,7 +33,7 @@ from schemas.plans import (
     ScaleResult,
     ScaleStatus,
 )
-from streams.brain.state import (
+from streams.brain.core.state import (
     MAX_SAMPLES,
     PS,
     WORKER,

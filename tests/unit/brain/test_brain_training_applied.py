@@ -23,9 +23,9 @@ from schemas.plans import (
     ScaleStatus,
     TrainingApplied,
 )
-from streams.brain.planner import plan_scale
-from streams.brain.processor import BrainProcessor
-from streams.brain.state import (
+from streams.brain.core.planner import plan_scale
+from streams.brain.core.processor import BrainProcessor
+from streams.brain.core.state import (
     WORKER,
     AwaitedTraining,
     JobState,
@@ -33,7 +33,7 @@ from streams.brain.state import (
     fold_all,
     record_decision,
 )
-from streams.brain.triggers import Policy, step
+from streams.brain.core.triggers import Policy, step
 
 from .builders import ENV, T0, GiB, Rec, meta, use
 

@@ -19,9 +19,9 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from schemas.plans import OptimizeRequest
-from streams.brain.planner import plan_id
-from streams.brain.state import GiB, JobState
-from streams.brain.triggers import Policy, StepOutcome, step
+from streams.brain.core.planner import plan_id
+from streams.brain.core.state import GiB, JobState
+from streams.brain.core.triggers import Policy, StepOutcome, step
 
 from .builders import ENV, T0
 

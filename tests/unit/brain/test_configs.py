@@ -12,7 +12,7 @@ from dlrover_events.config_matching import Change, job_attributes, make_job
 from handlers.gateway.state import GatewayState
 from schemas.config import ConfigChange, ConfigDocument
 from schemas.jobs import JobMeta
-from streams.brain.config_index import ConfigIndex, effective_config
+from streams.brain.core.config_index import ConfigIndex, effective_config
 
 ALICE = JobMeta(uuid="j1", user="alice", scenario="bert", labels={"team": "speech"})
 BOB = JobMeta(uuid="j2", user="bob", group="g")

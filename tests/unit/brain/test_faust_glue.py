@@ -10,8 +10,8 @@ from importlib.metadata import version
 
 import pytest
 
-from streams.brain import faust_glue
-from streams.brain.faust_glue import RELIES_ON
+from streams.brain.runtime import faust_glue
+from streams.brain.runtime.faust_glue import RELIES_ON
 
 #: the parameters of the private methods the glue overrides or calls
 SIGNATURES = {
@@ -47,7 +47,7 @@ def test_a_private_member_the_brain_relies_on_is_there(owner: type, name: str) -
     where = f"{owner.__module__}.{owner.__qualname__}.{name}"
     assert hasattr(owner, name) or _set_in_source(owner, name), (
         f"{where} is gone (faust-streaming {version('faust-streaming')}, aiokafka "
-        f"{version('aiokafka')}): streams/brain/faust_glue.py relies on it"
+        f"{version('aiokafka')}): streams/brain/runtime/faust_glue.py relies on it"
     )
     if name in SIGNATURES:
         params = list(inspect.signature(getattr(owner, name)).parameters)

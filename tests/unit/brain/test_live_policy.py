@@ -1,4 +1,4 @@
-"""A running brain's policy follows its env's settings (`streams.brain.live_policy`): a
+"""A running brain's policy follows its env's settings (`streams.brain.runtime.live_policy`): a
 newer version is handed to the brain, or, when it changes who decides the env, asks for
 a regroup; a version it cannot run with, or an older one, is not taken."""
 
@@ -12,9 +12,9 @@ import pytest
 from dlrover_events.control import SettingsFollower
 from dlrover_events.settings import Settings
 from schemas.control import EnvAnnouncement, EnvMode
-from streams.brain.live_policy import LivePolicy
-from streams.brain.planner import Limits
-from streams.brain.triggers import Policy
+from streams.brain.core.planner import Limits
+from streams.brain.core.triggers import Policy
+from streams.brain.runtime.live_policy import LivePolicy
 
 ENV = "live"
 SCHEDULER = {"name": "tiresias", "nodes": 2, "gpus_per_node": 4}

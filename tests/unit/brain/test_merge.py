@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.brain.merge import TP, Fetch, Merge, event_time
+from streams.brain.core.merge import TP, Fetch, Merge, event_time
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from typing import TypeVar
 
 from schemas.bounds import MAX_REPLICAS
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan
-from streams.brain.planner import Limits, plan_scale
-from streams.brain.state import WORKER, RoleResources, Stage
+from streams.brain.core.planner import Limits, plan_scale
+from streams.brain.core.state import WORKER, RoleResources, Stage
 
 from .builders import ENV, T0, GiB, meta, node, nodes, state
 

@@ -9,8 +9,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.brain.schedulers.goodput import BatchLimits, GradStats, JobModel, PerfParams
-from streams.brain.schedulers.goodput_cluster import (
+from streams.brain.core.schedulers.goodput import BatchLimits, GradStats, JobModel, PerfParams
+from streams.brain.core.schedulers.goodput_cluster import (
     Action,
     Cluster,
     ClusterNode,

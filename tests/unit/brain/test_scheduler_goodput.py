@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from streams.brain.schedulers import SCHEDULERS, get_scheduler
-from streams.brain.schedulers.goodput import (
+from streams.brain.core.schedulers import SCHEDULERS, get_scheduler
+from streams.brain.core.schedulers.goodput import (
     BatchLimits,
     GradStats,
     JobModel,
@@ -15,8 +15,8 @@ from streams.brain.schedulers.goodput import (
     StepSample,
     fit_perf_params,
 )
-from streams.brain.schedulers.goodput_cluster import GoodputClusterParams
-from streams.brain.schedulers.speedup import (
+from streams.brain.core.schedulers.goodput_cluster import GoodputClusterParams
+from streams.brain.core.schedulers.speedup import (
     Shape,
     fair_share,
     power_mean,

@@ -2,7 +2,7 @@
 process: the lockstep an A/B arm runs, without the broker between them.
 
 Each tick the simulated cluster (handlers.simulator.fleet) advances to the tick's end, the
-brain's processor (streams.brain.processor) reads the tick's events and its barrier, and
+brain's processor (streams.brain.core.processor) reads the tick's events and its barrier, and
 the plans it answers with are applied at the tick's end, with their results and the
 events they caused read in the next tick: what the virtual operator and the brain do over
 Kafka (tests/integration/ab/ runs that), the same functions and the same order, so the same
@@ -36,8 +36,8 @@ from schemas.envelope import Event
 from schemas.jobs import JobCompleted, JobFailed, JobSubmitted
 from schemas.lockstep import Barrier
 from schemas.plans import ScalePlan, ScaleResult
-from streams.brain.processor import BrainProcessor
-from streams.brain.triggers import Policy
+from streams.brain.core.processor import BrainProcessor
+from streams.brain.core.triggers import Policy
 
 from .builders import Rec
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from handlers.simulator.artifact import INTERVAL, RESTART_DELAY, SimJob, WorkloadJob, read_workload
 from handlers.simulator.throughput import Application, OutOfTraceError, load_application
 from handlers.simulator.workload import workload_path
-from streams.brain.schedulers.goodput import BatchLimits, GradStats, JobModel
-from streams.brain.schedulers.goodput_cluster import (
+from streams.brain.core.schedulers.goodput import BatchLimits, GradStats, JobModel
+from streams.brain.core.schedulers.goodput_cluster import (
     Cluster,
     GoodputClusterParams,
     JobInput,

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from streams.brain.schedulers import SCHEDULERS, get_scheduler
-from streams.brain.schedulers.goodput import BatchLimits, JobModel
-from streams.brain.schedulers.goodput_cluster import (
+from streams.brain.core.schedulers import SCHEDULERS, get_scheduler
+from streams.brain.core.schedulers.goodput import BatchLimits, JobModel
+from streams.brain.core.schedulers.goodput_cluster import (
     Action,
     Cluster,
     ClusterNode,
@@ -22,7 +22,7 @@ from streams.brain.schedulers.goodput_cluster import (
     Schedule,
     used_gpus,
 )
-from streams.brain.schedulers.tiresias import (
+from streams.brain.core.schedulers.tiresias import (
     QUEUE_THRESHOLD_GPU_S,
     TiresiasParams,
     queue_order,

@@ -26,8 +26,8 @@ from handlers.simulator.artifact import (
 )
 from handlers.simulator.throughput import load_application
 from handlers.simulator.workload import workload_path
-from streams.brain.schedulers.goodput import BatchLimits, GradStats, JobModel
-from streams.brain.schedulers.goodput_cluster import (
+from streams.brain.core.schedulers.goodput import BatchLimits, GradStats, JobModel
+from streams.brain.core.schedulers.goodput_cluster import (
     Action,
     Cluster,
     ClusterNode,
@@ -35,7 +35,7 @@ from streams.brain.schedulers.goodput_cluster import (
     Placement,
     used_gpus,
 )
-from streams.brain.schedulers.tiresias import (
+from streams.brain.core.schedulers.tiresias import (
     QUEUE_THRESHOLD_GPU_S,
     TiresiasParams,
     tiresias,

@@ -13,7 +13,7 @@ from handlers.simulator.job import DEFAULT_ORIGIN, JobSimulator
 from handlers.simulator.throughput import application_names, load_application
 from schemas.jobs import JobMeta, JobSubmitted, RoleSpec, RuntimeSample
 from schemas.plans import NodeGroupResource, ScalePlan
-from streams.brain.schedulers.goodput import (
+from streams.brain.core.schedulers.goodput import (
     BatchLimits,
     GradStats,
     JobModel,

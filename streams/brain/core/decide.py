@@ -1,0 +1,164 @@
+"""One decision of the brain for one job: router -> optimizers -> planner, as a pure
+function, shared by the stream processor and the dry run so both decide alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
+from streams.brain.core.memo import SampleMemo
+from streams.brain.core.optimizers import REGISTRY, OptimizeContext, Proposal, Registry
+from streams.brain.core.planner import Limits, plan_envelope, plan_id, plan_scale
+from streams.brain.core.router import Route, RouteError, route
+from streams.brain.core.state import JobState
+
+
+@dataclass(frozen=True)
+class Decision:
+    optimize_plan: OptimizePlan
+    scale_plan: ScalePlan | None
+    handled_ooms: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NoDecision:
+    """The optimizers ran and none of them wants a change."""
+
+    stage: str
+    optimizers: tuple[str, ...]
+    reason: str
+
+
+#: What a role or node has before any proposal sets something; only ever copied.
+_UNSET = NodeResource()
+
+
+def _overlay(base: NodeResource, more: NodeResource) -> NodeResource:
+    # `__dict__` is `model_dump()` of a flat model, without the serializer's cost; the
+    # copy keeps values as the optimizer gave them (validating would make ints floats)
+    update = {k: v for k, v in more.__dict__.items() if v not in (0, "")}
+    if not update and base is _UNSET:
+        return NodeResource()  # what copying the defaults gives, fields set none
+    return base.model_copy(update=update)
+
+
+def merge(proposals: Sequence[Proposal]) -> Proposal:
+    """One plan from the proposals of several steps (create: workers and PS); a later
+    step's non-zero values win where two set the same thing."""
+    groups: dict[str, NodeGroupResource] = {}
+    nodes: dict[str, NodeResource] = {}
+    training: dict[str, object] = {}
+    for proposal in proposals:
+        for role, group in proposal.resource.node_group_resources.items():
+            old = groups.get(role)
+            groups[role] = NodeGroupResource(
+                count=group.count or (0 if old is None else old.count),
+                node_resource=_overlay(
+                    _UNSET if old is None else old.node_resource, group.node_resource
+                ),
+            )
+        for key, res in proposal.resource.node_resources.items():
+            nodes[key] = _overlay(nodes.get(key, _UNSET), res)
+        training.update(proposal.resource.training)
+    return Proposal(
+        reason="; ".join(f"{p.optimizer}: {p.reason}" for p in proposals),
+        resource=ResourcePlan(node_group_resources=groups, node_resources=nodes, training=training),
+        handled_ooms=tuple(dict.fromkeys(i for p in proposals for i in p.handled_ooms)),
+        optimizer="+".join(p.optimizer for p in proposals),
+    )
+
+
+def one_line(exc: Exception) -> str:
+    """An exception as one line (a pydantic error lists every field on lines of its own):
+    what a dead letter and the dry run's `error:` line can show."""
+    first = str(exc).strip().splitlines()
+    text = first[0] if first else ""
+    if isinstance(exc, ValidationError) and exc.errors():
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"]) or exc.title
+        text = f"{exc.title}.{where}: {err['msg']}"
+    return f"{type(exc).__name__}: {text}"
+
+
+def run_route(
+    ctx: OptimizeContext, chosen: Route, registry: Registry
+) -> list[Proposal] | RouteError:
+    proposals: list[Proposal] = []
+    for step in chosen.steps:
+        for name in step:
+            spec = registry.get(name)
+            if spec is None:
+                return RouteError("unknown_optimizer", f"unknown optimizer {name!r}")
+            try:
+                params = spec.parse_params(chosen.params.get(name))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"]) or "params"
+                return RouteError(
+                    "invalid_params", f"optimizer {name!r} parameter {where}: {first['msg']}"
+                )
+            try:
+                proposal = spec.run(ctx, params)
+            except Exception as exc:  # one faulty optimizer must not stop the brain
+                return RouteError("optimizer_failed", f"optimizer {name!r} failed: {one_line(exc)}")
+            if proposal is not None:
+                proposals.append(proposal)
+                break
+    return proposals
+
+
+def decide(
+    state: JobState,
+    now: datetime,
+    *,
+    caused_by: str | None = None,
+    optimizer: str | None = None,
+    history: Sequence[JobState] = (),
+    free_gpus: int | None = None,
+    registry: Registry = REGISTRY,
+    limits: Limits | None = None,
+    memo: SampleMemo | None = None,
+) -> Decision | NoDecision | RouteError:
+    """What the brain does about `state` now, caused by the input event `caused_by`
+    (default: the last event folded into the state); `memo` is the job's, if it has one
+    (`streams.brain.core.memo`)."""
+    chosen = route(state, optimizer, registry, memo)
+    if isinstance(chosen, RouteError):
+        return chosen
+    ctx = OptimizeContext(state=state, now=now, history=history, free_gpus=free_gpus, memo=memo)
+    proposals = run_route(ctx, chosen, registry)
+    if isinstance(proposals, RouteError):
+        return proposals
+    if not proposals:
+        return NoDecision(
+            stage=chosen.stage.value,
+            optimizers=tuple(chosen.optimizers),
+            reason=f"{', '.join(chosen.optimizers)} proposed no change",
+        )
+    merged = merge(proposals)
+    cause = caused_by or state.last_event_id
+    optimize_id = plan_id(state.job.uuid, cause or "initial", "optimize")
+    plan = OptimizePlan(
+        **plan_envelope(state, optimize_id, now),
+        stage=chosen.stage.value,
+        optimizer=merged.optimizer,
+        reason=merged.reason,
+        resource=merged.resource,
+        caused_by=cause,
+    )
+    try:
+        planned = plan_scale(state, plan, now, limits)
+    except Exception as exc:  # a state no plan can be made of must not stop the brain
+        return RouteError("planner_failed", f"planning {merged.optimizer} failed: {one_line(exc)}")
+    return Decision(
+        optimize_plan=plan,
+        scale_plan=planned.scale_plan,
+        handled_ooms=merged.handled_ooms,
+        notes=planned.notes,
+    )

@@ -1,0 +1,170 @@
+"""The optimizer contract and the registry that names optimizers.
+
+An optimizer is a pure function of what the brain knows (the job's state, the history of
+completed jobs, the cluster's free GPUs, the time) and its typed parameters, returning a
+Proposal (the content of an OptimizePlan) or None when it has nothing to change. The
+registry is explicit, not discovered by import side effects alone, so that a user adds an
+optimizer with one decorator and `names()`/`describe()` tell what is available.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_GPUS, MAX_REPLICAS
+from schemas.envelope import Model
+from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
+from streams.brain.core.memo import SampleMemo
+from streams.brain.core.state import JobState, JobStatus
+
+
+@dataclass(frozen=True)
+class OptimizeContext:
+    """Inputs of every optimizer; history and free GPUs are optional knowledge. `memo`
+    is the job's (`streams.brain.core.memo`): what an optimizer derives from one sample, it
+    may derive through it, once per sample (none: afresh)."""
+
+    state: JobState
+    now: datetime
+    history: Sequence[JobState] = ()
+    free_gpus: int | None = None
+    memo: SampleMemo | None = None
+
+    def scenario_history(self, days: float) -> list[JobState]:
+        """Completed jobs of the same scenario in the last `days`: DLRover's history.
+
+        A job without a scenario has no history: unrelated jobs must not size each other.
+        """
+        scenario = self.state.job.scenario
+        if not scenario:
+            return []
+        since = self.now - timedelta(days=days)
+        return [
+            job
+            for job in self.history
+            if job.job.scenario == scenario
+            and job.job.uuid != self.state.job.uuid
+            and job.status == JobStatus.COMPLETED
+            and job.completed_at is not None
+            and since <= job.completed_at <= self.now
+        ]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What one optimizer wants, why, and which OOM events it answers."""
+
+    reason: str
+    resource: ResourcePlan
+    handled_ooms: tuple[str, ...] = ()
+    optimizer: str = ""
+
+
+def node_resource(
+    cpu: float = 0, memory: int = 0, gpu_num: int = 0, gpu_memory: int = 0
+) -> NodeResource:
+    """A NodeResource within the contract's bounds. An optimizer's arithmetic on bounded
+    inputs (x 1.2, + 8 GiB, a user's factor) may step past them, which would fail the
+    plan's validation instead of proposing the most a plan may ask; the planner narrows
+    it to the cluster's limits anyway."""
+    return NodeResource(
+        cpu=min(cpu, MAX_CPU),
+        memory=min(memory, MAX_BYTES),
+        gpu_num=min(gpu_num, MAX_GPUS),
+        gpu_memory=min(gpu_memory, MAX_BYTES),
+    )
+
+
+def group_plan(role: str, count: int = 0, cpu: float = 0, memory: int = 0) -> ResourcePlan:
+    """One role's group (0: unchanged), within the contract's bounds."""
+    resource = node_resource(cpu=cpu, memory=memory)
+    return ResourcePlan(
+        node_group_resources={
+            role: NodeGroupResource(count=min(count, MAX_REPLICAS), node_resource=resource)
+        }
+    )
+
+
+class NoParams(Model):
+    """For optimizers without parameters: any given parameter is a mistake."""
+
+
+P = TypeVar("P", bound=BaseModel)
+OptimizerFn = Callable[[OptimizeContext, Any], Proposal | None]
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str
+    description: str
+    params: type[BaseModel]
+    fn: OptimizerFn
+
+    def parse_params(self, raw: Mapping[str, Any] | None) -> BaseModel:
+        """Typed parameters; raises pydantic's ValidationError on a bad value."""
+        return self.params.model_validate(dict(raw or {}))
+
+    def run(self, ctx: OptimizeContext, params: BaseModel) -> Proposal | None:
+        proposal = self.fn(ctx, params)
+        if proposal is None or proposal.resource.is_empty():
+            return None
+        if proposal.__class__ is Proposal:  # what `replace` makes, without its field walk
+            return Proposal(proposal.reason, proposal.resource, proposal.handled_ooms, self.name)
+        return replace(proposal, optimizer=self.name)
+
+
+@dataclass
+class Registry:
+    """Optimizers by name. `copy()` gives a registry a user may extend without changing
+    the brain's default one."""
+
+    specs: dict[str, OptimizerSpec] = field(default_factory=dict)
+
+    def register(
+        self, name: str, description: str, params: type[P]
+    ) -> Callable[
+        [Callable[[OptimizeContext, P], Proposal | None]],
+        Callable[[OptimizeContext, P], Proposal | None],
+    ]:
+        def decorate(
+            fn: Callable[[OptimizeContext, P], Proposal | None],
+        ) -> Callable[[OptimizeContext, P], Proposal | None]:
+            self.add(OptimizerSpec(name=name, description=description, params=params, fn=fn))
+            return fn
+
+        return decorate
+
+    def add(self, spec: OptimizerSpec) -> None:
+        if not spec.name or spec.name != spec.name.strip():
+            raise ValueError(f"optimizer name {spec.name!r} must be non-empty, no padding")
+        if spec.name in self.specs:
+            raise ValueError(f"optimizer {spec.name!r} is already registered")
+        self.specs[spec.name] = spec
+
+    def get(self, name: str) -> OptimizerSpec | None:
+        return self.specs.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self.specs)
+
+    def describe(self) -> list[tuple[str, str]]:
+        return [(name, self.specs[name].description) for name in self.names()]
+
+    def copy(self) -> Registry:
+        return Registry(dict(self.specs))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.specs
+
+    def __iter__(self) -> Iterator[OptimizerSpec]:
+        return iter(self.specs[name] for name in self.names())
+
+
+#: The brain's registry: the built-in optimizers, and any a user registers on it.
+REGISTRY = Registry()
+register = REGISTRY.register

@@ -1,0 +1,363 @@
+"""OptimizePlan -> ScalePlan: what the brain wants, made into what the operator applies.
+
+The planner is where the limits live (DLRover's master applied them, not its Brain), so
+no optimizer, built-in or a user's, can ask the operator for more than the cluster rules
+allow: per-node cpu and memory bounds, replica caps, the job's min/max, cooldowns, and
+the values a user pinned. When nothing is left to change, there is no ScalePlan at all.
+
+A node named in `ResourcePlan.node_resources` is relaunched with the resources given
+(fields at 0 keep the node's own); a node named with all fields at 0 is relaunched as it
+is, which is how a straggler is replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from schemas.bounds import MAX_REPLICAS
+from schemas.env_settings import LimitSettings
+from schemas.jobs import NodeRef
+from schemas.plans import (
+    MigrateNode,
+    Node,
+    NodeGroupResource,
+    NodeResource,
+    OptimizePlan,
+    ScalePlan,
+)
+from streams.brain.core.state import (
+    PS,
+    WORKER,
+    JobState,
+    NodeState,
+    Pinned,
+    RoleResources,
+    Stage,
+    parse_node_key,
+)
+
+#: Namespace of every plan id, so ids are stable across processes and releases.
+PLAN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "plans.brain.dlrover-events")
+
+SOURCE = "brain"
+
+#: Optimizers that recover a failing job; cooldowns must not delay them.
+URGENT_OPTIMIZERS = frozenset({"host-oom", "gpu-oom", "ps-oom", "worker-create-oom", "straggler"})
+
+#: The defaults of every limit an env may set.
+_SETTINGS = LimitSettings()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The planner's limits; an env's `brain.limits` settings set them (defaults there)."""
+
+    min_cpu: float = _SETTINGS.min_cpu
+    max_cpu: float = _SETTINGS.max_cpu
+    min_memory: int = _SETTINGS.min_memory
+    max_memory: int = _SETTINGS.max_memory
+    max_replicas: Mapping[str, int] = field(default_factory=lambda: {WORKER: 60, PS: 15})
+    #: the most one plan raises a node's memory, whichever optimizer asked (an OOM
+    #: optimizer doubling 10 GiB gets 18 GiB, then more at the next OOM if needed)
+    max_memory_step: int = _SETTINGS.max_memory_step
+    ps_cooldown_s: float = _SETTINGS.ps_cooldown_s
+    running_cooldown_s: float = _SETTINGS.running_cooldown_s
+    urgent: frozenset[str] = URGENT_OPTIMIZERS
+
+
+#: The limits of a planner not given any (every decision of the stream processor's
+#: default policy): made once, never changed.
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class Planned:
+    scale_plan: ScalePlan | None
+    notes: tuple[str, ...] = ()
+
+
+_NAMESPACE_BYTES = PLAN_NAMESPACE.bytes
+
+
+def _uuid5(name: str) -> bytes:
+    """The bytes of `uuid.uuid5(PLAN_NAMESPACE, name)`: a decision makes three or four
+    ids, and `uuid.uuid5` and `str(UUID)` validate and convert more than a hash needs."""
+    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + name.encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return bytes(digest)
+
+
+def plan_id(job_uuid: str, caused_by: str, kind: str = "scale") -> str:
+    """Same job, same input event, same kind of plan: same id, on any replay or restart."""
+    h = _uuid5(f"{kind}/{job_uuid}/{caused_by}").hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def plan_event_id(plan: str) -> uuid.UUID:
+    """The envelope id of a plan event, derived from its plan id, so the archive (which
+    dedupes by event_id) keeps one copy of a plan however often it is replayed."""
+    return uuid.UUID(bytes=_uuid5(f"event/{plan}"))
+
+
+def plan_envelope(state: JobState, plan: str, now: datetime) -> dict[str, Any]:
+    """What every plan of the brain says besides its content: for the job's env and job,
+    at `now`, from the brain, with its envelope id derived from its plan id (one place,
+    so per-job decisions and the cluster scheduler's plans cannot drift apart)."""
+    return {
+        "event_id": plan_event_id(plan),
+        "env": state.env,
+        "job": state.job,
+        "occurred_at": now,
+        "source": SOURCE,
+        "plan_id": plan,
+    }
+
+
+_ZERO = NodeResource()
+
+
+def _is_zero(res: NodeResource) -> bool:
+    # what `res == _ZERO` compares, without pydantic's generic __eq__
+    return res.__class__ is NodeResource and res.__dict__ == _ZERO.__dict__
+
+
+def _resource_of(role: RoleResources | NodeState) -> NodeResource:
+    return NodeResource(
+        cpu=role.cpu, memory=role.memory, gpu_num=role.gpu_num, gpu_memory=role.gpu_memory
+    )
+
+
+def _same(a: NodeResource, b: NodeResource) -> bool:
+    return (a.cpu, a.memory, a.gpu_num, a.gpu_memory) == (b.cpu, b.memory, b.gpu_num, b.gpu_memory)
+
+
+def memory_step(current: int, memory: int, limits: Limits) -> int:
+    """`memory` raised from `current` by at most the step limit (never below the minimum
+    per node: a node under it breaks the cluster's rules whatever the step)."""
+    if current > 0 and memory > current + limits.max_memory_step:
+        return max(current + limits.max_memory_step, int(limits.min_memory))
+    return memory
+
+
+def _target(
+    current: NodeResource,
+    wanted: NodeResource,
+    pinned: Pinned | None,
+    limits: Limits,
+    notes: list[str] | None = None,
+    name: str = "",
+    step_from: int | None = None,
+) -> NodeResource:
+    """Current resources with the fields the plan sets, bounded, and pinned values winning
+    over any field the plan tries to change. Memory rises by at most a step from
+    `step_from` (default: the current memory), what the node has before this plan."""
+    cpu, memory, gpu_memory = current.cpu, current.memory, current.gpu_memory
+    if wanted.cpu > 0:
+        cpu = min(max(wanted.cpu, limits.min_cpu), limits.max_cpu)
+        if pinned is not None and pinned.cpu is not None:
+            cpu = pinned.cpu
+    if wanted.memory > 0:
+        memory = min(max(wanted.memory, limits.min_memory), limits.max_memory)
+        before = current.memory if step_from is None else step_from
+        stepped = memory_step(before, memory, limits)
+        if stepped != memory and notes is not None:
+            notes.append(
+                f"{name} memory {memory} B is more than {before} B + "
+                f"{limits.max_memory_step} B in one step: {stepped} B"
+            )
+        memory = stepped
+        if pinned is not None and pinned.memory is not None:
+            memory = pinned.memory
+    if wanted.gpu_memory > 0:
+        gpu_memory = wanted.gpu_memory
+        if pinned is not None and pinned.gpu_memory is not None:
+            gpu_memory = pinned.gpu_memory
+    return current.model_copy(
+        update={
+            "cpu": cpu,
+            "memory": memory,
+            "gpu_num": wanted.gpu_num or current.gpu_num,
+            "gpu_type": wanted.gpu_type or current.gpu_type,
+            "gpu_memory": gpu_memory,
+            "priority": wanted.priority or current.priority,
+        }
+    )
+
+
+def _overlay(own: NodeResource, group: NodeResource, limits: Limits, pinned: bool) -> NodeResource:
+    """A node of a resized group: the group's (already bounded) resources where set, its
+    memory raised by at most a step from the node's own (unless the user pinned it)."""
+    update = {k: v for k, v in group.model_dump().items() if v not in (0, "")}
+    if "memory" in update and not pinned:
+        update["memory"] = memory_step(own.memory, update["memory"], limits)
+    return own.model_copy(update=update)
+
+
+def bound_count(state: JobState, role: str, wanted: int, limits: Limits) -> int:
+    return _bound_count(state, role, state.role(role), wanted, limits)
+
+
+def _bound_count(
+    state: JobState, role: str, spec: RoleResources, wanted: int, limits: Limits
+) -> int:
+    count = max(wanted, spec.min_replicas or 0)
+    if spec.max_replicas is not None:
+        count = min(count, spec.max_replicas)
+    cap = limits.max_replicas.get(role)
+    if cap is not None:
+        count = min(count, cap)
+    pinned = state.pinned.get(role)
+    if pinned is not None and pinned.replicas is not None:
+        count = pinned.replicas
+    # the contract's bound, whatever the state says: a plan launches at most this many
+    return min(count, MAX_REPLICAS)
+
+
+def _alive(state: JobState, spec: RoleResources, role: str) -> tuple[list[NodeState], int, bool]:
+    """The role's live nodes, how many, and whether the brain tracks them. Before any node
+    of the job is known (create stage) the job's replicas (`spec`) stand in, as a count
+    only: only group resources are planned then, and a count is never made into one
+    object per replica (a state read from anywhere may hold any count)."""
+    if state.nodes:
+        alive = state.alive_nodes(role)
+        return alive, len(alive), True
+    return [], spec.replicas, False
+
+
+def _seconds(since: datetime | None, now: datetime) -> float | None:
+    return None if since is None else (now - since).total_seconds()
+
+
+def _training_change(state: JobState, wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The knobs that differ from what the job trains with, less those an accepted plan
+    already asked for and the job has not confirmed yet: asking again would only churn
+    (the job applies them at its next step boundary, or never, and says which)."""
+    awaited = state.awaiting_training.training if state.awaiting_training is not None else {}
+    return {
+        k: v
+        for k, v in wanted.items()
+        if state.training.get(k) != v and (k not in awaited or awaited[k] != v)
+    }
+
+
+def plan_scale(
+    state: JobState, plan: OptimizePlan, now: datetime, limits: Limits | None = None
+) -> Planned:
+    """The ScalePlan for `plan` against the job's current resources, or None with notes
+    saying what held it back."""
+    limits = limits or DEFAULT_LIMITS
+    notes: list[str] = []
+    urgent = bool(set(plan.optimizer.split("+")) & limits.urgent)
+    if not urgent and plan.stage == Stage.RUNNING:  # (the brain writes a Stage's value)
+        since = _seconds(state.last_running_plan_at, now)
+        if since is not None and since < limits.running_cooldown_s:
+            notes.append(
+                f"running-stage plan {since:.0f} s after the last, "
+                f"< {limits.running_cooldown_s:g} s"
+            )
+            return Planned(None, tuple(notes))
+    since_ps = _seconds(state.last_ps_change_at, now)
+    ps_cooling = not urgent and since_ps is not None and since_ps < limits.ps_cooldown_s
+
+    groups: dict[str, NodeGroupResource] = {}
+    launch: list[Node] = []
+    remove: list[NodeRef] = []
+    migrate: dict[str, MigrateNode] = {}
+
+    for role, group in sorted(plan.resource.node_group_resources.items()):
+        if role == PS and ps_cooling:
+            notes.append(f"PS changed {since_ps:.0f} s ago, < {limits.ps_cooldown_s:g} s")
+            continue
+        spec = state.role(role)
+        alive, current_count, tracked = _alive(state, spec, role)
+        current = _resource_of(spec)
+        pinned = state.pinned.get(role)
+        target = _target(current, group.node_resource, pinned, limits, notes, role)
+        count = _bound_count(state, role, spec, group.count or current_count, limits)
+        resized = not _same(target, current)
+        if count == current_count and (not resized or count == 0):
+            continue  # a role without replicas before and after has nothing to resize
+        groups[role] = NodeGroupResource(count=count, node_resource=target)
+        if not tracked:
+            continue
+        if count > current_count:
+            known = [n.id for n in state.nodes.values() if n.type == role]
+            first = max(known, default=-1) + 1
+            launch.extend(
+                Node(type=role, id=first + i, resource=target) for i in range(count - current_count)
+            )
+        gone = (
+            sorted(alive, key=lambda n: n.id, reverse=True)[: current_count - count]
+            if count < current_count
+            else []
+        )
+        remove.extend(NodeRef(type=n.type, id=n.id) for n in gone)
+        if resized:
+            # by identity: the live nodes are distinct nodes (pydantic's == is slow)
+            gone_ids = {id(n) for n in gone}
+            kept = [n for n in alive if id(n) not in gone_ids]
+            for kept_node in kept:
+                own = _resource_of(kept_node)
+                new = _overlay(
+                    own, target, limits, pinned is not None and pinned.memory is not None
+                )
+                if not _same(new, own):
+                    migrate[kept_node.key] = MigrateNode(
+                        node=NodeRef(type=kept_node.type, id=kept_node.id), resource=new
+                    )
+
+    removed = {f"{r.type}-{r.id}" for r in remove}
+    for key, wanted in sorted(plan.resource.node_resources.items()):
+        parsed = parse_node_key(key)
+        node = state.nodes.get(key)
+        if parsed is None or node is None or not node.alive or key in removed:
+            notes.append(f"node {key} is not a live node of the job: left out")
+            continue
+        if node.type == PS and ps_cooling:
+            notes.append(f"PS node {key} changed within {limits.ps_cooldown_s:g} s: left out")
+            continue
+        base = migrate[key].resource if key in migrate else _resource_of(node)
+        if _is_zero(wanted):
+            migrate[key] = MigrateNode(node=NodeRef(type=node.type, id=node.id), resource=base)
+            continue
+        pinned_node = state.pinned.get(node.type)
+        new = _target(base, wanted, pinned_node, limits, notes, key, node.memory)
+        if _same(new, _resource_of(node)):
+            notes.append(f"node {key} already has what the plan asks within limits")
+            continue
+        migrate[key] = MigrateNode(node=NodeRef(type=node.type, id=node.id), resource=new)
+
+    training = _training_change(state, plan.resource.training)
+    if not (groups or launch or remove or migrate or training):
+        notes.append("nothing changes")
+        return Planned(None, tuple(notes))
+    migrating = [migrate[k] for k in sorted(migrate)]
+    pending = state.pending_scale_plan
+    if pending is not None and (groups, launch, remove, migrating, training) == (
+        pending.node_group_resources,
+        pending.launch_nodes,
+        pending.remove_nodes,
+        pending.migrate_nodes,
+        pending.training,
+    ):
+        # the operator has not answered the same change yet: asking again adds nothing
+        notes.append(f"the same change is pending (plan {pending.plan_id})")
+        return Planned(None, tuple(notes))
+    caused_by = plan.caused_by or state.last_event_id or plan.plan_id
+    scale_id = plan_id(state.job.uuid, caused_by, "scale")
+    scale = ScalePlan(
+        **plan_envelope(state, scale_id, now),
+        source_plan=plan.plan_id,
+        node_group_resources=groups,
+        launch_nodes=launch,
+        remove_nodes=remove,
+        migrate_nodes=migrating,
+        training=training,
+    )
+    return Planned(scale, tuple(notes))

@@ -1,0 +1,523 @@
+"""goodput-cluster: one allocation of the env's GPUs across all its arrived jobs per tick.
+
+Per-job optimizers each see one job and so cannot trade one job's GPUs for another's; a
+cluster with more demand than GPUs needs that trade (who to admit, who to shrink or
+suspend). This allocator maximises Pollux's objective, the p = -1 power mean of every
+arrived job's speedup over a fair share, with a cheap deterministic search instead of
+Pollux's genetic algorithm:
+
+1. per job, its best batch and speedup at every size the whole-node rule allows
+   (1..GPUs-per-node on one node, or whole nodes);
+2. greedy marginal goodput: repeatedly give the job whose objective term gains the most
+   per extra GPU its next size worth more than its current one (skipping sizes worth
+   less, e.g. below the size it holds and would keep without a restart), as long as the
+   sizes still pack onto the nodes;
+   run once from nothing (so preemption and shrinking are possible) and once from the
+   current allocation (only growing into free GPUs); keep the better, or the current
+   allocation when neither beats it;
+3. a running job that changes its allocation has its speedup multiplied by Pollux's
+   restart factor and divided by (1 + hysteresis): it moves only for a real gain; a batch
+   change without a placement change costs no restart and is made only when it gains
+   more than the hysteresis.
+
+Only jobs submitted at or before `now` exist for the decision. The same inputs give the
+same decisions, whatever their order: jobs are ordered by id and every tie is broken by
+job id, then by size, then by node order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pydantic import Field
+
+from schemas.envelope import Model
+from streams.brain.core.schedulers.goodput import BatchChoice, JobModel
+from streams.brain.core.schedulers.speedup import (
+    SpeedupTable,
+    fair_share,
+    power_mean,
+    restart_factor,
+    shapes,
+    speedup_table,
+    utility,
+)
+
+#: GPUs per node, by node name, in the node order of the cluster; one entry per node used.
+Placement = tuple[tuple[str, int], ...]
+
+
+class GoodputClusterParams(Model):
+    fairness_p: float = Field(
+        default=-1.0, ge=-10, le=1, description="power-mean exponent: -1 Pollux, 1 sum"
+    )
+    restart_cost_s: float = Field(
+        default=30.0, ge=0, description="seconds a job loses when its allocation changes"
+    )
+    hysteresis: float = Field(
+        default=0.05, ge=0, le=10, description="relative gain a running job needs to change"
+    )
+    epsilon: float = Field(
+        default=1e-3, gt=0, le=1, description="added to each scaled speedup in the power mean"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNode:
+    """A node and the GPUs on it the scheduler may hand out: its capacity less any GPUs
+    held by work it does not schedule."""
+
+    name: str
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    gpus_per_node: int
+    nodes: tuple[ClusterNode, ...]
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1:
+            raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
+        seen: set[str] = set()
+        for node in self.nodes:
+            if node.name in seen:
+                raise ValueError(f"node {node.name!r} is listed twice")
+            seen.add(node.name)
+            if not 0 <= node.gpus <= self.gpus_per_node:
+                raise ValueError(
+                    f"node {node.name!r} has {node.gpus} GPUs: must be within "
+                    f"[0, {self.gpus_per_node}]"
+                )
+
+    @classmethod
+    def uniform(cls, nodes: int, gpus_per_node: int) -> Cluster:
+        """`nodes` empty nodes named node-0, node-1, ..."""
+        return cls(
+            gpus_per_node, tuple(ClusterNode(f"node-{i}", gpus_per_node) for i in range(nodes))
+        )
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class JobInput:
+    """One job as the scheduler sees it at a tick.
+
+    `placement` is what the job holds now (empty: waiting or suspended, its progress
+    kept elsewhere); `local_batch` and `accumulation` its current batch when running;
+    `restarts` how many times its allocation changed after its first start (Pollux's
+    count for the restart penalty, together with its age, now - submitted_at).
+    """
+
+    job_id: str
+    submitted_at: float
+    model: JobModel
+    placement: Placement = ()
+    local_batch: int | None = None
+    accumulation: int = 1
+    restarts: int = 0
+    preemptible: bool = True
+    #: what a policy that does not resize jobs gives it: the replicas it asked for
+    requested_replicas: int = 1
+    #: GPU-seconds it has held GPUs so far (restarts included): least-attained-service
+    #: policies (Tiresias) order jobs by it
+    attained_gpu_s: float = 0.0
+
+    @property
+    def replicas(self) -> int:
+        return sum(g for _, g in self.placement)
+
+
+class Action(StrEnum):
+    """What a decision does to a job, in the order decisions are listed (and should be
+    applied): what frees GPUs first, then what takes them."""
+
+    SUSPEND = "suspend"  # replicas 0: preempted, progress kept
+    SHRINK = "shrink"
+    MOVE = "move"  # same replicas on other nodes (a restart)
+    REBATCH = "rebatch"  # same placement, another batch: no restart
+    GROW = "grow"
+    ADMIT = "admit"  # a waiting or suspended job starts
+
+
+_ORDER = {a: i for i, a in enumerate(Action)}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A change to one job. `replicas` 0 means suspend (placement empty, no batch);
+    otherwise the job runs `replicas` workers with one GPU each on `placement`, with
+    `local_batch` samples per micro-step and `accumulation` micro-steps per optimizer
+    step (global batch = replicas x local_batch x accumulation). `restart` is False only
+    for a batch-only change, which a job applies in place."""
+
+    job_id: str
+    action: Action
+    replicas: int
+    placement: Placement
+    local_batch: int | None
+    accumulation: int | None
+    global_batch: int | None
+    restart: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """What a job holds after the tick (whether or not it changed)."""
+
+    job_id: str
+    replicas: int
+    placement: Placement
+    batch: BatchChoice | None
+    speedup: float
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    decisions: tuple[Decision, ...]  # changes only, suspend/shrink first, grow/admit last
+    allocations: tuple[Allocation, ...]  # every arrived job, by id
+    objective: float  # power mean of scaled speedups after the tick (restart-penalised)
+    objective_before: float  # the same, had nothing changed
+
+
+@dataclass(slots=True)
+class _Job:
+    spec: JobInput
+    table: SpeedupTable | None
+    current: int  # replicas held now with a placement that still fits, else 0
+    valid_current: bool
+    running: bool
+    factor: float  # restart factor if its allocation changes
+    pinned: bool
+
+
+def _shape_ok(placement: Placement, nodes: Mapping[str, ClusterNode], per_node: int) -> bool:
+    if not placement or any(name not in nodes or g < 1 for name, g in placement):
+        return False
+    if len({name for name, _ in placement}) != len(placement):
+        return False
+    if len(placement) == 1:
+        return True
+    return all(g == per_node and nodes[name].gpus == per_node for name, g in placement)
+
+
+def _valid_currents(jobs: Sequence[JobInput], cluster: Cluster) -> set[str]:
+    """Jobs whose placement still exists and fits, whole-node rule included; on a node
+    held past its GPUs (the cluster shrank) no job keeps its place there."""
+    nodes = {n.name: n for n in cluster.nodes}
+    ok = {j.job_id for j in jobs if _shape_ok(j.placement, nodes, cluster.gpus_per_node)}
+    used: dict[str, int] = {}
+    for j in jobs:
+        if j.job_id in ok:
+            for name, g in j.placement:
+                used[name] = used.get(name, 0) + g
+    over = {name for name, g in used.items() if g > nodes[name].gpus}
+    return {
+        j.job_id
+        for j in jobs
+        if j.job_id in ok and not any(name in over for name, _ in j.placement)
+    }
+
+
+class _Packer:
+    """Places replica counts onto nodes, keeping jobs where they are when it can."""
+
+    def __init__(self, cluster: Cluster, jobs: Mapping[str, _Job]) -> None:
+        self.per_node = cluster.gpus_per_node
+        self.nodes = cluster.nodes
+        self.index = {n.name: i for i, n in enumerate(cluster.nodes)}
+        self.jobs = jobs
+
+    def place(self, counts: Mapping[str, int]) -> dict[str, Placement] | None:
+        return self._place(counts, stable=True) or self._place(counts, stable=False)
+
+    def _place(self, counts: Mapping[str, int], *, stable: bool) -> dict[str, Placement] | None:
+        free = {n.name: n.gpus for n in self.nodes}
+        out: dict[str, Placement] = {}
+        stayers = {k for k, r in counts.items() if r > 0 and r == self.jobs[k].current}
+        if stable:
+            for key in sorted(stayers):
+                for name, g in self.jobs[key].spec.placement:
+                    free[name] -= g
+                out[key] = self.jobs[key].spec.placement
+        kept_nodes = {name for k in stayers for name, _ in self.jobs[k].spec.placement}
+        rest = [k for k, r in counts.items() if r > 0 and k not in out]
+        multi = sorted(
+            (k for k in rest if counts[k] > self.per_node), key=lambda k: (-counts[k], k)
+        )
+        single = sorted(
+            (k for k in rest if counts[k] <= self.per_node), key=lambda k: (-counts[k], k)
+        )
+        for key in multi:
+            need = counts[key] // self.per_node
+            own = {name for name, _ in self.jobs[key].spec.placement}
+            whole = [
+                n.name
+                for n in self.nodes
+                if n.gpus == self.per_node and free[n.name] == self.per_node
+            ]
+            whole.sort(key=lambda name: (name not in own, name in kept_nodes, self.index[name]))
+            if len(whole) < need:
+                return None
+            chosen = sorted(whole[:need], key=self.index.__getitem__)
+            for name in chosen:
+                free[name] = 0
+            out[key] = tuple((name, self.per_node) for name in chosen)
+        for key in single:
+            r = counts[key]
+            own = {name for name, _ in self.jobs[key].spec.placement}
+            fits = [n.name for n in self.nodes if free[n.name] >= r]
+            if not fits:
+                return None
+            name = min(fits, key=lambda m: (m not in own, free[m], self.index[m]))
+            free[name] -= r
+            out[key] = ((name, r),)
+        return out
+
+
+def _value(job: _Job, replicas: int, kept: bool, scale: float, hysteresis: float) -> float:
+    """The job's scaled speedup at `replicas`, penalised when its allocation changes."""
+    if replicas == 0 or job.table is None:
+        return 0.0
+    speedup = job.table.speedup(replicas) * scale
+    if kept:
+        return speedup
+    if job.running:
+        return speedup * job.factor / (1 + hysteresis)
+    return speedup
+
+
+def _greedy(
+    jobs: Mapping[str, _Job],
+    start: Mapping[str, int],
+    packer: _Packer,
+    total: int,
+    term: Callable[[str, int], float],
+) -> tuple[dict[str, int], dict[str, Placement]] | None:
+    counts = dict(start)
+    placed = packer.place(counts)
+    if placed is None:
+        return None
+    banned: set[tuple[str, int]] = set()
+    order = sorted(jobs)
+    while True:
+        used = sum(counts.values())
+        best: tuple[float, str, int] | None = None
+        for key in order:
+            job = jobs[key]
+            if job.pinned or job.table is None:
+                continue
+            cur = counts[key]
+            here = term(key, cur)
+            for r in job.table.sizes:
+                if r <= cur or r - cur > total - used or (key, r) in banned:
+                    continue
+                there = term(key, r)
+                if there <= here or job.table.choice(r) is None:
+                    continue
+                # the next size worth more than the current one, not any larger one:
+                # a jump straight to a big size would take GPUs that another job's next
+                # size was worth more per GPU
+                gain = (there - here) / (r - cur)
+                if best is None or gain > best[0]:
+                    best = (gain, key, r)
+                break
+        if best is None:
+            return counts, placed
+        _, key, r = best
+        trial = {**counts, key: r}
+        got = packer.place(trial)
+        if got is None:
+            banned.add((key, r))
+            continue
+        counts, placed = trial, got
+
+
+def _same(a: Placement, b: Placement) -> bool:
+    """The same GPUs on the same nodes, in whatever order the caller listed them."""
+    return sorted(a) == sorted(b)
+
+
+def _nodes_text(placement: Placement) -> str:
+    return "+".join(f"{name}:{g}" for name, g in placement) or "none"
+
+
+def schedule(
+    now: float,
+    cluster: Cluster,
+    jobs: Sequence[JobInput],
+    params: GoodputClusterParams | None = None,
+) -> Schedule:
+    """The allocation of this tick, as the changes to make (see the module docstring)."""
+    p = params or GoodputClusterParams()
+    seen: set[str] = set()
+    for j in jobs:
+        if j.job_id in seen:
+            raise ValueError(f"job {j.job_id!r} is listed twice")
+        seen.add(j.job_id)
+    arrived = sorted((j for j in jobs if j.submitted_at <= now), key=lambda j: j.job_id)
+    if not arrived:
+        return Schedule((), (), 0.0, 0.0)
+    total = cluster.total_gpus
+    whole = sum(1 for n in cluster.nodes if n.gpus == cluster.gpus_per_node)
+    largest = max((n.gpus for n in cluster.nodes), default=0)
+    candidates = shapes(cluster.gpus_per_node, largest, whole) if total else []
+    fair = fair_share(total, len(arrived))
+    scale = len(cluster.nodes) / total if total else 0.0
+    valid = _valid_currents(arrived, cluster)
+
+    state: dict[str, _Job] = {}
+    for j in arrived:
+        running = bool(j.placement)
+        ok = j.job_id in valid
+        table = speedup_table(j.model, candidates, fair)
+        current = j.replicas if ok else 0
+        if table is not None and current and table.choice(current) is None:
+            # its size is one it may no longer have (limits changed): not kept
+            current = 0
+        state[j.job_id] = _Job(
+            spec=j,
+            table=table,
+            current=current,
+            valid_current=ok and current > 0,
+            running=running,
+            factor=restart_factor(now - j.submitted_at, j.restarts, p.restart_cost_s),
+            pinned=running and not j.preemptible and ok and current > 0,
+        )
+
+    terms: dict[tuple[str, int], float] = {}
+
+    def term(key: str, r: int) -> float:
+        """The job's term of the objective at `r` GPUs (kept when it holds them now)."""
+        got = terms.get((key, r))
+        if got is None:
+            job = state[key]
+            value = _value(job, r, r == job.current and r > 0, scale, p.hysteresis)
+            got = terms[key, r] = utility(value, p.fairness_p, p.epsilon)
+        return got
+
+    packer = _Packer(cluster, state)
+    keep = {k: job.current for k, job in state.items()}
+    pinned_only = {k: (job.current if job.pinned else 0) for k, job in state.items()}
+
+    def objective(counts: Mapping[str, int], placed: Mapping[str, Placement]) -> float:
+        values = []
+        for key, job in state.items():
+            r = counts.get(key, 0)
+            kept = r > 0 and job.valid_current and _same(placed.get(key, ()), job.spec.placement)
+            values.append(_value(job, r, kept, scale, p.hysteresis))
+        return power_mean(values, p.fairness_p, p.epsilon)
+
+    current_placed = {k: state[k].spec.placement for k, r in keep.items() if r > 0}
+    before = objective(keep, current_placed)
+    best: tuple[float, dict[str, int], dict[str, Placement]] = (before, keep, current_placed)
+    for start in (keep, pinned_only):
+        found = _greedy(state, start, packer, total, term)
+        if found is None:
+            continue
+        value = objective(*found)
+        if value > best[0] * (1 + 1e-12):
+            best = (value, *found)
+    value, counts, placed = best
+
+    decisions: list[Decision] = []
+    allocations: list[Allocation] = []
+    for key, job in state.items():
+        r = counts.get(key, 0)
+        placement = placed.get(key, ()) if r else ()
+        spec = job.spec
+        got = job.table.choice(r) if r and job.table is not None else None
+        choice = got[1] if got is not None else None
+        speedup = job.table.speedup(r) if r and job.table is not None else 0.0
+        old = spec.replicas
+        moved = not _same(placement, spec.placement) or (r > 0 and not job.valid_current)
+        if not moved:
+            batch_now = None
+            if r and spec.local_batch is not None and choice is not None:
+                assert got is not None
+                shape = got[0]
+                batch_now = spec.model.evaluate(shape.nodes, r, spec.local_batch, spec.accumulation)
+                same = (choice.local_batch, choice.accumulation) == (
+                    spec.local_batch,
+                    spec.accumulation,
+                )
+                if same or choice.goodput <= batch_now.goodput * (1 + p.hysteresis):
+                    choice = batch_now
+                else:
+                    decisions.append(
+                        Decision(
+                            key,
+                            Action.REBATCH,
+                            r,
+                            placement,
+                            choice.local_batch,
+                            choice.accumulation,
+                            choice.global_batch,
+                            False,
+                            f"batch {batch_now.global_batch} -> {choice.global_batch}: "
+                            f"goodput x{choice.goodput / batch_now.goodput:.3g} in place",
+                        )
+                    )
+            allocations.append(Allocation(key, r, placement, choice, speedup))
+            continue
+        allocations.append(Allocation(key, r, placement, choice, speedup))
+        if r == 0:
+            action = Action.SUSPEND
+        elif not spec.placement:
+            action = Action.ADMIT
+        elif r < old:
+            action = Action.SHRINK
+        elif r > old:
+            action = Action.GROW
+        else:
+            action = Action.MOVE
+        was = job.table.speedup(job.current) if job.table is not None and job.current else 0.0
+        reason = (
+            f"{old} -> {r} GPU(s) on {_nodes_text(placement)}: speedup {was:.3g} -> "
+            f"{speedup:.3g} (fair share {fair} GPUs, objective {before:.4g} -> {value:.4g})"
+        )
+        decisions.append(
+            Decision(
+                key,
+                action,
+                r,
+                placement,
+                choice.local_batch if choice else None,
+                choice.accumulation if choice else None,
+                choice.global_batch if choice else None,
+                True,
+                reason,
+            )
+        )
+    decisions.sort(key=lambda d: (_ORDER[d.action], d.job_id))
+    return Schedule(tuple(decisions), tuple(allocations), value, before)
+
+
+def used_gpus(allocations: Sequence[Allocation]) -> dict[str, int]:
+    """GPUs taken per node by allocations (a check for callers and tests)."""
+    used: dict[str, int] = {}
+    for a in allocations:
+        for name, g in a.placement:
+            used[name] = used.get(name, 0) + g
+    return used
+
+
+__all__ = [
+    "Action",
+    "Allocation",
+    "Cluster",
+    "ClusterNode",
+    "Decision",
+    "GoodputClusterParams",
+    "JobInput",
+    "Placement",
+    "Schedule",
+    "schedule",
+    "used_gpus",
+]

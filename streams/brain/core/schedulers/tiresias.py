@@ -1,0 +1,272 @@
+"""tiresias: the Pollux artifact's Tiresias baseline as a brain scheduler.
+
+A second cluster-wide policy lets the virtual env compare goodput-cluster with the
+baseline the Pollux paper compares against, run by the same brain on the same jobs. It is
+two-queue discretised least-attained-service (Tiresias, NSDI'19) as the OSDI'21 artifact
+configures it: one threshold of 16 GPU-hours, starvation promotion off. It never resizes a
+job and never touches its batch: a job runs the replicas it asked for, or not at all.
+
+A registered scheduler is a pure function of one tick's inputs, with no state kept
+between ticks, so the queues are derived from those inputs every time:
+
+- queue 0 holds the arrived jobs whose attained service (GPU-seconds held) is below the
+  threshold, in arrival order, ties by job id;
+- queue 1 holds the others, in the order they crossed the threshold. The artifact keeps
+  that order as a list, which a function of this tick's inputs cannot; here a job's place
+  is the earliest time it could have crossed, had it run at its requested size from its
+  arrival on, ``submitted_at + threshold / requested_replicas`` (ties by arrival, then
+  job id). That key never moves, so a job suspended in queue 1 keeps its place, as in the
+  artifact; the order differs from the artifact's only where a job that waited in queue 0
+  crossed after one whose earliest time is later. In the artifact's loop over its eight
+  main workloads it gives every job the artifact's JCT (workload-1 aside, by 0.07 %: a
+  placement listed in node order, not in the order its GPUs were taken, costs slightly
+  different step times), where the time it would have crossed had it run since,
+  ``now - (attained - threshold) / replicas``, moved a suspended job behind running ones
+  and the mean JCT by up to 5 %;
+- the queues are walked in order, 0 then 1, and every job whose whole gang still fits by
+  GPU count runs (smaller jobs go past a gang that does not fit); the rest hold nothing: a
+  running one is suspended, a waiting one keeps waiting;
+- a job that keeps running keeps its GPUs; one that starts takes them as the artifact
+  does, from the node with the most free GPUs first (first node on ties), as many as that
+  node has left, then the next; its placement is listed in node order.
+
+Beyond the artifact: a running job that is not preemptible keeps its GPUs before the walk;
+a running job whose placement no longer exists, overfills a node or is not its requested
+size is placed again (a move). Only jobs submitted at or before `now` exist. The same
+inputs give the same schedule whatever their order.
+
+The schedule's `objective` is the share of the cluster's GPUs held after the tick
+(`objective_before`: before it), and an allocation's `speedup` is 1 when the job runs and
+0 when it does not: Tiresias reads neither the goodput model nor the speedups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pydantic import Field
+
+from schemas.envelope import Model
+from streams.brain.core.schedulers.goodput_cluster import (
+    Action,
+    Allocation,
+    Cluster,
+    Decision,
+    JobInput,
+    Placement,
+    Schedule,
+)
+
+#: The artifact's one queue threshold: 16 GPU-hours of service demote a job to queue 1.
+QUEUE_THRESHOLD_GPU_S = 3600.0 * 16
+
+_ORDER = {a: i for i, a in enumerate(Action)}
+
+
+class TiresiasParams(Model):
+    queue_threshold_gpu_s: float = Field(
+        default=QUEUE_THRESHOLD_GPU_S,
+        ge=0,
+        description="GPU-seconds of attained service that move a job to the second queue",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A job's place in the walk: its queue and the key it is ordered by within it."""
+
+    job: JobInput
+    queue: int
+    #: queue 0: arrival time; queue 1: the earliest time it could have crossed the threshold
+    since: float
+
+    @property
+    def key(self) -> tuple[int, float, float, str]:
+        return (self.queue, self.since, self.job.submitted_at, self.job.job_id)
+
+
+def queue_order(now: float, jobs: Sequence[JobInput], threshold_gpu_s: float) -> list[Queued]:
+    """The arrived jobs in the order Tiresias considers them (see the module docstring)."""
+    out = []
+    for job in jobs:
+        if job.submitted_at > now:
+            continue
+        if job.attained_gpu_s < threshold_gpu_s:
+            out.append(Queued(job, 0, job.submitted_at))
+        else:
+            earliest = job.submitted_at + threshold_gpu_s / job.requested_replicas
+            out.append(Queued(job, 1, earliest))
+    out.sort(key=lambda q: q.key)
+    return out
+
+
+def _kept_placements(running: Sequence[JobInput], cluster: Cluster) -> dict[str, Placement]:
+    """The running jobs that keep their GPUs: a placement on known nodes, at the requested
+    size, on no node that the kept jobs together overfill."""
+    capacity = {n.name: n.gpus for n in cluster.nodes}
+    ok = []
+    for job in running:
+        names = [name for name, _ in job.placement]
+        if (
+            job.placement
+            and len(set(names)) == len(names)
+            and all(name in capacity and g >= 1 for name, g in job.placement)
+            and job.replicas == job.requested_replicas
+        ):
+            ok.append(job)
+    used: dict[str, int] = {}
+    for job in ok:
+        for name, g in job.placement:
+            used[name] = used.get(name, 0) + g
+    over = {name for name, g in used.items() if g > capacity[name]}
+    return {
+        job.job_id: job.placement
+        for job in ok
+        if not any(name in over for name, _ in job.placement)
+    }
+
+
+def _place(count: int, free: dict[str, int], index: Mapping[str, int]) -> Placement:
+    """`count` GPUs, each run from the node with the most free ones (first node on ties),
+    listed in node order; the caller has checked that enough are free."""
+    taken: dict[str, int] = {}
+    left = count
+    while left > 0:
+        node = min(free, key=lambda name: (-free[name], index[name]))
+        take = min(free[node], left)
+        if take <= 0:
+            raise ValueError(f"cannot place {count} GPUs: {count - left} were free")
+        taken[node] = take
+        free[node] -= take
+        left -= take
+    return tuple(sorted(taken.items(), key=lambda item: index[item[0]]))
+
+
+def _nodes_text(placement: Placement) -> str:
+    return "+".join(f"{name}:{g}" for name, g in placement) or "none"
+
+
+def _where(q: Queued, threshold_gpu_s: float) -> str:
+    hours = q.job.attained_gpu_s / 3600
+    return f"queue {q.queue} ({hours:.3g} GPU-h attained, threshold {threshold_gpu_s / 3600:.3g})"
+
+
+def tiresias(
+    now: float,
+    cluster: Cluster,
+    jobs: Sequence[JobInput],
+    params: TiresiasParams | None = None,
+) -> Schedule:
+    """The tick's allocation, as the changes to make (see the module docstring)."""
+    p = params or TiresiasParams()
+    seen: set[str] = set()
+    for j in jobs:
+        if j.job_id in seen:
+            raise ValueError(f"job {j.job_id!r} is listed twice")
+        seen.add(j.job_id)
+        if j.requested_replicas < 1:
+            raise ValueError(f"job {j.job_id!r} requests {j.requested_replicas} replicas")
+    order = queue_order(now, jobs, p.queue_threshold_gpu_s)
+    if not order:
+        return Schedule((), (), 0.0, 0.0)
+    total = cluster.total_gpus
+    index = {n.name: i for i, n in enumerate(cluster.nodes)}
+
+    current = _kept_placements([q.job for q in order if q.job.placement], cluster)
+    free_gpus = total
+    runs: set[str] = set()
+    # a running job that may not be preempted keeps its GPUs whatever its queue
+    for q in order:
+        job = q.job
+        if not job.preemptible and job.job_id in current:
+            runs.add(job.job_id)
+            free_gpus -= job.requested_replicas
+    for q in order:
+        job = q.job
+        if job.job_id in runs:
+            continue
+        if job.requested_replicas <= free_gpus:
+            runs.add(job.job_id)
+            free_gpus -= job.requested_replicas
+
+    kept = {k: v for k, v in current.items() if k in runs}
+    free = {n.name: n.gpus for n in cluster.nodes}
+    for placement in kept.values():
+        for name, g in placement:
+            free[name] -= g
+    placed = dict(kept)
+    for q in order:
+        key = q.job.job_id
+        if key in runs and key not in placed:
+            placed[key] = _place(q.job.requested_replicas, free, index)
+
+    decisions: list[Decision] = []
+    for q in order:
+        job = q.job
+        key = job.job_id
+        where = _where(q, p.queue_threshold_gpu_s)
+        if key in kept:
+            continue
+        if key not in runs:
+            if job.placement:
+                decisions.append(
+                    Decision(
+                        key,
+                        Action.SUSPEND,
+                        0,
+                        (),
+                        None,
+                        None,
+                        None,
+                        True,
+                        f"{where}: its {job.requested_replicas} GPU(s) go to jobs ahead of it",
+                    )
+                )
+            continue
+        placement = placed[key]
+        r = job.requested_replicas
+        if not job.placement:
+            action = Action.ADMIT
+        elif r < job.replicas:
+            action = Action.SHRINK
+        elif r > job.replicas:
+            action = Action.GROW
+        else:
+            action = Action.MOVE
+        decisions.append(
+            Decision(
+                key,
+                action,
+                r,
+                placement,
+                None,
+                None,
+                None,
+                True,
+                f"{where}: {job.replicas} -> {r} GPU(s) on {_nodes_text(placement)}",
+            )
+        )
+    decisions.sort(key=lambda d: (_ORDER[d.action], d.job_id))
+
+    allocations = tuple(
+        Allocation(
+            q.job.job_id,
+            q.job.requested_replicas if q.job.job_id in runs else 0,
+            placed.get(q.job.job_id, ()),
+            None,
+            1.0 if q.job.job_id in runs else 0.0,
+        )
+        for q in sorted(order, key=lambda q: q.job.job_id)
+    )
+    held_before = sum(q.job.replicas for q in order)
+    held_after = sum(a.replicas for a in allocations)
+    return Schedule(
+        tuple(decisions),
+        allocations,
+        held_after / total if total else 0.0,
+        held_before / total if total else 0.0,
+    )
+
+
+__all__ = ["QUEUE_THRESHOLD_GPU_S", "Queued", "TiresiasParams", "queue_order", "tiresias"]

@@ -1,0 +1,331 @@
+"""The brain's checkpoint in the env's Postgres: job states and the offsets they cover.
+
+Hot state lives in memory; writing it per event (a changelog) is what makes naive stream
+processors slow. Instead the processor writes, every few seconds and when it stops, the
+states that changed together with the next input offset of every partition, in one
+transaction. A restart loads both and skips what the states already include; the events
+after the checkpoint are decided again and, plan ids being derived from their cause,
+yield the same plans.
+
+A job's runtime samples are most of its state (60 of them, about 45 kB in JSON) and only
+a few are new at each checkpoint, so they are written apart: the new ones as a chunk,
+and the chunks that fell out of the window deleted (`sample_write`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from dlrover_events.store import EnvStore
+from schemas.plans import OptimizePlan, ScalePlan
+from streams.brain.core.state import (
+    MAX_SAMPLES,
+    JobState,
+    JobStatus,
+    Sample,
+    samples_from_json,
+    samples_json,
+    state_json,
+)
+from streams.brain.core.triggers import FINISHED
+
+#: (topic, partition) -> next offset to process
+Offsets = dict[tuple[str, int], int]
+
+
+@dataclass
+class Snapshot:
+    """What one checkpoint writes: changed states with their partition, the next offsets
+    of the inputs they include and of the outputs published so far, and new plans.
+
+    States are immutable (folds return new ones), so holding them here is a consistent
+    copy even while the processor goes on."""
+
+    states: dict[str, tuple[int, JobState]] = field(default_factory=dict)
+    offsets: Offsets = field(default_factory=dict)
+    plans: list[OptimizePlan | ScalePlan] = field(default_factory=list)
+    #: offsets to write as they are, not as the greatest of stored and new: those found
+    #: beyond their log's end (a restarted broker). One also in `offsets` is written so.
+    reset: Offsets = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.states or self.offsets or self.plans or self.reset)
+
+
+@dataclass
+class Loaded:
+    """What a checkpoint gives back of some partitions: the states of the jobs that still
+    run and of those the history-based optimizers read, the next offsets, and the
+    partition of every finished job (whose late events are ignored)."""
+
+    states: dict[str, tuple[int, JobState]]
+    offsets: Offsets
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoredSamples:
+    """What the env's Postgres holds of one job's samples, as far as this process wrote
+    or read it: the job's chunks as (seq, samples in it), oldest first, and the id of the
+    newest sample among them."""
+
+    partition: int
+    chunks: tuple[tuple[int, int], ...]
+    last_id: str
+
+
+#: The states a load reads whole: jobs not finished, and the newest completed jobs of each
+#: scenario (what a brain keeps as history), oldest first, as they were remembered. Every
+#: other finished job is only named: finished jobs pile up for as long as the env lives,
+#: and reading all their states made every start and rebalance slower than the last.
+_STATES = """
+SELECT job_uuid, partition, state::text AS state FROM job_states
+WHERE partition = ANY($1::int[])
+  AND (NOT state->>'status' = ANY($3::text[]) OR job_uuid IN (
+    SELECT job_uuid FROM (
+      SELECT job_uuid, row_number() OVER (
+        PARTITION BY state->'job'->>'scenario'
+        ORDER BY (state->>'completed_at')::timestamptz DESC NULLS LAST, job_uuid DESC
+      ) AS newest
+      FROM job_states
+      WHERE partition = ANY($1::int[]) AND state->>'status' = $4
+        AND coalesce(state->'job'->>'scenario', '') <> ''
+    ) ranked WHERE newest <= $2))
+ORDER BY (state->>'completed_at')::timestamptz NULLS FIRST, job_uuid
+"""
+
+#: the statuses of FINISHED as the state documents hold them
+_FINISHED = sorted(status.value for status in FINISHED)
+
+#: `SampleWrite.keep_from` that deletes every chunk of the job
+ALL_CHUNKS = 2**62
+
+
+@dataclass(frozen=True)
+class SampleWrite:
+    """One job's samples in one checkpoint: delete its chunks below `keep_from`, then
+    add `new` (if any) as chunk `seq`; `stored` is what Postgres holds after that."""
+
+    new: Sequence[Sample]
+    seq: int
+    keep_from: int
+    stored: StoredSamples | None
+
+
+def sample_write(
+    samples: Sequence[Sample], stored: StoredSamples | None, partition: int
+) -> SampleWrite:
+    """What to write of a job's `samples` (its state's window), given what is stored.
+
+    The samples after the newest one stored are new; the oldest chunks go while the rest
+    still holds the whole window. When the newest one stored has left the window (more
+    new samples than the window holds) or nothing is known of what is stored, every chunk
+    of the job is replaced by one with the whole window."""
+    if stored is not None:
+        found = next(
+            (i for i in range(len(samples) - 1, -1, -1) if samples[i].event_id == stored.last_id),
+            None,
+        )
+        if found is not None and stored.chunks:
+            new = samples[found + 1 :]
+            chunks = list(stored.chunks)
+            seq = chunks[-1][0] + 1
+            if new:
+                chunks.append((seq, len(new)))
+            held = sum(count for _, count in chunks)
+            while len(chunks) > 1 and held - chunks[0][1] >= len(samples):
+                held -= chunks.pop(0)[1]
+            kept = StoredSamples(partition, tuple(chunks), samples[-1].event_id)
+            return SampleWrite(new, seq, chunks[0][0], kept)
+    if not samples:
+        return SampleWrite((), 0, ALL_CHUNKS, None)
+    whole = StoredSamples(partition, ((0, len(samples)),), samples[-1].event_id)
+    return SampleWrite(samples, 0, ALL_CHUNKS, whole)
+
+
+def stored_samples(
+    state: JobState, partition: int, chunks: Sequence[tuple[int, Sequence[Sample]]]
+) -> tuple[JobState, StoredSamples | None]:
+    """A job's state read back with its chunks (seq order): its samples are the last
+    ones of those its document holds (checkpoints from before chunks) and the chunks'."""
+    if not chunks:
+        return state, None
+    window = [*state.samples]
+    for _, samples in chunks:
+        window.extend(samples)
+    window = window[-MAX_SAMPLES:]
+    if not window:
+        return state.model_copy(update={"samples": window}), None
+    known = tuple((seq, len(samples)) for seq, samples in chunks)
+    stored = StoredSamples(partition, known, window[-1].event_id)
+    return state.model_copy(update={"samples": window}), stored
+
+
+class BrainStore:
+    """Reads and writes the checkpoint through the env's store (plans via EnvStore, so
+    they land in the same `plans` and `scale_plans` tables as anyone else's)."""
+
+    def __init__(self, store: EnvStore) -> None:
+        self.store = store
+        #: per job of the partitions loaded: what its sample chunks hold
+        self._stored: dict[str, StoredSamples] = {}
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Partitions another instance now writes: what their chunks hold is its to know."""
+        gone = set(partitions)
+        self._stored = {u: s for u, s in self._stored.items() if s.partition not in gone}
+
+    async def load(
+        self, partitions: Iterable[int], topics: Iterable[str], *, history_per_scenario: int
+    ) -> Loaded:
+        """The jobs of `partitions` (see `Loaded`; `history_per_scenario`: how many
+        completed jobs of each scenario to read whole) and the offsets of `topics` there."""
+        parts = sorted(set(partitions))
+        async with self.store.pool.acquire() as conn:
+            rows = await conn.fetch(
+                _STATES, parts, history_per_scenario, _FINISHED, JobStatus.COMPLETED.value
+            )
+            chunk_rows = await conn.fetch(
+                "SELECT job_uuid, seq, samples::text AS samples FROM job_sample_chunks"
+                " WHERE job_uuid = ANY($1::text[]) ORDER BY job_uuid, seq",
+                [r["job_uuid"] for r in rows],
+            )
+            finished = await conn.fetch(
+                "SELECT job_uuid, partition FROM job_states WHERE partition = ANY($1::int[])"
+                " AND state->>'status' = ANY($2::text[])",
+                parts,
+                _FINISHED,
+            )
+            offsets = await conn.fetch(
+                "SELECT topic, partition, next_offset FROM brain_offsets"
+                " WHERE partition = ANY($1::int[]) AND topic = ANY($2::text[])",
+                parts,
+                list(topics),
+            )
+        chunks: dict[str, list[tuple[int, list[Sample]]]] = {}
+        for r in chunk_rows:
+            chunks.setdefault(r["job_uuid"], []).append((r["seq"], samples_from_json(r["samples"])))
+        # whatever this process knew of these partitions' chunks, Postgres now says
+        self.forget(parts)
+        states: dict[str, tuple[int, JobState]] = {}
+        for r in rows:
+            job_uuid, partition = r["job_uuid"], r["partition"]
+            state = JobState.model_validate_json(r["state"])
+            state, stored = stored_samples(state, partition, chunks.get(job_uuid, ()))
+            states[job_uuid] = (partition, state)
+            if stored is not None and state.status not in FINISHED:
+                self._stored[job_uuid] = stored
+        return Loaded(
+            states,
+            {(r["topic"], r["partition"]): r["next_offset"] for r in offsets},
+            {r["job_uuid"]: r["partition"] for r in finished},
+        )
+
+    async def offsets(self, topics: Iterable[str]) -> Offsets:
+        """Checkpointed offsets of whole topics (the brain's outputs, whatever partition)."""
+        rows = await self.store.pool.fetch(
+            "SELECT topic, partition, next_offset FROM brain_offsets WHERE topic = ANY($1::text[])",
+            list(topics),
+        )
+        return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
+
+    async def save(self, snapshot: Snapshot) -> None:
+        """Plans first (idempotent by plan_id), then states and offsets atomically: a crash
+        in between only means the plans are recorded again, as no-ops, after the replay."""
+        await self.save_plans(snapshot.plans)
+        if not (snapshot.states or snapshot.offsets or snapshot.reset):
+            return
+        docs: list[tuple[str, int, str]] = []
+        writes: dict[str, SampleWrite] = {}
+        for job_uuid, (partition, state) in snapshot.states.items():
+            docs.append((job_uuid, partition, state_json(state, with_samples=False)))
+            writes[job_uuid] = sample_write(state.samples, self._stored.get(job_uuid), partition)
+            await asyncio.sleep(0)  # a running job costs a fraction of a ms: go on between
+        added = [(u, w.seq, samples_json(w.new)) for u, w in writes.items() if w.new]
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            if docs:
+                uuids, parts, texts = zip(*docs, strict=True)
+                await conn.execute(
+                    """
+                    INSERT INTO job_states (job_uuid, partition, state, updated_at)
+                    SELECT u, p, s::jsonb, now()
+                    FROM unnest($1::text[], $2::int[], $3::text[]) AS t(u, p, s)
+                    ON CONFLICT (job_uuid) DO UPDATE
+                    SET partition = EXCLUDED.partition, state = EXCLUDED.state,
+                        updated_at = EXCLUDED.updated_at
+                    """,
+                    list(uuids),
+                    list(parts),
+                    list(texts),
+                )
+            stale = [(u, w.keep_from) for u, w in writes.items() if w.keep_from > 0]
+            if stale:
+                await conn.execute(
+                    """
+                    DELETE FROM job_sample_chunks c
+                    USING unnest($1::text[], $2::bigint[]) AS d(u, keep_from)
+                    WHERE c.job_uuid = d.u AND c.seq < d.keep_from
+                    """,
+                    [u for u, _ in stale],
+                    [k for _, k in stale],
+                )
+            if added:
+                await conn.execute(
+                    """
+                    INSERT INTO job_sample_chunks (job_uuid, seq, samples)
+                    SELECT u, q, s::jsonb
+                    FROM unnest($1::text[], $2::bigint[], $3::text[]) AS t(u, q, s)
+                    ON CONFLICT (job_uuid, seq) DO UPDATE SET samples = EXCLUDED.samples
+                    """,
+                    [u for u, _, _ in added],
+                    [q for _, q, _ in added],
+                    [t for _, _, t in added],
+                )
+            # the greatest of stored and new, so that nothing moves an offset back; except
+            # where the log restarted: there the stored offset is wrong
+            kept = {tp: o for tp, o in snapshot.offsets.items() if tp not in snapshot.reset}
+            reset = {tp: snapshot.offsets.get(tp, o) for tp, o in snapshot.reset.items()}
+            if kept:
+                await conn.execute(_UPSERT_GREATEST, *_columns(kept))
+            if reset:
+                await conn.execute(_UPSERT, *_columns(reset))
+        # written: from now on what Postgres holds (a finished job's state is not
+        # written again, and a write after all would start its chunks anew)
+        for job_uuid, write in writes.items():
+            partition, state = snapshot.states[job_uuid]
+            if write.stored is None or state.status in FINISHED:
+                self._stored.pop(job_uuid, None)
+            else:
+                self._stored[job_uuid] = write.stored
+
+    async def save_plans(self, plans: Sequence[OptimizePlan | ScalePlan]) -> None:
+        await self.store.save_plans([p for p in plans if isinstance(p, OptimizePlan)])
+        await self.store.save_scale_plans([p for p in plans if isinstance(p, ScalePlan)])
+
+
+_UPSERT = """
+INSERT INTO brain_offsets (topic, partition, next_offset, updated_at)
+SELECT t, p, o, now() FROM unnest($1::text[], $2::int[], $3::bigint[]) AS x(t, p, o)
+ON CONFLICT (topic, partition) DO UPDATE
+SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at
+"""
+_UPSERT_GREATEST = _UPSERT.replace(
+    "SET next_offset = EXCLUDED.next_offset",
+    "SET next_offset = GREATEST(brain_offsets.next_offset, EXCLUDED.next_offset)",
+)
+
+
+def _columns(offsets: Offsets) -> tuple[list[str], list[int], list[int]]:
+    return (
+        [t for t, _ in offsets],
+        [p for _, p in offsets],
+        list(offsets.values()),
+    )
+
+
+def merge_offsets(into: Offsets, more: Mapping[tuple[str, int], int]) -> None:
+    for tp, offset in more.items():
+        if offset > into.get(tp, -1):
+            into[tp] = offset

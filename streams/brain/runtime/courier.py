@@ -1,0 +1,214 @@
+"""The brain's courier: publishes decided batches, in the order they were decided.
+
+A batch's plans wait for the broker's acks (acks=all): deciding the next batch only after
+them left the brain idle a tenth of its time, and made each batch's events wait for the
+previous batch's acks. So the brain puts a decided batch in an outbox of at most
+`OUTBOX_BATCHES` and goes on deciding; one task publishes them in order, and a full
+outbox holds the fetcher (backpressure). A batch is done once the broker acked every
+record of it; only then may a checkpoint cover it (`published_all`).
+
+It also remembers where its plans landed (`produced`: where a restarted brain looks for
+plans published after its checkpoint) and which plans a crashed brain had published
+already (`published`: not published again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dlrover_events.bus import Producer, log_dead_letters
+from dlrover_events.metrics import BrainMetrics
+from dlrover_events.settings import Settings
+from dlrover_events.topics import DLQ, SCALE_PLANS, topic, topic_of
+from schemas.codec import encode
+from schemas.plans import ScalePlan
+from streams.brain.core.processor import Output
+from streams.brain.runtime.checkpoint import Offsets
+from streams.brain.runtime.retry import Stopping, backoff, sleep_unless
+
+log = logging.getLogger(__name__)
+
+#: Decided batches whose plans wait to be published while the next batch is decided.
+OUTBOX_BATCHES = 2
+
+#: send(topic, key, value, partition) -> the broker's ack (topic, partition, offset)
+Send = Callable[[str, bytes | None, bytes, int | None], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One record the brain publishes; `plan`: its offset is where a restart looks for
+    plans published after the checkpoint."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    partition: int | None = None
+    plan: bool = False
+
+
+class Courier:
+    """`publish` is what a batch goes through (the brain's, so that it may be replaced);
+    `closing`: set when the brain stops, and a retry gives up."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        env: str,
+        send: Send,
+        metrics: BrainMetrics,
+        closing: asyncio.Event,
+        publish: Callable[[Output], Awaitable[None]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.env = env
+        self._send = send
+        self._metrics = metrics
+        self._closing = closing
+        self._publish = publish or self.publish
+        self._dlq = topic(env, DLQ)
+        #: (and when the oldest record they decided was fetched: the plans' latency)
+        self._outbox: asyncio.Queue[tuple[Output, float]] = asyncio.Queue(maxsize=OUTBOX_BATCHES)
+        self._task: asyncio.Task[None] | None = None
+        #: next offset per output partition after the plans this process published
+        self.produced: Offsets = {}
+        #: plan ids found on the outputs after the checkpoint we resumed from
+        self.published: set[str] = set()
+        self.republish_skipped = 0
+        #: partitions of the topics published to every partition of (lockstep acks)
+        self._partitions: dict[str, list[int]] = {}
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="brain-courier")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def put(self, out: Output, fetched_at: float) -> None:
+        """Hand a decided batch over, waiting while the outbox is full."""
+        await self.until_done(self._outbox.put((out, fetched_at)))
+
+    async def published_all(self) -> None:
+        """Wait until the outbox is empty: every batch decided so far published and
+        acked. Only a caller that keeps batches from being added knows none was since."""
+        await self.until_done(self._outbox.join())
+
+    async def until_done(self, work: Awaitable[None]) -> None:
+        """`work`, unless the courier stops first: then its error, not a wait for ever."""
+        courier = self._task
+        assert courier is not None, "the brain is not started"
+        task = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait({task, courier}, return_when=asyncio.FIRST_COMPLETED)
+            if courier.done():
+                error = None if courier.cancelled() else courier.exception()
+                if isinstance(error, Stopping):
+                    raise Stopping(f"the brain of {self.env} stopped publishing") from error
+                raise RuntimeError(f"the brain of {self.env} stopped publishing") from error
+            await task
+        finally:
+            task.cancel()  # (done already, unless the courier stopped or we were cancelled)
+
+    async def _loop(self) -> None:
+        """Publish the decided batches in the order they were decided. A failure here is
+        not retried (`deliver` retries sends): it stops the courier, and with it the
+        brain (`until_done`), before a checkpoint can cover the batch."""
+        while True:
+            out, fetched_at = await self._outbox.get()
+            try:
+                await self._publish(out)
+                self._count(out, fetched_at)
+            finally:
+                self._outbox.task_done()
+
+    def _count(self, out: Output, fetched_at: float) -> None:
+        """A published batch in the metrics; `fetched_at`: when the oldest record it
+        decided was fetched (a plan's latency runs from there to the broker's ack)."""
+        metrics = self._metrics
+        published = [p for p in out.plans if p.plan_id not in self.published]
+        if published:
+            latency = time.monotonic() - fetched_at
+            for plan in published:
+                kind = "scale" if isinstance(plan, ScalePlan) else "optimize"
+                metrics.plans.labels(self.env, kind).inc()
+                metrics.plan_latency.observe(latency)
+        for letter in out.letters:
+            metrics.dead_letters.labels(self.env, letter.error_kind.value).inc()
+
+    async def publish(self, out: Output) -> None:
+        """Plans and dead letters, acked by the broker before the batch counts as done;
+        then, in lockstep, the acks of the ticks decided."""
+        if not (out.plans or out.letters or out.acks):
+            return
+        todo: list[_Record] = []
+        for plan in out.plans:
+            if plan.plan_id in self.published:
+                self.republish_skipped += 1
+                continue
+            key = plan.key.encode() if plan.key is not None else None
+            todo.append(_Record(topic_of(plan), key, encode(plan), plan=True))
+        for letter in out.letters:
+            key = letter.key.encode() if letter.key is not None else None
+            todo.append(_Record(self._dlq, key, encode(letter)))
+        await self.deliver(todo)
+        if out.acks:
+            # after the tick's plans, on every partition: whoever reads any of them has
+            # read that partition's plans of the tick when it meets the ack
+            plans = topic(self.env, SCALE_PLANS)
+            parts = await self._partitions_of(plans)
+            await self.deliver(
+                [_Record(plans, None, encode(ack), p) for ack in out.acks for p in parts]
+            )
+        log_dead_letters(out.letters)
+
+    async def deliver(self, todo: list[_Record]) -> None:
+        """The batch is not done (and no checkpoint can cover it) until the broker has
+        every record: retry what failed, saying why, until it is done or the brain stops
+        (then the batch is left to the next start)."""
+        attempt = 0
+        while todo:
+            attempt += 1
+            results = await asyncio.gather(
+                *(self._send(r.topic, r.key, r.value, r.partition) for r in todo),
+                return_exceptions=True,
+            )
+            failed = []
+            why: BaseException | None = None
+            for record, result in zip(todo, results, strict=True):
+                if isinstance(result, BaseException):
+                    if isinstance(result, asyncio.CancelledError):
+                        raise result
+                    failed.append(record)
+                    why = result
+                elif record.plan:
+                    tp = (result.topic, result.partition)
+                    self.produced[tp] = max(self.produced.get(tp, 0), result.offset + 1)
+            if failed:
+                delay = backoff(attempt, first=0.1)
+                log.warning(
+                    "brain of %s: publishing %d records failed (attempt %d; retrying in "
+                    "%.1f s): %s: %s",
+                    self.env,
+                    len(failed),
+                    attempt,
+                    delay,
+                    type(why).__name__,
+                    why,
+                )
+                await sleep_unless(self._closing, delay, f"the brain of {self.env}")
+            todo = failed
+
+    async def _partitions_of(self, name: str) -> list[int]:
+        if name not in self._partitions:
+            async with Producer(self.settings) as producer:  # once: topics keep their count
+                self._partitions[name] = await producer.partitions(name)
+        return self._partitions[name]
