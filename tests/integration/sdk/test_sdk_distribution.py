@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,11 @@ def install_and_report(tmp_path: Path, env: str, job: str, servers: str) -> dict
         built = build_offline(out)
     assert built.returncode == 0, built.stderr
     (wheel,) = out.glob("dlrover_events_sdk-*.whl")
+    with zipfile.ZipFile(wheel) as built_wheel:  # its page on an index is sdk/README.md
+        (metadata,) = [n for n in built_wheel.namelist() if n.endswith(".dist-info/METADATA")]
+        described = built_wheel.read(metadata).decode()
+    assert "Description-Content-Type: text/markdown" in described
+    assert (REPO / "sdk" / "README.md").read_text().strip() in described
     made = run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     assert made.returncode == 0, made.stderr
     installed = install_offline(venv, wheel)
