@@ -19,9 +19,14 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.bus import Producer
 from dlrover_events.tokens import Scope, Tokens
-from handlers.operator.jobs import JobRequestError, scale_plan, submission, summary
+from handlers.operator.job_actions import (
+    JobNotFound,
+    JobUnreadable,
+    delete_job,
+    scale_job,
+)
+from handlers.operator.jobs import JobRequestError, scale_request, submission, summary
 from handlers.operator.kube.client import api_error
-from handlers.operator.kube.model import InvalidJob
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.platform import Platform
 
@@ -76,6 +81,10 @@ def _guarded(handler: Handler) -> Handler:
             return await handler(request)
         except _Bad as e:
             return _error(e.status, str(e))
+        except JobNotFound as e:
+            return _error(404, str(e))
+        except JobUnreadable as e:
+            return _error(409, str(e))
         except JobRequestError as e:
             return _error(422, str(e))
 
@@ -94,16 +103,11 @@ async def _list(request: web.Request) -> web.StreamResponse:
     return web.json_response({"jobs": [summary(o) for o in items]})
 
 
-async def _found(request: web.Request) -> dict[str, Any]:
+async def _get(request: web.Request) -> web.StreamResponse:
     name = request.match_info["job"]
     obj = await request.app[PLATFORM_KEY].get_job(name)
     if obj is None:
-        raise _Bad(404, f"no trainingjob {name!r}")
-    return obj
-
-
-async def _get(request: web.Request) -> web.StreamResponse:
-    obj = await _found(request)
+        raise JobNotFound(f"no trainingjob {name!r}")
     platform = request.app[PLATFORM_KEY]
     pods, _ = await platform.list_pods(f"{TRAINING_JOB.pod_selector()}={obj['metadata']['name']}")
     nodes = [
@@ -118,26 +122,22 @@ async def _get(request: web.Request) -> web.StreamResponse:
 
 
 async def _scale(request: web.Request) -> web.StreamResponse:
-    obj = await _found(request)
-    body = await _json(request)
-    if not isinstance(body, dict) or not isinstance(body.get("replicas"), int):
-        raise _Bad(422, 'the body must be {"role": "worker", "replicas": N}')
-    role = body.get("role", "worker")
-    if not isinstance(role, str):
-        raise _Bad(422, "role must be a string")
-    try:
-        job = TRAINING_JOB.parse(obj)
-    except InvalidJob as e:
-        raise _Bad(409, f"trainingjob {obj['metadata']['name']}: {e}") from None
-    plan = scale_plan(request.app[ENV_KEY], job, role, body["replicas"], source="api")
-    await request.app[PRODUCER_KEY].publish(plan)
+    role, replicas = scale_request(await _json(request))
+    plan = await scale_job(
+        request.app[PLATFORM_KEY],
+        request.app[PRODUCER_KEY],
+        request.app[ENV_KEY],
+        request.match_info["job"],
+        role,
+        replicas,
+        source="api",
+    )
     return web.json_response({"plan_id": plan.plan_id, "env": plan.env}, status=202)
 
 
 async def _delete(request: web.Request) -> web.StreamResponse:
     name = request.match_info["job"]
-    if not await request.app[PLATFORM_KEY].delete_job(name):
-        return _error(404, f"no trainingjob {name!r}")
+    await delete_job(request.app[PLATFORM_KEY], name)
     return web.json_response({"deleted": name})
 
 

@@ -72,6 +72,18 @@ def summary(obj: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def scale_request(body: Any) -> tuple[str, int]:
+    """``(role, replicas)`` of a scale request's JSON body (the jobs API, the console)."""
+    if not isinstance(body, Mapping):
+        raise JobRequestError('the body must be {"role": "worker", "replicas": N}')
+    replicas, role = body.get("replicas"), body.get("role", "worker")
+    if not isinstance(replicas, int) or isinstance(replicas, bool):
+        raise JobRequestError('the body must be {"role": "worker", "replicas": N}')
+    if not isinstance(role, str):
+        raise JobRequestError("role must be a string")
+    return role, replicas
+
+
 def scale_plan_id(uid: str, generation: int, role: str, replicas: int) -> str:
     """The same request on the same version of the job: the same plan."""
     return "cli-" + str(uuid.uuid5(_PLAN_NAMESPACE, f"{uid}/{generation}/{role}/{replicas}"))
@@ -93,4 +105,11 @@ def scale_plan(env: str, job: JobView, role: str, replicas: int, source: str) ->
     )
 
 
-__all__ = ["JobRequestError", "scale_plan", "scale_plan_id", "submission", "summary"]
+__all__ = [
+    "JobRequestError",
+    "scale_plan",
+    "scale_plan_id",
+    "scale_request",
+    "submission",
+    "summary",
+]

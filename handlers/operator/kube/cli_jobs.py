@@ -1,7 +1,8 @@
 """`dlrover-events job submit|list|describe|scale|delete`: TrainingJobs from a terminal.
 
 submit/list/describe/delete talk to the cluster with the user's own kubeconfig, as kubectl
-does. `scale` does not patch the job: it publishes a ScalePlan to the env's
+does (scale and delete through handlers.operator.job_actions, as the console's actions and
+the jobs API do). `scale` does not patch the job: it publishes a ScalePlan to the env's
 scale.plans, so a scale by hand goes the way the brain's do (once, recorded, answered
 with a ScaleResult). Its plan_id is derived from the request and the job's generation:
 the same command repeated before it applied is the same plan, applied once.
@@ -10,7 +11,6 @@ the same command repeated before it applied is the same plan, applied once.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,20 +25,17 @@ from dlrover_events.embedded import resolve_postgres
 from dlrover_events.envs import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.settings import load_settings
-from handlers.operator.jobs import JobRequestError, scale_plan, scale_plan_id, submission
+from handlers.operator.job_actions import JobNotFound, delete_job, open_platform, scale_job
+from handlers.operator.jobs import JobRequestError, scale_plan_id, submission
 from handlers.operator.kube.client import KubeApi, api_error
-from handlers.operator.kube.model import InvalidJob
-from handlers.operator.kube.runner import KubeSettings, connect
 from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.local.cluster import ANN_WORKDIR, LocalCluster
-from handlers.operator.local.runner import platform_root
+from handlers.operator.local.cluster import ANN_WORKDIR
 from handlers.operator.platform import Platform
+from schemas.plans import ScalePlan
 
 T = TypeVar("T")
 
 job_app = typer.Typer(help="TrainingJobs on the cluster: submit, list, describe, scale, delete.")
-
-_PLAN_NAMESPACE = uuid.UUID("7a2d9e4b-1c3f-4b6a-8d0e-5f7a9c1b3d2e")
 
 KUBECONFIG = typer.Option(None, "--kubeconfig", help="default: $KUBECONFIG, ~/.kube/config")
 NAMESPACE = typer.Option(None, "--namespace", "-n", help="default: the context's")
@@ -73,22 +70,21 @@ def _run(
 
     async def go() -> T:
         try:
-            if platform == "local":
-                root = platform_root(load_settings(), await _real_env(env))
-                return await work(LocalCluster(root, TRAINING_JOB))
-            if platform != "kubernetes":
-                raise UserError(f"unknown platform {platform!r}; known: kubernetes, local")
-            conf = KubeSettings(kubeconfig=kubeconfig, namespace=namespace)
-            api, ns = await connect(conf)
-            async with api:
+            target = await _real_env(env) if platform == "local" else (env or "")
+            async with open_platform(
+                load_settings(), target, platform, kubeconfig=kubeconfig, namespace=namespace
+            ) as kube:
                 try:
-                    return await work(KubeApi(api, TRAINING_JOB, ns))
+                    return await work(kube)
                 except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                    if platform == "local":
+                        raise
                     # the user's kubeconfig or network: say where, in one line
                     why = str(e).splitlines()[0] if str(e) else type(e).__name__
-                    raise UserError(
-                        f"cannot reach the cluster at {api.configuration.host}: {why}"
-                    ) from None
+                    host = kube.api.configuration.host if isinstance(kube, KubeApi) else "?"
+                    raise UserError(f"cannot reach the cluster at {host}: {why}") from None
+                except JobRequestError as e:
+                    raise UserError(str(e)) from None
         except ApiException as e:
             raise UserError(api_error(e)) from None
 
@@ -166,7 +162,7 @@ def describe(
     async def work(kube: Platform) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         obj = await kube.get_job(name)
         if obj is None:
-            raise UserError(f"no trainingjob {name!r} in namespace {kube.namespace}")
+            raise JobNotFound(f"no trainingjob {name!r} in namespace {kube.namespace}")
         pods, _ = await kube.list_pods(f"{TRAINING_JOB.pod_selector()}={name}")
         return obj, pods
 
@@ -201,31 +197,14 @@ def scale(
 ) -> None:
     """Publish a ScalePlan for one role of the job; the env's operator applies it once."""
 
-    async def work(kube: Platform) -> dict[str, Any]:
-        obj = await kube.get_job(name)
-        if obj is None:
-            raise UserError(f"no trainingjob {name!r} in namespace {kube.namespace}")
-        return obj
+    async def work(kube: Platform) -> ScalePlan:
+        async with Producer(load_settings()) as producer:
+            return await scale_job(
+                kube, producer, await _real_env(env), name, role, replicas, source="cli"
+            )
 
-    obj = _run(kubeconfig, namespace, work, platform=platform, env=env)
-    try:
-        job = TRAINING_JOB.parse(obj)
-    except InvalidJob as e:
-        raise UserError(f"trainingjob {name}: {e}") from None
-    settings = load_settings()
-
-    async def publish() -> tuple[str, str]:
-        target = await _real_env(env)
-        try:
-            plan = scale_plan(target, job, role, replicas, source="cli")
-        except JobRequestError as e:
-            raise UserError(str(e)) from None
-        async with Producer(settings) as producer:
-            await producer.publish(plan)
-        return target, plan.plan_id
-
-    target, plan_id = asyncio.run(publish())
-    typer.echo(f"plan {plan_id} published to {target}.scale.plans: {name} {role}={replicas}")
+    plan = _run(kubeconfig, namespace, work, platform=platform, env=env)
+    typer.echo(f"plan {plan.plan_id} published to {plan.env}.scale.plans: {name} {role}={replicas}")
 
 
 @job_app.command("delete")
@@ -238,11 +217,10 @@ def delete(
 ) -> None:
     """Delete the job; the operator deletes its pods."""
 
-    async def work(kube: Platform) -> bool:
-        return await kube.delete_job(name)
+    async def work(kube: Platform) -> None:
+        await delete_job(kube, name)
 
-    if not _run(kubeconfig, namespace, work, platform=platform, env=env):
-        raise UserError(f"no trainingjob {name!r}")
+    _run(kubeconfig, namespace, work, platform=platform, env=env)
     typer.echo(f"trainingjob {name} deleted")
 
 
