@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
+from dlrover_events.units import human_bytes
 from schemas.codec import CodecError, decode, encode
 from schemas.dlq import DeadLetter
 from schemas.envelope import Event
@@ -108,7 +109,7 @@ def _group_change(group: NodeGroupResource) -> str:
     parts = [f"{group.count} replicas" if group.count else ""]
     parts += [
         f"cpu {r.cpu:g}" if r.cpu else "",
-        f"memory {r.memory / 2**30:.3g} GiB" if r.memory else "",
+        f"memory {human_bytes(r.memory)}" if r.memory else "",
     ]
     parts += [f"{r.gpu_num} GPUs" if r.gpu_num else ""]
     return ", ".join(p for p in parts if p)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from dlrover_events.units import human_bytes
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
 from streams.brain.core.planner import DEFAULT_LIMITS, Limits, memory_step, plan_envelope, plan_id
@@ -285,7 +286,8 @@ def _oom_decision(state: JobState, limits: Limits) -> tuple[Decision, tuple[str,
         share.accumulation,
         None,
         True,
-        f"out of host memory: {current} -> {wanted} B per replica, same GPUs",
+        f"out of host memory: {human_bytes(current)} -> {human_bytes(wanted)} per replica, "
+        "same GPUs",
     )
     return decision, tuple(sorted(r.event_id for r in records)), wanted
 

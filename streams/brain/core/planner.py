@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from dlrover_events.units import human_bytes
 from schemas.bounds import MAX_REPLICAS
 from schemas.env_settings import LimitSettings
 from schemas.jobs import NodeRef
@@ -168,8 +169,8 @@ def _target(
         stepped = memory_step(before, memory, limits)
         if stepped != memory and notes is not None:
             notes.append(
-                f"{name} memory {memory} B is more than {before} B + "
-                f"{limits.max_memory_step} B in one step: {stepped} B"
+                f"{name} memory {human_bytes(memory)} is more than {human_bytes(before)} + "
+                f"{human_bytes(limits.max_memory_step)} in one step: {human_bytes(stepped)}"
             )
         memory = stepped
         if pinned is not None and pinned.memory is not None:

@@ -63,7 +63,7 @@ async def test_oom_gives_host_oom_plan_and_scale_plan(
     plan = host_oom[0]
     assert plan.caused_by == str(the_oom.event_id)
     assert plan.plan_id == plan_id(job.uuid, str(the_oom.event_id), "optimize")
-    assert plan.reason == f"host-oom: host OOM: worker-1 -> {24 * GiB} B"
+    assert plan.reason == "host-oom: host OOM: worker-1 -> 24 GiB"
     # 16 GiB x 2, at most 8 GiB a step: 24 GiB, within the 64 GiB cap
     assert plan.resource.node_resources["worker-1"].memory == 24 * GiB
     assert set(plan.resource.node_resources) == {"worker-1"}  # never for nodes that did not OOM

@@ -182,7 +182,7 @@ async def test_an_oom_killed_pod_comes_back_from_the_brain_as_a_plan_that_is_app
     assert want == 16 * GiB  # 8 GiB x 2
     plan, scale, result = await answer_of(bus, oom)
     assert plan.optimizer == "host-oom"
-    assert plan.reason == f"host-oom: host OOM: worker-1 -> {want} B"
+    assert plan.reason == "host-oom: host OOM: worker-1 -> 16 GiB"
     assert set(plan.resource.node_resources) == {"worker-1"}
     assert plan.resource.node_resources["worker-1"].memory == want
     assert (scale.job.uuid, scale.job.name, scale.job.namespace) == (job.uid, name, namespace)
@@ -218,7 +218,7 @@ async def test_an_oom_killed_pod_comes_back_from_the_brain_as_a_plan_that_is_app
     more = bumped(want)
     assert more == 24 * GiB  # 16 GiB + 8 GiB (x 2 capped at 8 GiB a step), not 8 GiB x 2 again
     plan2, scale2, result2 = await answer_of(bus, again)
-    assert plan2.reason == f"host-oom: host OOM: worker-1 -> {more} B"
+    assert plan2.reason == "host-oom: host OOM: worker-1 -> 24 GiB"
     assert [(m.node.type, m.node.id, m.resource.memory) for m in scale2.migrate_nodes] == [
         ("worker", 1, more)
     ]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
+from dlrover_events.units import human_bytes
 from schemas.bounds import MAX_BYTES
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
@@ -90,7 +91,7 @@ def worker_create(ctx: OptimizeContext, p: WorkerCreateParams) -> Proposal | Non
     cpu = max(ceil_int(peak_cpu), ceil_int(p.min_cpu))
     return Proposal(
         reason=(
-            f"scenario history: peak worker memory {peak_memory} B x "
+            f"scenario history: peak worker memory {human_bytes(peak_memory)} x "
             f"{1 + p.margin:g}, peak cpu {peak_cpu:g}"
         ),
         resource=group_plan(WORKER, count=1, cpu=cpu, memory=memory),
@@ -139,9 +140,13 @@ def worker_create_oom(ctx: OptimizeContext, p: WorkerCreateOOMParams) -> Proposa
     memory = max(from_history, bumped)
     if memory <= 0:
         return None
-    source = "history" if from_history >= bumped else f"{latest} B + {p.min_increase} B"
+    source = (
+        "history"
+        if from_history >= bumped
+        else f"{human_bytes(latest)} + {human_bytes(p.min_increase)}"
+    )
     return Proposal(
-        reason=f"worker OOM at create: memory {memory} B from {source}",
+        reason=f"worker OOM at create: memory {human_bytes(memory)} from {source}",
         resource=group_plan(WORKER, memory=memory),
         handled_ooms=tuple(ooms),
     )
@@ -254,13 +259,16 @@ def ps_oom(ctx: OptimizeContext, p: PSOOMParams) -> Proposal | None:
             if count <= 0:
                 return None
             return Proposal(
-                reason=f"PS OOM at {current} B >= {p.max_memory} B: PS count x {p.factor:g}",
+                reason=(
+                    f"PS OOM at {human_bytes(current)} >= {human_bytes(p.max_memory)}: "
+                    f"PS count x {p.factor:g}"
+                ),
                 resource=group_plan(PS, count=doubled(count)),
                 handled_ooms=tuple(ooms),
             )
         memory = ceil_int(current * p.factor)
         return Proposal(
-            reason=f"PS OOM without samples: memory {current} B x {p.factor:g}",
+            reason=f"PS OOM without samples: memory {human_bytes(current)} x {p.factor:g}",
             resource=group_plan(PS, memory=memory),
             handled_ooms=tuple(ooms),
         )
@@ -269,14 +277,15 @@ def ps_oom(ctx: OptimizeContext, p: PSOOMParams) -> Proposal | None:
     if peak > 0 and (peak - avg) / peak > p.imbalance:
         return Proposal(
             reason=(
-                f"PS OOM, memory imbalanced (max {peak} B, mean {avg:g} B): memory x {p.factor:g}"
+                f"PS OOM, memory imbalanced (max {human_bytes(peak)}, mean {human_bytes(avg)}): "
+                f"memory x {p.factor:g}"
             ),
             resource=group_plan(PS, memory=ceil_int(peak * p.factor)),
             handled_ooms=tuple(ooms),
         )
     count = count or len(used)
     return Proposal(
-        reason=f"PS OOM, memory balanced at {peak} B: PS count {count} x {p.factor:g}",
+        reason=(f"PS OOM, memory balanced at {human_bytes(peak)}: PS count {count} x {p.factor:g}"),
         resource=group_plan(PS, count=doubled(count)),
         handled_ooms=tuple(ooms),
     )
@@ -556,7 +565,10 @@ def worker_resource(ctx: OptimizeContext, p: WorkerResourceParams) -> Proposal |
     memory = peak_memory + ceil_int(min(p.memory_margin * peak_memory, p.memory_margin_cap))
     current = samples[-1].count(WORKER)
     replicas = current
-    why = f"worker cpu {cpu} from use {busiest:g}, memory {memory} B from peak {peak_memory} B"
+    why = (
+        f"worker cpu {cpu} from use {busiest:g}, memory {human_bytes(memory)} "
+        f"from peak {human_bytes(peak_memory)}"
+    )
     ps_window = with_role(last, PS)
     if ps_window:
         utils = [

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from msgspec import Struct
 from pydantic import Field
 
+from dlrover_events.units import human_bytes
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
@@ -379,7 +380,7 @@ def host_oom(ctx: OptimizeContext, p: HostOOMParams) -> Proposal | None:
         handled.extend(r.event_id for r in records)
     if not changes:
         return None
-    reason = "host OOM: " + ", ".join(f"{k} -> {r.memory} B" for k, r in changes.items())
+    reason = "host OOM: " + ", ".join(f"{k} -> {human_bytes(r.memory)}" for k, r in changes.items())
     if skipped:
         reason += f"; not raised (at cap or relaunch limit): {', '.join(skipped)}"
     return Proposal(
