@@ -15,6 +15,10 @@ README_MAX_BYTES = 12 * 1024
 #: [text](target) outside code; a target with a scheme or only an anchor is not a file
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+#: a path of the repository written as code (`streams/brain/core/planner.py`); placeholders
+#: (`handlers/operator/<name>/`) and globs are not paths
+TOP = ("schemas", "dlrover_events", "streams", "handlers", "deploy", "tests", "examples", "sdk")
+PATH = re.compile(r"`((?:%s)/[^`\s<>*{}]*)`" % "|".join(TOP))
 
 
 def _markdown_files() -> list[Path]:
@@ -41,6 +45,15 @@ def test_readme_is_at_most_12_kb() -> None:
 def test_every_relative_link_leads_to_a_file(doc: Path) -> None:
     broken = [t for t in relative_links(doc.read_text()) if not (doc.parent / t).exists()]
     assert not broken, f"{doc.relative_to(REPO)} links to missing files: {broken}"
+
+
+@pytest.mark.parametrize("doc", _markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_path_a_doc_names_exists(doc: Path) -> None:
+    """A file moved or renamed without its docs fails here (from the repository's root, or
+    from the doc's folder as deploy/README.md writes them)."""
+    named = {m.rstrip("/").split("::")[0] for m in PATH.findall(doc.read_text())}
+    gone = sorted(p for p in named if not (REPO / p).exists() and not (doc.parent / p).exists())
+    assert not gone, f"{doc.relative_to(REPO)} names paths that do not exist: {gone}"
 
 
 def test_the_link_reader_finds_links_and_skips_code() -> None:
