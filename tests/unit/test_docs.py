@@ -18,7 +18,7 @@ CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 #: a path of the repository written as code (`streams/brain/core/planner.py`); placeholders
 #: (`handlers/operator/<name>/`) and globs are not paths
 TOP = ("schemas", "dlrover_events", "streams", "handlers", "deploy", "tests", "examples", "sdk")
-PATH = re.compile(r"`((?:%s)/[^`\s<>*{}]*)`" % "|".join(TOP))
+PATH = re.compile(r"`((?:" + "|".join(TOP) + r")/[^`\s<>*{}]*)`")
 
 
 def _markdown_files() -> list[Path]:
