@@ -4,6 +4,10 @@ schemas <- dlrover_events <- streams, handlers: a package imports only the layer
 left. streams and handlers meet only on topics. Within handlers, the services (gateway,
 console, operator) do not import one another; the simulator is the virtual operator's
 pure core, which only the operator uses.
+
+The brain's core (`streams/brain/core/`) decides and does no I/O: nothing it imports, nor
+anything that imports in turn, may reach a broker, database, HTTP or Kubernetes client,
+a process or socket, or the brain's runtime wing (streams/brain/__init__.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,33 @@ HANDLERS_ALLOWED: dict[str, set[str]] = {
     "operator": {"simulator"},
     "simulator": set(),
 }
+
+
+#: Modules the brain's core must not reach, directly or through what it imports.
+IO_MODULES = frozenset(
+    {
+        "aiokafka",
+        "kafka",
+        "faust",
+        "mode",
+        "asyncpg",
+        "aiohttp",
+        "kubernetes_asyncio",
+        "kubernetes",
+        "typer",
+        "click",
+        "asyncio",
+        "socket",
+        "ssl",
+        "subprocess",
+        "multiprocessing",
+        "http",
+        "urllib",
+    }
+)
+CORE = Path("streams/brain/core")
+#: project packages the core must not reach (the I/O wing and the benches)
+CORE_FORBIDDEN = ("streams.brain.runtime", "streams.brain.bench")
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -63,8 +94,87 @@ def _violations(root: Path = ROOT) -> list[str]:
     return bad
 
 
+def _module_file(root: Path, module: str) -> Path | None:
+    """The file of a project module (`a.b` -> a/b.py or a/b/__init__.py), if there is one."""
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _loaded(root: Path, path: Path) -> list[tuple[int, str]]:
+    """The modules importing `path` runs, with their line: the named module, each package
+    above it (its __init__ runs first), and a submodule named in `from package import x`.
+    Relative imports are resolved against the file's package."""
+    tree = ast.parse(path.read_text("utf-8"), str(path))
+    package = list(path.relative_to(root).parts[:-1])
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        named: list[str] = []
+        if isinstance(node, ast.Import):
+            named = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            named = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+        for name in named:
+            parts = name.split(".")
+            for depth in range(1, len(parts) + 1):
+                found.append((node.lineno, ".".join(parts[:depth])))
+    return found
+
+
+def _io_reached(root: Path, module: str, cache: dict[Path, list[tuple[int, str]]]) -> str | None:
+    """The first I/O or forbidden module that importing `module` reaches, as the chain
+    that leads there (`dlrover_events.bus -> aiokafka`); None if it reaches none."""
+    seen = {module}
+    queue: list[tuple[str, str]] = [(module, module)]
+    while queue:
+        current, chain = queue.pop(0)
+        if current.split(".")[0] in IO_MODULES:
+            return chain
+        if current in CORE_FORBIDDEN or current.startswith(tuple(f"{m}." for m in CORE_FORBIDDEN)):
+            return chain
+        if current.split(".")[0] not in PACKAGES:
+            continue  # the standard library or a third-party package that is not I/O
+        path = _module_file(root, current)
+        if path is None:
+            continue  # a name imported from a module, not a module
+        if path not in cache:
+            cache[path] = _loaded(root, path)
+        for _, name in cache[path]:
+            if name not in seen:
+                seen.add(name)
+                queue.append((name, f"{chain} -> {name}"))
+    return None
+
+
+def _core_violations(root: Path = ROOT) -> list[str]:
+    bad: list[str] = []
+    cache: dict[Path, list[tuple[int, str]]] = {}
+    for path in sorted((root / CORE).rglob("*.py")):
+        rel = path.relative_to(root)
+        lines: set[int] = set()
+        for line, module in _loaded(root, path):
+            if line in lines:
+                continue  # one finding per import statement: the first module it reaches
+            reached = _io_reached(root, module, cache)
+            if reached is not None:
+                lines.add(line)
+                bad.append(f"{rel}:{line} imports {reached}")
+    return bad
+
+
 def test_imports_point_one_way() -> None:
     assert _violations() == []
+
+
+def test_the_brains_core_reaches_no_io() -> None:
+    assert _core_violations() == []
 
 
 @pytest.mark.parametrize(
@@ -85,3 +195,25 @@ def test_the_check_finds_a_crossing(tmp_path: Path, source: str, module: str) ->
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(f"import {module}\n", "utf-8")
     assert _violations(tmp_path) == [f"{source}:1 imports {module}"]
+
+
+@pytest.mark.parametrize(
+    ("module", "chain"),
+    [
+        ("aiokafka", "aiokafka"),
+        ("asyncio", "asyncio"),
+        ("streams.brain.runtime.app", "streams.brain.runtime"),
+        ("dlrover_events.x", "dlrover_events.x -> asyncpg"),
+    ],
+)
+def test_the_core_check_finds_io(tmp_path: Path, module: str, chain: str) -> None:
+    """The core's rule would see I/O imported directly, through a project module, and the
+    runtime wing (a check that finds nothing proves nothing)."""
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "dlrover_events" / "x.py").write_text("import asyncpg\n", "utf-8")
+    core = tmp_path / CORE
+    core.mkdir(parents=True)
+    (core / "ok.py").write_text("import math\nfrom schemas import y\n", "utf-8")
+    (core / "x.py").write_text(f"import {module}\n", "utf-8")
+    assert _core_violations(tmp_path) == [f"{CORE / 'x.py'}:1 imports {chain}"]

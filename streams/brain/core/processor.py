@@ -7,8 +7,8 @@ and plans out; keeping this part free of faust makes it fast to test and lets th
 benchmark show what faust itself costs.
 
 Nothing here raises on input: a record that does not decode, belongs to another env, or
-makes the processor fail becomes a dead letter (as `dlrover_events.bus` does) and the
-processor moves on.
+makes the processor fail becomes a dead letter (`schemas.dlq.fitting_letter`, as
+`dlrover_events.bus` makes them) and the processor moves on; the runtime sends it.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from typing import Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
-from dlrover_events.bus import dead_letter
 from schemas.bounds import MAX_EVENT_BYTES
 from schemas.codec import CodecError, decode
-from schemas.dlq import DeadLetter, FailureKind
+from schemas.dlq import DeadLetter, FailureKind, fitting_letter
 from schemas.envelope import Event
 from schemas.events import AnyEvent
 from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
@@ -38,9 +37,9 @@ from streams.brain.core.cluster_round import run_round
 from streams.brain.core.config_index import ConfigIndex
 from streams.brain.core.memo import SampleMemo
 from streams.brain.core.samples import SampleRead, read_sample
+from streams.brain.core.snapshot import Loaded, Offsets, Snapshot, merge_offsets
 from streams.brain.core.state import JobState, JobStatus, gpus_claimed
 from streams.brain.core.triggers import FINISHED, Policy, StepOutcome, arrive, step
-from streams.brain.runtime.checkpoint import Loaded, Offsets, Snapshot, merge_offsets
 
 log = logging.getLogger(__name__)
 
@@ -636,7 +635,17 @@ class BrainProcessor:
         out.letters.append(self._letter(record, FailureKind.HANDLER, f"brain: {message}"))
 
     def _letter(self, record: InputRecord, kind: FailureKind, error: str) -> DeadLetter:
-        return dead_letter(self.env, record, kind, error, self.group)
+        return fitting_letter(
+            env=self.env,
+            original_topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=record.key,
+            value=record.value,
+            kind=kind,
+            error=error,
+            group=self.group,
+        )
 
     def _history_for(
         self, state: JobState | None, event: SampleRead | JobEvent | None

@@ -66,8 +66,9 @@ from dlrover_events.topics import (
 )
 from streams.brain.core.merge import Fetch, Merge, event_time
 from streams.brain.core.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
+from streams.brain.core.snapshot import Offsets, Snapshot
 from streams.brain.core.triggers import Policy
-from streams.brain.runtime.checkpoint import BrainStore, Offsets, Snapshot
+from streams.brain.runtime.checkpoint import BrainStore
 from streams.brain.runtime.configs import ConfigFollower
 from streams.brain.runtime.courier import OUTBOX_BATCHES, Courier
 from streams.brain.runtime.faust_glue import (

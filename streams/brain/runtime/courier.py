@@ -29,7 +29,7 @@ from dlrover_events.topics import DLQ, SCALE_PLANS, topic, topic_of
 from schemas.codec import encode
 from schemas.plans import ScalePlan
 from streams.brain.core.processor import Output
-from streams.brain.runtime.checkpoint import Offsets
+from streams.brain.core.snapshot import Offsets
 from streams.brain.runtime.retry import Stopping, backoff, sleep_unless
 
 log = logging.getLogger(__name__)

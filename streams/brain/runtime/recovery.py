@@ -29,7 +29,7 @@ from dlrover_events.settings import Settings
 from dlrover_events.topic_reader import TopicReader
 from schemas.codec import CodecError, decode
 from schemas.plans import OptimizePlan, ScalePlan
-from streams.brain.runtime.checkpoint import Offsets
+from streams.brain.core.snapshot import Offsets
 
 log = logging.getLogger(__name__)
 

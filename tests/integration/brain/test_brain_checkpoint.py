@@ -13,9 +13,10 @@ from dlrover_events.store import EnvStore
 from schemas.jobs import JobCompleted, JobFailed, JobMeta, JobStarted, JobSubmitted
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.samples import JobRef, SampleRead
+from streams.brain.core.snapshot import Loaded, Snapshot
 from streams.brain.core.state import MAX_SAMPLES, JobState, Sample, fold, state_json
 from streams.brain.runtime.app import Brain
-from streams.brain.runtime.checkpoint import BrainStore, Loaded, Snapshot
+from streams.brain.runtime.checkpoint import BrainStore
 from tests.conftest import EnvFactory
 from tests.integration.brain.workload import sample, submitted, wait_for
 

@@ -19,10 +19,11 @@ from schemas import encode
 from schemas.jobs import JobCompleted, JobMeta, JobStarted
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.samples import JobRef, SampleRead
+from streams.brain.core.snapshot import Snapshot
 from streams.brain.core.state import JobState, JobStatus, Sample, fold
 from streams.brain.core.triggers import Policy, Retention
 from streams.brain.runtime.app import Brain
-from streams.brain.runtime.checkpoint import BrainStore, Snapshot
+from streams.brain.runtime.checkpoint import BrainStore
 from streams.brain.runtime.retention import Pruned, Pruner, prune
 from tests.conftest import EnvFactory, unique_env
 from tests.unit.brain.builders import Rec

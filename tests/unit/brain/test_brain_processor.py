@@ -22,8 +22,8 @@ from schemas.jobs import (
 )
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
 from streams.brain.core.processor import BrainProcessor, decode_event
+from streams.brain.core.snapshot import Loaded
 from streams.brain.core.state import GiB, JobStatus
-from streams.brain.runtime.checkpoint import Loaded
 
 from .builders import ENV, T0, Rec
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from schemas import encode
 from schemas.jobs import JobMeta, JobStarted
 from streams.brain.core.processor import BrainProcessor
+from streams.brain.core.snapshot import Loaded
 from streams.brain.core.state import JobState, JobStatus
 from streams.brain.core.triggers import Policy, Retention
-from streams.brain.runtime.checkpoint import Loaded
 from streams.brain.runtime.retention import Finished, Pruning, select
 
 from .builders import ENV, T0, Rec
