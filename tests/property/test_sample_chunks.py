@@ -10,8 +10,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from schemas.jobs import JobMeta
+from streams.brain.core.samples import Sample
 from streams.brain.core.snapshot import ALL_CHUNKS, StoredSamples, sample_write, stored_samples
-from streams.brain.core.state import MAX_SAMPLES, JobState, Sample
+from streams.brain.core.state import MAX_SAMPLES, JobState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 EMPTY = JobState(env="prod", job=JobMeta(uuid="job-1"))

@@ -12,8 +12,10 @@ from pydantic import ValidationError
 
 from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_RATE
 from schemas.jobs import JobMeta
-from streams.brain.core.samples import JobRef, SampleRead
-from streams.brain.core.state import JobState, NodeUse, Sample, fold, state_json
+from streams.brain.core.folds import fold
+from streams.brain.core.samples import JobRef, NodeUse, Sample, SampleRead
+from streams.brain.core.state import JobState
+from streams.brain.core.state_json import state_json
 
 #: values within the contract's bounds (`schemas.bounds`), which a state read back checks
 floats = st.floats(min_value=0, max_value=MAX_RATE, allow_nan=False, allow_infinity=False)

@@ -52,7 +52,7 @@ from schemas.jobs import (
     RoleSpec,
     RuntimeSample,
 )
-from streams.brain.core.state import GiB
+from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.runtime.app import Brain, BrainApp
 
 log = logging.getLogger(__name__)

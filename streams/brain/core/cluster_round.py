@@ -21,6 +21,7 @@ from datetime import datetime
 from dlrover_events.units import human_bytes
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
+from streams.brain.core.folds import record_decision
 from streams.brain.core.planner import DEFAULT_LIMITS, Limits, memory_step, plan_envelope, plan_id
 from streams.brain.core.schedulers import get_scheduler
 from streams.brain.core.schedulers.goodput import (
@@ -38,7 +39,7 @@ from streams.brain.core.schedulers.goodput_cluster import (
     JobInput,
     Schedule,
 )
-from streams.brain.core.state import WORKER, JobState, JobStatus, Share, record_decision
+from streams.brain.core.state import WORKER, JobState, JobStatus, Share
 from streams.brain.core.triggers import SchedulerPolicy
 
 #: A job never measured: one second per micro-step whatever its batch. Its exploration

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from schemas.plans import OptimizePlan, ScalePlan
-from streams.brain.core.state import MAX_SAMPLES, JobState, Sample
+from streams.brain.core.samples import Sample
+from streams.brain.core.state import MAX_SAMPLES, JobState
 
 #: (topic, partition) -> next offset to process
 Offsets = dict[tuple[str, int], int]

@@ -38,22 +38,14 @@ from schemas.jobs import JobEvent, JobMeta, JobSubmitted, NodeOOM, RuntimeSample
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
 from streams.brain.core.config_index import effective_config
 from streams.brain.core.decide import Decision, NoDecision, decide
+from streams.brain.core.folds import fold, read_config, record_decision, with_config
 from streams.brain.core.memo import SampleMemo
 from streams.brain.core.optimizers import REGISTRY, Registry
 from streams.brain.core.planner import Limits
 from streams.brain.core.router import RouteError
+from streams.brain.core.samples import SampleRead
 from streams.brain.core.schedulers import get_scheduler
-from streams.brain.core.state import (
-    JobState,
-    JobStatus,
-    SampleRead,
-    Stage,
-    fold,
-    normalize_stage,
-    read_config,
-    record_decision,
-    with_config,
-)
+from streams.brain.core.state import JobState, JobStatus, Stage, normalize_stage
 
 #: Jobs that finished are not decided for any more: no plan can help them.
 FINISHED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED})

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 
 from dlrover_events.store import EnvStore
 from schemas.plans import OptimizePlan, ScalePlan
+from streams.brain.core.samples import Sample
 from streams.brain.core.snapshot import (
     Loaded,
     Offsets,
@@ -27,14 +28,8 @@ from streams.brain.core.snapshot import (
     sample_write,
     stored_samples,
 )
-from streams.brain.core.state import (
-    JobState,
-    JobStatus,
-    Sample,
-    samples_from_json,
-    samples_json,
-    state_json,
-)
+from streams.brain.core.state import JobState, JobStatus
+from streams.brain.core.state_json import samples_from_json, samples_json, state_json
 from streams.brain.core.triggers import FINISHED
 
 #: The states a load reads whole: jobs not finished, and the newest completed jobs of each

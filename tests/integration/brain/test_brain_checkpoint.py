@@ -11,10 +11,12 @@ from dlrover_events.bus import Producer
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from schemas.jobs import JobCompleted, JobFailed, JobMeta, JobStarted, JobSubmitted
+from streams.brain.core.folds import fold
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.samples import JobRef, SampleRead
+from streams.brain.core.samples import JobRef, Sample, SampleRead
 from streams.brain.core.snapshot import Loaded, Snapshot
-from streams.brain.core.state import MAX_SAMPLES, JobState, Sample, fold, state_json
+from streams.brain.core.state import MAX_SAMPLES, JobState
+from streams.brain.core.state_json import state_json
 from streams.brain.runtime.app import Brain
 from streams.brain.runtime.checkpoint import BrainStore
 from tests.conftest import EnvFactory

@@ -21,8 +21,8 @@ from dlrover_events.settings import Settings
 from dlrover_events.topics import SCALE_PLANS, topic
 from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import ScalePlan
+from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.planner import Limits
-from streams.brain.core.state import GiB
 from streams.brain.core.triggers import Policy, step
 from streams.brain.runtime.app import service
 from tests.conftest import run_cli, unique_env

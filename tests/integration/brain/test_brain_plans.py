@@ -19,9 +19,10 @@ from schemas.config import ConfigChange, ConfigDocument
 from schemas.dlq import DeadLetter, FailureKind
 from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import OptimizePlan, ScalePlan
+from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.planner import plan_id
 from streams.brain.core.processor import Output
-from streams.brain.core.state import GiB, JobState, JobStatus
+from streams.brain.core.state import JobState, JobStatus
 from streams.brain.runtime.app import Brain
 from tests.conftest import EnvFactory
 from tests.integration.brain.workload import oom, plans_on, sample, submitted, wait_for

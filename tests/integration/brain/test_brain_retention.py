@@ -17,10 +17,11 @@ from dlrover_events.store import EnvStore, connect, env_schema, prepare_env
 from dlrover_events.store.database import quote_ident
 from schemas import encode
 from schemas.jobs import JobCompleted, JobMeta, JobStarted
+from streams.brain.core.folds import fold
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.samples import JobRef, SampleRead
+from streams.brain.core.samples import JobRef, Sample, SampleRead
 from streams.brain.core.snapshot import Snapshot
-from streams.brain.core.state import JobState, JobStatus, Sample, fold
+from streams.brain.core.state import JobState, JobStatus
 from streams.brain.core.triggers import Policy, Retention
 from streams.brain.runtime.app import Brain
 from streams.brain.runtime.checkpoint import BrainStore

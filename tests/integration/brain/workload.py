@@ -24,7 +24,7 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from schemas.plans import OptimizePlan, ScalePlan
-from streams.brain.core.state import GiB
+from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.triggers import Policy, step
 from streams.brain.runtime.leader import LOCK_CLASS
 

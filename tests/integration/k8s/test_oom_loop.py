@@ -27,8 +27,9 @@ from schemas.envelope import Event
 from schemas.jobs import JobStarted, NodeOOM, OOMKind
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
 from streams.brain.core.optimizers.gpu import HostOOMParams
+from streams.brain.core.optimizers.numeric import ceil_int
 from streams.brain.core.planner import Limits
-from streams.brain.core.state import JobState, ceil_int
+from streams.brain.core.state import JobState
 from streams.brain.runtime.app import service as brain_service
 from tests.integration.tap import Tap
 

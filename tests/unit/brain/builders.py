@@ -11,16 +11,15 @@ import msgspec
 
 from schemas.jobs import JobMeta, NodeUsage, OOMKind
 from streams.brain.core.optimizers import REGISTRY, OptimizeContext, Proposal
+from streams.brain.core.optimizers.numeric import GiB
+from streams.brain.core.samples import NodeUse, Sample
 from streams.brain.core.state import (
-    GiB,
     JobState,
     JobStatus,
     NodeState,
     NodeStatus,
-    NodeUse,
     OOMRecord,
     RoleResources,
-    Sample,
 )
 
 ENV = "test"

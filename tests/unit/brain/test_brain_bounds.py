@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from dlrover_events.errors import UserError
 from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_REPLICAS
 from streams.brain.core.optimizers import REGISTRY
-from streams.brain.core.state import PS, WORKER, ceil_int
+from streams.brain.core.optimizers.numeric import ceil_int
+from streams.brain.core.state import PS, WORKER
 from streams.brain.runtime.dry_run import dry_run, parse_state
 
 from .builders import T0

@@ -13,7 +13,8 @@ from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource
 from streams.brain.core.optimizers.fit import _solve, nnls
 from streams.brain.core.optimizers.gpu import fit_throughput, observations, smaller_micro_batch
-from streams.brain.core.state import WORKER, JobState, NodeStatus, RoleResources, Sample
+from streams.brain.core.samples import Sample
+from streams.brain.core.state import WORKER, JobState, NodeStatus, RoleResources
 
 from .builders import GiB, node, nodes, oom, run, sample, state, use
 

@@ -15,8 +15,8 @@ from schemas import encode
 from schemas.envelope import Event
 from schemas.jobs import JobMeta, JobStarted, JobSubmitted, NodeOOM, NodeRef, OOMKind, RoleSpec
 from schemas.lockstep import Barrier
+from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.state import GiB
 from streams.brain.core.triggers import Policy
 
 from .builders import ENV, T0, Rec

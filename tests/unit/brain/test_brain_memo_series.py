@@ -19,10 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.jobs import NodeUsage, RuntimeSample
+from streams.brain.core.folds import fold
 from streams.brain.core.memo import SERIES_LIMIT, SampleMemo, Series, series
 from streams.brain.core.optimizers import gpu
 from streams.brain.core.optimizers.gpu import StepObservation, observations, observed
-from streams.brain.core.state import MAX_SAMPLES, WORKER, JobState, RoleResources, Sample, fold
+from streams.brain.core.samples import Sample
+from streams.brain.core.state import MAX_SAMPLES, WORKER, JobState, RoleResources
 
 from .builders import ENV, T0, meta, state
 

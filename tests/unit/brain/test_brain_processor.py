@@ -21,9 +21,10 @@ from schemas.jobs import (
     RoleSpec,
 )
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
+from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.processor import BrainProcessor, decode_event
 from streams.brain.core.snapshot import Loaded
-from streams.brain.core.state import GiB, JobStatus
+from streams.brain.core.state import JobStatus
 
 from .builders import ENV, T0, Rec
 

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.jobs import NodeUsage, RuntimeSample
+from streams.brain.core.folds import fold
 from streams.brain.core.memo import TABLE_LIMIT, SampleMemo
 from streams.brain.core.optimizers import gpu
 from streams.brain.core.optimizers.gpu import (
@@ -27,15 +28,14 @@ from streams.brain.core.optimizers.gpu import (
     find_stragglers,
     observations,
 )
+from streams.brain.core.optimizers.numeric import median
+from streams.brain.core.samples import Sample
 from streams.brain.core.state import (
     MAX_SAMPLES,
     WORKER,
     JobState,
     NodeStatus,
     RoleResources,
-    Sample,
-    fold,
-    median,
     node_key,
 )
 

@@ -24,9 +24,11 @@ from schemas.jobs import (
 from schemas.lockstep import Barrier
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
 from streams.brain.core.cluster_round import job_model, memory_for, run_round
+from streams.brain.core.folds import fold
+from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.planner import DEFAULT_LIMITS
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.state import PROFILE_SAMPLES, GiB, JobState, fold
+from streams.brain.core.state import PROFILE_SAMPLES, JobState
 from streams.brain.core.triggers import Policy
 
 from .builders import ENV, T0, Rec

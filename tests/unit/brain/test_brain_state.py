@@ -33,6 +33,7 @@ from schemas.plans import (
     ScaleResult,
     ScaleStatus,
 )
+from streams.brain.core.folds import fold, fold_all, read_config, record_decision
 from streams.brain.core.state import (
     MAX_SAMPLES,
     PS,
@@ -41,12 +42,8 @@ from streams.brain.core.state import (
     JobStatus,
     NodeStatus,
     Stage,
-    fold,
-    fold_all,
     normalize_stage,
     parse_node_key,
-    read_config,
-    record_decision,
 )
 
 from .builders import ENV, T0, GiB, meta, use

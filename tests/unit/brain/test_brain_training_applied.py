@@ -23,16 +23,10 @@ from schemas.plans import (
     ScaleStatus,
     TrainingApplied,
 )
+from streams.brain.core.folds import fold, fold_all, record_decision
 from streams.brain.core.planner import plan_scale
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.state import (
-    WORKER,
-    AwaitedTraining,
-    JobState,
-    fold,
-    fold_all,
-    record_decision,
-)
+from streams.brain.core.state import WORKER, AwaitedTraining, JobState
 from streams.brain.core.triggers import Policy, step
 
 from .builders import ENV, T0, GiB, Rec, meta, use

@@ -19,8 +19,9 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from schemas.plans import OptimizeRequest
+from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.planner import plan_id
-from streams.brain.core.state import GiB, JobState
+from streams.brain.core.state import JobState
 from streams.brain.core.triggers import Policy, StepOutcome, step
 
 from .builders import ENV, T0

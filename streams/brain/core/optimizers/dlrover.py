@@ -25,6 +25,7 @@ from streams.brain.core.optimizers.base import (
     node_resource,
     register,
 )
+from streams.brain.core.optimizers.numeric import GiB, ceil_int, mean, median
 from streams.brain.core.optimizers.usage import (
     avg_cpu,
     major_cluster,
@@ -38,18 +39,8 @@ from streams.brain.core.optimizers.usage import (
     total_cpu,
     with_role,
 )
-from streams.brain.core.state import (
-    PS,
-    WORKER,
-    GiB,
-    JobState,
-    Sample,
-    Stage,
-    ceil_int,
-    mean,
-    median,
-    parse_node_key,
-)
+from streams.brain.core.samples import Sample
+from streams.brain.core.state import PS, WORKER, JobState, Stage, parse_node_key
 
 
 def _open_ooms(state: JobState, role: str) -> list[str]:

@@ -24,17 +24,9 @@ from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
 from streams.brain.core.memo import SampleMemo, Series, derived, series
 from streams.brain.core.optimizers.base import OptimizeContext, Proposal, node_resource, register
 from streams.brain.core.optimizers.fit import nnls
-from streams.brain.core.state import (
-    WORKER,
-    GiB,
-    JobState,
-    NodeStatus,
-    Sample,
-    ceil_int,
-    median,
-    node_key,
-    parse_node_key,
-)
+from streams.brain.core.optimizers.numeric import GiB, ceil_int, median
+from streams.brain.core.samples import Sample
+from streams.brain.core.state import WORKER, JobState, NodeStatus, node_key, parse_node_key
 
 # -- goodput --------------------------------------------------------------------------
 

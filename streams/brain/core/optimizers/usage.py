@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from streams.brain.core.samples import NodeUse
-from streams.brain.core.state import JobState, Sample, mean, median, node_key
+from streams.brain.core.optimizers.numeric import mean, median
+from streams.brain.core.samples import NodeUse, Sample
+from streams.brain.core.state import JobState, node_key
 
 
 def with_role(samples: Sequence[Sample], role: str) -> list[Sample]:
