@@ -20,6 +20,8 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_GPUS, Document, Text
 from schemas.envelope import Model
+from schemas.plans import RescaleMode
+from schemas.rescale_cost import rescale_cost_s
 
 #: Bytes of a settings file the CLI reads at most (the stored document has the bounds of
 #: any free-form document besides: `schemas.bounds.MAX_DOCUMENT_VALUES`, depth 32).
@@ -32,8 +34,10 @@ TOMBSTONE_S = 30 * 86400.0
 MAX_TOMBSTONES = 100_000
 #: The least time between two prunes of one brain.
 PRUNE_EVERY_S = 300.0
-#: A simulated job's checkpoint-restart after a rescale, in simulated seconds.
-SIM_RESTART_DELAY_S = 30.0
+#: A simulated job's checkpoint-restart after a rescale, and a rescale in place, in
+#: simulated seconds (schemas/rescale_cost.py keeps them with their sources).
+SIM_RESTART_DELAY_S = rescale_cost_s(RescaleMode.RESTART)
+SIM_IN_PLACE_DELAY_S = rescale_cost_s(RescaleMode.IN_PLACE)
 
 _CENTURY_S = 100 * 365 * 86400
 _GiB = 2**30
@@ -187,7 +191,21 @@ class OperatorSettings(Model):
         default=SIM_RESTART_DELAY_S,
         ge=0,
         le=86400,
-        description="simulated checkpoint-restart seconds",
+        description="simulated checkpoint-restart seconds (a job's start, and a rescale "
+        "that restarts it)",
+    )
+    rescale_mode: Literal["restart", "in_place"] = Field(
+        default="restart",
+        description="how the simulated jobs take a new allocation: restart (restart_delay "
+        "each time) or in_place (in_place_delay when one of a job's pods stays where it was; "
+        "a start, a resume or a move to other nodes still restarts)",
+    )
+    in_place_delay: float = Field(
+        default=SIM_IN_PLACE_DELAY_S,
+        ge=0,
+        le=86400,
+        description="simulated seconds of a rescale in place (schemas/rescale_cost.py: "
+        "measured by `bench elastic`)",
     )
     admission: Literal["cluster", "brain"] = Field(
         default="cluster",
@@ -207,6 +225,11 @@ class OperatorSettings(Model):
         """A tick of one sample interval: every running job says something in each tick,
         and a plan lands at most one sample later than the sample that caused it."""
         return self.tick_s if self.tick_s is not None else self.sample_interval
+
+    @property
+    def in_place_seconds(self) -> float | None:
+        """What a rescale in place costs the simulated jobs; None when they restart."""
+        return self.in_place_delay if self.rescale_mode == "in_place" else None
 
 
 class EnvSettings(Model):

@@ -52,6 +52,12 @@ def operator(
     restart_delay: float = typer.Option(
         None, "--restart-delay", help="simulated seconds a rescaled job restarts (default 30)"
     ),
+    rescale_mode: str = typer.Option(
+        None,
+        "--rescale-mode",
+        help="how simulated jobs take a new allocation: restart (default) or in_place "
+        "(the in-place cost when one of a job's pods stays where it was)",
+    ),
     admission: Admission = typer.Option(
         None,
         "--admission",
@@ -91,6 +97,7 @@ def operator(
         "tick_s": tick,
         "sample_interval": sample_interval,
         "restart_delay": restart_delay,
+        "rescale_mode": rescale_mode,
         "admission": None if admission is None else admission.value,
     }
     asyncio.run(_run(load_settings(), env, {k: v for k, v in given.items() if v is not None}))

@@ -531,6 +531,7 @@ class VirtualOperator:
                 self.options.cluster(),
                 origin=None,
                 restart_delay=self.options.restart_delay,
+                in_place_delay=self.options.in_place_seconds,
                 sample_interval=self.options.sample_interval,
                 source=SOURCE,
                 admission=self.options.admission,

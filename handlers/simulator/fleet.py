@@ -64,6 +64,7 @@ class VirtualCluster:
         *,
         origin: datetime | None = DEFAULT_ORIGIN,
         restart_delay: float = DEFAULT_RESTART_DELAY,
+        in_place_delay: float | None = None,
         sample_interval: float | None = 30.0,
         source: str = "virtual-operator",
         loader: Loader = load_application,
@@ -73,6 +74,8 @@ class VirtualCluster:
         self.admission: Admission = admission
         self.origin = origin
         self.restart_delay = restart_delay
+        #: jobs rescale in place at this cost (None: they restart; see JobSimulator)
+        self.in_place_delay = in_place_delay
         self.sample_interval = sample_interval
         self.source = source
         self._loader = loader
@@ -113,6 +116,7 @@ class VirtualCluster:
             "cluster": self.cluster.snapshot(),
             "origin": None if self.origin is None else self.origin.isoformat(),
             "restart_delay": self.restart_delay,
+            "in_place_delay": self.in_place_delay,
             "sample_interval": self.sample_interval,
             "admission": self.admission,
             "clock": self._clock,
@@ -141,6 +145,7 @@ class VirtualCluster:
             Cluster.restore(state["cluster"]),
             origin=origin,
             restart_delay=state["restart_delay"],
+            in_place_delay=state.get("in_place_delay"),  # (absent before it existed)
             sample_interval=state["sample_interval"],
             source=source,
             loader=loader,
@@ -262,6 +267,7 @@ class VirtualCluster:
             clock=self._clock,
             origin=self.origin or DEFAULT_ORIGIN,
             restart_delay=self.restart_delay,
+            in_place_delay=self.in_place_delay,
             sample_interval=self.sample_interval,
             source=self.source,
             admission=self.admission,

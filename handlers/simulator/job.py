@@ -57,7 +57,8 @@ MiB = 1024**2
 #: Roles whose pods are data-parallel replicas: one replica per GPU of such a pod.
 TRAINING_ROLES: frozenset[str] = frozenset({"worker", "chief"})
 
-#: Pollux's simulator charges every re-allocation 30 s of checkpoint-restart.
+#: Pollux's simulator charges every re-allocation 30 s of checkpoint-restart (the restart
+#: figure of schemas/rescale_cost.py, where its source is kept).
 DEFAULT_RESTART_DELAY = SIM_RESTART_DELAY_S
 
 #: Who decides when a job's gang starts. "cluster": the simulated cluster admits each
@@ -213,6 +214,7 @@ class JobSimulator:
         clock: float = 0.0,
         origin: datetime = DEFAULT_ORIGIN,
         restart_delay: float = DEFAULT_RESTART_DELAY,
+        in_place_delay: float | None = None,
         sample_interval: float | None = 30.0,
         memory: MemoryModel | None = None,
         source: str = "simulator",
@@ -224,6 +226,9 @@ class JobSimulator:
         self.cluster = cluster
         self.origin = origin
         self.restart_delay = restart_delay
+        #: a job that rescales in place (None: it restarts): a new allocation that keeps
+        #: one of its pods where it was costs this instead of restart_delay
+        self.in_place_delay = in_place_delay
         self.sample_interval = sample_interval
         self.memory = memory or memory_model(application.name)
         self.source = source
@@ -274,6 +279,7 @@ class JobSimulator:
             "application": self.app.name,
             "memory": [self.memory.base, self.memory.per_sample],
             "restart_delay": self.restart_delay,
+            "in_place_delay": self.in_place_delay,
             "sample_interval": self.sample_interval,
             "admission": self.admission,
             "granted": self._granted,
@@ -319,6 +325,7 @@ class JobSimulator:
         job.cluster = cluster
         job.origin = origin
         job.restart_delay = state["restart_delay"]
+        job.in_place_delay = state.get("in_place_delay")  # (absent before it existed)
         job.sample_interval = state["sample_interval"]
         job.memory = MemoryModel(*state["memory"])
         job.source = source
@@ -797,7 +804,7 @@ class JobSimulator:
         self._allocation = allocation
         self._waiting_for = ""
         self._state = JobPhase.RESTARTING
-        self._resume_at = self._clock + self.restart_delay
+        self._resume_at = self._clock + self._rescale_delay(previous, allocation)
         self._eta = None
         # A pod that changed is a new pod; so is one a plan's placement moved to another
         # node (the cluster's own re-packing of a gang is its affair, said as before).
@@ -808,6 +815,20 @@ class JobSimulator:
             or previous.pods.get(key) != pod
             or (self._pin is not None and previous.nodes.get(key) != allocation.nodes[key])
         ]
+
+    def _rescale_delay(self, previous: Allocation | None, allocation: Allocation) -> float:
+        """What the change from ``previous`` to ``allocation`` costs: in place when the job
+        rescales so and one of its training pods stays as and where it was (a survivor to
+        send the newcomers the state), else a restart from the checkpoint."""
+        if self.in_place_delay is None or previous is None:
+            return self.restart_delay
+        kept = any(
+            pod.role in TRAINING_ROLES
+            and previous.pods.get(key) == pod
+            and previous.nodes.get(key) == allocation.nodes.get(key)
+            for key, pod in allocation.pods.items()
+        )
+        return self.in_place_delay if kept else self.restart_delay
 
     def _give_up_old_gang(self) -> list[JobEvent]:
         """Under a brain's admission the scheduler has given the GPUs of the job's old

@@ -22,12 +22,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiresias": {"brain": {"scheduler": {"name": "tiresias"}}, "operator": {"tick_s": 60}},
     "goodput-cluster": {
         "brain": {
-            "scheduler": {
-                "name": "goodput-cluster",
-                "params": {"restart_cost_s": 30, "hysteresis": 0.05},
-            }
+            "scheduler": {"name": "goodput-cluster", "params": {"hysteresis": 0.05}},
         },
-        "operator": {"tick_s": 60},
+        "operator": {"tick_s": 60, "rescale_mode": "restart"},
+    },
+    # the same scheduler, its jobs rescaling in place: a reallocation that keeps one of a
+    # job's pods costs the in-place figure instead of a restart (docs/inplace.md)
+    "cluster-inplace": {
+        "brain": {
+            "scheduler": {"name": "goodput-cluster", "params": {"hysteresis": 0.05}},
+        },
+        "operator": {"tick_s": 60, "rescale_mode": "in_place"},
     },
 }
 

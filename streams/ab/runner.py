@@ -48,6 +48,7 @@ from schemas.jobs import JobSubmitted
 from streams.ab.arms import Arm
 from streams.ab.report import ArmResult
 from streams.ab.summary import RunInfo
+from streams.brain.core.schedulers import SCHEDULERS
 from streams.evaluators.ledger import Ledger, gpu_use
 from streams.evaluators.registry import evaluate
 from streams.evaluators.service import ledger_of
@@ -107,6 +108,7 @@ class ABTest:
         ``operator: {lockstep: false}``.
         """
         own = arm.settings.get("operator", {})
+        rescale = own.get("rescale_mode") if isinstance(own, dict) else None
         lockstep = _brain(arm) and bool(own.get("lockstep", self.cluster.lockstep))
         if lockstep:
             pace: dict[str, Any] = {}
@@ -130,6 +132,13 @@ class ABTest:
                     "gpus_per_node": self.cluster.gpus_per_node,
                     **brain["scheduler"],
                 }
+                priced = _prices_rescales(brain["scheduler"].get("name"))
+                if priced and rescale is not None:
+                    # the scheduler weighs a reallocation at what the arm's simulated jobs
+                    # pay for it (operator.rescale_mode)
+                    params = dict(brain["scheduler"].get("params") or {})
+                    params.setdefault("rescale_mode", rescale)
+                    brain["scheduler"]["params"] = params
         operator = {
             "nodes": self.cluster.nodes,
             "gpus_per_node": self.cluster.gpus_per_node,
@@ -366,6 +375,12 @@ def _trace_events(path: Path, env: str, adapter: str = "pollux") -> list[tuple[f
         return list(adapters[adapter](path, env))
     except (ValueError, KeyError) as err:
         raise UserError(f"cannot read {path} as a {adapter} workload: {err}") from None
+
+
+def _prices_rescales(scheduler: object) -> bool:
+    """Whether the named scheduler prices a reallocation by the jobs' rescale mode."""
+    spec = SCHEDULERS.get(str(scheduler))
+    return spec is not None and "rescale_mode" in spec.params.model_fields
 
 
 def _brain(arm: Arm) -> bool:

@@ -29,7 +29,14 @@ from handlers.operator.kube.trainingjob import (
     rendezvous_service,
 )
 from schemas.jobs import JobSubmitted, NodeRef
-from schemas.plans import MigrateNode, NodeGroupResource, NodeResource, ScaleResult, ScaleStatus
+from schemas.plans import (
+    MigrateNode,
+    NodeGroupResource,
+    NodeResource,
+    RescaleMode,
+    ScaleResult,
+    ScaleStatus,
+)
 from tests.integration.tap import Tap
 
 from .kube import GROUP, PLURAL, VERSION
@@ -388,3 +395,43 @@ async def test_a_jobs_identity_labels_reach_its_events_and_pods(
     assert variables["DLROVER_EVENTS_SCENARIO"] == "resnet50-imagenet"
     assert variables["DLROVER_EVENTS_APP"] == "resnet"
     assert pod.metadata.labels[LABEL_RANK] == "0"
+
+
+async def test_an_in_place_role_on_the_api_server(
+    as_operator: Cluster, env: str, tap: Tap, producer: Producer
+) -> None:
+    """elastic.mode inPlace through the real API server: the CRD takes it (and refuses a
+    mode it does not know), each pod runs a standalone agent that knows the job's
+    membership store behind the role's Service, and a resize's result says in place."""
+    cluster = as_operator
+    await cluster.start(env)
+    worker = elastic_worker(2)
+    worker["elastic"] = {**worker["elastic"], "mode": "sideways"}
+    with pytest.raises(client.ApiException) as refused:
+        await create_job(cluster, {"worker": worker})
+    assert refused.value.status == 422 and "sideways" in str(refused.value.body)
+    worker["elastic"]["mode"] = "inPlace"
+    name = await create_job(cluster, {"worker": worker})
+    await until(lambda: cluster.workers_running(name, 2), "2 running workers")
+    job = await cluster.job(name)
+    assert job is not None
+    policy = job.roles["worker"].elastic
+    assert policy is not None and policy.in_place and policy.spares == 0  # the CRD's default
+    store = f"{rendezvous_service(job, 'worker')}:{PORT}"
+    for rank in (0, 1):
+        (container,) = (await cluster.raw_pod(f"{name}-worker-{rank}")).spec.containers
+        assert container.command[:2] == ["torchrun", "--standalone"]
+        assert not any(a.startswith("--rdzv") for a in container.command)
+        variables = env_of(container)
+        assert variables["DLROVER_EVENTS_ELASTIC_STORE"] == store
+        assert variables["DLROVER_EVENTS_ELASTIC_EXPECT"] == "2"
+        assert variables.get("DLROVER_EVENTS_ELASTIC_STORE_HOST") == ("1" if rank == 0 else None)
+    meta = await cluster.meta(name)
+    plan = cluster.plan(
+        env, meta, "to-3", node_group_resources={"worker": NodeGroupResource(count=3)}
+    )
+    await producer.publish(plan)
+    (result,) = await result_of(tap, "to-3")
+    assert result.status is ScaleStatus.APPLIED, result.reason
+    assert result.rescale_mode is RescaleMode.IN_PLACE
+    await until(lambda: cluster.workers_running(name, 3), "3 workers")

@@ -202,6 +202,17 @@ def test_workers_re_rendezvous_as_nodes_come_and_go(agents: Agents) -> None:
     assert {(e["local_batch_size"], e["accumulation_steps"]) for e in again} == {(4, 6)}
     assert not [e for e in agents.events("knobs", t1)]  # the plan was not applied again
 
+    # each restarted worker said so after its first step: mode restart, the world it came
+    # from (the checkpoint's), the phases a new process measures
+    def restarted_lines() -> list[dict[str, Any]]:
+        return [e for e in agents.events("rescaled", t2) if e["world_size"] == 2]
+
+    agents.wait("the restarted workers' first steps", lambda: len(restarted_lines()) >= 2, 30)
+    restarted = restarted_lines()
+    assert {e["mode"] for e in restarted} == {"restart"}
+    assert {e["world_size_before"] for e in restarted} == {3}
+    assert all(e["reform_s"] > 0 and "first_step" in e["at"] for e in restarted)
+
     time.sleep(1.5)
     t3 = time.time()
     agents.close()

@@ -157,3 +157,37 @@ def test_speed_says_how_the_arms_clocks_move(
 def test_an_unknown_speed_says_what_it_may_be() -> None:
     with pytest.raises(ValueError, match="'lockstep' or 'max'"):
         _cluster(1, 2, "fast")
+
+
+def test_an_arms_rescale_mode_prices_its_simulated_jobs_and_its_scheduler() -> None:
+    test = ABTest(Settings(), "", [], cluster=ArmCluster(2, 4))
+    restart, in_place = (
+        test.env_settings(parse_arm(n)) for n in ("goodput-cluster", "cluster-inplace")
+    )
+    assert restart["operator"]["rescale_mode"] == "restart"
+    assert in_place["operator"]["rescale_mode"] == "in_place"
+    assert restart["brain"]["scheduler"]["params"]["rescale_mode"] == "restart"
+    assert in_place["brain"]["scheduler"]["params"]["rescale_mode"] == "in_place"
+    # the same arms otherwise: the same trace compares the two modes alone
+    for settings in (restart, in_place):
+        settings["operator"].pop("rescale_mode")
+        settings["brain"]["scheduler"]["params"].pop("rescale_mode")
+    assert restart == in_place
+    # a scheduler without a price for rescales is told nothing; the simulator still is
+    tiresias = PRESETS["tiresias"]
+    told = test.env_settings(
+        Arm("t", {**tiresias, "operator": {**tiresias["operator"], "rescale_mode": "in_place"}})
+    )
+    assert "params" not in told["brain"]["scheduler"]
+    assert told["operator"]["rescale_mode"] == "in_place"
+    # a penalty the arm's params name stays as the arm says
+    own = Arm(
+        "o",
+        {
+            "brain": {
+                "scheduler": {"name": "goodput-cluster", "params": {"rescale_mode": "restart"}}
+            },
+            "operator": {"rescale_mode": "in_place"},
+        },
+    )
+    assert test.env_settings(own)["brain"]["scheduler"]["params"]["rescale_mode"] == "restart"

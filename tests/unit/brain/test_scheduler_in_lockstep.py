@@ -36,6 +36,7 @@ from schemas.envelope import Event
 from schemas.jobs import JobCompleted, JobFailed, JobSubmitted
 from schemas.lockstep import Barrier
 from schemas.plans import ScalePlan, ScaleResult
+from schemas.rescale_cost import rescale_cost_s
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.triggers import Policy
 
@@ -65,11 +66,12 @@ def submissions(name: str, limit: int | None = None) -> list[JobSubmitted]:
     return subs[:limit] if limit else subs
 
 
-def _cluster(nodes: int, gpus: int, admission: str) -> VirtualCluster:
+def _cluster(nodes: int, gpus: int, admission: str, rescale: str = "restart") -> VirtualCluster:
     return VirtualCluster(
         Cluster(nodes, gpus, cpu_per_node=64.0, memory_per_node=256 * GiB),
         origin=None,
         admission=admission,  # type: ignore[arg-type]
+        in_place_delay=rescale_cost_s(rescale) if rescale == "in_place" else None,
     )
 
 
@@ -96,13 +98,28 @@ def run_static(subs: list[JobSubmitted], nodes: int = 16, gpus: int = 4) -> Run:
         events = list(step)
 
 
-def run_scheduler(subs: list[JobSubmitted], scheduler: str, nodes: int = 16, gpus: int = 4) -> Run:
-    """The brain's scheduler owns admission; one barrier per tick on every input."""
+def run_scheduler(
+    subs: list[JobSubmitted],
+    scheduler: str,
+    nodes: int = 16,
+    gpus: int = 4,
+    *,
+    rescale: str | None = None,
+) -> Run:
+    """The brain's scheduler owns admission; one barrier per tick on every input. With
+    ``rescale`` the jobs are simulated and the scheduler prices reallocations at that
+    mode's cost, as an arm's ``operator.rescale_mode`` does (streams/ab/runner.py)."""
+    params = {} if rescale is None else {"rescale_mode": rescale}
     policy = Policy.from_settings(
         {
             "lockstep": True,
             "cluster_gpus": nodes * gpus,
-            "scheduler": {"name": scheduler, "nodes": nodes, "gpus_per_node": gpus},
+            "scheduler": {
+                "name": scheduler,
+                "nodes": nodes,
+                "gpus_per_node": gpus,
+                "params": params,
+            },
         }
     )
     brain = BrainProcessor(ENV, f"{ENV}.brain", policy)
@@ -118,7 +135,7 @@ def run_scheduler(subs: list[JobSubmitted], scheduler: str, nodes: int = 16, gpu
         # (the brain reads no other topic)
         return [record((topic_of(e), 0), e) for e in events if (topic_of(e), 0) in offsets]
 
-    fleet = _cluster(nodes, gpus, "brain")
+    fleet = _cluster(nodes, gpus, "brain", rescale or "restart")
     carried: list[Event] = list(subs)  # the replay publishes every submission first
     for s in subs:
         fleet.submit(s)
@@ -171,6 +188,17 @@ def test_goodput_cluster_beats_tiresias_on_the_start_of_workload_6() -> None:
     assert len(run_static(subs).jct) == 40
 
 
+def test_jobs_that_rescale_in_place_finish_sooner_under_goodput_cluster() -> None:
+    """The cluster-inplace arm against goodput-cluster on the start of workload-6: the
+    simulator charges a resize that keeps a pod the in-place figure, and the scheduler
+    reallocates at that price (whole workload-6: see docs/inplace.md)."""
+    subs = submissions("workloads/workload-6", limit=40)
+    restart = run_scheduler(subs, "goodput-cluster", rescale="restart")
+    in_place = run_scheduler(subs, "goodput-cluster", rescale="in_place")
+    assert len(restart.jct) == len(in_place.jct) == 40
+    assert in_place.mean < restart.mean, (in_place.mean, restart.mean)
+
+
 def test_the_same_input_gives_the_same_jcts() -> None:
     subs = submissions("workloads/workload-6", limit=12)
     assert run_scheduler(subs, "goodput-cluster").jct == run_scheduler(subs, "goodput-cluster").jct
@@ -186,6 +214,7 @@ def report(names: list[str]) -> None:
             "static": run_static(subs),
             "tiresias": run_scheduler(subs, "tiresias"),
             "goodput-cluster": run_scheduler(subs, "goodput-cluster"),
+            "cluster-inplace": run_scheduler(subs, "goodput-cluster", rescale="in_place"),
         }
         wall = time.perf_counter() - started
         means = ", ".join(

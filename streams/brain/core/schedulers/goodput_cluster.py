@@ -34,6 +34,8 @@ from enum import StrEnum
 from pydantic import Field
 
 from schemas.envelope import Model
+from schemas.plans import RescaleMode
+from schemas.rescale_cost import rescale_cost_s
 from streams.brain.core.schedulers.goodput import BatchChoice, JobModel
 from streams.brain.core.schedulers.speedup import (
     SpeedupTable,
@@ -53,9 +55,25 @@ class GoodputClusterParams(Model):
     fairness_p: float = Field(
         default=-1.0, ge=-10, le=1, description="power-mean exponent: -1 Pollux, 1 sum"
     )
-    restart_cost_s: float = Field(
-        default=30.0, ge=0, description="seconds a job loses when its allocation changes"
+    rescale_mode: RescaleMode = Field(
+        default=RescaleMode.RESTART,
+        description="how the jobs take a new allocation: restart or in_place; the restart "
+        "penalty's seconds are its figure in schemas/rescale_cost.py",
     )
+    restart_cost_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="seconds a job loses when its allocation changes (default: the "
+        "rescale mode's figure in schemas/rescale_cost.py)",
+    )
+
+    @property
+    def rescale_cost_s(self) -> float:
+        """The seconds the restart penalty charges a change of allocation."""
+        if self.restart_cost_s is not None:
+            return self.restart_cost_s
+        return rescale_cost_s(self.rescale_mode)
+
     hysteresis: float = Field(
         default=0.05, ge=0, le=10, description="relative gain a running job needs to change"
     )
@@ -387,7 +405,7 @@ def schedule(
             current=current,
             valid_current=ok and current > 0,
             running=running,
-            factor=restart_factor(now - j.submitted_at, j.restarts, p.restart_cost_s),
+            factor=restart_factor(now - j.submitted_at, j.restarts, p.rescale_cost_s),
             pinned=running and not j.preemptible and ok and current > 0,
         )
 
