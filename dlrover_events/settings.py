@@ -79,7 +79,7 @@ class Settings(BaseSettings):
         default=3000, ge=100, description="consumer groups: between heartbeats"
     )
     # Kafka security: every client of the project (services, CLI, SDK, the brain's faust
-    # app) connects with these; dlrover_events/kafka_client.py turns them into aiokafka's
+    # app) connects with these; dlrover_events/bus/kafka_client.py turns them into aiokafka's
     # arguments. docs/kafka.md says how to set them for Strimzi, MSK and Confluent Cloud.
     security_protocol: SecurityProtocol = Field(
         default="PLAINTEXT", description="Kafka TLS and SASL for every client (docs/kafka.md)"

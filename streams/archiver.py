@@ -17,14 +17,14 @@ import logging
 
 import typer
 
-from dlrover_events.bus import Consumer, Received
+from dlrover_events.bus.consumer import Consumer, Received
+from dlrover_events.bus.topics import ENV_TOPIC_NAMES, check_env_name
 from dlrover_events.cli.app import run_async
-from dlrover_events.metrics import ArchiverMetrics
-from dlrover_events.services import Service, ServiceContext
+from dlrover_events.runtime.metrics import ArchiverMetrics
+from dlrover_events.runtime.services import Service, ServiceContext
+from dlrover_events.runtime.standalone import serve_alone
 from dlrover_events.settings import Settings, load_settings
-from dlrover_events.standalone import serve_alone
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import ENV_TOPIC_NAMES, check_env_name
 
 log = logging.getLogger(__name__)
 

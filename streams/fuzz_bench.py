@@ -36,15 +36,15 @@ import orjson
 import typer
 from aiokafka import AIOKafkaProducer
 
-from dlrover_events.bus import read_topic
+from dlrover_events.bus.kafka_client import kafka_connection
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import DLQ, JOB_EVENTS, JOB_METRICS, topic
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import bench_broker, resolve_postgres
-from dlrover_events.envs import EnvRegistry
-from dlrover_events.kafka_client import kafka_connection
-from dlrover_events.services import ServiceContext
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.embedded import bench_broker, resolve_postgres
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import DLQ, JOB_EVENTS, JOB_METRICS, topic
 from schemas.bounds import MAX_BYTES, MAX_EVENT_BYTES, MAX_NODES, MAX_REPLICAS
 from schemas.codec import decode, encode
 from schemas.control import EnvMode

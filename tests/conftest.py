@@ -19,7 +19,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dlrover_events.embedded import (
+from dlrover_events.envs.registry import EnvRecord, EnvRegistry
+from dlrover_events.runtime.embedded import (
     LOCAL_PG,
     Broker,
     Postgres,
@@ -27,7 +28,6 @@ from dlrover_events.embedded import (
     start_embedded_postgres,
     with_database,
 )
-from dlrover_events.envs import EnvRecord, EnvRegistry
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import quote_ident
 from schemas.control import EnvMode

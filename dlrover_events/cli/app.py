@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 
 import typer
 
-from dlrover_events import logs
 from dlrover_events.errors import UserError
-from dlrover_events.logs import FORMAT_ENV, LEVEL_ENV, LogFormat, LogLevel
-from dlrover_events.services import BENCH_GROUP, COMMAND_GROUP
+from dlrover_events.runtime import logs
+from dlrover_events.runtime.logs import FORMAT_ENV, LEVEL_ENV, LogFormat, LogLevel
+from dlrover_events.runtime.services import BENCH_GROUP, COMMAND_GROUP
 
 T = TypeVar("T")
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import typer
 
-from dlrover_events.bootstrap import (
+from dlrover_events.cli.app import run_async
+from dlrover_events.envs.bootstrap import (
     EnvSpec,
     Plan,
     Report,
@@ -20,10 +21,9 @@ from dlrover_events.bootstrap import (
     TokenSecrets,
     bootstrap,
 )
-from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import resolve_postgres
-from dlrover_events.env_settings import load_settings_file
+from dlrover_events.envs.env_settings import load_settings_file
 from dlrover_events.errors import UserError
+from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.settings import Settings, load_settings
 from schemas.control import EnvMode
 

@@ -1,4 +1,4 @@
-"""`dlrover-events docs write|check`: the generated parts of docs/ (`dlrover_events.reference`),
+"""`dlrover-events docs write|check`: the generated parts of docs/ (`dlrover_events.cli.reference`),
 for whoever changes the code: run from the repository's root."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
+from dlrover_events.cli.reference import parts, stale
 from dlrover_events.errors import UserError
-from dlrover_events.reference import parts, stale
 
 app = typer.Typer(
     help="The reference tables of docs/, written from the code.", no_args_is_help=True

@@ -9,9 +9,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from dlrover_events.bus.topic_manifests import kafka_topics
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import resolve_postgres
-from dlrover_events.env_settings import (
+from dlrover_events.envs.env_settings import (
     Edit,
     apply_edits,
     load_settings_file,
@@ -21,10 +21,10 @@ from dlrover_events.env_settings import (
     read_settings_file,
     render,
 )
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import EnvError, UserError
+from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.settings import load_settings
-from dlrover_events.topic_manifests import kafka_topics
 from schemas.control import EnvMode
 
 app = typer.Typer(

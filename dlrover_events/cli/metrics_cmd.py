@@ -1,11 +1,11 @@
 """`dlrover-events metrics list`: every Prometheus metric of every service, as the table
-of docs/metrics.md (written from `dlrover_events.metrics.catalogue`, never by hand)."""
+of docs/metrics.md (written from `dlrover_events.runtime.metrics.catalogue`, never by hand)."""
 
 from __future__ import annotations
 
 import typer
 
-from dlrover_events.metrics import catalogue_markdown
+from dlrover_events.runtime.metrics import catalogue_markdown
 
 app = typer.Typer(help="The Prometheus metrics the services serve.", no_args_is_help=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from dlrover_events.reference import settings_markdown
+from dlrover_events.cli.reference import settings_markdown
 
 app = typer.Typer(help="The settings of the processes (DLROVER_EVENTS_*).", no_args_is_help=True)
 

@@ -8,12 +8,12 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from dlrover_events.bus.tail import Filter, Line, format_json, format_text, parse_since
+from dlrover_events.bus.tailer import Start, follow
+from dlrover_events.bus.topics import ENV_TOPIC_NAMES
 from dlrover_events.cli.app import run_async
 from dlrover_events.errors import UserError
 from dlrover_events.settings import load_settings
-from dlrover_events.tail import Filter, Line, format_json, format_text, parse_since
-from dlrover_events.tailer import Start, follow
-from dlrover_events.topics import ENV_TOPIC_NAMES
 
 _STYLE = {
     "node.oom": "bold red",

@@ -1,6 +1,6 @@
 """`dlrover-events up`: the embedded stack in one command, stopped cleanly by Ctrl-C.
 
-It supervises what it starts (dlrover_events.supervisor): a failed service is said and
+It supervises what it starts (dlrover_events.runtime.supervisor): a failed service is said and
 restarted with backoff, a dead broker is said and started again, the real env's fence
 stops everything if the env is deleted, and the broker dies with `up` even by SIGKILL.
 """
@@ -19,19 +19,17 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
-from dlrover_events import logs
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import Broker, Postgres, resolve_postgres
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.fence import EnvFence
 from dlrover_events.lifecycle import wait_for_any
-from dlrover_events.logs import log_fields
-from dlrover_events.metrics import MetricsServer, ServiceMetrics
-from dlrover_events.services import Service, ServiceContext, discover_services
-from dlrover_events.settings import Settings, load_settings
-from dlrover_events.store.database import _redact
-from dlrover_events.supervisor import (
+from dlrover_events.runtime import logs
+from dlrover_events.runtime.embedded import Broker, Postgres, resolve_postgres
+from dlrover_events.runtime.fence import EnvFence
+from dlrover_events.runtime.logs import log_fields
+from dlrover_events.runtime.metrics import MetricsServer, ServiceMetrics
+from dlrover_events.runtime.services import Service, ServiceContext, discover_services
+from dlrover_events.runtime.supervisor import (
     STOP_GRACE_S,
     Backoff,
     BusWatch,
@@ -39,6 +37,8 @@ from dlrover_events.supervisor import (
     readiness,
     wait_or_stop,
 )
+from dlrover_events.settings import Settings, load_settings
+from dlrover_events.store.database import _redact
 from schemas.control import EnvMode
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.kube.api import api_error
 from dlrover_events.lifecycle import wait_for_any
-from dlrover_events.supervisor import Backoff
+from dlrover_events.runtime.supervisor import Backoff
 
 log = logging.getLogger(__name__)
 

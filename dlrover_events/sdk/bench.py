@@ -28,8 +28,8 @@ from typing import Any
 
 import typer
 
-from dlrover_events.admin import TopicAdmin
-from dlrover_events.embedded import Broker, free_port, kafka_reachable
+from dlrover_events.bus.admin import TopicAdmin
+from dlrover_events.runtime.embedded import Broker, free_port, kafka_reachable
 from dlrover_events.sdk.identity import JobIdentity
 from dlrover_events.sdk.reporter import Reporter
 from dlrover_events.settings import Settings, load_settings

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlrover_events.config_matching import job_attributes
+from dlrover_events.config.matching import job_attributes
 from schemas.bounds import MAX_NODES
 from schemas.envelope import _check_env
 from schemas.jobs import JobMeta, NodeRef

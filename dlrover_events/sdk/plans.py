@@ -3,7 +3,7 @@
 A job learns what the brain wants for it (training knobs above all: only the training
 process can change its micro-batch) without reading the bus: it long-polls
 ``GET /v1/jobs/{job}/plan?wait=30`` with the last ETag, through the same blocking poller
-as the config client (``dlrover_events.config_client.SyncPoller``), in a daemon thread.
+as the config client (``dlrover_events.config.client.SyncPoller``), in a daemon thread.
 
 The follower never blocks or fails training: with the gateway away it keeps the last plan,
 backs off, and logs the outage once; a job the gateway has not seen yet (404) is no
@@ -30,7 +30,7 @@ from typing import Self
 
 from pydantic import ValidationError
 
-from dlrover_events.config_client import (
+from dlrover_events.config.client import (
     TOKEN_ENV,
     URL_ENV,
     Outage,

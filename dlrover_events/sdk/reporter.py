@@ -33,8 +33,8 @@ from time import perf_counter
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from dlrover_events.config_client import TOKEN_ENV, URL_ENV, ConfigSnapshot, SyncConfigClient
-from dlrover_events.control import EnvWatcher, real_env
+from dlrover_events.config.client import TOKEN_ENV, URL_ENV, ConfigSnapshot, SyncConfigClient
+from dlrover_events.envs.control import EnvWatcher, real_env
 from dlrover_events.errors import UserError
 from dlrover_events.sdk import quiet
 from dlrover_events.sdk.buffer import DROP_LOG_EVERY_S, DropBuffer

@@ -25,12 +25,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client
+from dlrover_events.bus.topics import topic_of
 from dlrover_events.errors import BusUnavailable, UserError
-from dlrover_events.kafka_client import kafka_connection, start_kafka_client
 from dlrover_events.sdk import quiet
 from dlrover_events.sdk.buffer import DropBuffer
 from dlrover_events.settings import Settings
-from dlrover_events.topics import topic_of
 from schemas.codec import encode
 from schemas.envelope import Event
 

@@ -11,8 +11,8 @@ from typing import Any
 import asyncpg
 import orjson
 
+from dlrover_events.bus.topics import check_env_name
 from dlrover_events.errors import StoreUnavailable
-from dlrover_events.topics import check_env_name
 
 REGISTRY_SCHEMA = "dlrover"
 

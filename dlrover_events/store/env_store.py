@@ -17,7 +17,7 @@ from schemas.evaluation import EvaluationReport
 from schemas.plans import OptimizePlan, ScalePlan
 
 if TYPE_CHECKING:
-    from dlrover_events.bus import Received
+    from dlrover_events.bus.consumer import Received
 
 
 class EnvStore:

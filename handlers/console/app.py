@@ -14,9 +14,9 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from dlrover_events.tail import Filter, Line, summary
-from dlrover_events.tokens import Scope, Tokens
-from dlrover_events.topics import ENV_TOPIC_NAMES
+from dlrover_events.bus.tail import Filter, Line, summary
+from dlrover_events.bus.topics import ENV_TOPIC_NAMES
+from dlrover_events.envs.tokens import Scope, Tokens
 from handlers.console.hub import Hub, Subscription
 from handlers.console.page import PAGE
 from schemas.jobs import JobEvent

@@ -14,10 +14,10 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from dlrover_events.bus.tail import Filter, Line
+from dlrover_events.bus.tailer import follow
+from dlrover_events.bus.topics import ENV_TOPIC_NAMES, split_topic
 from dlrover_events.settings import Settings
-from dlrover_events.tail import Filter, Line
-from dlrover_events.tailer import follow
-from dlrover_events.topics import ENV_TOPIC_NAMES, split_topic
 from handlers.console.board import Board
 from schemas.lockstep import Barrier, BarrierAck
 

@@ -11,10 +11,10 @@ from aiohttp import web
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dlrover_events.envs.tokens import Tokens
 from dlrover_events.lifecycle import AsyncResource, wait_for_any
 from dlrover_events.settings import Settings
 from dlrover_events.store import create_pool, env_schema, prepare_env
-from dlrover_events.tokens import Tokens
 from handlers.console.app import build_app
 from handlers.console.hub import Hub
 

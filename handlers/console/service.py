@@ -10,10 +10,10 @@ import logging
 
 import typer
 
-from dlrover_events.metrics import ConsoleMetrics
-from dlrover_events.services import Service, ServiceContext
+from dlrover_events.runtime.metrics import ConsoleMetrics
+from dlrover_events.runtime.services import Service, ServiceContext
+from dlrover_events.runtime.standalone import serve_alone
 from dlrover_events.settings import load_settings
-from dlrover_events.standalone import serve_alone
 from handlers.console.runtime import ConsoleServer, ConsoleSettings
 
 log = logging.getLogger(__name__)

@@ -22,10 +22,10 @@ from aiokafka.errors import KafkaError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
 
-from dlrover_events.config_matching import MAX_KEY, Job, make_job, problems
+from dlrover_events.config.matching import MAX_KEY, Job, make_job, problems
+from dlrover_events.envs.tokens import Scope, Tokens
 from dlrover_events.errors import BusUnavailable, StoreUnavailable
-from dlrover_events.metrics import GatewayMetrics
-from dlrover_events.tokens import Scope, Tokens
+from dlrover_events.runtime.metrics import GatewayMetrics
 from handlers.gateway.http_rules import (
     INT32,
     Refused,

@@ -23,12 +23,12 @@ import aiohttp
 import orjson
 import typer
 
-from dlrover_events.bus import Producer
-from dlrover_events.embedded import Broker, free_port, port_open, resolve_postgres
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.envs.tokens import Scope, Tokens
+from dlrover_events.runtime.embedded import Broker, free_port, port_open, resolve_postgres
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import create_pool, env_schema
-from dlrover_events.tokens import Scope, Tokens
 from handlers.gateway.runtime import GatewayServer, GatewaySettings, prepare_env
 from handlers.gateway.store import ConfigStore
 from schemas.config import ConfigDocument

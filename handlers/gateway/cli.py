@@ -12,13 +12,13 @@ from pathlib import Path
 
 import typer
 
-from dlrover_events.embedded import resolve_postgres
+from dlrover_events.envs.tokens import Scope, TokenInfo, Tokens
 from dlrover_events.errors import UserError
-from dlrover_events.services import ServiceContext
+from dlrover_events.runtime.embedded import resolve_postgres
+from dlrover_events.runtime.services import ServiceContext
+from dlrover_events.runtime.standalone import serve_alone
 from dlrover_events.settings import Settings, load_settings
-from dlrover_events.standalone import serve_alone
 from dlrover_events.store import create_pool, env_schema
-from dlrover_events.tokens import Scope, TokenInfo, Tokens
 from handlers.gateway.runtime import GatewaySettings, prepare_env
 from handlers.gateway.service import run
 

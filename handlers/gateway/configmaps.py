@@ -29,7 +29,7 @@ import orjson
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from pydantic import ValidationError
 
-from dlrover_events.config_matching import problems
+from dlrover_events.config.matching import problems
 from handlers.gateway.openapi import INT32
 from handlers.gateway.store import ConfigStore, StoreError
 from schemas.config import ConfigDocument

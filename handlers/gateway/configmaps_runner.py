@@ -25,7 +25,7 @@ from kubernetes_asyncio import client
 from dlrover_events.kube import credentials
 from dlrover_events.kube.api import list_objects, watch_objects
 from dlrover_events.kube.informer import Informer
-from dlrover_events.supervisor import Backoff
+from dlrover_events.runtime.supervisor import Backoff
 from handlers.gateway.configmaps import ConfigMapSync, SyncReport, selector
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from dlrover_events.config_matching import MAX_KEY
+from dlrover_events.config.matching import MAX_KEY
 from handlers.gateway.http_rules import IF_MATCH, INT32
 from handlers.gateway.plans import MAX_JOB, OptimizeBody
 from schemas.bounds import MAX_CONFIG_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH, MAX_DOCUMENT_VALUES

@@ -19,14 +19,14 @@ from prometheus_client import CollectorRegistry
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dlrover_events.bus import Producer
-from dlrover_events.compacted import CompactedFollower
-from dlrover_events.config_feed import ConfigFeed
+from dlrover_events.bus.compacted import CompactedFollower
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
+from dlrover_events.config.feed import ConfigFeed
+from dlrover_events.envs.tokens import Scope, Tokens, hash_token
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 from dlrover_events.store import create_pool, env_schema, prepare_env
-from dlrover_events.tokens import Scope, Tokens, hash_token
-from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
 from handlers.gateway.app import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,

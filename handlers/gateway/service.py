@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from dlrover_events.services import Service, ServiceContext
+from dlrover_events.runtime.services import Service, ServiceContext
 from handlers.gateway.runtime import GatewayServer, GatewaySettings
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from dlrover_events.config_matching import Change, Index, Job
+from dlrover_events.config.matching import Change, Index, Job
 
 #: The cache is dropped whole past this many distinct jobs; rebuilding is cheap and a
 #: bound keeps a stream of one-off job ids from growing memory without end.

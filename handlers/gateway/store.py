@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import asyncpg
 from aiokafka.errors import KafkaError
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
 from dlrover_events.errors import BusUnavailable
 from schemas.config import ConfigChange, ConfigDocument
 from schemas.envelope import utcnow

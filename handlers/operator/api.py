@@ -17,8 +17,8 @@ from typing import Any
 from aiohttp import web
 from kubernetes_asyncio.client.rest import ApiException
 
-from dlrover_events.bus import Producer
-from dlrover_events.tokens import Scope, Tokens
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.tokens import Scope, Tokens
 from handlers.operator.job_actions import (
     JobNotFound,
     JobUnreadable,

@@ -15,9 +15,9 @@ from typing import Any
 
 import typer
 
-from dlrover_events.services import ServiceContext
+from dlrover_events.runtime.services import ServiceContext
+from dlrover_events.runtime.standalone import serve_alone
 from dlrover_events.settings import Settings, load_settings
-from dlrover_events.standalone import serve_alone
 from handlers.operator.modes import run_operator
 
 

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
 from handlers.operator.jobs import JobRequestError, scale_plan

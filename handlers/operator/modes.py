@@ -12,10 +12,10 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.topics import check_env_name
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.services import ServiceContext
-from dlrover_events.topics import check_env_name
+from dlrover_events.runtime.services import ServiceContext
 from handlers.operator.platform import DEFAULT_PLATFORM, PLATFORMS
 from schemas.control import EnvMode
 

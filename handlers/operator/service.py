@@ -10,7 +10,7 @@ DLROVER_EVENTS_OPERATOR_FOLLOW_REAL=1 makes it follow promotions of the real env
 
 from __future__ import annotations
 
-from dlrover_events.services import Service, ServiceContext
+from dlrover_events.runtime.services import Service, ServiceContext
 from handlers.operator.modes import run_operator
 
 

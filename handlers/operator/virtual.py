@@ -35,19 +35,10 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from dlrover_events.bus import Consumer, Producer, Received
-from dlrover_events.control import SettingsFollower
-from dlrover_events.env_settings import parse_settings
-from dlrover_events.envs import EnvRecord, EnvRegistry
-from dlrover_events.errors import UserError
-from dlrover_events.lifecycle import wait_for_any
-from dlrover_events.metrics import OperatorMetrics
-from dlrover_events.services import ServiceContext
-from dlrover_events.settings import Settings
-from dlrover_events.store import EnvStore
-from dlrover_events.store.database import connect
-from dlrover_events.topic_reader import TopicReader
-from dlrover_events.topics import (
+from dlrover_events.bus.consumer import Consumer, Received
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import TopicReader
+from dlrover_events.bus.topics import (
     JOB_EVENTS,
     JOB_METRICS,
     SCALE_PLANS,
@@ -55,6 +46,16 @@ from dlrover_events.topics import (
     check_env_name,
     topic,
 )
+from dlrover_events.envs.control import SettingsFollower
+from dlrover_events.envs.env_settings import parse_settings
+from dlrover_events.envs.registry import EnvRecord, EnvRegistry
+from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.runtime.metrics import OperatorMetrics
+from dlrover_events.runtime.services import ServiceContext
+from dlrover_events.settings import Settings
+from dlrover_events.store import EnvStore
+from dlrover_events.store.database import connect
 from handlers.operator.clock import SimClock
 from handlers.operator.ledger import (
     ALREADY_APPLIED,

@@ -8,7 +8,7 @@ fast it stepped, at which worker counts and batches, and that is what it is simu
 from:
 
 - step time: the step-time model the brain's cluster scheduler fits
-  (dlrover_events.step_time, the same fit of the same samples), so the simulator and the
+  (dlrover_events.domain.step_time, the same fit of the same samples), so the simulator and the
   scheduler agree on what a job does at an allocation neither has seen;
 - work, in optimizer steps at its initial batch: the job's own word, ``total_steps`` in
   its submission's config (the field the brain reads too); else how far it got in the
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dlrover_events.step_time import TRAINING_ROLES, PerfParams, fit_perf_params, step_sample
+from dlrover_events.domain.step_time import TRAINING_ROLES, PerfParams, fit_perf_params, step_sample
 from handlers.simulator.job import MemoryModel
 from handlers.simulator.throughput import (
     OutOfTraceError,

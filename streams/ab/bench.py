@@ -7,7 +7,7 @@ plans topic; the brain fetches, decides, publishes plans and acks. The same brai
 simulator code decide a whole workload in seconds of CPU, so nearly all of an A/B's wall
 is waiting. This bench runs a small A/B (the first N jobs of a Pollux workload) on the
 embedded broker and Postgres, and splits a tick's wall time by the timings the services
-record in their metrics (`dlrover_events.metrics`): the operator's phases, the brain's
+record in their metrics (`dlrover_events.runtime.metrics`): the operator's phases, the brain's
 deciding, publishing and checkpoints. Beside them, measured in the same run, the bus's own
 delay from a publication to a reader that fetches as the lockstep consumers do: a tick
 holds at least two of those (barrier to brain, acknowledgement to operator).
@@ -40,15 +40,15 @@ import typer
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from dlrover_events.bus import read_topic
+from dlrover_events.bus.kafka_client import kafka_connection
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import bench_broker, resolve_postgres
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.kafka_client import kafka_connection
-from dlrover_events.services import ServiceContext, discover_services
+from dlrover_events.runtime.embedded import bench_broker, resolve_postgres
+from dlrover_events.runtime.services import ServiceContext, discover_services
 from dlrover_events.settings import Settings, load_settings
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic
 from schemas.codec import CodecError, decode
 from schemas.control import EnvMode
 from schemas.lockstep import Barrier

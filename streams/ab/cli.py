@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import resolve_postgres
 from dlrover_events.errors import UserError
+from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.settings import load_settings
 from streams.ab.arms import parse_arms
 from streams.ab.report import compare, table, write_report

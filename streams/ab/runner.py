@@ -33,15 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.tail import Line
+from dlrover_events.bus.tailer import follow
+from dlrover_events.bus.topics import JOB_EVENTS
+from dlrover_events.domain.workloads import discover_workload_adapters
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import wait_for_any
-from dlrover_events.services import ServiceContext, discover_services
+from dlrover_events.runtime.services import ServiceContext, discover_services
 from dlrover_events.settings import Settings
-from dlrover_events.tail import Line
-from dlrover_events.tailer import follow
-from dlrover_events.topics import JOB_EVENTS
-from dlrover_events.workloads import discover_workload_adapters
 from schemas.control import EnvMode
 from schemas.envelope import Event
 from schemas.jobs import JobSubmitted

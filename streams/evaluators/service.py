@@ -17,17 +17,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dlrover_events.bus import Producer, read_topic
-from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import resolve_postgres
-from dlrover_events.metrics import EvaluatorMetrics
-from dlrover_events.services import Service, ServiceContext
-from dlrover_events.settings import Settings, load_settings
-from dlrover_events.standalone import serve_alone
-from dlrover_events.store import EnvStore
-from dlrover_events.tail import Line
-from dlrover_events.tailer import follow
-from dlrover_events.topics import (
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.tail import Line
+from dlrover_events.bus.tailer import follow
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import (
     BRAIN_PLANS,
     JOB_EVENTS,
     JOB_METRICS,
@@ -36,6 +30,13 @@ from dlrover_events.topics import (
     check_env_name,
     topic,
 )
+from dlrover_events.cli.app import run_async
+from dlrover_events.runtime.embedded import resolve_postgres
+from dlrover_events.runtime.metrics import EvaluatorMetrics
+from dlrover_events.runtime.services import Service, ServiceContext
+from dlrover_events.runtime.standalone import serve_alone
+from dlrover_events.settings import Settings, load_settings
+from dlrover_events.store import EnvStore
 from schemas.codec import CodecError, decode
 from schemas.evaluation import EvaluationReport
 from streams.evaluators.ledger import Ledger

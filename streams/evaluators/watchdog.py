@@ -18,16 +18,16 @@ import typer
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dlrover_events.bus.tail import Line, parse_since
+from dlrover_events.bus.tailer import follow
+from dlrover_events.bus.topics import JOB_EVENTS, check_env_name
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import resolve_postgres
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.services import Service, ServiceContext
+from dlrover_events.runtime.embedded import resolve_postgres
+from dlrover_events.runtime.services import Service, ServiceContext
+from dlrover_events.runtime.standalone import serve_alone
 from dlrover_events.settings import load_settings
-from dlrover_events.standalone import serve_alone
-from dlrover_events.tail import Line, parse_since
-from dlrover_events.tailer import follow
-from dlrover_events.topics import JOB_EVENTS, check_env_name
 from schemas.control import EnvMode
 from streams.evaluators.ledger import Ledger
 

@@ -12,15 +12,15 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from dlrover_events.bus.tail import parse_since
+from dlrover_events.bus.topics import check_env_name
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import resolve_postgres
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.services import ServiceContext
+from dlrover_events.runtime.embedded import resolve_postgres
+from dlrover_events.runtime.services import ServiceContext
+from dlrover_events.runtime.standalone import standalone
 from dlrover_events.settings import Settings, load_settings
-from dlrover_events.standalone import standalone
-from dlrover_events.tail import parse_since
-from dlrover_events.topics import check_env_name
 from schemas.control import EnvMode
 from streams.replay.copier import Replay, ReplayReport
 from streams.replay.core import DEFAULT_TYPES, Pacer, Selection, parse_speed

@@ -17,12 +17,12 @@ from datetime import datetime
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client, topic_partitions
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import TopicReader, seek_to_time
+from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, split_topic, topic
 from dlrover_events.errors import UserError
-from dlrover_events.kafka_client import kafka_connection, start_kafka_client, topic_partitions
 from dlrover_events.settings import Settings
-from dlrover_events.topic_reader import TopicReader, seek_to_time
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, split_topic, topic
 from schemas.codec import CodecError, decode, encode
 from schemas.envelope import Event
 from streams.replay.core import (

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import topic_of
+from dlrover_events.domain.workloads import discover_workload_adapters
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
-from dlrover_events.topics import topic_of
-from dlrover_events.workloads import discover_workload_adapters
 from schemas.codec import encode
 from streams.replay.copier import Progress, ReplayReport
 from streams.replay.core import Pacer

@@ -8,7 +8,7 @@ import asyncio
 import os
 import sys
 
-from dlrover_events.bus import Received
+from dlrover_events.bus.consumer import Received
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from streams.archiver import archiver_consumer

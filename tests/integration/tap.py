@@ -14,8 +14,8 @@ from typing import TypeVar
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, SCALE_RESULTS, topic
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_RESULTS, topic
 from schemas.codec import decode
 from schemas.envelope import Event
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dlrover_events.admin import TopicAdmin
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.admin import TopicAdmin
+from dlrover_events.bus.topics import ENV_TOPICS, topic
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.envs.tokens import Scope, Tokens, token_id_of
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.store.database import env_schema, quote_ident
-from dlrover_events.tokens import Scope, Tokens, token_id_of
-from dlrover_events.topics import ENV_TOPICS, topic
 from schemas.control import EnvMode
 from tests.conftest import REPO, cli_environ, unique_env
 

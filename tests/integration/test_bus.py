@@ -8,10 +8,12 @@ from collections.abc import Sequence
 import orjson
 import pytest
 
-from dlrover_events.bus import Consumer, Producer, Received, read_topic
+from dlrover_events.bus.consumer import Consumer, Received
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import DLQ, JOB_EVENTS, JOB_METRICS, topic
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import DLQ, JOB_EVENTS, JOB_METRICS, topic
 from schemas import (
     JobMeta,
     JobStarted,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from streams.archiver import archiver_consumer

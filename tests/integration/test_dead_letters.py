@@ -8,11 +8,13 @@ import contextlib
 
 import pytest
 
-from dlrover_events.bus import Producer, read_topic, send_dead_letters
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.dead_letters import send_dead_letters
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import DLQ, JOB_EVENTS, topic
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import DLQ, JOB_EVENTS, topic
 from schemas import JobMeta, JobStarted, decode
 from schemas.bounds import MAX_EVENT_BYTES
 from schemas.dlq import MAX_ORIGINAL_VALUE_BYTES, DeadLetter, FailureKind

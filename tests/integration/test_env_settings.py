@@ -10,10 +10,10 @@ import orjson
 import pytest
 import yaml
 
-from dlrover_events.bus import read_topic
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import CONTROL_TOPIC
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
-from dlrover_events.topics import CONTROL_TOPIC
 from schemas.codec import decode
 from schemas.control import EnvAnnouncement
 from tests.conftest import EnvFactory, run_cli, unique_env

@@ -9,15 +9,16 @@ import os
 import asyncpg
 import pytest
 
-from dlrover_events.admin import TopicAdmin
-from dlrover_events.bus import Producer, read_topic
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.admin import TopicAdmin
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import CONTROL_TOPIC, ENV_TOPIC_NAMES
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import EnvError
-from dlrover_events.fence import EnvFence, fenced
-from dlrover_events.services import ServiceContext
+from dlrover_events.runtime.fence import EnvFence, fenced
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore, env_schema
-from dlrover_events.topics import CONTROL_TOPIC, ENV_TOPIC_NAMES
 from schemas import JobMeta, JobSubmitted
 from schemas.codec import decode
 from schemas.control import EnvAnnouncement, EnvMode

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dlrover_events.embedded import free_port
+from dlrover_events.runtime.embedded import free_port
 from dlrover_events.settings import Settings
 from tests.conftest import REPO, EnvFactory, cli_environ
 
@@ -76,7 +76,7 @@ async def test_a_service_logs_json_lines_with_its_env_and_service(
     metrics = [line for line in lines if line["message"].startswith("metrics on http://")]
     assert metrics, out  # INFO without a level given: a service
     (line,) = metrics
-    assert line["level"] == "INFO" and line["logger"] == "dlrover_events.metrics"
+    assert line["level"] == "INFO" and line["logger"] == "dlrover_events.runtime.metrics"
     assert (line["env"], line["service"]) == (env, "archiver"), line
     assert line["timestamp"].endswith("+00:00"), line
     # every line the process logged is JSON (what it prints to say where it is, is not a log)
@@ -94,4 +94,4 @@ async def test_a_level_given_is_kept_by_a_service(
     assert not [line for line in quiet if " INFO " in line], quiet
     text = await _archiver(settings, pg_dsn, env, tmp_path / "i.log", "--log-level", "INFO")
     (line,) = [line for line in text if "metrics on http://" in line]
-    assert f" INFO dlrover_events.metrics [env={env} service=archiver]: metrics on" in line
+    assert f" INFO dlrover_events.runtime.metrics [env={env} service=archiver]: metrics on" in line

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from dlrover_events.control import EnvWatcher, fold_control, real_env
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.envs.control import EnvWatcher, fold_control, real_env
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import EnvError
 from dlrover_events.settings import Settings
 from schemas import EnvAnnouncement, EnvMode, encode

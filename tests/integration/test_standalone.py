@@ -8,12 +8,12 @@ import socket
 import aiohttp
 import pytest
 
-from dlrover_events.embedded import Broker
-from dlrover_events.envs import EnvRegistry
-from dlrover_events.metrics import EvaluatorMetrics
-from dlrover_events.services import ServiceContext
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.embedded import Broker
+from dlrover_events.runtime.metrics import EvaluatorMetrics
+from dlrover_events.runtime.services import ServiceContext
+from dlrover_events.runtime.standalone import standalone
 from dlrover_events.settings import Settings
-from dlrover_events.standalone import standalone
 from tests.conftest import ARTIFACTS, EnvFactory
 
 pytestmark = pytest.mark.integration

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.embedded import free_port
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.embedded import free_port
 from dlrover_events.settings import Settings
 from schemas.control import EnvMode
 from tests.conftest import REPO, cli_environ, unique_env

@@ -8,7 +8,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dlrover_events.embedded import ensure_database, start_embedded_postgres
+from dlrover_events.runtime.embedded import ensure_database, start_embedded_postgres
 from dlrover_events.store import EnvStore, apply_migrations, env_schema
 from dlrover_events.store.database import connect
 from schemas import JobMeta, NodeGroupResource, ResourcePlan, ScalePlan

@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.tail import Filter, Line
+from dlrover_events.bus.tailer import follow
+from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic
 from dlrover_events.settings import Settings
-from dlrover_events.tail import Filter, Line
-from dlrover_events.tailer import follow
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic
 from schemas import JobMeta, JobStarted
 from tests.conftest import EnvFactory
 from tests.integration.test_bus import sample

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 import pytest
 from aiokafka import TopicPartition
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import TopicReader, read_topics
+from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
-from dlrover_events.topic_reader import TopicReader, read_topics
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic
 from schemas import JobMeta, RuntimeSample, decode
 from tests.conftest import EnvFactory
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dlrover_events.admin import TopicAdmin
-from dlrover_events.bus import Producer
-from dlrover_events.embedded import Broker, free_port, port_open
-from dlrover_events.envs import EnvRegistry
-from dlrover_events.metrics import catalogue
+from dlrover_events.bus.admin import TopicAdmin
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.embedded import Broker, free_port, port_open
+from dlrover_events.runtime.metrics import catalogue
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from schemas import EnvMode, JobMeta, JobSubmitted

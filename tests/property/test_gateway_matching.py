@@ -1,4 +1,4 @@
-"""Properties of config matching and merging (dlrover_events/config_matching.py)."""
+"""Properties of config matching and merging (dlrover_events/config/matching.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlrover_events.config_matching import (
+from dlrover_events.config.matching import (
     Index,
     compile_doc,
     make_job,

@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlrover_events.env_settings import (
+from dlrover_events.envs.env_settings import (
     Edit,
     SettingsError,
     apply_edits,

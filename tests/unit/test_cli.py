@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dlrover_events.embedded import free_port
+from dlrover_events.runtime.embedded import free_port
 
 COMMANDS = [
     [],

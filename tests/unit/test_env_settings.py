@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dlrover_events.env_settings import (
+from dlrover_events.envs.env_settings import (
     SettingsError,
     parse_settings,
     read_settings_file,

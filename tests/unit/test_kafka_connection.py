@@ -11,7 +11,7 @@ from pathlib import Path
 import faust
 import pytest
 
-from dlrover_events.kafka_client import kafka_connection, ssl_context
+from dlrover_events.bus.kafka_client import kafka_connection, ssl_context
 from dlrover_events.settings import Settings, SettingsError
 from streams.brain.runtime.faust_glue import broker_credentials
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from dlrover_events.bus.tail import Filter, format_text, read_line
 from dlrover_events.settings import Settings
-from dlrover_events.tail import Filter, format_text, read_line
 from handlers.console.board import Board
 from handlers.console.hub import Hub
 from schemas import encode

@@ -13,9 +13,15 @@ from datetime import datetime
 import pytest
 from typer.testing import CliRunner
 
-from dlrover_events import logs
 from dlrover_events.cli.app import register_commands
-from dlrover_events.logs import JsonFormatter, LogFormat, TextFormatter, line_fields, log_fields
+from dlrover_events.runtime import logs
+from dlrover_events.runtime.logs import (
+    JsonFormatter,
+    LogFormat,
+    TextFormatter,
+    line_fields,
+    log_fields,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dlrover_events.metrics import BrainMetrics, MetricsServer, OperatorMetrics
+from dlrover_events.runtime.metrics import BrainMetrics, MetricsServer, OperatorMetrics
 
 
 def test_two_brains_in_one_process_keep_their_own_metrics() -> None:

@@ -1,6 +1,6 @@
 """Every metric of every service follows Prometheus' conventions and is in docs/metrics.md.
 
-The services declare their metrics in `dlrover_events/metrics.py` alone (checked here
+The services declare their metrics in `dlrover_events/runtime/metrics.py` alone (checked here
 too), each on the registry it is given; `example_registry` builds every one of them with
 a series of each, so these rules walk every series a scrape could show."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events import metrics
-from dlrover_events.metrics import catalogue, catalogue_markdown, example_registry
+from dlrover_events.runtime import metrics
+from dlrover_events.runtime.metrics import catalogue, catalogue_markdown, example_registry
 
 REPO = Path(__file__).resolve().parents[2]
 #: the suffixes Prometheus gives a counter's or a histogram's series

@@ -1,5 +1,5 @@
 """The reference tables of docs/ are the code's: each generated part equals what
-`dlrover_events.reference` renders now, every settings class is registered and every field
+`dlrover_events.cli.reference` renders now, every settings class is registered and every field
 says what it is for, and every DLROVER_EVENTS_* variable the code reads is documented."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typer
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dlrover_events import reference
+from dlrover_events.cli import reference
 from dlrover_events.cli.app import register_commands
 from dlrover_events.settings import Settings
 

@@ -9,10 +9,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dlrover_events.errors import BusUnavailable, EnvError, StoreUnavailable, UserError
-from dlrover_events.metrics import ServiceMetrics
-from dlrover_events.services import Service, ServiceContext
+from dlrover_events.runtime.metrics import ServiceMetrics
+from dlrover_events.runtime.services import Service, ServiceContext
+from dlrover_events.runtime.supervisor import (
+    Backoff,
+    BusWatch,
+    State,
+    Supervised,
+    is_fatal,
+    readiness,
+)
 from dlrover_events.settings import Settings
-from dlrover_events.supervisor import Backoff, BusWatch, State, Supervised, is_fatal, readiness
 
 FAST = Backoff(initial_s=0.01, max_s=0.04, stable_s=60)
 
@@ -56,7 +63,7 @@ async def test_a_failing_service_is_said_and_restarted_until_it_runs(
     registry = CollectorRegistry()
     sup = _supervised(flaky, stop, ServiceMetrics(registry, "prod"))
     task = asyncio.create_task(sup.run())
-    with caplog.at_level(logging.ERROR, logger="dlrover_events.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="dlrover_events.runtime.supervisor"):
         async with asyncio.timeout(10):
             await sup.ready.wait()
     assert (starts, sup.restarts, sup.state) == (4, 3, State.READY)

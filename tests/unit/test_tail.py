@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlrover_events.tail import Filter, format_json, format_text, parse_since, read_line
+from dlrover_events.bus.tail import Filter, format_json, format_text, parse_since, read_line
 from schemas import JobMeta, NodeOOM, OOMKind, RuntimeSample, encode
 from schemas.jobs import NodeRef
 

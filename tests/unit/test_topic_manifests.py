@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlrover_events.settings import Settings
-from dlrover_events.topic_manifests import CLUSTER_LABEL, kafka_topics
-from dlrover_events.topics import (
+from dlrover_events.bus.topic_manifests import CLUSTER_LABEL, kafka_topics
+from dlrover_events.bus.topics import (
     CONFIG_CHANGES,
     CONTROL_SPEC,
     ENV_TOPICS,
@@ -21,6 +20,7 @@ from dlrover_events.topics import (
     SCALE_PLANS,
     topic_configs,
 )
+from dlrover_events.settings import Settings
 
 SPECS = {t.name: t for t in ENV_TOPICS}
 

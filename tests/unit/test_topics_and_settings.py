@@ -6,11 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlrover_events.errors import UserError
-from dlrover_events.settings import Settings
-from dlrover_events.store.database import env_schema
-from dlrover_events.store.migrations import load_migrations
-from dlrover_events.topics import (
+from dlrover_events.bus.topics import (
     CONTROL_TOPIC,
     ENV_TOPIC_NAMES,
     check_env_name,
@@ -19,6 +15,10 @@ from dlrover_events.topics import (
     topic,
     topic_of,
 )
+from dlrover_events.errors import UserError
+from dlrover_events.settings import Settings
+from dlrover_events.store.database import env_schema
+from dlrover_events.store.migrations import load_migrations
 from schemas import EnvAnnouncement, EnvMode, JobMeta, NodeOOM, OOMKind, RuntimeSample, ScalePlan
 from schemas.jobs import NodeRef
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlrover_events.units import human_bytes
+from dlrover_events.domain.units import human_bytes
 
 
 @pytest.mark.parametrize(

@@ -20,10 +20,10 @@ import typer
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from kubernetes_asyncio.client.rest import ApiException
 
-from dlrover_events.bus import Producer
-from dlrover_events.embedded import resolve_postgres
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.settings import load_settings
 from handlers.operator.job_actions import JobNotFound, delete_job, open_platform, scale_job
 from handlers.operator.jobs import JobRequestError, scale_plan_id, submission

@@ -28,14 +28,14 @@ from prometheus_client.registry import Collector
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dlrover_events.bootstrap import TOKEN_SECRETS
-from dlrover_events.control import EnvWatcher
+from dlrover_events.envs.bootstrap import TOKEN_SECRETS
+from dlrover_events.envs.control import EnvWatcher
+from dlrover_events.envs.tokens import Scope
 from dlrover_events.errors import UserError
 from dlrover_events.kube import credentials
-from dlrover_events.metrics import OperatorMetrics
-from dlrover_events.services import ServiceContext
+from dlrover_events.runtime.metrics import OperatorMetrics
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from dlrover_events.tokens import Scope
 from handlers.operator.kube.adapter import adapter_for
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, Timing

@@ -18,7 +18,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlrover_events.config_client import TOKEN_ENV, URL_ENV
+from dlrover_events.config.client import TOKEN_ENV, URL_ENV
 from dlrover_events.errors import UserError
 from dlrover_events.settings import ENV_PREFIX, Settings
 

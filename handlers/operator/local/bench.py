@@ -37,11 +37,11 @@ from typing import Any
 import typer
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
-from dlrover_events.bus import Producer
-from dlrover_events.embedded import Broker, kafka_reachable, resolve_postgres
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.embedded import Broker, kafka_reachable, resolve_postgres
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
-from dlrover_events.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
 from handlers.operator.kube.podevents import job_meta
 from handlers.operator.kube.reconciler import EnvReconciler

@@ -21,17 +21,17 @@ from aiohttp import web
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dlrover_events.bus import Producer
-from dlrover_events.config_client import TOKEN_ENV, URL_ENV
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.config.client import TOKEN_ENV, URL_ENV
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.envs.tokens import Scope, Tokens
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import wait_for_any
-from dlrover_events.metrics import OperatorMetrics
+from dlrover_events.runtime.metrics import OperatorMetrics
+from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
-from dlrover_events.services import Service, ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.tokens import Scope, Tokens
 from handlers.operator.api import jobs_app
 from handlers.operator.kube.reconciler import EnvReconciler, StepHook
 from handlers.operator.kube.trainingjob import TRAINING_JOB

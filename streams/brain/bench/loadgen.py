@@ -20,9 +20,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dlrover_events.kafka_client import kafka_connection
+from dlrover_events.bus.kafka_client import kafka_connection
+from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic, topic_of
 from dlrover_events.settings import load_settings
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic, topic_of
 from schemas.codec import CodecError, decode, encode
 from schemas.plans import ScalePlan
 from streams.brain.bench.run import Workload

@@ -31,13 +31,13 @@ from typing import Any
 import typer
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from dlrover_events.bus.kafka_client import kafka_connection
+from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic, topic_of
 from dlrover_events.cli.app import run_async
-from dlrover_events.embedded import resolve_postgres
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.kafka_client import kafka_connection
+from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.settings import Settings, load_settings
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic, topic_of
 from schemas.codec import encode
 from schemas.control import EnvMode
 from schemas.envelope import Event

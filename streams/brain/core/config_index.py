@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from dlrover_events.config_matching import Change, Index, deep_merge, job_attributes, make_job
+from dlrover_events.config.matching import Change, Index, deep_merge, job_attributes, make_job
 from schemas.jobs import JobMeta
 
 #: Past this many distinct jobs the cache is dropped whole: jobs come and go, and

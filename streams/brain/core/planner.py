@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from dlrover_events.units import human_bytes
+from dlrover_events.domain.units import human_bytes
 from schemas.bounds import MAX_REPLICAS
 from schemas.env_settings import LimitSettings
 from schemas.jobs import NodeRef

@@ -212,7 +212,7 @@ def _check_job_config(job_config: JobDefaults, registry: Registry) -> None:
 
 def check_env_settings(settings: EnvSettings) -> None:
     """The brain's check of an env's settings, found through the entry point group
-    `dlrover_events.env_settings` (the CLI and the registry check with it before they
+    `dlrover_events.envs.env_settings` (the CLI and the registry check with it before they
     store anything)."""
     Policy.from_settings(settings.brain)
 

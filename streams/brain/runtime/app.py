@@ -46,17 +46,8 @@ from typing import Any, cast
 import typer
 from faust.types import TP
 
-from dlrover_events.cli.app import run_async
-from dlrover_events.envs import EnvRegistry
-from dlrover_events.errors import UserError
-from dlrover_events.kafka_client import kafka_connection
-from dlrover_events.lifecycle import wait_for_any
-from dlrover_events.metrics import BrainMetrics, CollectorRegistry
-from dlrover_events.services import Service, ServiceContext
-from dlrover_events.settings import Settings, load_settings
-from dlrover_events.standalone import serve_alone
-from dlrover_events.store import EnvStore
-from dlrover_events.topics import (
+from dlrover_events.bus.kafka_client import kafka_connection
+from dlrover_events.bus.topics import (
     BRAIN_PLANS,
     JOB_EVENTS,
     JOB_METRICS,
@@ -64,6 +55,15 @@ from dlrover_events.topics import (
     SCALE_RESULTS,
     topic,
 )
+from dlrover_events.cli.app import run_async
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.runtime.metrics import BrainMetrics, CollectorRegistry
+from dlrover_events.runtime.services import Service, ServiceContext
+from dlrover_events.runtime.standalone import serve_alone
+from dlrover_events.settings import Settings, load_settings
+from dlrover_events.store import EnvStore
 from streams.brain.core.merge import Fetch, Merge, event_time
 from streams.brain.core.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
 from streams.brain.core.snapshot import Offsets, Snapshot

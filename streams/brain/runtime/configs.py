@@ -5,7 +5,7 @@ compacted ``<env>.config.changes``), and a job's config may name its optimizer a
 parameters (``optimizer``, ``optimizer_params``). The gateway hands those documents to the
 job's processes; the router must see the same ones, so the brain keeps its own copy of the
 env's documents, matched with the gateway's matcher on the gateway's job attributes
-(``dlrover_events.config_matching``).
+(``dlrover_events.config.matching``).
 
 What the router decides with, lowest first, key by key (nested objects such as
 ``optimizer_params`` merge key by key, anything else is replaced whole):
@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 
-from dlrover_events.config_feed import ConfigFeed
+from dlrover_events.config.feed import ConfigFeed
 from dlrover_events.lifecycle import AsyncResource, wait_for_any
 from dlrover_events.settings import Settings
 from streams.brain.core.config_index import ConfigIndex

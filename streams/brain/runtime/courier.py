@@ -22,10 +22,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dlrover_events.bus import Producer, log_dead_letters
-from dlrover_events.metrics import BrainMetrics
+from dlrover_events.bus.dead_letters import log_dead_letters
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import DLQ, SCALE_PLANS, topic, topic_of
+from dlrover_events.runtime.metrics import BrainMetrics
 from dlrover_events.settings import Settings
-from dlrover_events.topics import DLQ, SCALE_PLANS, topic, topic_of
 from schemas.codec import encode
 from schemas.plans import ScalePlan
 from streams.brain.core.processor import Output

@@ -59,7 +59,7 @@ RELIES_ON: tuple[tuple[type, str], ...] = (
 
 def broker_credentials(connection: Mapping[str, Any]) -> faust.auth.Credentials | None:
     """faust's credentials object for the aiokafka arguments every client of the project
-    connects with (`dlrover_events.kafka_client.kafka_connection`): the same TLS context
+    connects with (`dlrover_events.bus.kafka_client.kafka_connection`): the same TLS context
     and SASL user, so the brain connects as the other services do."""
     protocol = connection["security_protocol"]
     if protocol == "SSL":

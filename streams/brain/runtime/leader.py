@@ -9,7 +9,7 @@ which is assigned every partition. The other instances stand by, polling the loc
 the leader dies its lock goes with its Postgres session, and a standby takes over within
 a poll, resuming every partition from the checkpoint as any partition load does.
 
-The lock is a Postgres session advisory lock (as `dlrover_events.fence` fences an env),
+The lock is a Postgres session advisory lock (as `dlrover_events.runtime.fence` fences an env),
 in the two-key space (`LOCK_CLASS`, hashtext(env)), apart from the fence's one-key locks.
 Postgres releases it when the session ends, so a SIGKILLed leader frees it as soon as its
 connection closes. A leader that loses its lock's connection (Postgres restarted, the

@@ -2,7 +2,7 @@
 brain without a restart.
 
 The brain reads its env's settings from the registry when it starts, then follows the
-env's announcements on ``dlrover.control`` (`dlrover_events.control.SettingsFollower`).
+env's announcements on ``dlrover.control`` (`dlrover_events.envs.control.SettingsFollower`).
 A newer settings version is made into a Policy here (the same `Policy.from_settings` the
 start uses, so the same checks) and handed to the running brain, which decides its next
 batch with it: the decision core stays pure, only the policy object it is given changes.
@@ -33,9 +33,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from dlrover_events.control import SettingsFollower
-from dlrover_events.env_settings import parse_settings
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.envs.control import SettingsFollower
+from dlrover_events.envs.env_settings import parse_settings
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
 from schemas.control import EnvAnnouncement

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
+from dlrover_events.bus.topic_reader import TopicReader
 from dlrover_events.settings import Settings
-from dlrover_events.topic_reader import TopicReader
 from schemas.codec import CodecError, decode
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.core.snapshot import Offsets

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dlrover_events.bus import read_topic
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import SCALE_PLANS, SCALE_RESULTS, topic
 from dlrover_events.settings import Settings
-from dlrover_events.topics import SCALE_PLANS, SCALE_RESULTS, topic
 from schemas.codec import decode
 from schemas.plans import ScalePlan, ScaleResult
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
+from dlrover_events.domain.step_time import PerfParams
 from dlrover_events.settings import Settings
-from dlrover_events.step_time import PerfParams
 from handlers.simulator.job import DEFAULT_RESTART_DELAY
 from handlers.simulator.measured import SOURCE_STEPS, measure
 from schemas.envelope import Event

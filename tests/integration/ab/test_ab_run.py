@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.bus import read_topic
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import ENV_TOPIC_NAMES, SCALE_RESULTS, topic
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
-from dlrover_events.topics import ENV_TOPIC_NAMES, SCALE_RESULTS, topic
 from schemas import decode
 from schemas.plans import ScaleResult, ScaleStatus
 from streams.ab.arms import Arm

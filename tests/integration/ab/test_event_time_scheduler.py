@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.bus import read_topic
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import JOB_EVENTS, topic
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_EVENTS, topic
 from schemas import decode
 from schemas.jobs import JobCompleted
 from schemas.plans import ScaleStatus

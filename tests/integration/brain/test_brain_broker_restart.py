@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.embedded import Broker
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import TopicReader
+from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.embedded import Broker
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topic_reader import TopicReader
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic
 from schemas import encode
 from schemas.jobs import JobMeta
 from streams.brain.runtime.app import Brain

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from schemas.jobs import JobCompleted, JobFailed, JobMeta, JobStarted, JobSubmitted

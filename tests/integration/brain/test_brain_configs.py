@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import CONFIG_CHANGES, topic
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
-from dlrover_events.topics import CONFIG_CHANGES, topic
 from schemas.config import ConfigChange, ConfigDocument
 from schemas.jobs import JobMeta
 from streams.brain.runtime.configs import ConfigFollower

@@ -17,10 +17,10 @@ from collections import Counter
 
 import pytest
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, topic
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, topic
 from schemas import encode
 from schemas.jobs import JobMeta
 from streams.brain.runtime.app import Brain

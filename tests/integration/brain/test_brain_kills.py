@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import BRAIN_PLANS, JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic
 from dlrover_events.settings import Settings
-from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic
 from schemas import encode
 from schemas.envelope import Event
 from schemas.jobs import JobMeta, RuntimeSample

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import JOB_EVENTS, topic
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_EVENTS, topic
 from schemas.jobs import JobMeta, JobStarted
 from streams.brain.runtime.app import service
 from tests.conftest import EnvFactory

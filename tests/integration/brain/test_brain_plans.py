@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 import streams.brain.runtime.app as brain_app
-from dlrover_events.bus import Producer, read_topic
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import BRAIN_PLANS, DLQ, JOB_EVENTS, SCALE_PLANS, topic
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import BRAIN_PLANS, DLQ, JOB_EVENTS, SCALE_PLANS, topic
 from schemas import decode
 from schemas.config import ConfigChange, ConfigDocument
 from schemas.dlq import DeadLetter, FailureKind

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore, connect, env_schema, prepare_env
 from dlrover_events.store.database import quote_ident

@@ -10,13 +10,13 @@ import sys
 import asyncpg
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import SCALE_PLANS, topic
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.services import ServiceContext
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import SCALE_PLANS, topic
 from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import ScalePlan
 from streams.brain.core.planner import plan_id

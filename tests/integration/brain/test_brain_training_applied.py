@@ -11,10 +11,10 @@ from typing import TypeVar
 
 import pytest
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import SCALE_PLANS, topic
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import SCALE_PLANS, topic
 from schemas.jobs import JobMeta, JobStarted, NodeOOM, NodeRef, OOMKind
 from schemas.plans import NotApplied, ScalePlan, ScaleResult, ScaleStatus, TrainingApplied
 from streams.brain.core.state import JobState

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 import asyncpg
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.envs import EnvRegistry
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import BRAIN_PLANS, SCALE_PLANS, topic
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from dlrover_events.topics import BRAIN_PLANS, SCALE_PLANS, topic
 from schemas import encode
 from schemas.plans import ScalePlan
 from streams.brain.runtime.app import service

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from dlrover_events.bus import read_topic
+from dlrover_events.bus.topic_reader import read_topic
 from dlrover_events.settings import Settings
 from schemas import decode
 from schemas.envelope import Event

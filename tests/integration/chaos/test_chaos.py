@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
-from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS
 from handlers.operator.virtual import ALREADY_APPLIED
 from schemas.control import EnvMode
 from schemas.jobs import JobCompleted, JobFailed, JobMeta, JobSubmitted, RoleSpec

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.tokens import Scope
 from dlrover_events.settings import Settings
-from dlrover_events.tokens import Scope
 from handlers.console.runtime import ConsoleServer, ConsoleSettings
 from tests.conftest import EnvFactory
 from tests.integration.gateway.conftest import mint

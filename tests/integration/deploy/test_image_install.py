@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
 from tests.conftest import REPO, cli_environ, unique_env
 

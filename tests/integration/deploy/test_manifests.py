@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
-from dlrover_events.bootstrap import TOKEN_SECRETS
+from dlrover_events.envs.bootstrap import TOKEN_SECRETS
+from dlrover_events.envs.tokens import Scope
 from dlrover_events.settings import ENV_PREFIX, Settings
-from dlrover_events.tokens import Scope
 from handlers.operator.kube.runner import KubeSettings
 from handlers.operator.kube.wiring import PodWiring, pod_wiring
 from tests.integration.deploy.manifests import (

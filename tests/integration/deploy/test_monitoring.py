@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.metrics import catalogue
+from dlrover_events.runtime.metrics import catalogue
 from schemas.plans import ScaleStatus
 from tests.integration.deploy.manifests import Doc, of_kind, with_component
 from tests.integration.deploy.promql import (

@@ -7,11 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dlrover_events.bus import Producer, read_topic
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import EVAL_REPORTS, topic
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import EVAL_REPORTS, topic
 from schemas import EvaluationReport, JobCompleted, JobMeta, JobStarted, JobSubmitted, decode
 from schemas.jobs import RoleSpec
 from streams.evaluators.service import ledger_of, run

@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.envs import EnvRegistry
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from schemas import EnvMode, JobFailed, JobMeta, JobSubmitted
 from streams.evaluators.watchdog import WatchdogPolicy, watch

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
+from dlrover_events.envs.tokens import Scope, Tokens
 from dlrover_events.settings import Settings
 from dlrover_events.store import create_pool, env_schema
-from dlrover_events.tokens import Scope, Tokens
 from handlers.gateway.runtime import GatewayServer, GatewaySettings, prepare_env
 from tests.conftest import EnvFactory
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
+from dlrover_events.envs.tokens import Scope
 from dlrover_events.settings import Settings
-from dlrover_events.tokens import Scope
 from tests.conftest import EnvFactory
 from tests.integration.gateway.conftest import Running, mint
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.config_client import ConfigClient, ConfigSnapshot, SyncConfigClient
-from dlrover_events.embedded import free_port
+from dlrover_events.config.client import ConfigClient, ConfigSnapshot, SyncConfigClient
+from dlrover_events.runtime.embedded import free_port
 from tests.integration.gateway.conftest import Running
 
 pytestmark = pytest.mark.integration

@@ -11,14 +11,14 @@ import sys
 import aiohttp
 import pytest
 
-from dlrover_events.bus import read_topic
-from dlrover_events.config_matching import Index, make_job
-from dlrover_events.envs import EnvRegistry
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import CONFIG_CHANGES, topic
+from dlrover_events.config.matching import Index, make_job
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.envs.tokens import Scope
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import connect, env_schema
-from dlrover_events.tokens import Scope
-from dlrover_events.topics import CONFIG_CHANGES, topic
 from handlers.gateway.runtime import GatewayServer
 from handlers.gateway.service import service
 from schemas.codec import decode

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from dlrover_events.envs.tokens import Scope
 from dlrover_events.settings import Settings
-from dlrover_events.tokens import Scope
 from handlers.gateway.runtime import GatewayServer, GatewaySettings
 from schemas.bounds import MAX_CONFIG_DOCUMENT_BYTES, MAX_DOCUMENT_VALUES
 from tests.conftest import EnvFactory

@@ -23,8 +23,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from pydantic import SecretStr
 
-from dlrover_events.bus import Producer
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
 from handlers.gateway.openapi import JOB_EXAMPLE, openapi_document
 from handlers.gateway.runtime import GatewayServer

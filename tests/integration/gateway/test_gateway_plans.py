@@ -16,9 +16,10 @@ import pytest
 from multidict import CIMultiDict
 from yarl import URL
 
-from dlrover_events.bus import Producer, read_topic
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import JOB_EVENTS, topic
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_EVENTS, topic
 from handlers.gateway.runtime import GatewayServer
 from schemas.codec import decode
 from schemas.envelope import Event

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
-from dlrover_events.bootstrap import TOKEN_SECRETS
+from dlrover_events.envs.bootstrap import TOKEN_SECRETS
+from dlrover_events.envs.tokens import Scope
 from dlrover_events.settings import Settings
-from dlrover_events.tokens import Scope
 from tests.conftest import cli_environ, unique_env
 from tests.integration.test_bootstrap import bootstrap, verdict
 

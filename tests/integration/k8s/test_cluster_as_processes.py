@@ -41,7 +41,7 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from kubernetes_asyncio import client
 
-from dlrover_events.embedded import Broker, free_port
+from dlrover_events.runtime.embedded import Broker, free_port
 from tests.integration.deploy.manifests import (
     BIND_VARIABLES,
     Doc,

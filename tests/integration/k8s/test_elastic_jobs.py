@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dlrover_events.bus import Producer
+from dlrover_events.bus.producer import Producer
 from dlrover_events.settings import Settings
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.model import LABEL_RANK, PodView

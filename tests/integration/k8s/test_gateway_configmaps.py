@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
+from dlrover_events.envs.tokens import Scope
 from dlrover_events.settings import Settings
-from dlrover_events.tokens import Scope
 from handlers.gateway.configmaps import ENV_LABEL, LABEL, document_name
 from handlers.gateway.configmaps_runner import ConfigMapWatcher
 from handlers.gateway.runtime import GatewayServer, GatewaySettings

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from dlrover_events.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS
 from schemas.config import ConfigChange, ConfigDocument
 from schemas.jobs import JobSubmitted
 from schemas.plans import OptimizePlan, ScaleResult, ScaleStatus

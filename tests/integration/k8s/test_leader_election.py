@@ -26,8 +26,8 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from dlrover_events.bus import Producer
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, micro_time
 from handlers.operator.kube.model import ANN_PLANS

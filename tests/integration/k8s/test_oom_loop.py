@@ -17,11 +17,18 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dlrover_events.bus import read_topic
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import (
+    BRAIN_PLANS,
+    DLQ,
+    JOB_EVENTS,
+    SCALE_PLANS,
+    SCALE_RESULTS,
+    topic,
+)
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from dlrover_events.topics import BRAIN_PLANS, DLQ, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
 from handlers.operator.kube.model import PodView
 from schemas.envelope import Event
 from schemas.jobs import JobStarted, NodeOOM, OOMKind

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dlrover_events.config_client import TOKEN_ENV, URL_ENV
+from dlrover_events.config.client import TOKEN_ENV, URL_ENV
 from dlrover_events.settings import Settings
 from handlers.gateway.runtime import GatewayServer, GatewaySettings
 from streams.brain.runtime.app import Brain

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.rest import ApiException
 
-from dlrover_events.bus import Producer
-from dlrover_events.logs import JsonFormatter, log_fields
+from dlrover_events.bus.producer import Producer
+from dlrover_events.runtime.logs import JsonFormatter, log_fields
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from handlers.operator.kube.client import KubeApi

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.envs import EnvRegistry
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from handlers.operator.kube.runner import RealOperator, connect, kube_settings
 from handlers.operator.modes import run_operator

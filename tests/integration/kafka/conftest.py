@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dlrover_events.embedded import Broker, free_port
+from dlrover_events.runtime.embedded import Broker, free_port
 from dlrover_events.settings import Settings
 from tests.conftest import ARTIFACTS
 from tests.integration.kafka.front import KafkaFront

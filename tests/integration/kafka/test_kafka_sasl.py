@@ -13,13 +13,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.embedded import Broker
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import TopicReader
+from dlrover_events.bus.topics import env_topics
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import BusRefused
+from dlrover_events.runtime.embedded import Broker
 from dlrover_events.settings import Settings
-from dlrover_events.topic_reader import TopicReader
-from dlrover_events.topics import env_topics
 from schemas import JobMeta, RuntimeSample
 from schemas.control import EnvMode
 from tests.conftest import unique_env

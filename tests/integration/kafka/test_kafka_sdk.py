@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from dlrover_events.bus import read_topic
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import JOB_METRICS, topic
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_METRICS, topic
 from schemas.codec import decode
 from schemas.jobs import RuntimeSample
 from tests.integration.kafka.conftest import Pki, environ, sasl, secure_settings, tls

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
+from dlrover_events.bus.topics import SCALE_PLANS, topic
 from dlrover_events.errors import BusRefused, BusUnavailable
-from dlrover_events.services import ServiceContext
+from dlrover_events.runtime.services import ServiceContext
+from dlrover_events.runtime.supervisor import is_fatal
 from dlrover_events.store import EnvStore
-from dlrover_events.supervisor import is_fatal
-from dlrover_events.topics import SCALE_PLANS, topic
 from schemas.plans import ScalePlan
 from streams.brain.runtime.app import service
 from tests.integration.brain.test_brain_service import _publish_oom_job

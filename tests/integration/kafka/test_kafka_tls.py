@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.bus import Consumer, Producer, Received
-from dlrover_events.embedded import Broker
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.consumer import Consumer, Received
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import TopicReader
+from dlrover_events.bus.topics import JOB_METRICS, env_topics, topic
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import BusRefused
+from dlrover_events.runtime.embedded import Broker
 from dlrover_events.settings import Settings, SettingsError
-from dlrover_events.topic_reader import TopicReader
-from dlrover_events.topics import JOB_METRICS, env_topics, topic
 from schemas import JobMeta, RuntimeSample
 from schemas.control import EnvMode
 from tests.conftest import unique_env

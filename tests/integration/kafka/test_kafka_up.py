@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.producer import Producer
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.store import EnvStore
 from schemas import JobMeta, JobSubmitted
 from tests.integration.kafka.conftest import Pki, environ, sasl, secure_settings, tls

@@ -11,12 +11,12 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from dlrover_events.admin import TopicAdmin
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.admin import TopicAdmin
+from dlrover_events.bus.kafka_client import kafka_connection
+from dlrover_events.bus.topics import ENV_TOPICS, env_topics, topic
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import TopicsMissing
-from dlrover_events.kafka_client import kafka_connection
 from dlrover_events.settings import Settings
-from dlrover_events.topics import ENV_TOPICS, env_topics, topic
 from schemas.control import EnvMode
 from tests.conftest import unique_env
 

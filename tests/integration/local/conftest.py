@@ -13,8 +13,8 @@ from typing import Any
 import psutil
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.producer import Producer
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import ANN_WORKDIR, LocalCluster

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from dlrover_events.services import ServiceContext
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import load_settings
 from handlers.operator.local.runner import run
 from schemas.plans import ScalePlan

@@ -7,8 +7,8 @@ from typing import Any
 
 import aiohttp
 
+from dlrover_events.envs.tokens import Scope, Tokens
 from dlrover_events.store import EnvStore
-from dlrover_events.tokens import Scope, Tokens
 from schemas.plans import ScalePlan
 from tests.integration.local.conftest import Local
 from tests.integration.local.test_local_platform import sleeper_job

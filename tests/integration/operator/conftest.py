@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.producer import Producer
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from handlers.operator.modes import run_operator
 from schemas.envelope import Event

@@ -18,10 +18,19 @@ from typing import TypeVar
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from dlrover_events.bus import Producer, read_topic, topic_partitions
-from dlrover_events.services import ServiceContext
+from dlrover_events.bus.kafka_client import topic_partitions
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import (
+    DLQ,
+    JOB_EVENTS,
+    JOB_METRICS,
+    SCALE_PLANS,
+    SCALE_RESULTS,
+    topic,
+)
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from dlrover_events.topics import DLQ, JOB_EVENTS, JOB_METRICS, SCALE_PLANS, SCALE_RESULTS, topic
 from handlers.operator.modes import run_operator
 from handlers.operator.virtual import BARRIER_TOPICS
 from schemas.codec import decode

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from dlrover_events.envs import EnvRegistry
-from dlrover_events.services import ServiceContext
+from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from handlers.operator import virtual
 from tests.conftest import EnvFactory

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.bus import Producer, read_topic
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic
 from schemas import JobMeta, JobStarted, JobSubmitted, ScalePlan, decode
 from streams.replay.copier import Replay
 from streams.replay.core import Selection

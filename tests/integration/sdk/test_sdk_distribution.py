@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.bus import read_topic
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import JOB_METRICS, topic
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_METRICS, topic
 from schemas.codec import decode
 from schemas.jobs import RuntimeSample
 from tests.conftest import REPO, EnvFactory
@@ -38,10 +38,11 @@ import importlib.util, json, sys
 heavy = sys.argv[1].split(",")
 assert not [m for m in heavy if importlib.util.find_spec(m)], "installed: " + str(
     [m for m in heavy if importlib.util.find_spec(m)])
-for absent in ("streams", "handlers", "dlrover_events.store", "dlrover_events.cli"):
+for absent in ("streams", "handlers", "dlrover_events.store", "dlrover_events.cli",
+               "dlrover_events.runtime"):
     assert importlib.util.find_spec(absent) is None, absent
 from dlrover_events.sdk import JobIdentity, Reporter
-from dlrover_events.config_client import SyncConfigClient
+from dlrover_events.config.client import SyncConfigClient
 from dlrover_events.settings import Settings
 from schemas.jobs import JobMeta
 reporter = Reporter(

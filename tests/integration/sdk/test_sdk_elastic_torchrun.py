@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from dlrover_events.embedded import free_port
+from dlrover_events.runtime.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "elastic" / "train_elastic.py"

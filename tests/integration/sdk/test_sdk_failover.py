@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from dlrover_events.bus import read_topic
-from dlrover_events.envs import EnvRegistry
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import JOB_METRICS, topic
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.sdk import JobIdentity, Reporter
 from dlrover_events.sdk.follow import FollowReal
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_METRICS, topic
 from schemas.codec import decode
 from schemas.control import EnvMode
 from schemas.jobs import JobMeta, RuntimeSample

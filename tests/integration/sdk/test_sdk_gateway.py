@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from dlrover_events.config_client import ConfigClient
-from dlrover_events.embedded import free_port
+from dlrover_events.config.client import ConfigClient
+from dlrover_events.runtime.embedded import free_port
 from dlrover_events.sdk import JobIdentity, Reporter
 from dlrover_events.settings import Settings
 from schemas.jobs import JobMeta

@@ -17,10 +17,10 @@ import subprocess
 
 import pytest
 
-from dlrover_events.bus import read_topic
-from dlrover_events.embedded import free_port
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import JOB_METRICS, topic
+from dlrover_events.runtime.embedded import free_port
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_METRICS, topic
 from schemas.codec import decode
 from schemas.jobs import RuntimeSample
 from tests.conftest import REPO, EnvFactory

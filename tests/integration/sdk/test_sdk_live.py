@@ -21,14 +21,14 @@ from types import ModuleType
 import pytest
 import torch
 
-from dlrover_events.admin import TopicAdmin
-from dlrover_events.bus import read_topic
-from dlrover_events.embedded import Broker, free_port
+from dlrover_events.bus.admin import TopicAdmin
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic
+from dlrover_events.runtime.embedded import Broker, free_port
 from dlrover_events.sdk import JobIdentity, Reporter
 from dlrover_events.sdk.identity import ENV_ENV, JOB_ID_ENV, RANK_ENV, ROLE_ENV
 from dlrover_events.sdk.torch import TorchHook
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_EVENTS, JOB_METRICS, topic
 from schemas.codec import decode
 from schemas.envelope import Event
 from schemas.jobs import JobMeta, NodeOOM, OOMKind, RuntimeSample

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from dlrover_events.admin import TopicAdmin
-from dlrover_events.bus import read_topic
-from dlrover_events.embedded import Broker
+from dlrover_events.bus.admin import TopicAdmin
+from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topics import JOB_METRICS, topic
+from dlrover_events.runtime.embedded import Broker
 from dlrover_events.sdk import JobIdentity, Reporter
 from dlrover_events.settings import Settings
-from dlrover_events.topics import JOB_METRICS, topic
 from schemas.codec import decode
 from schemas.jobs import JobMeta, RuntimeSample
 from tests.conftest import ARTIFACTS, unique_env

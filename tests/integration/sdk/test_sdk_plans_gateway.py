@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from dlrover_events.bus import Producer
-from dlrover_events.embedded import free_port
+from dlrover_events.bus.producer import Producer
+from dlrover_events.runtime.embedded import free_port
 from dlrover_events.sdk import JobIdentity, Reporter
 from dlrover_events.sdk.knobs import BatchKnobs, StepKnobs
 from dlrover_events.sdk.plans import PlanFollower

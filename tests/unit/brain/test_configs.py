@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlrover_events.config_matching import Change, job_attributes, make_job
+from dlrover_events.config.matching import Change, job_attributes, make_job
 from handlers.gateway.state import GatewayState
 from schemas.config import ConfigChange, ConfigDocument
 from schemas.jobs import JobMeta

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dlrover_events.control import SettingsFollower
+from dlrover_events.envs.control import SettingsFollower
 from dlrover_events.settings import Settings
 from schemas.control import EnvAnnouncement, EnvMode
 from streams.brain.core.planner import Limits

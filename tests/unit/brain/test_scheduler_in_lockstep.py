@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from dlrover_events.topics import topic, topic_of
-from dlrover_events.workloads import discover_workload_adapters
+from dlrover_events.bus.topics import topic, topic_of
+from dlrover_events.domain.workloads import discover_workload_adapters
 from handlers.simulator.cluster import Cluster, GiB
 from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.lockstep import TickClock, apply_order

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dlrover_events.config_matching import (
+from dlrover_events.config.matching import (
     Index,
     deep_merge,
     make_job,

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from multidict import MultiDict
 
-from dlrover_events.config_matching import make_job
-from dlrover_events.tokens import Scope, grants, hash_token, new_token, token_env
+from dlrover_events.config.matching import make_job
+from dlrover_events.envs.tokens import Scope, grants, hash_token, new_token, token_env
 from handlers.gateway.app import ApiError, parse_job
 from handlers.gateway.openapi import openapi_document
 from handlers.gateway.state import GatewayState

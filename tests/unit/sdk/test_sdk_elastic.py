@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from dlrover_events.embedded import free_port
+from dlrover_events.runtime.embedded import free_port
 from dlrover_events.sdk.identity import JOB_ID_ENV, RANK_ENV, JobIdentity
 from dlrover_events.sdk.knobs import StepKnobs
 from dlrover_events.sdk.reporter import Reporter

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlrover_events.embedded import free_port
+from dlrover_events.runtime.embedded import free_port
 from dlrover_events.sdk.knobs import BatchKnobs, StepKnobs
 from dlrover_events.sdk.membership import (
     FROM_CHECKPOINT,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dlrover_events.embedded import free_port
+from dlrover_events.runtime.embedded import free_port
 from dlrover_events.sdk import JobIdentity, Reporter
 from dlrover_events.settings import Settings
 from schemas.jobs import JobMeta, NodeOOM, NodeRef, OOMKind

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from dlrover_events.embedded import free_port
+from dlrover_events.runtime.embedded import free_port
 from dlrover_events.sdk import JobIdentity, Reporter
 from dlrover_events.sdk.torch import (
     CudaProbe,

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from dlrover_events.step_time import PerfParams, StepSample, fit_perf_params, step_sample
+from dlrover_events.domain.step_time import PerfParams, StepSample, fit_perf_params, step_sample
 from handlers.simulator.cluster import Cluster, GiB
 from handlers.simulator.job import DEFAULT_ORIGIN, JobPhase, JobSimulator
 from handlers.simulator.measured import (

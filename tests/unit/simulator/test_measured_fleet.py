@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from dlrover_events.step_time import PerfParams
+from dlrover_events.domain.step_time import PerfParams
 from handlers.simulator.checkpoint import OperatorState, dump, load
 from handlers.simulator.cluster import Cluster
 from handlers.simulator.fleet import VirtualCluster

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from dlrover_events.units import human_bytes
+from dlrover_events.domain.units import human_bytes
 from schemas.bounds import MAX_BYTES
 from schemas.envelope import Model
 from schemas.jobs import OOMKind

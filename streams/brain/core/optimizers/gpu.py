@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from msgspec import Struct
 from pydantic import Field
 
-from dlrover_events.units import human_bytes
+from dlrover_events.domain.units import human_bytes
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan

@@ -9,7 +9,7 @@ efficiency (Pollux, OSDI'21), both from what the job reported:
   micro-step, linear in the local batch) and all-reduce (a constant plus a term growing
   with the replicas past 2, with other constants once the job spans nodes), combined with
   an overlap exponent gamma (1: none, large: the slower of the two); the model and its
-  fit live in dlrover_events.step_time, which the simulator shares;
+  fit live in dlrover_events.domain.step_time, which the simulator shares;
 - efficiency from the gradient statistics (`grad_sqr`, `grad_var`, or the gradient noise
   scale): relative to the job's initial batch, E(B) = (gns + B0) / (gns + B).
 
@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from dlrover_events.step_time import (
+from dlrover_events.domain.step_time import (
     PerfParams,
     StepSample,
     finite_non_negative,

@@ -25,16 +25,16 @@ from typing import Any, Protocol
 
 from kubernetes_asyncio import client
 
-from dlrover_events.admin import TopicAdmin
-from dlrover_events.envs import EnvRecord, EnvRegistry
+from dlrover_events.bus.admin import TopicAdmin
+from dlrover_events.bus.topics import ENV_TOPICS, check_env_name, topic
+from dlrover_events.envs.registry import EnvRecord, EnvRegistry
+from dlrover_events.envs.tokens import Scope, Tokens, new_token, token_env, token_id_of
 from dlrover_events.errors import UserError
 from dlrover_events.kube.secrets import read_secret_key, write_secret_key
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.store.database import REGISTRY_SCHEMA, connect, env_schema, quote_ident
 from dlrover_events.store.migrations import apply_migrations
-from dlrover_events.tokens import Scope, Tokens, new_token, token_env, token_id_of
-from dlrover_events.topics import ENV_TOPICS, check_env_name, topic
 from schemas.control import EnvMode
 
 #: the Secret (key: the env) holding each env's token of a scope; the operator hands the

@@ -20,9 +20,9 @@ from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
-from dlrover_events.metrics import catalogue_markdown
+from dlrover_events.bus.topics import CONTROL_SPEC, ENV_TOPICS
+from dlrover_events.runtime.metrics import catalogue_markdown
 from dlrover_events.settings import ENV_PREFIX, Settings
-from dlrover_events.topics import CONTROL_SPEC, ENV_TOPICS
 from schemas.settings_doc import bounds, number, type_name, with_reference
 
 SETTINGS_GROUP = "dlrover_events.settings"

@@ -32,7 +32,7 @@ class ServiceContext:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     #: what a service serves (name -> address, with a hint), for `up` to print.
     endpoints: dict[str, str] = field(default_factory=dict)
-    #: where the service declares its metrics (`dlrover_events.metrics`); whoever runs
+    #: where the service declares its metrics (`dlrover_events.runtime.metrics`); whoever runs
     #: the service serves it (`MetricsServer`)
     metrics: CollectorRegistry = field(
         default_factory=lambda: CollectorRegistry(auto_describe=True)

@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 from aiokafka.errors import KafkaError
 
+from dlrover_events.bus.topic_reader import TopicReader
+from dlrover_events.bus.topics import CONTROL_TOPIC
 from dlrover_events.errors import BusUnavailable
 from dlrover_events.settings import Settings
-from dlrover_events.topic_reader import TopicReader
-from dlrover_events.topics import CONTROL_TOPIC
 from schemas.codec import CodecError, decode
 from schemas.control import EnvAnnouncement, EnvMode
 

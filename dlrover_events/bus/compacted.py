@@ -15,9 +15,9 @@ from collections.abc import Callable
 from aiokafka import ConsumerRecord
 from aiokafka.errors import KafkaError
 
+from dlrover_events.bus.topic_reader import TopicReader
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
-from dlrover_events.topic_reader import TopicReader
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 from aiokafka import ConsumerRecord
 
-from dlrover_events.compacted import CompactedFollower
-from dlrover_events.config_matching import Change
+from dlrover_events.bus.compacted import CompactedFollower
+from dlrover_events.bus.topics import CONFIG_CHANGES, topic
+from dlrover_events.config.matching import Change
 from dlrover_events.settings import Settings
-from dlrover_events.topics import CONFIG_CHANGES, topic
 from schemas.codec import CodecError, decode
 from schemas.config import ConfigChange
 

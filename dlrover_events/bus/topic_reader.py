@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client, topic_partitions
 from dlrover_events.errors import UserError
-from dlrover_events.kafka_client import kafka_connection, start_kafka_client, topic_partitions
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
 
@@ -225,3 +225,18 @@ async def read_topics(
 
 
 __all__ = ["Start", "TopicReader", "read_topics", "seek_to_time"]
+
+
+async def read_topic(
+    settings: Settings,
+    topic_name: str,
+    *,
+    timeout_s: float = 10.0,
+    expect: int | None = None,
+    **consumer_args: Any,
+) -> list[ConsumerRecord]:
+    """A whole topic from the beginning, without a group (tools and tests): until
+    ``expect`` records, or the end (see `read_topics`)."""
+    return await read_topics(
+        settings, [topic_name], timeout_s=timeout_s, expect=expect, **consumer_args
+    )

@@ -19,12 +19,13 @@ import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel
 
-from dlrover_events.admin import TopicAdmin
-from dlrover_events.bus import Producer
-from dlrover_events.env_settings import validate_settings
+from dlrover_events.bus.admin import TopicAdmin
+from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client
+from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.topics import CONTROL_TOPIC, check_env_name, env_topics
+from dlrover_events.envs.env_settings import validate_settings
 from dlrover_events.errors import EnvError
-from dlrover_events.fence import FENCE_CHANNEL, fence_holders, fence_key
-from dlrover_events.kafka_client import kafka_connection, start_kafka_client
+from dlrover_events.runtime.fence import FENCE_CHANNEL, fence_holders, fence_key
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import (
     REGISTRY_SCHEMA,
@@ -33,7 +34,6 @@ from dlrover_events.store.database import (
     quote_ident,
 )
 from dlrover_events.store.migrations import apply_migrations
-from dlrover_events.topics import CONTROL_TOPIC, check_env_name, env_topics
 from schemas.control import EnvAnnouncement, EnvMode
 from schemas.env_settings import EnvSettings
 
@@ -142,7 +142,7 @@ class EnvRegistry:
     ) -> EnvRecord:
         """Register the env, migrate its schema, create its topics, announce it.
 
-        ``settings`` are validated first (`dlrover_events.env_settings`: a SettingsError
+        ``settings`` are validated first (`dlrover_events.envs.env_settings`: a SettingsError
         names what is wrong); an env that exists already (``exist_ok``) keeps its own,
         which `change_settings` changes. Topics are created inside the registry
         transaction: if the broker refuses, the env is not registered and nothing

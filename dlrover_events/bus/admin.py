@@ -7,11 +7,8 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from dlrover_events.errors import TopicsMissing
-from dlrover_events.kafka_client import kafka_connection, start_kafka_client
-from dlrover_events.lifecycle import AsyncResource
-from dlrover_events.settings import Settings
-from dlrover_events.topics import (
+from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client
+from dlrover_events.bus.topics import (
     CONTROL_SPEC,
     CONTROL_TOPIC,
     ENV_TOPICS,
@@ -19,6 +16,9 @@ from dlrover_events.topics import (
     topic,
     topic_configs,
 )
+from dlrover_events.errors import TopicsMissing
+from dlrover_events.lifecycle import AsyncResource
+from dlrover_events.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
+from dlrover_events.bus.tail import Filter, Line, read_line
+from dlrover_events.bus.topic_reader import Start, TopicReader
+from dlrover_events.bus.topics import ENV_TOPIC_NAMES, topic
 from dlrover_events.settings import Settings
-from dlrover_events.tail import Filter, Line, read_line
-from dlrover_events.topic_reader import Start, TopicReader
-from dlrover_events.topics import ENV_TOPIC_NAMES, topic
 
 
 async def follow(

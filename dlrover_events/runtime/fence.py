@@ -28,7 +28,7 @@ from uuid import UUID
 import asyncpg
 
 from dlrover_events.errors import EnvError, UserError
-from dlrover_events.services import ServiceContext
+from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import REGISTRY_SCHEMA, connect, quote_ident
 

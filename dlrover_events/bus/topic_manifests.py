@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlrover_events.bus.topics import CONTROL_SPEC, ENV_TOPICS, TopicSpec, topic, topic_configs
 from dlrover_events.settings import Settings
-from dlrover_events.topics import CONTROL_SPEC, ENV_TOPICS, TopicSpec, topic, topic_configs
 
 STRIMZI_API_VERSION = "kafka.strimzi.io/v1beta2"
 #: the label by which Strimzi's Topic Operator knows which Kafka cluster a topic is for

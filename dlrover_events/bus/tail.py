@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
-from dlrover_events.units import human_bytes
+from dlrover_events.domain.units import human_bytes
 from schemas.codec import CodecError, decode, encode
 from schemas.dlq import DeadLetter
 from schemas.envelope import Event

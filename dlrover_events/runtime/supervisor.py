@@ -28,12 +28,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
-from dlrover_events.embedded import Broker, kafka_reachable
 from dlrover_events.errors import BusUnavailable, StoreUnavailable, UserError
 from dlrover_events.lifecycle import wait_for_any
-from dlrover_events.logs import log_fields
-from dlrover_events.metrics import ServiceMetrics
-from dlrover_events.services import Service, ServiceContext
+from dlrover_events.runtime.embedded import Broker, kafka_reachable
+from dlrover_events.runtime.logs import log_fields
+from dlrover_events.runtime.metrics import ServiceMetrics
+from dlrover_events.runtime.services import Service, ServiceContext
 
 log = logging.getLogger(__name__)
 

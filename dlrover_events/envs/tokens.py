@@ -22,7 +22,7 @@ from enum import StrEnum
 
 import asyncpg
 
-from dlrover_events.topics import check_env_name
+from dlrover_events.bus.topics import check_env_name
 
 
 class Scope(StrEnum):

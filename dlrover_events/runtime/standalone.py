@@ -23,15 +23,15 @@ import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from dlrover_events import logs
-from dlrover_events.embedded import resolve_postgres
-from dlrover_events.fence import fenced
 from dlrover_events.lifecycle import wait_for_any
-from dlrover_events.logs import log_fields
-from dlrover_events.metrics import MetricsServer
-from dlrover_events.services import ServiceContext
+from dlrover_events.runtime import logs
+from dlrover_events.runtime.embedded import resolve_postgres
+from dlrover_events.runtime.fence import fenced
+from dlrover_events.runtime.logs import log_fields
+from dlrover_events.runtime.metrics import MetricsServer
+from dlrover_events.runtime.services import ServiceContext
+from dlrover_events.runtime.supervisor import BusWatch, State, readiness
 from dlrover_events.settings import Settings
-from dlrover_events.supervisor import BusWatch, State, readiness
 
 log = logging.getLogger(__name__)
 
