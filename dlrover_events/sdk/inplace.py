@@ -434,7 +434,15 @@ class InPlaceGroup:
             store = self._connect()
         except Exception as err:
             raise ReformFailed(f"cannot reach the job's store: {_first_line(err)}") from err
-        self._admit_and_enter(store, time.time())
+        try:
+            self._admit_and_enter(store, time.time())
+        except _Lost as lost:  # a member of the generation it joined did not come
+            self.recover(lost.err, lost.decision)
+        except RuntimeError as err:
+            if isinstance(err, ReformFailed):
+                raise
+            # the store went away while this process waited (its host restarted)
+            raise ReformFailed(f"joining failed: {_first_line(err)}") from err
         return self.step
 
     def _admit_and_enter(self, store: dist.TCPStore, since: float) -> None:
