@@ -12,7 +12,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from dlrover_events.embedded import free_port
+from dlrover_events.runtime.embedded import free_port
 from dlrover_events.sdk.inplace import InPlaceGroup, ReformFailed
 
 
