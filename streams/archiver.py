@@ -19,7 +19,7 @@ import typer
 
 from dlrover_events.bus.consumer import Consumer, Received
 from dlrover_events.bus.topics import ENV_TOPIC_NAMES, check_env_name
-from dlrover_events.cli.app import run_async
+from dlrover_events.cli.runner import run_async
 from dlrover_events.runtime.metrics import ArchiverMetrics
 from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.runtime.standalone import serve_alone

@@ -39,7 +39,7 @@ from aiokafka import AIOKafkaProducer
 from dlrover_events.bus.kafka_client import kafka_connection
 from dlrover_events.bus.topic_reader import read_topic
 from dlrover_events.bus.topics import DLQ, JOB_EVENTS, JOB_METRICS, topic
-from dlrover_events.cli.app import run_async
+from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.runtime.embedded import bench_broker, resolve_postgres
 from dlrover_events.runtime.services import ServiceContext

@@ -102,7 +102,7 @@ async def run_cli(settings: Settings, pg_dsn: str, *args: str) -> tuple[int, str
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        "from dlrover_events.cli import main; main()",
+        "from dlrover_events.cli.app import main; main()",
         *args,
         cwd=REPO,
         env=cli_environ(settings, pg_dsn),

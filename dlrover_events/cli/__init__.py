@@ -1,5 +1,2 @@
-"""The `dlrover-events` command line."""
-
-from dlrover_events.cli.app import app, main
-
-__all__ = ["app", "main"]
+"""The `dlrover-events` command line: the root in `app` (its `main` is the console
+script), how a command runs and exits in `runner`, one module per built-in command."""

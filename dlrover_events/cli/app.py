@@ -1,23 +1,27 @@
-"""Root of the CLI. User mistakes end in one line on stderr and exit code 2; only bugs
-show a traceback.
+"""Root of the CLI: the global options, the built-in commands and those streams/ and
+handlers/ contribute (entry points). How a command runs and exits is `cli.runner`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import sys
-from collections.abc import Coroutine
 from importlib.metadata import entry_points
-from typing import Any, TypeVar
 
 import typer
 
-from dlrover_events.errors import UserError
+from dlrover_events.cli import (
+    bootstrap,
+    docs_cmd,
+    env,
+    metrics_cmd,
+    schemas_cmd,
+    settings_cmd,
+    tail,
+    up,
+)
+from dlrover_events.cli.runner import run_command
 from dlrover_events.runtime import logs
 from dlrover_events.runtime.logs import FORMAT_ENV, LEVEL_ENV, LogFormat, LogLevel
 from dlrover_events.runtime.services import BENCH_GROUP, COMMAND_GROUP
-
-T = TypeVar("T")
 
 app = typer.Typer(
     name="dlrover-events",
@@ -54,40 +58,16 @@ def root(
     logs.configure(log_level, log_format)
 
 
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-def fail(message: str) -> typer.Exit:
-    """Print one line to stderr; the caller raises the returned Exit."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
-
-
 _registered = False
 
 
 def register_commands() -> typer.Typer:
-    """Add the built-in and the contributed commands, once.
-
-    At call time, not import time: contributed commands import this module for
-    ``run_async``, and loading them while it is half-imported would be circular.
-    """
+    """Add the built-in and the contributed commands, once: at call time, so that
+    importing the CLI does not load every contributed package."""
     global _registered
     if _registered:
         return app
     _registered = True
-    from dlrover_events.cli import (
-        bootstrap,
-        docs_cmd,
-        env,
-        metrics_cmd,
-        schemas_cmd,
-        settings_cmd,
-        tail,
-        up,
-    )
-
     app.add_typer(env.app, name="env")
     app.add_typer(metrics_cmd.app, name="metrics")
     app.add_typer(schemas_cmd.app, name="schemas")
@@ -115,21 +95,4 @@ def register_commands() -> typer.Typer:
 
 def main(argv: list[str] | None = None) -> None:
     logs.configure()  # until the root's options are read (`root`)
-    try:
-        register_commands()(args=argv, standalone_mode=False)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except typer.TyperException as exc:
-        # Usage mistakes: one line that names the problem, and where to look.
-        ctx = getattr(exc, "ctx", None)
-        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        typer.echo(f"error: {exc.format_message()}{hint}", err=True)
-        sys.exit(exc.exit_code)
-    except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_command(lambda: register_commands()(args=argv, standalone_mode=False))

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from dlrover_events.cli.app import run_async
+from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.bootstrap import (
     EnvSpec,
     Plan,

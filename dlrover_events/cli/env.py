@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dlrover_events.bus.topic_manifests import kafka_topics
-from dlrover_events.cli.app import run_async
+from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.env_settings import (
     Edit,
     apply_edits,

@@ -11,7 +11,7 @@ from rich.text import Text
 from dlrover_events.bus.tail import Filter, Line, format_json, format_text, parse_since
 from dlrover_events.bus.tailer import Start, follow
 from dlrover_events.bus.topics import ENV_TOPIC_NAMES
-from dlrover_events.cli.app import run_async
+from dlrover_events.cli.runner import run_async
 from dlrover_events.errors import UserError
 from dlrover_events.settings import load_settings
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from dlrover_events.cli.app import run_async
+from dlrover_events.cli.runner import run_async
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.settings import load_settings

@@ -30,7 +30,7 @@ from dlrover_events.bus.topics import (
     check_env_name,
     topic,
 )
-from dlrover_events.cli.app import run_async
+from dlrover_events.cli.runner import run_async
 from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.runtime.metrics import EvaluatorMetrics
 from dlrover_events.runtime.services import Service, ServiceContext

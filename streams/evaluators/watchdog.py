@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from dlrover_events.bus.tail import Line, parse_since
 from dlrover_events.bus.tailer import follow
 from dlrover_events.bus.topics import JOB_EVENTS, check_env_name
-from dlrover_events.cli.app import run_async
+from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres

@@ -30,7 +30,7 @@ async def bootstrap(environ: dict[str, str], *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        "from dlrover_events.cli import main; main()",
+        "from dlrover_events.cli.app import main; main()",
         "bootstrap",
         *args,
         cwd=REPO,

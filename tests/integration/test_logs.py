@@ -35,7 +35,7 @@ async def _archiver(
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
-            "from dlrover_events.cli import main; main()",
+            "from dlrover_events.cli.app import main; main()",
             *options,
             "archiver",
             "--env",

@@ -82,7 +82,7 @@ async def test_a_command_serves_its_probes_on_every_interface(
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
-            "from dlrover_events.cli import main; main()",
+            "from dlrover_events.cli.app import main; main()",
             command,
             "--env",
             env,

@@ -38,7 +38,7 @@ class Up:
     def __init__(self, environ: dict[str, str], *args: str) -> None:
         self.metrics_port = int(environ["DLROVER_EVENTS_METRICS_PORT"])
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from dlrover_events.cli import main; main()", "up", *args],
+            [sys.executable, "-c", "from dlrover_events.cli.app import main; main()", "up", *args],
             cwd=REPO,
             env=environ,
             stdout=subprocess.PIPE,

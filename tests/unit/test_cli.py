@@ -27,7 +27,7 @@ COMMANDS = [
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from dlrover_events.cli import main; main()", *args],
+        [sys.executable, "-c", "from dlrover_events.cli.app import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -86,7 +86,7 @@ def test_kafka_topics_cover_every_env_topic_and_the_control_topic_once() -> None
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from dlrover_events.cli import main; main()", *args],
+        [sys.executable, "-c", "from dlrover_events.cli.app import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=60,

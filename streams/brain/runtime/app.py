@@ -55,7 +55,7 @@ from dlrover_events.bus.topics import (
     SCALE_RESULTS,
     topic,
 )
-from dlrover_events.cli.app import run_async
+from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import wait_for_any

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 async def test_bench_brain_prints_its_measures_last(settings: Settings, pg_dsn: str) -> None:
     environ = cli_environ(settings, pg_dsn)
-    script = "from dlrover_events.cli import main; main()"
+    script = "from dlrover_events.cli.app import main; main()"
     args = ["bench", "brain", "--events", "8000", "--jobs", "5", "--rate", "200", "--seconds", "2"]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

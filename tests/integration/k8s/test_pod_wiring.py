@@ -94,7 +94,7 @@ async def test_a_trainingjobs_pod_reports_with_only_what_its_spec_says(
                 operator = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-c",
-                    "from dlrover_events.cli import main; main()",
+                    "from dlrover_events.cli.app import main; main()",
                     "operator",
                     "--env",
                     env,

@@ -17,7 +17,7 @@ from dlrover_events.settings import Settings
 from tests.conftest import REPO, cli_environ
 from tests.integration.tap import DEADLINE_S
 
-CLI = "from dlrover_events.cli import main; main()"
+CLI = "from dlrover_events.cli.app import main; main()"
 
 
 def operator_lock(env: str) -> str:

@@ -1,0 +1,48 @@
+"""How every command runs: its coroutine on a fresh event loop (`run_async`), and what
+the process exits with (`run_command`): a user's mistake is one line on stderr and exit
+code 2, a usage mistake one line naming where to look, only a bug shows a traceback.
+
+Commands (the built-in ones in this package and those streams/ and handlers/ contribute
+through entry points) import this module, never `cli.app`: the root imports its commands,
+so a command importing the root back would be a cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import typer
+
+from dlrover_events.errors import UserError
+
+T = TypeVar("T")
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine to its end on a new event loop."""
+    return asyncio.run(coro)
+
+
+def run_command(invoke: Callable[[], object]) -> None:
+    """Run the command line; return if it succeeded, else exit with what it came to."""
+    try:
+        invoke()
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except typer.TyperException as exc:
+        # Usage mistakes: one line that names the problem, and where to look.
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        typer.echo(f"error: {exc.format_message()}{hint}", err=True)
+        sys.exit(exc.exit_code)
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
