@@ -45,7 +45,7 @@ _GiB = 2**30
 
 class LimitSettings(Model):
     """`brain.limits`: what the planner never plans beyond, whichever optimizer asked
-    (`streams.brain.core.planner.Limits` takes its defaults from here)."""
+    (`streams.brain.core.planner` applies them)."""
 
     min_cpu: float = Field(default=4.0, gt=0, le=MAX_CPU, description="cores of a node, at least")
     max_cpu: float = Field(default=32.0, gt=0, le=MAX_CPU, description="cores of a node, at most")

@@ -15,10 +15,9 @@ from dlrover_events.envs.env_settings import (
     settings_checks,
     validate_settings,
 )
-from schemas.env_settings import MAX_SETTINGS_BYTES, EnvSettings, OperatorSettings
+from schemas.env_settings import MAX_SETTINGS_BYTES, EnvSettings, LimitSettings, OperatorSettings
 from schemas.settings_doc import BEGIN, END, with_reference
-from streams.brain.core.planner import Limits
-from streams.brain.core.triggers import Policy
+from streams.brain.core.policy import Policy
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER = {"name": "goodput-cluster", "nodes": 4, "gpus_per_node": 8}
@@ -106,7 +105,7 @@ def test_good_settings_are_stored_as_set_and_make_the_policy() -> None:
     }
     assert validate_settings(settings.stored()) == settings
     policy = Policy.from_settings(settings.brain)
-    assert policy.limits == Limits(max_memory_step=2**30)
+    assert policy.limits == LimitSettings(max_memory_step=2**30)
     assert policy.job_config == raw["brain"]["job_config"]
     assert policy.scheduler is not None and policy.scheduler.name == "goodput-cluster"
     assert validate_settings({}).stored() == {}
@@ -116,11 +115,8 @@ def test_good_settings_are_stored_as_set_and_make_the_policy() -> None:
 def test_the_planner_and_the_simulator_take_their_defaults_from_the_schema() -> None:
     from handlers.operator.settings import VirtualSettings
     from handlers.simulator.job import DEFAULT_RESTART_DELAY
-    from schemas.env_settings import LimitSettings
 
-    limits, defaults = Limits(), LimitSettings()
-    for name in LimitSettings.model_fields:
-        assert getattr(limits, name) == getattr(defaults, name), name
+    assert Policy().limits == LimitSettings()
     assert OperatorSettings().restart_delay == DEFAULT_RESTART_DELAY
     assert set(VirtualSettings.model_fields) == set(OperatorSettings.model_fields)
     assert EnvSettings().operator == OperatorSettings()

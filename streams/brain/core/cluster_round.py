@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from dlrover_events.domain.units import human_bytes
+from schemas.env_settings import LimitSettings
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
 from streams.brain.core.folds import record_decision
-from streams.brain.core.planner import DEFAULT_LIMITS, Limits, memory_step, plan_envelope, plan_id
-from streams.brain.core.schedulers import get_scheduler
+from streams.brain.core.planner import memory_step, plan_envelope, plan_id
+from streams.brain.core.policy import Policy
 from streams.brain.core.schedulers.goodput import (
     BatchLimits,
     GradStats,
@@ -40,7 +41,6 @@ from streams.brain.core.schedulers.goodput_cluster import (
     Schedule,
 )
 from streams.brain.core.state import WORKER, JobState, JobStatus, Share
-from streams.brain.core.triggers import SchedulerPolicy
 
 #: A job never measured: one second per micro-step whatever its batch. Its exploration
 #: bound (one replica) keeps this guess from deciding anything but its admission.
@@ -135,7 +135,7 @@ def job_input(state: JobState) -> JobInput:
     )
 
 
-def memory_for(state: JobState, local_batch: int, limits: Limits) -> int:
+def memory_for(state: JobState, local_batch: int, limits: LimitSettings) -> int:
     """Host memory one replica needs at `local_batch`, never less than it has: the line
     through the smallest and largest local batch it was measured at (a replica's memory
     is a fixed part plus a part per sample), or, measured at one, that one scaled by the
@@ -193,7 +193,7 @@ def _plans(
     decision: Decision,
     now: datetime,
     scheduler: str,
-    limits: Limits,
+    limits: LimitSettings,
     round_cause: str,
     memory: int | None = None,
 ) -> tuple[OptimizePlan, ScalePlan]:
@@ -255,7 +255,9 @@ def _shared(share: Share, decision: Decision, now: datetime) -> Share:
     )
 
 
-def _oom_decision(state: JobState, limits: Limits) -> tuple[Decision, tuple[str, ...], int] | None:
+def _oom_decision(
+    state: JobState, limits: LimitSettings
+) -> tuple[Decision, tuple[str, ...], int] | None:
     """A job out of host memory stays stalled on its GPUs until a plan gives it more: its
     share again, with the memory the OOM said it needs (else twice what it has), raised
     at most the planner's step and capped by its limit. GPU OOMs are the batch's: the
@@ -296,14 +298,14 @@ def _oom_decision(state: JobState, limits: Limits) -> tuple[Decision, tuple[str,
 def run_round(
     states: Mapping[str, JobState],
     now: datetime,
-    policy: SchedulerPolicy,
-    limits: Limits | None = None,
+    policy: Policy,
     cause: str = "",
 ) -> RoundResult:
-    """The scheduler's round at `now` over every job the brain holds: which jobs it
-    decides for is `scheduled`; the rest are left alone."""
-    lim = limits or DEFAULT_LIMITS
-    spec = get_scheduler(policy.name)
+    """The round at `now` of the policy's scheduler over every job the brain holds:
+    which jobs it decides for is `scheduled`; the rest are left alone."""
+    spec, chosen, lim = policy.scheduler_spec, policy.scheduler, policy.limits
+    if spec is None or chosen is None:
+        raise ValueError("the env's policy has no cluster scheduler")
     jobs = {u: s for u, s in states.items() if scheduled(s) and s.submitted_at <= now}  # type: ignore[operator]
     accounted: dict[str, JobState] = {}
     for uuid, state in jobs.items():
@@ -313,15 +315,15 @@ def run_round(
         if share is not state.share:
             accounted[uuid] = state.model_copy(update={"share": share})
     jobs = {**jobs, **accounted}
-    cluster = Cluster.uniform(policy.nodes, policy.gpus_per_node)
+    cluster = Cluster.uniform(chosen.nodes, chosen.gpus_per_node)
     inputs = [job_input(jobs[u]) for u in sorted(jobs)]
-    result = spec.run(now.timestamp(), cluster, inputs, policy.params)
+    result = spec.run(now.timestamp(), cluster, inputs, policy.scheduler_params)
     changed = dict(accounted)
     plans: list[OptimizePlan | ScalePlan] = []
     decided = {d.job_id for d in result.decisions}
     for decision in result.decisions:
         state = jobs[decision.job_id]
-        optimize, scale = _plans(state, decision, now, policy.name, lim, cause)
+        optimize, scale = _plans(state, decision, now, spec.name, lim, cause)
         held = state.share or Share()
         share = _shared(held, decision, now).planned(scale.plan_id, held)
         after = state.model_copy(update={"share": share})
@@ -333,7 +335,7 @@ def run_round(
         if found is None:
             continue
         decision, handled, memory = found
-        optimize, scale = _plans(state, decision, now, policy.name, lim, cause, memory)
+        optimize, scale = _plans(state, decision, now, spec.name, lim, cause, memory)
         changed[uuid] = record_decision(state, optimize, scale, handled, now)
         plans.extend((optimize, scale))
     return RoundResult(changed, plans, result)

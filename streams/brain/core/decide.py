@@ -10,10 +10,11 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
+from schemas.env_settings import LimitSettings
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
 from streams.brain.core.memo import SampleMemo
 from streams.brain.core.optimizers import REGISTRY, OptimizeContext, Proposal, Registry
-from streams.brain.core.planner import Limits, plan_envelope, plan_id, plan_scale
+from streams.brain.core.planner import DEFAULT_LIMITS, plan_envelope, plan_id, plan_scale
 from streams.brain.core.router import Route, RouteError, route
 from streams.brain.core.state import JobState
 
@@ -122,7 +123,7 @@ def decide(
     history: Sequence[JobState] = (),
     free_gpus: int | None = None,
     registry: Registry = REGISTRY,
-    limits: Limits | None = None,
+    limits: LimitSettings = DEFAULT_LIMITS,
     memo: SampleMemo | None = None,
 ) -> Decision | NoDecision | RouteError:
     """What the brain does about `state` now, caused by the input event `caused_by`

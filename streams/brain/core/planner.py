@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from dlrover_events.domain.units import human_bytes
@@ -50,30 +51,11 @@ SOURCE = "brain"
 #: Optimizers that recover a failing job; cooldowns must not delay them.
 URGENT_OPTIMIZERS = frozenset({"host-oom", "gpu-oom", "ps-oom", "worker-create-oom", "straggler"})
 
-#: The defaults of every limit an env may set.
-_SETTINGS = LimitSettings()
+#: The most replicas a plan gives a role, whatever the job's own maximum says.
+MAX_ROLE_REPLICAS: Mapping[str, int] = MappingProxyType({WORKER: 60, PS: 15})
 
-
-@dataclass(frozen=True)
-class Limits:
-    """The planner's limits; an env's `brain.limits` settings set them (defaults there)."""
-
-    min_cpu: float = _SETTINGS.min_cpu
-    max_cpu: float = _SETTINGS.max_cpu
-    min_memory: int = _SETTINGS.min_memory
-    max_memory: int = _SETTINGS.max_memory
-    max_replicas: Mapping[str, int] = field(default_factory=lambda: {WORKER: 60, PS: 15})
-    #: the most one plan raises a node's memory, whichever optimizer asked (an OOM
-    #: optimizer doubling 10 GiB gets 18 GiB, then more at the next OOM if needed)
-    max_memory_step: int = _SETTINGS.max_memory_step
-    ps_cooldown_s: float = _SETTINGS.ps_cooldown_s
-    running_cooldown_s: float = _SETTINGS.running_cooldown_s
-    urgent: frozenset[str] = URGENT_OPTIMIZERS
-
-
-#: The limits of a planner not given any (every decision of the stream processor's
-#: default policy): made once, never changed.
-DEFAULT_LIMITS = Limits()
+#: The limits of a planner not given any (an env whose settings set none).
+DEFAULT_LIMITS = LimitSettings()
 
 
 @dataclass(frozen=True)
@@ -138,7 +120,7 @@ def _same(a: NodeResource, b: NodeResource) -> bool:
     return (a.cpu, a.memory, a.gpu_num, a.gpu_memory) == (b.cpu, b.memory, b.gpu_num, b.gpu_memory)
 
 
-def memory_step(current: int, memory: int, limits: Limits) -> int:
+def memory_step(current: int, memory: int, limits: LimitSettings) -> int:
     """`memory` raised from `current` by at most the step limit (never below the minimum
     per node: a node under it breaks the cluster's rules whatever the step)."""
     if current > 0 and memory > current + limits.max_memory_step:
@@ -150,7 +132,7 @@ def _target(
     current: NodeResource,
     wanted: NodeResource,
     pinned: Pinned | None,
-    limits: Limits,
+    limits: LimitSettings,
     notes: list[str] | None = None,
     name: str = "",
     step_from: int | None = None,
@@ -191,7 +173,9 @@ def _target(
     )
 
 
-def _overlay(own: NodeResource, group: NodeResource, limits: Limits, pinned: bool) -> NodeResource:
+def _overlay(
+    own: NodeResource, group: NodeResource, limits: LimitSettings, pinned: bool
+) -> NodeResource:
     """A node of a resized group: the group's (already bounded) resources where set, its
     memory raised by at most a step from the node's own (unless the user pinned it)."""
     update = {k: v for k, v in group.model_dump().items() if v not in (0, "")}
@@ -200,17 +184,17 @@ def _overlay(own: NodeResource, group: NodeResource, limits: Limits, pinned: boo
     return own.model_copy(update=update)
 
 
-def bound_count(state: JobState, role: str, wanted: int, limits: Limits) -> int:
+def bound_count(state: JobState, role: str, wanted: int, limits: LimitSettings) -> int:
     return _bound_count(state, role, state.role(role), wanted, limits)
 
 
 def _bound_count(
-    state: JobState, role: str, spec: RoleResources, wanted: int, limits: Limits
+    state: JobState, role: str, spec: RoleResources, wanted: int, limits: LimitSettings
 ) -> int:
     count = max(wanted, spec.min_replicas or 0)
     if spec.max_replicas is not None:
         count = min(count, spec.max_replicas)
-    cap = limits.max_replicas.get(role)
+    cap = MAX_ROLE_REPLICAS.get(role)
     if cap is not None:
         count = min(count, cap)
     pinned = state.pinned.get(role)
@@ -248,13 +232,12 @@ def _training_change(state: JobState, wanted: Mapping[str, Any]) -> dict[str, An
 
 
 def plan_scale(
-    state: JobState, plan: OptimizePlan, now: datetime, limits: Limits | None = None
+    state: JobState, plan: OptimizePlan, now: datetime, limits: LimitSettings = DEFAULT_LIMITS
 ) -> Planned:
     """The ScalePlan for `plan` against the job's current resources, or None with notes
     saying what held it back."""
-    limits = limits or DEFAULT_LIMITS
     notes: list[str] = []
-    urgent = bool(set(plan.optimizer.split("+")) & limits.urgent)
+    urgent = bool(set(plan.optimizer.split("+")) & URGENT_OPTIMIZERS)
     if not urgent and plan.stage == Stage.RUNNING:  # (the brain writes a Stage's value)
         since = _seconds(state.last_running_plan_at, now)
         if since is not None and since < limits.running_cooldown_s:

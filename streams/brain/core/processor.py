@@ -36,10 +36,11 @@ from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.core.cluster_round import run_round
 from streams.brain.core.config_index import ConfigIndex
 from streams.brain.core.memo import SampleMemo
+from streams.brain.core.policy import Policy
 from streams.brain.core.samples import SampleRead, read_sample
 from streams.brain.core.snapshot import Loaded, Offsets, Snapshot, merge_offsets
-from streams.brain.core.state import JobState, JobStatus, gpus_claimed
-from streams.brain.core.triggers import FINISHED, Policy, StepOutcome, arrive, step
+from streams.brain.core.state import FINISHED, JobState, JobStatus, gpus_claimed
+from streams.brain.core.triggers import StepOutcome, arrive, step
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,8 @@ class JobStates(Mapping[str, JobState]):
 
 
 class Lockstep:
-    """A virtual env's ticks, decided whole (`Policy.lockstep`, `schemas.lockstep`).
+    """A virtual env's ticks, decided whole (`lockstep` of the env's brain settings,
+    `schemas.lockstep`).
 
     Records wait here until their tick's barrier is in on every input partition; then
     the tick's records of all partitions are merged in an order that depends on what the
@@ -344,7 +346,7 @@ class BrainProcessor:
 
     def process(self, records: Iterable[InputRecord]) -> Output:
         out = Output()
-        if self.policy.lockstep:
+        if self.policy.settings.lockstep:
             self._wait_for_ticks(records, out)
         else:
             for record in records:
@@ -466,7 +468,7 @@ class BrainProcessor:
         self.last_round = now
         self.rounds += 1
         try:
-            result = run_round(self.states, now, scheduler, self.policy.limits, cause)
+            result = run_round(self.states, now, self.policy, cause)
         except Exception:  # a bug of the scheduler must not stop the brain for all
             log.exception("cluster scheduler %s failed at %s", scheduler.name, now)
             self.counters.errors += 1
@@ -525,7 +527,7 @@ class BrainProcessor:
                 self.free_gpus(),
                 None if self.configs is None else self.configs.config_for,
                 memo,
-                self.tick_at if self.policy.lockstep else None,
+                self.tick_at if self.policy.settings.lockstep else None,
             )
         except Exception as err:  # a bug for one job must not stop the brain for all
             log.exception(
@@ -616,9 +618,10 @@ class BrainProcessor:
         Counted over the jobs of this instance: with the job topics split across several
         brains, each sees only its share of the cluster's use.
         """
-        if self.policy.cluster_gpus is None:
+        gpus = self.policy.settings.cluster_gpus
+        if gpus is None:
             return None
-        return max(0, self.policy.cluster_gpus - self._held_total)
+        return max(0, gpus - self._held_total)
 
     def _hold(self, entry: JobEntry) -> None:
         held = gpus_claimed(entry.state)

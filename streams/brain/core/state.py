@@ -69,6 +69,10 @@ class JobStatus(StrEnum):
     FAILED = "failed"
 
 
+#: Jobs that finished are not decided for any more: no plan can help them.
+FINISHED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED})
+
+
 class NodeStatus(StrEnum):
     PENDING = "pending"
     RUNNING = "running"

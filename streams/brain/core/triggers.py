@@ -15,206 +15,23 @@ event and the state, never of the clock or of how events were batched.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from msgspec import Struct
-from pydantic import ValidationError
 
-from schemas.env_settings import (
-    MAX_TOMBSTONES,
-    PRUNE_EVERY_S,
-    RETENTION_AFTER_S,
-    SETTING,
-    TOMBSTONE_S,
-    BrainSettings,
-    EnvSettings,
-    JobDefaults,
-    problem,
-)
-from schemas.envelope import Event, Model
+from schemas.envelope import Event
 from schemas.jobs import JobEvent, JobMeta, JobSubmitted, NodeOOM, RuntimeSample
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
 from streams.brain.core.config_index import effective_config
 from streams.brain.core.decide import Decision, NoDecision, decide
 from streams.brain.core.folds import fold, read_config, record_decision, with_config
 from streams.brain.core.memo import SampleMemo
-from streams.brain.core.optimizers import REGISTRY, Registry
-from streams.brain.core.planner import Limits
+from streams.brain.core.policy import Policy
 from streams.brain.core.router import RouteError
 from streams.brain.core.samples import SampleRead
-from streams.brain.core.schedulers import get_scheduler
-from streams.brain.core.state import JobState, JobStatus, Stage, normalize_stage
-
-#: Jobs that finished are not decided for any more: no plan can help them.
-FINISHED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED})
-
-
-@dataclass(frozen=True)
-class Retention:
-    """How long a finished job is kept (streams/brain/runtime/retention.py).
-
-    `after_s` after it finished, its state is cut to a tombstone (who it was, when it
-    ended) and its sample chunks are deleted; the tombstone keeps its late events ignored
-    instead of starting a new job. Tombstones have a bound of their own: deleted
-    `tombstone_s` later, and only the newest `max_tombstones` of a brain's partitions are
-    kept; an event of a job whose tombstone is gone starts a new state, as any event of
-    an unknown job does. The default `after_s` is the history optimizers' 7 days.
-    """
-
-    after_s: float = RETENTION_AFTER_S
-    tombstone_s: float = TOMBSTONE_S
-    max_tombstones: int = MAX_TOMBSTONES
-    #: the least time between two prunes of one brain
-    every_s: float = PRUNE_EVERY_S
-
-
-@dataclass(frozen=True)
-class SchedulerPolicy:
-    """The env's cluster scheduler (streams.brain.core.schedulers): it, not the per-job
-    optimizers, decides who holds which GPUs, over every arrived job of the env at once.
-
-    It runs at the end of every lockstep tick, or (a real env, on event time) whenever
-    the events' time passes the next multiple of `interval_s`, so a replay of the same
-    events decides at the same instants.
-    """
-
-    name: str
-    params: Model
-    nodes: int
-    gpus_per_node: int
-    interval_s: float = 60.0
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How often the brain decides, and the limits its planner applies."""
-
-    #: A decision every this many samples of an initial stage (stage changes always
-    #: decide): the initial optimizers should see the job's first speeds soon.
-    sample_every: int = 2
-    #: ... and of the running stage, whose ScalePlans wait out a cooldown of minutes
-    #: anyway (OOMs and requests decide at once, whatever the stage).
-    running_every: int = 8
-    limits: Limits | None = None
-    registry: Registry = field(default_factory=lambda: REGISTRY)
-    #: The env's default job config for the router (`optimizer`, `optimizer_params`): a
-    #: job's own config wins key by key. This is how two virtual envs of an A/B test
-    #: differ in their brains.
-    job_config: Mapping[str, Any] = field(default_factory=dict)
-    #: GPUs of the cluster, if known: free GPUs = these - what jobs hold or wait for, so
-    #: the goodput optimizer never plans a job into GPUs another job holds or needs.
-    cluster_gpus: int | None = None
-    #: Decide a virtual env's simulated ticks whole (schemas.lockstep): records wait for
-    #: the tick's barrier on every input partition, so what a tick's decisions saw does
-    #: not depend on how the partitions' records arrived.
-    lockstep: bool = False
-    #: pruning of finished jobs; None: kept for as long as the env lives
-    retention: Retention | None = Retention()
-    #: a cluster scheduler owns the env's GPUs (None: per-job optimizers only)
-    scheduler: SchedulerPolicy | None = None
-
-    @classmethod
-    def from_settings(cls, raw: BrainSettings | Mapping[str, Any] | bool | None) -> Policy:
-        """The policy an env's settings (`brain` of `schemas.env_settings.EnvSettings`,
-        typed or as stored) ask for. What only the registries here can judge (optimizer
-        and scheduler names, their parameters) is checked here too: a ValueError names
-        the setting and says why, so a misconfigured brain does not start and a bad
-        change is not taken."""
-        if raw is None or isinstance(raw, bool):
-            return cls()
-        try:
-            brain = raw if isinstance(raw, BrainSettings) else BrainSettings.model_validate(raw)
-        except ValidationError as exc:
-            raise ValueError(problem(exc, raw, "brain")) from None
-        _check_job_config(brain.job_config, REGISTRY)
-        limits = None
-        if brain.limits is not None:
-            limits = replace(Limits(), **brain.limits.model_dump(exclude_unset=True))
-        retention = None
-        if brain.retention_s is not None:
-            retention = Retention(
-                after_s=brain.retention_s,
-                tombstone_s=brain.tombstone_s,
-                max_tombstones=brain.max_tombstones,
-                every_s=brain.prune_every_s,
-            )
-        scheduler = None
-        if brain.scheduler is not None:
-            sched = brain.scheduler
-            try:
-                spec = get_scheduler(sched.name)
-            except KeyError as exc:
-                raise ValueError(f"{SETTING} brain.scheduler.name: {exc.args[0]}") from None
-            try:
-                params = spec.parse(sched.params)
-            except ValidationError as exc:
-                raise ValueError(problem(exc, sched.params, "brain.scheduler.params")) from None
-            scheduler = SchedulerPolicy(
-                spec.name, params, sched.nodes, sched.gpus_per_node, sched.interval_s
-            )
-        return cls(
-            sample_every=brain.sample_every,
-            running_every=brain.running_every,
-            limits=limits,
-            job_config=brain.job_config.model_dump(mode="json", exclude_unset=True),
-            cluster_gpus=brain.cluster_gpus,
-            lockstep=brain.lockstep,
-            retention=retention,
-            scheduler=scheduler,
-        )
-
-    def regroups(self, other: Policy) -> bool:
-        """Whether going from this policy to `other` changes who decides the env, so a
-        running brain cannot swap one for the other between two batches: a cluster
-        scheduler is decided by one leader over every partition, other envs by the
-        consumer group's members; lockstep holds records back until their tick."""
-        return (self.scheduler is None) != (other.scheduler is None) or (
-            self.lockstep != other.lockstep
-        )
-
-
-def _check_job_config(job_config: JobDefaults, registry: Registry) -> None:
-    """`brain.job_config`: the optimizers it names exist, for stages that exist, and
-    their parameters are what each optimizer takes."""
-    named = job_config.optimizer
-    by_stage = named if isinstance(named, dict) else {}
-    stages = {s.value for s in Stage}
-    for stage in by_stage:
-        if stage not in stages:
-            raise ValueError(
-                f"{SETTING} brain.job_config.optimizer.{stage}: unknown stage; known: "
-                f"{', '.join(sorted(stages))}"
-            )
-    chosen = [("", named)] if isinstance(named, str) else list(by_stage.items())
-    for where, name in chosen:
-        if name and name not in registry:
-            at = f".{where}" if where else ""
-            raise ValueError(
-                f"{SETTING} brain.job_config.optimizer{at}: unknown optimizer {name!r}; known: "
-                f"{', '.join(registry.names())}"
-            )
-    for name, raw in job_config.optimizer_params.items():
-        spec = registry.get(name)
-        if spec is None:
-            raise ValueError(
-                f"{SETTING} brain.job_config.optimizer_params.{name}: unknown optimizer; known: "
-                f"{', '.join(registry.names())}"
-            )
-        try:
-            spec.parse_params(raw)
-        except ValidationError as exc:
-            raise ValueError(
-                problem(exc, raw, f"brain.job_config.optimizer_params.{name}")
-            ) from None
-
-
-def check_env_settings(settings: EnvSettings) -> None:
-    """The brain's check of an env's settings, found through the entry point group
-    `dlrover_events.envs.env_settings` (the CLI and the registry check with it before they
-    store anything)."""
-    Policy.from_settings(settings.brain)
+from streams.brain.core.state import FINISHED, JobState, Stage, normalize_stage
 
 
 @dataclass(frozen=True)
@@ -274,7 +91,8 @@ def trigger(
         return Trigger(f"stage {after.stage}")
     if isinstance(event, SampleRead | RuntimeSample) and after.stage_samples > 0:
         running = after.stage == Stage.RUNNING
-        every = policy.running_every if running else policy.sample_every
+        brain = policy.settings
+        every = brain.running_every if running else brain.sample_every
         if after.stage_samples % max(every, 1) == 0:
             return Trigger(f"{after.stage_samples} samples in stage {after.stage}")
     return None

@@ -65,9 +65,9 @@ from dlrover_events.runtime.standalone import serve_alone
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import EnvStore
 from streams.brain.core.merge import Fetch, Merge, event_time
+from streams.brain.core.policy import Policy
 from streams.brain.core.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
 from streams.brain.core.snapshot import Offsets, Snapshot
-from streams.brain.core.triggers import Policy
 from streams.brain.runtime.checkpoint import BrainStore
 from streams.brain.runtime.configs import ConfigFollower
 from streams.brain.runtime.courier import OUTBOX_BATCHES, Courier
@@ -336,7 +336,7 @@ class Brain:
                 counters = self.processor.counters
                 before = (counters.decisions, _seen(counters))
                 started = time.monotonic()
-                if self.processor.policy.lockstep:
+                if self.processor.policy.settings.lockstep:
                     # ticks are merged whole by the processor; a batch fetched before a
                     # rebalance may hold partitions no longer ours
                     out = self.processor.process(

@@ -28,9 +28,8 @@ from streams.brain.core.snapshot import (
     sample_write,
     stored_samples,
 )
-from streams.brain.core.state import JobState, JobStatus
+from streams.brain.core.state import FINISHED, JobState, JobStatus
 from streams.brain.core.state_json import samples_from_json, samples_json, state_json
-from streams.brain.core.triggers import FINISHED
 
 #: The states a load reads whole: jobs not finished, and the newest completed jobs of each
 #: scenario (what a brain keeps as history), oldest first, as they were remembered. Every

@@ -39,7 +39,7 @@ from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
 from schemas.control import EnvAnnouncement
-from streams.brain.core.triggers import Policy
+from streams.brain.core.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def _regroup_reason(before: Policy, after: Policy) -> str:
         return f"turn the cluster scheduler {after.scheduler.name} on"
     if before.scheduler is not None and after.scheduler is None:
         return f"turn the cluster scheduler {before.scheduler.name} off"
-    return f"turn lockstep {'on' if after.lockstep else 'off'}"
+    return f"turn lockstep {'on' if after.settings.lockstep else 'off'}"
 
 
 __all__ = ["LivePolicy", "env_policy", "settings_policy"]

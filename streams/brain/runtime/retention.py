@@ -2,20 +2,22 @@
 events still ignored.
 
 Finished jobs' states and sample chunks piled up for as long as an env lived, and every
-start or rebalance read the names of all of them. After `Retention.after_s` a finished
-job is cut to a tombstone: its `job_states` row keeps only who it was and when it ended
-(`pruned_at` set), and its sample chunks are deleted. The tombstone is what keeps a late
-event of the job (a straggling sample, a result after the end, a replay from the log's
-beginning) from starting a new job: the brain loads it as finished, as before the
-pruning. Tombstones are bounded in turn: deleted `tombstone_s` after, and only the newest
-`max_tombstones` of a brain's partitions kept. Past that, an event of the job is one of
-an unknown job, as for any job the brain never saw. (A rule on the event's age instead
-would drop the first events of a replay into a virtual env, whose times are old.)
+start or rebalance read the names of all of them. After `retention_s` (the env's `brain`
+settings) a finished job is cut to a tombstone: its `job_states` row keeps only who it
+was and when it ended (`pruned_at` set), and its sample chunks are deleted. The
+tombstone is what keeps a late event of the job (a straggling sample, a result after the
+end, a replay from the log's beginning) from starting a new job: the brain loads it as
+finished, as before the pruning. Tombstones are bounded in turn: deleted `tombstone_s`
+after, and only the newest `max_tombstones` of a brain's partitions kept. Past that, an
+event of the job is one of an unknown job, as for any job the brain never saw. (A rule
+on the event's age instead would drop the first events of a replay into a virtual env,
+whose times are old.)
 
-What to prune is the pure `select`; `Pruner` reads the finished jobs of the partitions
-its brain owns, writes the pruning in one transaction and tells the processor which ids
-it no longer needs to remember. Its clock is the brain's own event time (never ahead of
-the wall clock), so a virtual env replaying an old trace prunes by the trace's time.
+What to prune is the pure `streams.brain.core.retention.select`; `Pruner` reads the
+finished jobs of the partitions its brain owns, writes the pruning in one transaction
+and tells the processor which ids it no longer needs to remember. Its clock is the
+brain's own event time (never ahead of the wall clock), so a virtual env replaying an
+old trace prunes by the trace's time.
 """
 
 from __future__ import annotations
@@ -23,67 +25,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from dlrover_events.store import EnvStore
+from schemas.env_settings import BrainSettings
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.triggers import FINISHED, Retention
+from streams.brain.core.retention import Finished, Pruned, Pruning, select
+from streams.brain.core.state import FINISHED
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A finished job as its `job_states` row says: when it ended, and whether it is a
-    tombstone already."""
-
-    job_uuid: str
-    finished_at: datetime
-    pruned: bool = False
-
-
-@dataclass(frozen=True)
-class Pruning:
-    """What one prune does: jobs cut to tombstones, tombstones deleted (both sorted)."""
-
-    tombstone: tuple[str, ...] = ()
-    delete: tuple[str, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.tombstone or self.delete)
-
-
-def select(jobs: Iterable[Finished], now: datetime, rules: Retention) -> Pruning:
-    """Which finished jobs become tombstones and which tombstones go, as of `now`.
-
-    A job ended `after_s` ago or more is made a tombstone; one ended `after_s +
-    tombstone_s` ago or more goes (straight away if it never was one). Of the tombstones
-    left, only the `max_tombstones` newest (by end, then id) stay."""
-    prune_before = now - timedelta(seconds=rules.after_s)
-    forget_before = prune_before - timedelta(seconds=rules.tombstone_s)
-    tombstones: list[Finished] = []
-    delete: list[str] = []
-    for job in jobs:
-        if job.finished_at <= forget_before:
-            delete.append(job.job_uuid)
-        elif job.pruned or job.finished_at <= prune_before:
-            tombstones.append(job)
-    tombstones.sort(key=lambda j: (j.finished_at, j.job_uuid), reverse=True)
-    kept, over = tombstones[: rules.max_tombstones], tombstones[rules.max_tombstones :]
-    delete.extend(j.job_uuid for j in over)
-    return Pruning(
-        tombstone=tuple(sorted(j.job_uuid for j in kept if not j.pruned)),
-        delete=tuple(sorted(delete)),
-    )
-
-
-@dataclass(frozen=True)
-class Pruned:
-    """What a prune did, for logs and metrics."""
-
-    tombstones: int = 0
-    deleted: int = 0
 
 
 #: the statuses of FINISHED as the state documents hold them
@@ -111,7 +61,7 @@ WHERE job_uuid = ANY($1::text[]) AND partition = ANY($2::int[])
 
 
 async def prune(
-    store: EnvStore, partitions: Iterable[int], now: datetime, rules: Retention
+    store: EnvStore, partitions: Iterable[int], now: datetime, rules: BrainSettings
 ) -> tuple[Pruning, Pruned]:
     """Prune the finished jobs of `partitions` as of `now`, in one transaction."""
     parts = sorted(set(partitions))
@@ -146,7 +96,7 @@ class Pruner:
     """Retention for one brain: `await pruner.maybe_prune()` after each checkpoint, under
     the lock that keeps rebalances out (the partitions it prunes are the brain's own).
 
-    It prunes at most once per `Retention.every_s` (of the monotonic clock), only the
+    It prunes at most once per `prune_every_s` (of the monotonic clock), only the
     partitions the processor has loaded (another brain owns the others), and as of the
     processor's event time (not ahead of the wall clock); it does nothing before the
     processor has decided an event, or when the policy keeps finished jobs. A failure is
@@ -159,12 +109,12 @@ class Pruner:
         self._last: float | None = None
 
     async def maybe_prune(self, wall: datetime | None = None) -> Pruned | None:
-        rules = self.processor.policy.retention
+        rules = self.processor.policy.settings
         event_time = self.processor.event_time
-        if rules is None or event_time is None:
+        if rules.retention_s is None or event_time is None:
             return None
         now_s = time.monotonic()
-        if self._last is not None and now_s - self._last < rules.every_s:
+        if self._last is not None and now_s - self._last < rules.prune_every_s:
             return None
         self._last = now_s
         now = min(event_time, wall or datetime.now(UTC))
@@ -173,7 +123,7 @@ class Pruner:
         except Exception as exc:  # the next prune tries again; checkpoints go on meanwhile
             log.warning(
                 "retention: pruning finished jobs failed, next try in %.0f s: %s: %s",
-                rules.every_s,
+                rules.prune_every_s,
                 type(exc).__name__,
                 exc,
             )
@@ -188,6 +138,6 @@ class Pruner:
                 " (finished before %s)",
                 done.tombstones,
                 done.deleted,
-                (now - timedelta(seconds=rules.after_s)).isoformat(),
+                (now - timedelta(seconds=rules.retention_s)).isoformat(),
             )
         return done

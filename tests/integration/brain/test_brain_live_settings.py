@@ -19,11 +19,12 @@ from dlrover_events.bus.topics import SCALE_PLANS, topic
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
+from schemas.env_settings import BrainSettings, LimitSettings
 from schemas.jobs import JobMeta, JobStarted
 from schemas.plans import ScalePlan
 from streams.brain.core.optimizers.numeric import GiB
-from streams.brain.core.planner import Limits
-from streams.brain.core.triggers import Policy, step
+from streams.brain.core.policy import Policy
+from streams.brain.core.triggers import step
 from streams.brain.runtime.app import service
 from tests.conftest import run_cli, unique_env
 from tests.integration.brain.workload import (
@@ -107,7 +108,7 @@ async def test_a_limit_changed_by_the_cli_changes_the_next_plan(
 ) -> None:
     caplog.set_level(logging.INFO, logger="streams.brain.runtime.live_policy")
     env = running_brain.env
-    before, after = Policy(), Policy(limits=Limits(max_memory_step=GiB))
+    before, after = Policy(), Policy(BrainSettings(limits=LimitSettings(max_memory_step=GiB)))
     want_before = _expected_memory(env, "job-before", before)
     want_after = _expected_memory(env, "job-after", after)
     assert want_before != want_after  # (else the test could not tell)

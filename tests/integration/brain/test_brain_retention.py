@@ -16,13 +16,14 @@ from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore, connect, env_schema, prepare_env
 from dlrover_events.store.database import quote_ident
 from schemas import encode
+from schemas.env_settings import BrainSettings
 from schemas.jobs import JobCompleted, JobMeta, JobStarted
 from streams.brain.core.folds import fold
+from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.samples import JobRef, Sample, SampleRead
 from streams.brain.core.snapshot import Snapshot
 from streams.brain.core.state import JobState, JobStatus
-from streams.brain.core.triggers import Policy, Retention
 from streams.brain.runtime.app import Brain
 from streams.brain.runtime.checkpoint import BrainStore
 from streams.brain.runtime.retention import Pruned, Pruner, prune
@@ -35,7 +36,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 DAY = timedelta(days=1)
 MINE, OTHER = 1, 2
 TOPIC = "t"
-RULES = Retention(after_s=7 * 86400, tombstone_s=30 * 86400, max_tombstones=100)
+RULES = BrainSettings(retention_s=7 * 86400, tombstone_s=30 * 86400, max_tombstones=100)
 
 
 @pytest.fixture
@@ -136,7 +137,7 @@ async def test_a_restarted_brain_ignores_a_pruned_jobs_late_events(store: EnvSto
     await BrainStore(store).save(Snapshot(states=states, offsets={(TOPIC, MINE): 10}))
 
     # the brain that pruned it: its clock is its event time, never the wall clock's future
-    processor = BrainProcessor(env, "g", Policy(retention=RULES))
+    processor = BrainProcessor(env, "g", Policy(RULES))
     processor.install(
         [MINE], await BrainStore(store).load([MINE], [TOPIC], history_per_scenario=50)
     )
@@ -150,7 +151,7 @@ async def test_a_restarted_brain_ignores_a_pruned_jobs_late_events(store: EnvSto
     assert "gone" not in await chunks(store)
 
     # a restart: the pruned job is loaded as finished, and its late events are ignored
-    restarted = BrainProcessor(env, "g", Policy(retention=RULES))
+    restarted = BrainProcessor(env, "g", Policy(RULES))
     loaded = await BrainStore(store).load([MINE], [TOPIC], history_per_scenario=50)
     assert loaded.finished == {"gone": MINE}
     restarted.install([MINE], loaded)
@@ -170,7 +171,7 @@ async def test_a_restarted_brain_ignores_a_pruned_jobs_late_events(store: EnvSto
 async def test_a_failed_prune_is_logged_and_tried_again_not_raised(
     store: EnvStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    processor = BrainProcessor(store.env, "g", Policy(retention=Retention(every_s=1e-9)))
+    processor = BrainProcessor(store.env, "g", Policy(BrainSettings(prune_every_s=1e-9)))
     processor.install([MINE], await BrainStore(store).load([MINE], [TOPIC], history_per_scenario=1))
     late = JobStarted(env=store.env, job=JobMeta(uuid="j"), occurred_at=T0)
     processor.process([Rec(TOPIC, MINE, 0, b"j", encode(late))])
@@ -197,7 +198,7 @@ async def test_a_running_brain_prunes_at_its_checkpoints(
     the brain's event time) than the retention becomes a tombstone by itself."""
     env = (await make_env(partitions=1)).name
     done, later = JobMeta(uuid="done"), JobMeta(uuid="later")
-    rules = Retention(after_s=60, tombstone_s=86400, max_tombstones=10, every_s=0.1)
+    rules = BrainSettings(retention_s=60, tombstone_s=86400, max_tombstones=10, prune_every_s=0.1)
     async with Producer(settings) as producer:
         await producer.publish_many(
             [
@@ -207,7 +208,7 @@ async def test_a_running_brain_prunes_at_its_checkpoints(
                 JobStarted(env=env, job=later, occurred_at=T0 + DAY),
             ]
         )
-    brain = Brain(settings, env, pg_dsn, policy=Policy(retention=rules), checkpoint_every_s=0.2)
+    brain = Brain(settings, env, pg_dsn, policy=Policy(rules), checkpoint_every_s=0.2)
     await brain.start()
     try:
         async with await EnvStore.open(pg_dsn, env) as store, asyncio.timeout(30):

@@ -159,7 +159,7 @@ async def test_env_settings_choose_the_brains_policy(settings: Settings, pg_dsn:
         brain = Brain(settings, good, pg_dsn)
         await brain.start()
         try:
-            assert brain.processor.policy.running_every == 20
+            assert brain.processor.policy.settings.running_every == 20
         finally:
             await brain.stop()
         with pytest.raises(UserError, match=r"brain\.running_every"):

@@ -25,7 +25,8 @@ from schemas.jobs import (
 )
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.core.optimizers.numeric import GiB
-from streams.brain.core.triggers import Policy, step
+from streams.brain.core.policy import Policy
+from streams.brain.core.triggers import step
 from streams.brain.runtime.leader import LOCK_CLASS
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

@@ -35,7 +35,7 @@ from schemas.jobs import JobStarted, NodeOOM, OOMKind
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
 from streams.brain.core.optimizers.gpu import HostOOMParams
 from streams.brain.core.optimizers.numeric import ceil_int
-from streams.brain.core.planner import Limits
+from streams.brain.core.planner import DEFAULT_LIMITS
 from streams.brain.core.state import JobState
 from streams.brain.runtime.app import service as brain_service
 from tests.integration.tap import Tap
@@ -56,7 +56,7 @@ WORKER_MEMORY = 8 * GiB
 def bumped(memory: int) -> int:
     """What the host-OOM optimizer and the planner's limits make of a node's memory after
     one OOM, from their default parameters (spec/dlrover-optimizers.md)."""
-    p, limits = HostOOMParams(), Limits()
+    p, limits = HostOOMParams(), DEFAULT_LIMITS
     step = min(max(ceil_int(memory * (p.factor - 1)), p.min_increase), p.max_step)
     wanted = min(memory + step, p.max_memory)
     return min(max(wanted, limits.min_memory), limits.max_memory)

@@ -18,10 +18,10 @@ from typing import Any
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from handlers.operator.local.bench import memberships as worker_lines
+from schemas.env_settings import BrainSettings, LimitSettings
 from schemas.jobs import JobSubmitted, RuntimeSample
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
-from streams.brain.core.planner import Limits
-from streams.brain.core.triggers import Policy
+from streams.brain.core.policy import Policy
 from streams.brain.runtime.app import Brain
 from tests.conftest import cli_environ
 from tests.integration.local.conftest import Local
@@ -160,10 +160,10 @@ async def test_the_brains_goodput_plans_resize_the_running_job_2_3_1(
     """No plan by hand: the goodput optimizer explores one worker more (2 -> 3), then fits
     the step times it saw at 2 and 3 and, asked for 99.9 % per-worker efficiency (which
     only one worker has on a machine whose cores the workers share), shrinks to 1."""
-    policy = Policy(
+    settings = BrainSettings(
         sample_every=2,
         running_every=2,
-        limits=Limits(running_cooldown_s=5),
+        limits=LimitSettings(running_cooldown_s=5),
         job_config={
             "optimizer": "goodput",
             "optimizer_params": {
@@ -171,7 +171,9 @@ async def test_the_brains_goodput_plans_resize_the_running_job_2_3_1(
             },
         },
     )
-    brain = Brain(local.settings, local.env, local.pg_dsn, policy=policy, checkpoint_every_s=1)
+    brain = Brain(
+        local.settings, local.env, local.pg_dsn, policy=Policy(settings), checkpoint_every_s=1
+    )
     await brain.start()
     workdir = tmp_path / "work"
     workdir.mkdir()

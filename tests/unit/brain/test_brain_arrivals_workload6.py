@@ -10,9 +10,10 @@ from datetime import timedelta
 
 from handlers.simulator.workload import parse_workload, workload_path
 from schemas import encode
+from schemas.env_settings import BrainSettings
 from schemas.lockstep import Barrier
+from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.triggers import Policy
 from tests.unit.brain.builders import ENV, T0, Rec
 
 EVENTS = f"{ENV}.job.events"
@@ -24,7 +25,7 @@ def test_free_gpus_at_the_first_tick_are_64_less_the_arrived_demand() -> None:
     tick_s = 30.0
     # the operator's first tick ends on the grid point at or after the first arrival
     first = math.ceil(min(s.time for s in submissions) / tick_s + 1e-9) * tick_s
-    p = BrainProcessor(ENV, f"{ENV}.brain", Policy(lockstep=True, cluster_gpus=64))
+    p = BrainProcessor(ENV, f"{ENV}.brain", Policy(BrainSettings(lockstep=True, cluster_gpus=64)))
     p.inputs = {(EVENTS, 0)}
     records = [Rec(EVENTS, 0, i, None, encode(s.event)) for i, s in enumerate(submissions)]
     barrier = Barrier(env=ENV, tick=1, sim_at=T0 + timedelta(seconds=first))

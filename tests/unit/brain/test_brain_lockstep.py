@@ -12,12 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import encode
+from schemas.env_settings import BrainSettings
 from schemas.envelope import Event
 from schemas.jobs import JobMeta, JobStarted, JobSubmitted, NodeOOM, NodeRef, OOMKind, RoleSpec
 from schemas.lockstep import Barrier
 from streams.brain.core.optimizers.numeric import GiB
+from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.triggers import Policy
 
 from .builders import ENV, T0, Rec
 
@@ -75,7 +76,9 @@ def run(order: list[int], cuts: list[int], *, lockstep: bool) -> tuple[list[str]
         arrived.append(queues[live[choice % len(live)]].pop(0))
     for tp in INPUTS:
         arrived += queues[tp]
-    p = BrainProcessor(ENV, f"{ENV}.brain", Policy(lockstep=lockstep, cluster_gpus=8))
+    p = BrainProcessor(
+        ENV, f"{ENV}.brain", Policy(BrainSettings(lockstep=lockstep, cluster_gpus=8))
+    )
     p.inputs = set(INPUTS)
     plans: list[str] = []
     acks: list[int] = []
@@ -90,7 +93,7 @@ def run(order: list[int], cuts: list[int], *, lockstep: bool) -> tuple[list[str]
 
 def test_nothing_is_decided_before_the_tick_is_whole() -> None:
     recs = partitions()
-    p = BrainProcessor(ENV, f"{ENV}.brain", Policy(lockstep=True))
+    p = BrainProcessor(ENV, f"{ENV}.brain", Policy(BrainSettings(lockstep=True)))
     p.inputs = set(INPUTS)
     first_three = [r for tp in INPUTS[:3] for r in recs[tp][: 4 if tp[0] == EVENTS else 1]]
     out = p.process(first_three)
@@ -104,7 +107,7 @@ def test_nothing_is_decided_before_the_tick_is_whole() -> None:
 
 def test_a_record_read_again_is_not_held_twice() -> None:
     recs = partitions()
-    p = BrainProcessor(ENV, f"{ENV}.brain", Policy(lockstep=True))
+    p = BrainProcessor(ENV, f"{ENV}.brain", Policy(BrainSettings(lockstep=True)))
     p.inputs = set(INPUTS)
     p.process(recs[(EVENTS, 0)][:2])
     p.process(recs[(EVENTS, 0)][:4])  # a fetcher restarted after a rebalance

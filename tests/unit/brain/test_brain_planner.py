@@ -8,14 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas.env_settings import LimitSettings
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
 from streams.brain.core.decide import Decision, decide
-from streams.brain.core.planner import Limits, plan_id, plan_scale
+from streams.brain.core.planner import DEFAULT_LIMITS, MAX_ROLE_REPLICAS, plan_id, plan_scale
 from streams.brain.core.state import PS, WORKER, JobState, NodeStatus, Pinned, RoleResources, Stage
 
 from .builders import ENV, T0, GiB, meta, node, nodes, oom, state
 
-LIMITS = Limits()
+LIMITS = DEFAULT_LIMITS
 
 
 def optimize_plan(
@@ -53,7 +54,7 @@ def job(workers: int = 4, ps: int = 0, **fields: object) -> JobState:
 
 
 def scale(
-    j: JobState, plan: OptimizePlan, now: datetime = T0, limits: Limits = LIMITS
+    j: JobState, plan: OptimizePlan, now: datetime = T0, limits: LimitSettings = LIMITS
 ) -> ScalePlan | None:
     return plan_scale(j, plan, now, limits).scale_plan
 
@@ -118,7 +119,7 @@ def test_create_stage_plans_group_resources_only() -> None:
 
 
 def test_cpu_and_memory_bounds() -> None:
-    wide_step = Limits(max_memory_step=1024 * GiB)
+    wide_step = LimitSettings(max_memory_step=1024 * GiB)
     low = scale(job(), optimize_plan(count(0, cpu=1, memory=GiB)))
     high = scale(job(), optimize_plan(count(0, cpu=100, memory=500 * GiB)), limits=wide_step)
     assert low is not None and high is not None
@@ -343,7 +344,7 @@ def test_planner_output_is_always_within_limits(
         before = j.nodes[f"{m.node.type}-{m.node.id}"].memory
         assert m.resource.memory <= max(before + LIMITS.max_memory_step, LIMITS.min_memory)
     for role, group in result.node_group_resources.items():
-        assert group.count <= LIMITS.max_replicas[role]
+        assert group.count <= MAX_ROLE_REPLICAS[role]
         alive = len(j.alive_nodes(role))
         launched = sum(1 for n in result.launch_nodes if n.type == role)
         removed = sum(1 for n in result.remove_nodes if n.type == role)

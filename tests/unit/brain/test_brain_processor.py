@@ -148,9 +148,10 @@ def test_a_route_error_is_said_once_per_change() -> None:
 
 def test_free_gpus_are_the_clusters_less_what_jobs_hold_or_wait_for() -> None:
     from schemas import JobCompleted, JobMeta, JobStarted, JobSubmitted, encode
+    from schemas.env_settings import BrainSettings
     from schemas.jobs import RoleSpec
+    from streams.brain.core.policy import Policy
     from streams.brain.core.processor import BrainProcessor
-    from streams.brain.core.triggers import Policy
 
     class Rec:
         def __init__(self, offset: int, value: bytes) -> None:
@@ -162,7 +163,7 @@ def test_free_gpus_are_the_clusters_less_what_jobs_hold_or_wait_for() -> None:
                 value,
             )
 
-    proc = BrainProcessor("e", "e.brain", Policy(cluster_gpus=16))
+    proc = BrainProcessor("e", "e.brain", Policy(BrainSettings(cluster_gpus=16)))
     assert proc.free_gpus() == 16
     assert BrainProcessor("e", "e.brain").free_gpus() is None
     events = []

@@ -10,17 +10,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import encode
+from schemas.env_settings import BrainSettings
 from schemas.jobs import JobMeta, JobStarted
+from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
+from streams.brain.core.retention import Finished, Pruning, select
 from streams.brain.core.snapshot import Loaded
 from streams.brain.core.state import JobState, JobStatus
-from streams.brain.core.triggers import Policy, Retention
-from streams.brain.runtime.retention import Finished, Pruning, select
 
 from .builders import ENV, T0, Rec
 
 DAY = timedelta(days=1)
-RULES = Retention(after_s=7 * 86400, tombstone_s=30 * 86400, max_tombstones=3)
+RULES = BrainSettings(retention_s=7 * 86400, tombstone_s=30 * 86400, max_tombstones=3)
 NOW = T0 + 100 * DAY
 
 
@@ -59,7 +60,7 @@ def test_only_the_newest_tombstones_are_kept() -> None:
 
 
 def test_no_tombstones_at_all() -> None:
-    rules = Retention(after_s=86400, tombstone_s=0, max_tombstones=0)
+    rules = BrainSettings(retention_s=86400, tombstone_s=0, max_tombstones=0)
     chosen = select([ended("a", 2), ended("t", 1.5, pruned=True), ended("b", 0.5)], NOW, rules)
     assert chosen == Pruning(delete=("a", "t"))
 
@@ -69,7 +70,7 @@ def test_no_tombstones_at_all() -> None:
     st.integers(0, 10),
 )
 def test_select_keeps_its_bounds(ends: list[tuple[float, bool]], most: int) -> None:
-    rules = Retention(after_s=7 * 86400, tombstone_s=20 * 86400, max_tombstones=most)
+    rules = BrainSettings(retention_s=7 * 86400, tombstone_s=20 * 86400, max_tombstones=most)
     jobs = [ended(f"j{i}", days, pruned) for i, (days, pruned) in enumerate(ends)]
     chosen = select(jobs, NOW, rules)
     by_id = {j.job_uuid: j for j in jobs}
@@ -92,13 +93,15 @@ def test_select_keeps_its_bounds(ends: list[tuple[float, bool]], most: int) -> N
 
 
 def test_retention_settings() -> None:
-    assert Policy().retention == Retention()
-    assert Policy.from_settings({}).retention == Retention()
-    assert Policy.from_settings({"retention_s": None}).retention is None
+    assert Policy().settings.retention_s == 7 * 86400  # the history optimizers' 7 days
+    assert Policy.from_settings({}) == Policy()
+    kept = Policy.from_settings({"retention_s": None}).settings
+    assert select([ended("a", 400)], NOW, kept) == Pruning()  # finished jobs kept
     custom = Policy.from_settings(
         {"retention_s": 3600, "tombstone_s": 60, "max_tombstones": 5, "prune_every_s": 10}
-    )
-    assert custom.retention == Retention(after_s=3600, tombstone_s=60, max_tombstones=5, every_s=10)
+    ).settings
+    assert (custom.retention_s, custom.tombstone_s, custom.max_tombstones) == (3600, 60, 5)
+    assert custom.prune_every_s == 10
     for bad in ({"retention_s": 0}, {"max_tombstones": -1}, {"tombstone_s": "x"}):
         with pytest.raises(ValueError, match="env setting brain"):
             Policy.from_settings(bad)

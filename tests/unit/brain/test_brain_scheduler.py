@@ -27,9 +27,9 @@ from streams.brain.core.cluster_round import job_model, memory_for, run_round
 from streams.brain.core.folds import fold
 from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.planner import DEFAULT_LIMITS
+from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.state import PROFILE_SAMPLES, JobState
-from streams.brain.core.triggers import Policy
 
 from .builders import ENV, T0, Rec
 
@@ -201,10 +201,9 @@ def test_an_event_time_round_never_goes_back_in_time() -> None:
 def test_a_refused_plan_gives_the_job_back_the_share_it_held() -> None:
     """The share is what the platform took on: a refusal leaves the job where it was, so
     the next round does not count GPUs it never got (nor a restart it never made)."""
-    scheduler = processor(scheduler=SCHEDULER).policy.scheduler
-    assert scheduler is not None
+    policy = processor(scheduler=SCHEDULER).policy
     state = profiled(sample("a", 30, 1, 32, 0.5))
-    result = run_round({"a": state}, T0 + timedelta(seconds=60), scheduler)
+    result = run_round({"a": state}, T0 + timedelta(seconds=60), policy)
     planned = result.states["a"]
     (plan,) = scale_plans(list(result.plans))
     assert planned.share is not None and planned.share.placement and planned.share.plan_id
@@ -267,9 +266,8 @@ def test_a_job_gets_the_memory_of_the_largest_batch_it_may_be_rebatched_to() -> 
     state = profiled(
         sample("a", 30, 1, 32, 0.5, memory=2 * GiB), sample("a", 60, 1, 64, 0.9, memory=3 * GiB)
     )
-    scheduler = processor(scheduler=SCHEDULER).policy.scheduler
-    assert scheduler is not None
-    result = run_round({"a": state}, T0 + timedelta(seconds=60), scheduler)
+    policy = processor(scheduler=SCHEDULER).policy
+    result = run_round({"a": state}, T0 + timedelta(seconds=60), policy)
     (plan,) = scale_plans(list(result.plans))
     group = plan.node_group_resources["worker"]
     assert group.count >= 1 and plan.training["local_batch_size"] <= 128
@@ -309,9 +307,7 @@ def test_a_round_counts_attained_service_of_jobs_holding_gpus() -> None:
             }
         )
     )
-    scheduler = p.policy.scheduler
-    assert scheduler is not None
-    result = run_round(p.states, T0 + timedelta(seconds=180), scheduler)
+    result = run_round(p.states, T0 + timedelta(seconds=180), p.policy)
     share = result.states["a"].share
     assert share is not None and share.attained_gpu_s == 120.0
 

@@ -25,9 +25,10 @@ from schemas.plans import (
 )
 from streams.brain.core.folds import fold, fold_all, record_decision
 from streams.brain.core.planner import plan_scale
+from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.state import WORKER, AwaitedTraining, JobState
-from streams.brain.core.triggers import Policy, step
+from streams.brain.core.triggers import step
 
 from .builders import ENV, T0, GiB, Rec, meta, use
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schemas.control import EnvAnnouncement, EnvMode
+from schemas.env_settings import BrainSettings
 from schemas.envelope import Event
 from schemas.jobs import (
     JobCompleted,
@@ -21,8 +22,9 @@ from schemas.jobs import (
 from schemas.plans import OptimizeRequest
 from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.planner import plan_id
+from streams.brain.core.policy import Policy
 from streams.brain.core.state import JobState
-from streams.brain.core.triggers import Policy, StepOutcome, step
+from streams.brain.core.triggers import StepOutcome, step
 
 from .builders import ENV, T0
 
@@ -72,7 +74,7 @@ def test_submission_and_stage_changes_decide() -> None:
 
 
 def test_samples_decide_every_few_of_a_stage() -> None:
-    policy = Policy(sample_every=2, running_every=3)
+    policy = Policy(BrainSettings(sample_every=2, running_every=3))
     events: list[Event] = [submitted(), JobStarted(env=ENV, job=JOB, occurred_at=T0)]
     events += [sample(i) for i in range(12)]
     decided = [o.state.stage_samples for o in run(events, policy)[2:] if o.trigger is not None]
@@ -156,7 +158,7 @@ def test_env_settings_make_the_policy() -> None:
             "job_config": {"optimizer": "worker-resource"},
         }
     )
-    assert (policy.sample_every, policy.running_every) == (3, 20)
+    assert (policy.settings.sample_every, policy.settings.running_every) == (3, 20)
     assert policy.limits is not None and policy.limits.max_memory == 32 * GiB
     assert policy.limits.min_cpu == 4  # what is not set keeps its default
     assert policy.job_config == {"optimizer": "worker-resource"}
@@ -177,7 +179,7 @@ def test_bad_env_settings_say_where() -> None:
 
 
 def test_the_env_default_optimizer_yields_to_the_jobs_own() -> None:
-    policy = Policy(job_config={"optimizer": "no-such"})
+    policy = Policy(BrainSettings(job_config={"optimizer": "no-such"}))
     outcome = run([submitted()], policy)[0]
     assert outcome.error is not None and outcome.error.code == "unknown_optimizer"
     assert outcome.state.config == {}  # decided with the env's default, not stored
@@ -186,7 +188,7 @@ def test_the_env_default_optimizer_yields_to_the_jobs_own() -> None:
     own = JobSubmitted(
         env=ENV, job=JOB, occurred_at=T0, roles={"worker": role}, config={"optimizer": ""}
     )
-    outcome = run([own], Policy(job_config={"optimizer": "no-such", "x": 1}))[0]
+    outcome = run([own], Policy(BrainSettings(job_config={"optimizer": "no-such", "x": 1})))[0]
     assert outcome.error is None  # the job's own (empty: the stage's route) wins
 
 
@@ -197,7 +199,7 @@ def test_the_config_service_sits_between_the_env_default_and_the_jobs_own() -> N
         asked.append(job)
         return {"optimizer": "from-service"}
 
-    policy = Policy(job_config={"optimizer": "from-env"})
+    policy = Policy(BrainSettings(job_config={"optimizer": "from-env"}))
     outcome = step(None, submitted(), policy, service=service)
     assert outcome is not None and outcome.error is not None
     assert "'from-service'" in outcome.error.message  # the service over the env default
@@ -209,7 +211,7 @@ def test_the_config_service_sits_between_the_env_default_and_the_jobs_own() -> N
     )
     outcome = step(None, own, policy, service=service)
     assert outcome is not None and outcome.error is None  # the job's own over the service
-    quiet = Policy(job_config={"optimizer": "from-env"}, sample_every=5)
+    quiet = Policy(BrainSettings(job_config={"optimizer": "from-env"}, sample_every=5))
     outcome = step(outcome.state, sample(0), quiet, service=service)  # a new stage: decides
     assert outcome is not None and outcome.trigger is not None and len(asked) == 3
     outcome = step(outcome.state, sample(1), quiet, service=service)
@@ -271,7 +273,7 @@ def test_config_errors_are_told_with_the_decision_that_went_on_without_them() ->
     assert first.trigger is not None and first.error is None  # decided anyway
     assert first.config_errors == ("config total_steps must be an integer >= 1, got 'many'",)
     assert first.state.restart_count == 2 and first.state.total_steps is None
-    policy = Policy(job_config={"pinned": {"worker": {"replicas": -1}}})
+    policy = Policy(BrainSettings(job_config={"pinned": {"worker": {"replicas": -1}}}))
     merged = run([submitted()], policy)[0]
     assert merged.config_errors and "config pinned is invalid" in merged.config_errors[0]
     assert merged.state.pinned == {}  # (the env's default is decided with, not kept)

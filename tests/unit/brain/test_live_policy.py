@@ -12,8 +12,8 @@ import pytest
 from dlrover_events.envs.control import SettingsFollower
 from dlrover_events.settings import Settings
 from schemas.control import EnvAnnouncement, EnvMode
-from streams.brain.core.planner import Limits
-from streams.brain.core.triggers import Policy
+from schemas.env_settings import LimitSettings
+from streams.brain.core.policy import Policy
 from streams.brain.runtime.live_policy import LivePolicy
 
 ENV = "live"
@@ -41,12 +41,12 @@ def _live(policy: Policy | None = None, version: int = 1) -> tuple[LivePolicy, l
 def test_a_newer_version_is_handed_to_the_running_brain() -> None:
     live, taken = _live()
     live._announced(announced(2, {"brain": {"limits": {"max_memory_step": 2**30}}}))
-    assert [p.limits for p in taken] == [Limits(max_memory_step=2**30)]
+    assert [p.limits for p in taken] == [LimitSettings(max_memory_step=2**30)]
     assert live.version == 2 and live.policy is taken[0]
     assert not live.regroup.is_set()
     live.attach(None)  # (no brain between two: the next one starts with live.policy)
     live._announced(announced(3, {"brain": {"running_every": 3}}))
-    assert len(taken) == 1 and live.policy.running_every == 3
+    assert len(taken) == 1 and live.policy.settings.running_every == 3
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_a_change_of_who_decides_regroups(before: dict[str, Any], after: dict[st
     assert live.policy == Policy.from_settings(after.get("brain"))
     # what comes before the regroup is done goes to the brain that decides next
     live._announced(announced(3, {"brain": {**after.get("brain", {}), "running_every": 5}}))
-    assert taken == [] and live.policy.running_every == 5 and live.version == 3
+    assert taken == [] and live.policy.settings.running_every == 5 and live.version == 3
 
 
 def test_a_scheduler_changed_while_on_is_taken_in_place() -> None:

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from schemas.bounds import MAX_REPLICAS
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan
-from streams.brain.core.planner import Limits, plan_scale
+from streams.brain.core.planner import MAX_ROLE_REPLICAS, plan_scale
 from streams.brain.core.state import WORKER, RoleResources, Stage
 
 from .builders import ENV, T0, GiB, meta, node, nodes, state
@@ -59,7 +59,7 @@ def test_a_huge_replica_count_before_any_node_is_a_count_not_objects() -> None:
     planned = within_memory(lambda: plan_scale(job, _plan(WORKER, group_plan), T0))
     assert planned.scale_plan is not None
     group = planned.scale_plan.node_group_resources[WORKER]
-    assert group.count == Limits().max_replicas[WORKER]
+    assert group.count == MAX_ROLE_REPLICAS[WORKER]
     assert group.node_resource.memory == 24 * GiB
 
 

@@ -37,8 +37,8 @@ from schemas.jobs import JobCompleted, JobFailed, JobSubmitted
 from schemas.lockstep import Barrier
 from schemas.plans import ScalePlan, ScaleResult
 from schemas.rescale_cost import rescale_cost_s
+from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.triggers import Policy
 
 from .builders import Rec
 
