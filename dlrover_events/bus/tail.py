@@ -5,13 +5,12 @@ adapter in ``cli/tail.py`` wires them to a group-less consumer.
 from __future__ import annotations
 
 import fnmatch
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import orjson
 
-from dlrover_events.domain.units import human_bytes
+from dlrover_events.domain.units import human_bytes, parse_duration
 from schemas.codec import CodecError, decode, encode
 from schemas.dlq import DeadLetter
 from schemas.envelope import Event
@@ -19,24 +18,24 @@ from schemas.jobs import JobEvent, NodeEvent, NodeOOM, RuntimeSample
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import NodeGroupResource, OptimizePlan, ScalePlan, ScaleResult
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """``10m``, ``2h``, ``1.5d`` (ago) or an ISO 8601 time; ValueError says which is wanted."""
+    """An ISO 8601 time, or a duration ago (``10m``, ``2h``, ``1.5d``, seconds: the one
+    syntax of `parse_duration`); ValueError says which is wanted."""
     now = now or datetime.now(UTC)
-    m = _DURATION.match(text)
-    if m:
-        return now - timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
+        pass
+    else:
+        return when if when.tzinfo else when.replace(tzinfo=UTC)
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except (ValueError, OverflowError):
         raise ValueError(
             f"--since {text!r}: expected a duration like 30s, 10m, 2h, 1d or an ISO time "
             "like 2026-11-21T09:00:00Z"
         ) from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from dlrover_events.cli.runner import run_async
+from dlrover_events.domain.units import parse_speed
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.settings import load_settings
@@ -17,7 +18,6 @@ from streams.ab.arms import parse_arms
 from streams.ab.report import compare, table, write_report
 from streams.ab.runner import ABTest, ArmCluster
 from streams.ab.summary import SUMMARY_FILE, build_summary, write_summary
-from streams.replay.core import parse_speed
 
 app = typer.Typer(help="A/B tests of brain settings in virtual envs.", no_args_is_help=True)
 

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from dlrover_events.bus.tail import parse_since
 from dlrover_events.bus.topics import check_env_name
 from dlrover_events.cli.runner import run_async
+from dlrover_events.domain.units import parse_speed
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
@@ -23,7 +24,7 @@ from dlrover_events.runtime.standalone import standalone
 from dlrover_events.settings import Settings, load_settings
 from schemas.control import EnvMode
 from streams.replay.copier import Replay, ReplayReport
-from streams.replay.core import DEFAULT_TYPES, Pacer, Selection, parse_speed
+from streams.replay.core import DEFAULT_TYPES, Pacer, Selection
 from streams.replay.trace import replay_trace
 
 

@@ -179,14 +179,3 @@ def retarget(event: Event, env: str) -> Event:
     """
     return event if event.env == env else event.model_copy(update={"env": env})
 
-
-def parse_speed(text: str) -> float:
-    """``100x``, ``100`` or ``0.5x`` -> a positive speed-up factor."""
-    raw = text.strip().lower().removesuffix("x")
-    try:
-        speed = float(raw)
-    except ValueError:
-        raise ValueError(f"--speed {text!r}: expected a factor like 10x, 100x or 0.5x") from None
-    if not speed > 0 or speed == float("inf"):
-        raise ValueError(f"--speed {text!r}: the factor must be a positive number")
-    return speed

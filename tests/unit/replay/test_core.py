@@ -13,7 +13,6 @@ from streams.replay.core import (
     Selection,
     TimeMerge,
     merge_in_time,
-    parse_speed,
     retarget,
 )
 
@@ -59,17 +58,6 @@ def test_pacer_scales_relative_time() -> None:
     assert Pacer(10).due_s(1_000, 21_000) == pytest.approx(2.0)
     assert Pacer(None).due_s(1_000, 21_000) == 0.0
     assert Pacer(1).due_s(5_000, 4_000) == 0.0  # late records are due now, not in the past
-
-
-@pytest.mark.parametrize(("text", "speed"), [("100x", 100), ("10", 10), ("0.5x", 0.5)])
-def test_speed(text: str, speed: float) -> None:
-    assert parse_speed(text) == speed
-
-
-@pytest.mark.parametrize("text", ["fast", "0x", "-2x", "x", "infx"])
-def test_bad_speed_says_what_it_wants(text: str) -> None:
-    with pytest.raises(ValueError, match="--speed"):
-        parse_speed(text)
 
 
 def test_selection_copies_a_jobs_first_phase_only() -> None:
