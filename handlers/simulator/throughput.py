@@ -32,8 +32,13 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
-from scipy.interpolate import LinearNDInterpolator
+from dlrover_events.errors import MissingExtra
+
+try:
+    import numpy as np
+    from scipy.interpolate import LinearNDInterpolator
+except ImportError:  # the core install: brains, operators and gateways need no simulator
+    raise MissingExtra("sim", "the simulator (virtual envs, A/B runs, Pollux workloads)") from None
 
 POLLUX_DIR_ENV = "DLROVER_EVENTS_POLLUX_DIR"
 

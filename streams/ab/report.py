@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from dlrover_events.errors import MissingExtra
 from streams.evaluators.compare import Interval, bootstrap_mean, paired_difference, verdict
 from streams.evaluators.registry import HIGHER_IS_BETTER, Metrics
 
@@ -84,7 +85,10 @@ def table(c: Comparison) -> Table:
 
 def plot_png(c: Comparison) -> bytes:
     """JCT distributions (CDF) and cluster GPU use over time, one figure."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingExtra("sim", "the A/B report's chart") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -110,7 +114,7 @@ def plot_png(c: Comparison) -> bytes:
         title="JCT distribution",
     )
     ax2.set(
-        xlabel="hours since the first job started",
+        xlabel="hours since a job first held GPUs",
         ylabel="GPUs allocated",
         title="GPU use over time",
     )
