@@ -20,10 +20,16 @@ from streams.brain.core.state import JobState
 
 
 @dataclass(frozen=True)
-class Decision:
+class JobDecision:
+    """What the optimizers of one job decided, and the ScalePlan the planner made of it
+    (None: held back, `notes` say why)."""
+
     optimize_plan: OptimizePlan
     scale_plan: ScalePlan | None
     handled_ooms: tuple[str, ...]
+    #: the optimizers whose proposals the plan merges, in order (the plan's `optimizer`
+    #: label is them joined with "+", for people: the brain never reads it back)
+    optimizers: tuple[str, ...]
     notes: tuple[str, ...] = ()
 
 
@@ -49,7 +55,23 @@ def _overlay(base: NodeResource, more: NodeResource) -> NodeResource:
     return base.model_copy(update=update)
 
 
-def merge(proposals: Sequence[Proposal]) -> Proposal:
+@dataclass(frozen=True)
+class Merged:
+    """The proposals of a route's steps as one: what an OptimizePlan says, and which
+    optimizers said it."""
+
+    reason: str
+    resource: ResourcePlan
+    handled_ooms: tuple[str, ...]
+    optimizers: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """The plan's `optimizer`: the names joined with "+" (for people and tools)."""
+        return "+".join(self.optimizers)
+
+
+def merge(proposals: Sequence[Proposal]) -> Merged:
     """One plan from the proposals of several steps (create: workers and PS); a later
     step's non-zero values win where two set the same thing."""
     groups: dict[str, NodeGroupResource] = {}
@@ -67,11 +89,11 @@ def merge(proposals: Sequence[Proposal]) -> Proposal:
         for key, res in proposal.resource.node_resources.items():
             nodes[key] = _overlay(nodes.get(key, _UNSET), res)
         training.update(proposal.resource.training)
-    return Proposal(
+    return Merged(
         reason="; ".join(f"{p.optimizer}: {p.reason}" for p in proposals),
         resource=ResourcePlan(node_group_resources=groups, node_resources=nodes, training=training),
         handled_ooms=tuple(dict.fromkeys(i for p in proposals for i in p.handled_ooms)),
-        optimizer="+".join(p.optimizer for p in proposals),
+        optimizers=tuple(p.optimizer for p in proposals),
     )
 
 
@@ -125,7 +147,7 @@ def decide(
     registry: Registry = REGISTRY,
     limits: LimitSettings = DEFAULT_LIMITS,
     memo: SampleMemo | None = None,
-) -> Decision | NoDecision | RouteError:
+) -> JobDecision | NoDecision | RouteError:
     """What the brain does about `state` now, caused by the input event `caused_by`
     (default: the last event folded into the state); `memo` is the job's, if it has one
     (`streams.brain.core.memo`)."""
@@ -148,18 +170,19 @@ def decide(
     plan = OptimizePlan(
         **plan_envelope(state, optimize_id, now),
         stage=chosen.stage.value,
-        optimizer=merged.optimizer,
+        optimizer=merged.label,
         reason=merged.reason,
         resource=merged.resource,
         caused_by=cause,
     )
     try:
-        planned = plan_scale(state, plan, now, limits)
+        planned = plan_scale(state, plan, now, limits, optimizers=merged.optimizers)
     except Exception as exc:  # a state no plan can be made of must not stop the brain
-        return RouteError("planner_failed", f"planning {merged.optimizer} failed: {one_line(exc)}")
-    return Decision(
+        return RouteError("planner_failed", f"planning {merged.label} failed: {one_line(exc)}")
+    return JobDecision(
         optimize_plan=plan,
         scale_plan=planned.scale_plan,
         handled_ooms=merged.handled_ooms,
+        optimizers=merged.optimizers,
         notes=planned.notes,
     )

@@ -91,13 +91,14 @@ def read_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, .
     return update, tuple(errors)
 
 
-def with_config(state: JobState, config: dict[str, Any]) -> JobState:
-    """The state with `config` as its config and the typed fields read from it: the one
-    place they are parsed, for the job's own config (folds) and for the config a
-    decision is made with (env default and config documents merged in)."""
-    update, _ = read_config(config)
+def with_config(state: JobState, config: dict[str, Any]) -> tuple[JobState, tuple[str, ...]]:
+    """The state with `config` as its config and the typed fields read from it, and what
+    could not be read (`read_config`): the one place they are parsed, for the job's own
+    config (folds) and for the config a decision is made with (env default and config
+    documents merged in), once each."""
+    update, problems = read_config(config)
     update["config"] = config
-    return state.model_copy(update=update)
+    return state.model_copy(update=update), problems
 
 
 def _role(spec: RoleSpec) -> RoleResources:
@@ -131,7 +132,7 @@ def _fold_submitted(state: JobState, event: JobSubmitted) -> JobState:
             adaptive=event.adaptive_batch_size,
         ),
     }
-    return with_config(state.model_copy(update=update), dict(event.config))
+    return with_config(state.model_copy(update=update), dict(event.config))[0]
 
 
 def _profiled(state: JobState, sample: Sample) -> list[ProfilePoint] | None:
@@ -343,7 +344,7 @@ def _fold_request(state: JobState, event: OptimizeRequest) -> JobState:
     stage = normalize_stage(event.stage, state.distribution)
     if stage is not None and stage != state.stage:
         state = state.model_copy(update={"stage": stage, "stage_samples": 0})
-    return with_config(state, {**state.config, **event.config})
+    return with_config(state, {**state.config, **event.config})[0]
 
 
 #: A ScaleResult that says the operator took the plan on (some or all of it).

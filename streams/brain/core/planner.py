@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
@@ -232,12 +232,18 @@ def _training_change(state: JobState, wanted: Mapping[str, Any]) -> dict[str, An
 
 
 def plan_scale(
-    state: JobState, plan: OptimizePlan, now: datetime, limits: LimitSettings = DEFAULT_LIMITS
+    state: JobState,
+    plan: OptimizePlan,
+    now: datetime,
+    limits: LimitSettings = DEFAULT_LIMITS,
+    *,
+    optimizers: Collection[str],
 ) -> Planned:
     """The ScalePlan for `plan` against the job's current resources, or None with notes
-    saying what held it back."""
+    saying what held it back. `optimizers` made the plan: one that recovers a failing
+    job (`URGENT_OPTIMIZERS`) is not held back by a cooldown."""
     notes: list[str] = []
-    urgent = bool(set(plan.optimizer.split("+")) & URGENT_OPTIMIZERS)
+    urgent = not URGENT_OPTIMIZERS.isdisjoint(optimizers)
     if not urgent and plan.stage == Stage.RUNNING:  # (the brain writes a Stage's value)
         since = _seconds(state.last_running_plan_at, now)
         if since is not None and since < limits.running_cooldown_s:

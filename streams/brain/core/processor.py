@@ -40,7 +40,7 @@ from streams.brain.core.policy import Policy
 from streams.brain.core.samples import SampleRead, read_sample
 from streams.brain.core.snapshot import Loaded, Offsets, Snapshot, merge_offsets
 from streams.brain.core.state import FINISHED, JobState, JobStatus, gpus_claimed
-from streams.brain.core.triggers import StepOutcome, arrive, step
+from streams.brain.core.triggers import JobContext, StepOutcome, arrive, step
 
 log = logging.getLogger(__name__)
 
@@ -430,10 +430,12 @@ class BrainProcessor:
         outcome = arrive(
             entry.state,
             self.policy,
-            self._history_for(entry.state, None),
-            self.free_gpus(),
-            None if self.configs is None else self.configs.config_for,
-            entry.memo,
+            JobContext(
+                self._history_for(entry.state, None),
+                self.free_gpus(),
+                None if self.configs is None else self.configs.config_for,
+                entry.memo,
+            ),
         )
         entry.state = outcome.state
         self._hold(entry)
@@ -519,16 +521,14 @@ class BrainProcessor:
         state = None if entry is None else entry.state
         memo = SampleMemo() if entry is None else entry.memo
         try:
-            outcome = step(
-                state,
-                event,
-                self.policy,
+            context = JobContext(
                 self._history_for(state, event),
                 self.free_gpus(),
                 None if self.configs is None else self.configs.config_for,
                 memo,
                 self.tick_at if self.policy.settings.lockstep else None,
             )
+            outcome = step(state, event, self.policy, context)
         except Exception as err:  # a bug for one job must not stop the brain for all
             log.exception(
                 "brain failed on %s[%d]@%d", record.topic, record.partition, record.offset

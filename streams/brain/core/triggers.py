@@ -25,7 +25,7 @@ from schemas.envelope import Event
 from schemas.jobs import JobEvent, JobMeta, JobSubmitted, NodeOOM, RuntimeSample
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
 from streams.brain.core.config_index import effective_config
-from streams.brain.core.decide import Decision, NoDecision, decide
+from streams.brain.core.decide import JobDecision, NoDecision, decide
 from streams.brain.core.folds import fold, read_config, record_decision, with_config
 from streams.brain.core.memo import SampleMemo
 from streams.brain.core.policy import Policy
@@ -36,8 +36,38 @@ from streams.brain.core.state import FINISHED, JobState, Stage, normalize_stage
 
 @dataclass(frozen=True)
 class Trigger:
+    """Why a job is decided now, as of which input, and at what time."""
+
     reason: str
+    #: the decision's time: the input's own (a replay sees the same cooldowns)
+    at: datetime
+    #: the input that calls for it (plan ids derive from it)
+    caused_by: str
+    #: the optimizer the input names (an optimize request), before any route
     optimizer: str | None = None
+    #: the input gives the job a config (submission, request): its problems are told
+    config_given: bool = False
+
+
+class JobContext(Struct, frozen=True):
+    """What the processor knows for deciding a job, besides the job's own events:
+    completed jobs of its scenario (DLRover's history), the cluster's free GPUs, the
+    config service's documents for it (asked only when deciding), the job's memo
+    (`streams.brain.core.memo`: the fold and the decision keep and read what they derive
+    from its samples there), and a lockstep env's simulated time (its tick: a submission
+    stamped later has not arrived yet, and waits for `arrive`).
+
+    A struct: the processor makes one per event."""
+
+    history: Sequence[JobState] = ()
+    free_gpus: int | None = None
+    service: Callable[[JobMeta], Mapping[str, Any]] | None = None
+    memo: SampleMemo | None = None
+    clock: datetime | None = None
+
+
+#: a decision with nothing known beside the job (tests, the dry run's defaults)
+NO_CONTEXT = JobContext()
 
 
 class StepOutcome(Struct, frozen=True):
@@ -80,25 +110,28 @@ def trigger(
     """Whether `event`, folded from `before` into `after`, calls for a decision."""
     if after.status in FINISHED:
         return None
+    at, cause = event.occurred_at, str(event.event_id)
     if isinstance(event, OptimizeRequest):
-        return Trigger("optimize request", event.optimizer)
+        return Trigger("optimize request", at, cause, event.optimizer, config_given=True)
     if isinstance(event, JobSubmitted):
-        return Trigger("job submitted")
+        return Trigger("job submitted", at, cause, config_given=True)
     if isinstance(event, NodeOOM):
         # a replayed OOM folds to the same records: it must not be decided twice
-        return Trigger("node out of memory") if _oom_count(after) > _oom_count(before) else None
+        if _oom_count(after) > _oom_count(before):
+            return Trigger("node out of memory", at, cause)
+        return None
     if before is None or before.stage != after.stage:
-        return Trigger(f"stage {after.stage}")
+        return Trigger(f"stage {after.stage}", at, cause)
     if isinstance(event, SampleRead | RuntimeSample) and after.stage_samples > 0:
         running = after.stage == Stage.RUNNING
         brain = policy.settings
         every = brain.running_every if running else brain.sample_every
         if after.stage_samples % max(every, 1) == 0:
-            return Trigger(f"{after.stage_samples} samples in stage {after.stage}")
+            return Trigger(f"{after.stage_samples} samples in stage {after.stage}", at, cause)
     return None
 
 
-def _worth_publishing(before: JobState, decision: Decision) -> bool:
+def _worth_publishing(before: JobState, decision: JobDecision) -> bool:
     """An OptimizePlan is news when it leads to a ScalePlan, answers an OOM, or wants
     something else than the last one; the same wish every few samples (held back by a
     cooldown) would only flood the topic."""
@@ -112,22 +145,12 @@ def step(
     state: JobState | None,
     event: Event | SampleRead,
     policy: Policy,
-    history: Sequence[JobState] = (),
-    free_gpus: int | None = None,
-    service: Callable[[JobMeta], Mapping[str, Any]] | None = None,
-    memo: SampleMemo | None = None,
-    clock: datetime | None = None,
+    context: JobContext = NO_CONTEXT,
 ) -> StepOutcome | None:
     """Fold one event of a job and decide if it calls for it; None for events that say
     nothing about a job, and the finished state unchanged (`late`) for events after the
     job's end. Decisions are made as of the event's own time, so a replay
     (restart, virtual env at any speed-up) sees the same cooldowns.
-
-    `service` gives the config service's documents for a job; asked only when deciding.
-    `memo` is the job's (`streams.brain.core.memo`), if it has one: the fold and the decision
-    keep and read what they derive from the job's samples there. `clock` is a lockstep
-    env's simulated time (its tick): a submission stamped later has not arrived yet, and
-    waits for `arrive` instead of being decided now.
     """
     if not isinstance(event, SampleRead | JobEvent):
         return None
@@ -136,8 +159,9 @@ def step(
         # after its end must not change what history and checkpoints keep of it, the
         # same before a checkpoint as after one (when the brain no longer holds it).
         return StepOutcome(state, late=True)
-    after = fold(state, event, memo)
+    after = fold(state, event, context.memo)
     assert after is not None  # a job event always yields a state
+    clock = context.clock
     if clock is not None and isinstance(event, JobSubmitted) and event.occurred_at > clock:
         after = after.model_copy(update={"awaiting_arrival": True})
     if after.awaiting_arrival:
@@ -151,71 +175,45 @@ def step(
         known = ", ".join(s.value for s in Stage)
         unknown = f"unknown stage {event.stage!r}; known: {known}"  # (the stage stays)
         return StepOutcome(after, why, error=RouteError("unknown_stage", unknown))
-    config_given = isinstance(event, JobSubmitted | OptimizeRequest)
-    return _decide(
-        after,
-        why,
-        policy,
-        event.occurred_at,
-        str(event.event_id),
-        config_given,
-        history,
-        free_gpus,
-        service,
-        memo,
-    )
+    return _decide(after, why, policy, context)
 
 
-def arrive(
-    state: JobState,
-    policy: Policy,
-    history: Sequence[JobState] = (),
-    free_gpus: int | None = None,
-    service: Callable[[JobMeta], Mapping[str, Any]] | None = None,
-    memo: SampleMemo | None = None,
-) -> StepOutcome:
+def arrive(state: JobState, policy: Policy, context: JobContext = NO_CONTEXT) -> StepOutcome:
     """A job whose submission was read before its simulated arrival arrives now: decided
     as its submission would have been, at its submission's time (`awaiting_arrival`)."""
     after = state.model_copy(update={"awaiting_arrival": False})
     if after.status in FINISHED or policy.scheduler is not None or after.submitted_at is None:
         return StepOutcome(after)
     cause = after.last_event_id or "arrival"
-    why = Trigger("job submitted")
-    return _decide(
-        after, why, policy, after.submitted_at, cause, True, history, free_gpus, service, memo
-    )
+    why = Trigger("job submitted", after.submitted_at, cause, config_given=True)
+    return _decide(after, why, policy, context)
 
 
-def _decide(
-    after: JobState,
-    why: Trigger,
-    policy: Policy,
-    now: datetime,
-    caused_by: str,
-    config_given: bool,
-    history: Sequence[JobState],
-    free_gpus: int | None,
-    service: Callable[[JobMeta], Mapping[str, Any]] | None,
-    memo: SampleMemo | None,
-) -> StepOutcome:
+def _decide(after: JobState, why: Trigger, policy: Policy, context: JobContext) -> StepOutcome:
+    """Decide `after` with the config it is decided with, read once: the env's default
+    and the config service's documents merged under the job's own (kept out of the
+    state), or the job's own."""
     seen = after
+    service = context.service
     found = service(after.job) if service is not None else {}
     problems: tuple[str, ...] = ()
     if policy.job_config or found:  # decided with them, kept without them
-        seen = with_config(after, effective_config(policy.job_config, found, after.config))
-        _, problems = read_config(seen.config)
-    elif config_given:  # a config given
+        seen, problems = with_config(
+            after, effective_config(policy.job_config, found, after.config)
+        )
+    elif why.config_given:  # the job's own config, as given
         _, problems = read_config(after.config)
+    now = why.at
     result = decide(
         seen,
         now,
-        caused_by=caused_by,
+        caused_by=why.caused_by,
         optimizer=why.optimizer,
-        history=history,
-        free_gpus=free_gpus,
+        history=context.history,
+        free_gpus=context.free_gpus,
         registry=policy.registry,
         limits=policy.limits,
-        memo=memo,
+        memo=context.memo,
     )
     if isinstance(result, RouteError):
         return StepOutcome(after, why, error=result, config_errors=problems)

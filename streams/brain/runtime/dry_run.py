@@ -16,7 +16,7 @@ import typer
 from pydantic import TypeAdapter, ValidationError
 
 from dlrover_events.errors import UserError
-from streams.brain.core.decide import Decision, NoDecision, decide
+from streams.brain.core.decide import JobDecision, NoDecision, decide
 from streams.brain.core.optimizers import REGISTRY, Registry
 from streams.brain.core.router import RouteError
 from streams.brain.core.state import REFUSE_UNKNOWN_STAGE, JobState
@@ -75,10 +75,10 @@ def dry_run(
             "scale_plan": None,
             "reason": result.reason,
         }
-    assert isinstance(result, Decision)
+    assert isinstance(result, JobDecision)
     return {
         "stage": result.optimize_plan.stage,
-        "optimizers": result.optimize_plan.optimizer.split("+"),
+        "optimizers": list(result.optimizers),
         "optimize_plan": result.optimize_plan.model_dump(mode="json"),
         "scale_plan": (
             None if result.scale_plan is None else result.scale_plan.model_dump(mode="json")

@@ -9,9 +9,12 @@ from typing import Any
 
 import msgspec
 
+from schemas.env_settings import LimitSettings
 from schemas.jobs import JobMeta, NodeUsage, OOMKind
+from schemas.plans import OptimizePlan
 from streams.brain.core.optimizers import REGISTRY, OptimizeContext, Proposal
 from streams.brain.core.optimizers.numeric import GiB
+from streams.brain.core.planner import DEFAULT_LIMITS, Planned, plan_scale
 from streams.brain.core.samples import NodeUse, Sample
 from streams.brain.core.state import (
     JobState,
@@ -35,6 +38,13 @@ class Rec:
     offset: int
     key: bytes | None
     value: bytes | None
+
+
+def plan_one(
+    state: JobState, plan: OptimizePlan, now: datetime, limits: LimitSettings = DEFAULT_LIMITS
+) -> Planned:
+    """`plan_scale` of a plan made by the one optimizer it names."""
+    return plan_scale(state, plan, now, limits, optimizers=(plan.optimizer,))
 
 
 __all__ = ["ENV", "T0", "GiB"]

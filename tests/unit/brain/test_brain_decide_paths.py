@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from schemas.codec import encode
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan
-from streams.brain.core.decide import merge
+from streams.brain.core.decide import Merged, merge
 from streams.brain.core.optimizers import Proposal
 from streams.brain.core.planner import PLAN_NAMESPACE, plan_event_id, plan_id
 from streams.brain.core.router import Condition, condition
@@ -59,7 +59,7 @@ def _plain_overlay(base: NodeResource, more: NodeResource) -> NodeResource:
     return base.model_copy(update={k: v for k, v in more.model_dump().items() if v not in (0, "")})
 
 
-def _plain_merge(proposals: list[Proposal]) -> Proposal:
+def _plain_merge(proposals: list[Proposal]) -> Merged:
     groups: dict[str, NodeGroupResource] = {}
     nodes: dict[str, NodeResource] = {}
     training: dict[str, object] = {}
@@ -73,15 +73,15 @@ def _plain_merge(proposals: list[Proposal]) -> Proposal:
         for key, res in proposal.resource.node_resources.items():
             nodes[key] = _plain_overlay(nodes.get(key, NodeResource()), res)
         training.update(proposal.resource.training)
-    return Proposal(
+    return Merged(
         reason="; ".join(f"{p.optimizer}: {p.reason}" for p in proposals),
         resource=ResourcePlan(node_group_resources=groups, node_resources=nodes, training=training),
         handled_ooms=tuple(dict.fromkeys(i for p in proposals for i in p.handled_ooms)),
-        optimizer="+".join(p.optimizer for p in proposals),
+        optimizers=tuple(p.optimizer for p in proposals),
     )
 
 
-def _as_plan(proposal: Proposal) -> bytes:
+def _as_plan(proposal: Merged) -> bytes:
     """How a merged proposal goes out: what differs here differs on the bus."""
     return encode(
         OptimizePlan(
@@ -91,7 +91,7 @@ def _as_plan(proposal: Proposal) -> bytes:
             event_id=uuid.UUID(int=1),
             plan_id="p",
             stage="running",
-            optimizer=proposal.optimizer,
+            optimizer=proposal.label,
             reason=proposal.reason,
             resource=proposal.resource,
         )

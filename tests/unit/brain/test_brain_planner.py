@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 
 from schemas.env_settings import LimitSettings
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
-from streams.brain.core.decide import Decision, decide
+from streams.brain.core.decide import JobDecision, decide
+from streams.brain.core.optimizers import REGISTRY, NoParams, OptimizeContext, Proposal
+from streams.brain.core.optimizers.base import group_plan
 from streams.brain.core.planner import DEFAULT_LIMITS, MAX_ROLE_REPLICAS, plan_id, plan_scale
 from streams.brain.core.state import PS, WORKER, JobState, NodeStatus, Pinned, RoleResources, Stage
 
-from .builders import ENV, T0, GiB, meta, node, nodes, oom, state
+from .builders import ENV, T0, GiB, meta, node, nodes, oom, plan_one, state
 
 LIMITS = DEFAULT_LIMITS
 
@@ -56,7 +58,7 @@ def job(workers: int = 4, ps: int = 0, **fields: object) -> JobState:
 def scale(
     j: JobState, plan: OptimizePlan, now: datetime = T0, limits: LimitSettings = LIMITS
 ) -> ScalePlan | None:
-    return plan_scale(j, plan, now, limits).scale_plan
+    return plan_one(j, plan, now, limits).scale_plan
 
 
 def count(n: int, **res: float) -> dict[str, NodeGroupResource]:
@@ -64,7 +66,7 @@ def count(n: int, **res: float) -> dict[str, NodeGroupResource]:
 
 
 def test_nothing_changes_no_plan() -> None:
-    planned = plan_scale(job(), optimize_plan(count(4, cpu=8, memory=16 * GiB)), T0)
+    planned = plan_one(job(), optimize_plan(count(4, cpu=8, memory=16 * GiB)), T0)
     assert planned.scale_plan is None
     assert "nothing changes" in planned.notes
 
@@ -73,7 +75,7 @@ def test_the_change_pending_with_the_operator_is_not_planned_again() -> None:
     first = scale(job(), optimize_plan(count(6), caused_by="event-1"))
     assert first is not None
     waiting = job(pending_scale_plan=first)
-    planned = plan_scale(waiting, optimize_plan(count(6), caused_by="event-2"), T0)
+    planned = plan_one(waiting, optimize_plan(count(6), caused_by="event-2"), T0)
     assert planned.scale_plan is None
     assert f"the same change is pending (plan {first.plan_id})" in planned.notes
     # another change is planned although one is pending
@@ -150,7 +152,7 @@ def test_one_plan_raises_memory_by_at_most_8_gib_whoever_asked(optimizer: str) -
         {"worker-0": NodeResource(memory=40 * GiB)},
         optimizer=optimizer,
     )
-    planned = plan_scale(j, wanted, T0, LIMITS)
+    planned = plan_one(j, wanted, T0, LIMITS)
     plan = planned.scale_plan
     assert plan is not None
     assert plan.node_group_resources[PS].node_resource.memory == 18 * GiB
@@ -209,7 +211,7 @@ def test_user_pinned_values_win() -> None:
 def test_ps_changes_wait_an_hour_unless_urgent() -> None:
     recent = job(ps=2, last_ps_change_at=T0 - timedelta(minutes=30))
     ps_plan = {PS: NodeGroupResource(count=4)}
-    held = plan_scale(recent, optimize_plan(ps_plan, optimizer="hot-ps", stage="ps-initial"), T0)
+    held = plan_one(recent, optimize_plan(ps_plan, optimizer="hot-ps", stage="ps-initial"), T0)
     assert held.scale_plan is None
     assert any("PS changed" in n for n in held.notes)
     later = scale(
@@ -231,6 +233,29 @@ def test_running_plans_at_least_300_s_apart_unless_urgent() -> None:
     assert initial is not None
 
 
+def test_urgency_comes_from_the_optimizers_not_from_the_plans_label() -> None:
+    """A user's optimizer may have "+" in its name: the plan's label joins names with
+    "+" for people, and reading it back made "tune+host-oom" look like host-oom (urgent,
+    past the cooldown)."""
+    registry = REGISTRY.copy()
+
+    @registry.register("tune+host-oom", "a user's optimizer with a + in its name", NoParams)
+    def _grow(ctx: OptimizeContext, params: NoParams) -> Proposal:
+        return Proposal("more workers", group_plan(WORKER, count=6))
+
+    recent = job(last_running_plan_at=T0 - timedelta(seconds=100))
+    result = decide(recent, T0, optimizer="tune+host-oom", registry=registry)
+    assert isinstance(result, JobDecision)
+    assert result.optimizers == ("tune+host-oom",)
+    assert result.optimize_plan.optimizer == "tune+host-oom"
+    assert result.scale_plan is None  # held back by the cooldown: not urgent
+    assert any("running-stage plan" in note for note in result.notes)
+    urgent = plan_scale(
+        recent, optimize_plan(count(6), optimizer="anything"), T0, optimizers=("host-oom",)
+    )
+    assert urgent.scale_plan is not None
+
+
 def test_node_plans_migrate_live_nodes_only() -> None:
     j = job()
     j = j.model_copy(
@@ -246,7 +271,7 @@ def test_node_plans_migrate_live_nodes_only() -> None:
         },
         optimizer="host-oom",
     )
-    planned = plan_scale(j, plan, T0)
+    planned = plan_one(j, plan, T0)
     assert planned.scale_plan is not None
     assert [(m.node.id, m.resource) for m in planned.scale_plan.migrate_nodes] == [
         (1, NodeResource(cpu=8, memory=24 * GiB)),
@@ -279,7 +304,7 @@ def test_plan_id_is_derived_from_job_and_cause() -> None:
 def test_decide_is_deterministic_for_a_replayed_event() -> None:
     j = job(ooms={"worker-1": [oom("oom-1")]})
     first, second = decide(j, T0, caused_by="oom-1"), decide(j, T0, caused_by="oom-1")
-    assert isinstance(first, Decision) and isinstance(second, Decision)
+    assert isinstance(first, JobDecision) and isinstance(second, JobDecision)
     assert first.scale_plan is not None and second.scale_plan is not None
     assert first.optimize_plan.plan_id == second.optimize_plan.plan_id
     assert first.scale_plan.plan_id == second.scale_plan.plan_id
@@ -383,7 +408,7 @@ def test_host_oom_never_touches_nodes_that_did_not_oom(
     )
     result = decide(j, T0, caused_by="e")
     open_ = oomed - handled
-    if not isinstance(result, Decision):
+    if not isinstance(result, JobDecision):
         assert all(memories[i] >= 64 * GiB for i in open_)
         return
     assert result.scale_plan is not None

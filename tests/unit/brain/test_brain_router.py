@@ -8,7 +8,7 @@ import pytest
 
 from schemas.jobs import OOMKind
 from schemas.plans import ResourcePlan
-from streams.brain.core.decide import Decision, NoDecision, decide
+from streams.brain.core.decide import JobDecision, NoDecision, decide
 from streams.brain.core.optimizers import REGISTRY, NoParams, OptimizeContext, Proposal
 from streams.brain.core.router import Condition, Route, RouteError, route
 from streams.brain.core.state import PS, WORKER, JobState, RoleResources, Stage
@@ -179,7 +179,7 @@ def test_users_extend_a_registry_and_list_it() -> None:
     job = state(stage="running", config={"optimizer": "two-workers"})
     assert isinstance(route(job), RouteError)  # not in the default registry
     result = decide(job, T0, registry=registry, caused_by="e1")
-    assert isinstance(result, Decision)
+    assert isinstance(result, JobDecision)
     assert result.optimize_plan.optimizer == "two-workers"
 
 

@@ -24,13 +24,12 @@ from schemas.plans import (
     TrainingApplied,
 )
 from streams.brain.core.folds import fold, fold_all, record_decision
-from streams.brain.core.planner import plan_scale
 from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.state import WORKER, AwaitedTraining, JobState
 from streams.brain.core.triggers import step
 
-from .builders import ENV, T0, GiB, Rec, meta, use
+from .builders import ENV, T0, GiB, Rec, meta, plan_one, use
 
 JOB = meta()
 AWAITING = "awaiting the job's confirmation (training.applied)"
@@ -270,18 +269,18 @@ def test_awaited_knobs_are_not_planned_again_until_the_job_confirms() -> None:
         caused_by="e-2",
         resource=ResourcePlan(training=KNOBS),
     )
-    again = plan_scale(job, wanted, T0)
+    again = plan_one(job, wanted, T0)
     assert again.scale_plan is None
     assert "nothing changes" in again.notes
     # other values are news
     other = wanted.model_copy(
         update={"resource": ResourcePlan(training={"local_batch_size": 8, "accumulation_steps": 2})}
     )
-    planned = plan_scale(job, other, T0).scale_plan
+    planned = plan_one(job, other, T0).scale_plan
     assert planned is not None and planned.training == {"local_batch_size": 8}
     # once confirmed, the state says the job trains with them: nothing to plan either
     done = after(job, confirmed("p1", **KNOBS))
-    assert plan_scale(done, wanted, T0).scale_plan is None
+    assert plan_one(done, wanted, T0).scale_plan is None
 
 
 def test_a_confirmation_decides_nothing() -> None:

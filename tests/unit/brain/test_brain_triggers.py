@@ -24,7 +24,7 @@ from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.planner import plan_id
 from streams.brain.core.policy import Policy
 from streams.brain.core.state import JobState
-from streams.brain.core.triggers import StepOutcome, step
+from streams.brain.core.triggers import JobContext, StepOutcome, step
 
 from .builders import ENV, T0
 
@@ -200,7 +200,7 @@ def test_the_config_service_sits_between_the_env_default_and_the_jobs_own() -> N
         return {"optimizer": "from-service"}
 
     policy = Policy(BrainSettings(job_config={"optimizer": "from-env"}))
-    outcome = step(None, submitted(), policy, service=service)
+    outcome = step(None, submitted(), policy, JobContext(service=service))
     assert outcome is not None and outcome.error is not None
     assert "'from-service'" in outcome.error.message  # the service over the env default
     assert asked == [JOB] and outcome.state.config == {}  # asked when deciding, not stored
@@ -209,12 +209,14 @@ def test_the_config_service_sits_between_the_env_default_and_the_jobs_own() -> N
     own = JobSubmitted(
         env=ENV, job=JOB, occurred_at=T0, roles={"worker": role}, config={"optimizer": ""}
     )
-    outcome = step(None, own, policy, service=service)
+    outcome = step(None, own, policy, JobContext(service=service))
     assert outcome is not None and outcome.error is None  # the job's own over the service
     quiet = Policy(BrainSettings(job_config={"optimizer": "from-env"}, sample_every=5))
-    outcome = step(outcome.state, sample(0), quiet, service=service)  # a new stage: decides
+    outcome = step(
+        outcome.state, sample(0), quiet, JobContext(service=service)
+    )  # a new stage: decides
     assert outcome is not None and outcome.trigger is not None and len(asked) == 3
-    outcome = step(outcome.state, sample(1), quiet, service=service)
+    outcome = step(outcome.state, sample(1), quiet, JobContext(service=service))
     assert outcome is not None and outcome.trigger is None
     assert len(asked) == 3  # a sample that decides nothing asks nothing
 

@@ -10,10 +10,10 @@ from typing import TypeVar
 
 from schemas.bounds import MAX_REPLICAS
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan
-from streams.brain.core.planner import MAX_ROLE_REPLICAS, plan_scale
+from streams.brain.core.planner import MAX_ROLE_REPLICAS
 from streams.brain.core.state import WORKER, RoleResources, Stage
 
-from .builders import ENV, T0, GiB, meta, node, nodes, state
+from .builders import ENV, T0, GiB, meta, node, nodes, plan_one, state
 
 HUGE = 10**30
 #: What one plan may allocate at its peak: a 10,000-node launch list fits many times over;
@@ -56,7 +56,7 @@ def _plan(role: str, group: NodeGroupResource) -> OptimizePlan:
 def test_a_huge_replica_count_before_any_node_is_a_count_not_objects() -> None:
     job = state(roles={WORKER: huge(replicas=HUGE, cpu=8, memory=16 * GiB)})
     group_plan = NodeGroupResource(node_resource=NodeResource(memory=24 * GiB))
-    planned = within_memory(lambda: plan_scale(job, _plan(WORKER, group_plan), T0))
+    planned = within_memory(lambda: plan_one(job, _plan(WORKER, group_plan), T0))
     assert planned.scale_plan is not None
     group = planned.scale_plan.node_group_resources[WORKER]
     assert group.count == MAX_ROLE_REPLICAS[WORKER]
@@ -68,7 +68,7 @@ def test_a_role_without_a_cap_launches_at_most_the_contracts_bound() -> None:
         roles={"chief": huge(replicas=HUGE, min_replicas=HUGE, cpu=8, memory=GiB)},
         nodes=nodes(node("chief", 0, cpu=8, memory=GiB)),
     )
-    planned = within_memory(lambda: plan_scale(job, _plan("chief", NodeGroupResource(count=2)), T0))
+    planned = within_memory(lambda: plan_one(job, _plan("chief", NodeGroupResource(count=2)), T0))
     assert planned.scale_plan is not None
     assert planned.scale_plan.node_group_resources["chief"].count == MAX_REPLICAS
     assert len(planned.scale_plan.launch_nodes) == MAX_REPLICAS - 1
