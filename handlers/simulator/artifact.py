@@ -8,6 +8,11 @@ same loop and the same two policies over ``throughput.Application`` (step times,
 gradient statistics, epoch progress) must give the same numbers; if it does not, the model
 drifted from the measurements, and every A/B verdict of the virtual env with it.
 
+The loop takes its policy as a parameter (`LoopPolicy`). Optimus+Oracle lives here: only
+this check runs it. Tiresias is the brain's own scheduler
+(``streams/brain/core/schedulers/tiresias.py``), written once: handlers never import
+streams, so tests/unit/brain/test_tiresias_artifact.py drives it through this loop.
+
 What is reproduced, and how it differs from the virtual env's own operator on purpose:
 
 - Time moves in whole scheduling intervals; every (re)allocation costs a 30 s restart;
@@ -37,9 +42,6 @@ from handlers.simulator.throughput import Application, StepTime
 #: The artifact's scheduling interval and restart cost, in seconds.
 INTERVAL = 60
 RESTART_DELAY = 30
-
-#: Tiresias's one queue threshold: 16 GPU-hours of service demotes a job to the second queue.
-TIRESIAS_QUEUE_THRESHOLD = 3600 * 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,17 +81,20 @@ class ActiveJob:
 
 
 #: Job name -> the node index of each GPU it holds (a node repeats once per GPU).
-Allocations = dict[str, tuple[int, ...]]
+HeldGpus = dict[str, tuple[int, ...]]
 
 
-class Policy(Protocol):
+class LoopPolicy(Protocol):
+    """Who holds which GPUs for the next interval, from the jobs submitted and not done,
+    each node's GPUs and what every job held in the last one."""
+
     def allocate(
         self,
         now: int,
         jobs: Sequence[ActiveJob],
         node_gpus: Sequence[int],
         previous: Mapping[str, tuple[int, ...]],
-    ) -> Allocations: ...
+    ) -> HeldGpus: ...
 
 
 def _place(count: int, free: dict[int, int], into: list[int] | None = None) -> tuple[int, ...]:
@@ -112,69 +117,6 @@ def _free(node_gpus: Sequence[int], held: Mapping[str, tuple[int, ...]]) -> dict
         for n in nodes:
             used[n] = used.get(n, 0) + 1
     return {n: g - used.get(n, 0) for n, g in enumerate(node_gpus) if g - used.get(n, 0) > 0}
-
-
-@dataclass
-class Tiresias:
-    """Two-queue discretised least-attained-service with the artifact's threshold.
-
-    A job's service is its running seconds times its GPUs; past the threshold it moves to
-    the back of the second queue. Each round the queues are walked in order and every job
-    whose whole gang still fits (counting GPUs, not nodes) runs; the others are suspended,
-    losing their GPUs. The artifact's starvation rule is off (its knob is 0), so it is not
-    modelled. A running job keeps its GPUs; a started one takes the fullest free nodes.
-    """
-
-    queue_threshold: float = TIRESIAS_QUEUE_THRESHOLD
-    _queues: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []), init=False)
-    _running: set[str] = field(default_factory=set, init=False)
-    _known: set[str] = field(default_factory=set, init=False)
-    _last_check: dict[str, int] = field(default_factory=dict, init=False)
-    _executed: dict[str, int] = field(default_factory=dict, init=False)
-
-    def allocate(
-        self,
-        now: int,
-        jobs: Sequence[ActiveJob],
-        node_gpus: Sequence[int],
-        previous: Mapping[str, tuple[int, ...]],
-    ) -> Allocations:
-        active = {j.name: j for j in jobs}
-        q0, q1 = self._queues
-        q0[:] = [k for k in q0 if k in active]
-        q1[:] = [k for k in q1 if k in active]
-        self._running &= set(active)
-        self._known &= set(active)
-        allocations = {k: v for k, v in previous.items() if k in active}
-        for job in jobs:
-            if job.name not in self._known:
-                self._known.add(job.name)
-                q0.append(job.name)
-        for job in jobs:
-            elapsed = now - self._last_check.get(job.name, 0)
-            self._last_check[job.name] = now
-            if job.name in self._running:
-                self._executed[job.name] = self._executed.get(job.name, 0) + elapsed
-                service = self._executed[job.name] * job.target_replicas
-                if job.name in q0 and service >= self.queue_threshold:
-                    q0.remove(job.name)
-                    q1.append(job.name)
-        gpus = sum(node_gpus)
-        for queue in (q0, q1):
-            for key in queue:
-                need = active[key].target_replicas
-                if need <= gpus:
-                    self._running.add(key)
-                    gpus -= need
-                else:
-                    self._running.discard(key)
-                    allocations.pop(key, None)
-        free = _free(node_gpus, allocations)
-        for queue in (q0, q1):
-            for key in queue:
-                if key in self._running and not allocations.get(key):
-                    allocations[key] = _place(active[key].target_replicas, free)
-        return allocations
 
 
 def _iterations(app: Application, batch_size: int, epoch: int) -> float:
@@ -220,7 +162,7 @@ class Optimus:
         jobs: Sequence[ActiveJob],
         node_gpus: Sequence[int],
         previous: Mapping[str, tuple[int, ...]],
-    ) -> Allocations:
+    ) -> HeldGpus:
         remaining: dict[str, float] = {}
         limit: dict[str, int] = {}
         for job in jobs:
@@ -385,7 +327,7 @@ class Result:
 
 def simulate(
     workload: Sequence[WorkloadJob],
-    policy: Policy,
+    policy: LoopPolicy,
     applications: Callable[[str], Application],
     *,
     nodes: int = 16,
@@ -397,7 +339,7 @@ def simulate(
     policy re-allocates among the jobs submitted and not yet done."""
     jobs = [SimJob(w, applications(w.application)) for w in workload]
     node_gpus = [gpus_per_node] * nodes
-    allocations: Allocations = {}
+    allocations: HeldGpus = {}
     now = 0
     for _ in range(max_rounds):
         if all(j.completed_at is not None for j in jobs):
@@ -436,13 +378,12 @@ def simulate(
 __all__ = [
     "INTERVAL",
     "RESTART_DELAY",
-    "TIRESIAS_QUEUE_THRESHOLD",
     "ActiveJob",
+    "HeldGpus",
+    "LoopPolicy",
     "Optimus",
-    "Policy",
     "Result",
     "SimJob",
-    "Tiresias",
     "WorkloadJob",
     "read_workload",
     "simulate",

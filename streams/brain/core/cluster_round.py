@@ -25,6 +25,13 @@ from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, Resourc
 from streams.brain.core.folds import record_decision
 from streams.brain.core.planner import memory_step, plan_envelope, plan_id
 from streams.brain.core.policy import Policy
+from streams.brain.core.schedulers.api import (
+    ChangeKind,
+    ClusterCapacity,
+    JobChange,
+    JobInput,
+    Schedule,
+)
 from streams.brain.core.schedulers.goodput import (
     BatchLimits,
     GradStats,
@@ -32,13 +39,6 @@ from streams.brain.core.schedulers.goodput import (
     PerfParams,
     StepSample,
     fit_perf_params,
-)
-from streams.brain.core.schedulers.goodput_cluster import (
-    Action,
-    Cluster,
-    Decision,
-    JobInput,
-    Schedule,
 )
 from streams.brain.core.state import WORKER, JobState, JobStatus, Share
 
@@ -175,22 +175,22 @@ def _account(share: Share, now: datetime) -> Share:
     )
 
 
-def _largest_local(state: JobState, decision: Decision) -> int | None:
+def _largest_local(state: JobState, change: JobChange) -> int | None:
     """The largest local batch a later round may give the job at this size without moving
     it: a batch-only change applies in place, with the memory the pods already have, so
     they are given what that batch needs now (a GPU's worth of host memory is more than
     any traced replica needs; a replica short of it stalls its whole gang)."""
-    bounds, local = state.batch_bounds, decision.local_batch
-    if local is None or bounds is None or not bounds.adaptive or not decision.replicas:
+    bounds, local = state.batch_bounds, change.local_batch
+    if local is None or bounds is None or not bounds.adaptive or not change.replicas:
         return local
     largest = max(bounds.max_batch or bounds.init_batch, bounds.init_batch)
-    cap = min(bounds.max_local or largest, largest // decision.replicas)
+    cap = min(bounds.max_local or largest, largest // change.replicas)
     return max(local, cap)
 
 
 def _plans(
     state: JobState,
-    decision: Decision,
+    change: JobChange,
     now: datetime,
     scheduler: str,
     limits: LimitSettings,
@@ -201,24 +201,24 @@ def _plans(
     optimize_id = plan_id(state.job.uuid, cause, "optimize")
     scale_id = plan_id(state.job.uuid, cause, "scale")
     training: dict[str, object] = {}
-    if decision.local_batch is not None:
-        training["local_batch_size"] = decision.local_batch
-    if decision.accumulation is not None:
-        training["accumulation_steps"] = decision.accumulation
+    if change.local_batch is not None:
+        training["local_batch_size"] = change.local_batch
+    if change.accumulation is not None:
+        training["accumulation_steps"] = change.accumulation
     groups: dict[str, NodeGroupResource] = {}
-    if decision.action is not Action.SUSPEND and decision.action is not Action.REBATCH:
+    if change.kind is not ChangeKind.SUSPEND and change.kind is not ChangeKind.REBATCH:
         if memory is None:
-            local = _largest_local(state, decision)
+            local = _largest_local(state, change)
             memory = memory_for(state, local, limits) if local else 0
         groups[WORKER] = NodeGroupResource(
-            count=decision.replicas, node_resource=NodeResource(memory=memory)
+            count=change.replicas, node_resource=NodeResource(memory=memory)
         )
     resource = ResourcePlan(node_group_resources=groups, training=training)
     optimize = OptimizePlan(
         **plan_envelope(state, optimize_id, now),
         stage=STAGE,
         optimizer=scheduler,
-        reason=f"{decision.action.value}: {decision.reason}",
+        reason=f"{change.kind.value}: {change.reason}",
         resource=resource,
         caused_by=cause,
     )
@@ -227,28 +227,28 @@ def _plans(
         source_plan=optimize_id,
         node_group_resources=groups,
         training=training,
-        placement=dict(decision.placement) if decision.action is not Action.REBATCH else {},
-        suspend=decision.action is Action.SUSPEND,
+        placement=dict(change.placement) if change.kind is not ChangeKind.REBATCH else {},
+        suspend=change.kind is ChangeKind.SUSPEND,
     )
     return optimize, scale
 
 
-def _shared(share: Share, decision: Decision, now: datetime) -> Share:
-    """The share after the decision: where the job is and with what batch, and one more
+def _shared(share: Share, change: JobChange, now: datetime) -> Share:
+    """The share after the change: where the job is and with what batch, and one more
     restart when a job that held GPUs is moved, resized or suspended."""
-    if decision.action is Action.REBATCH:
+    if change.kind is ChangeKind.REBATCH:
         return share.model_copy(
             update={
-                "local_batch": decision.local_batch,
-                "accumulation": decision.accumulation or 1,
+                "local_batch": change.local_batch,
+                "accumulation": change.accumulation or 1,
             }
         )
     restarted = bool(share.placement)
     return share.model_copy(
         update={
-            "placement": dict(decision.placement),
-            "local_batch": decision.local_batch,
-            "accumulation": decision.accumulation or 1,
+            "placement": dict(change.placement),
+            "local_batch": change.local_batch,
+            "accumulation": change.accumulation or 1,
             "restarts": share.restarts + (1 if restarted else 0),
             "since": now,
         }
@@ -257,7 +257,7 @@ def _shared(share: Share, decision: Decision, now: datetime) -> Share:
 
 def _oom_decision(
     state: JobState, limits: LimitSettings
-) -> tuple[Decision, tuple[str, ...], int] | None:
+) -> tuple[JobChange, tuple[str, ...], int] | None:
     """A job out of host memory stays stalled on its GPUs until a plan gives it more: its
     share again, with the memory the OOM said it needs (else twice what it has), raised
     at most the planner's step and capped by its limit. GPU OOMs are the batch's: the
@@ -280,9 +280,9 @@ def _oom_decision(
     if wanted <= current:
         return None  # (at its limit: nothing a plan can give)
     placement = tuple(sorted(share.placement.items(), key=lambda kv: _node_order(kv[0])))
-    decision = Decision(
+    change = JobChange(
         state.job.uuid,
-        Action.MOVE,
+        ChangeKind.MOVE,
         share.replicas,
         placement,
         share.local_batch,
@@ -292,7 +292,7 @@ def _oom_decision(
         f"out of host memory: {human_bytes(current)} -> {human_bytes(wanted)} per replica, "
         "same GPUs",
     )
-    return decision, tuple(sorted(r.event_id for r in records)), wanted
+    return change, tuple(sorted(r.event_id for r in records)), wanted
 
 
 def run_round(
@@ -315,27 +315,27 @@ def run_round(
         if share is not state.share:
             accounted[uuid] = state.model_copy(update={"share": share})
     jobs = {**jobs, **accounted}
-    cluster = Cluster.uniform(chosen.nodes, chosen.gpus_per_node)
+    cluster = ClusterCapacity.uniform(chosen.nodes, chosen.gpus_per_node)
     inputs = [job_input(jobs[u]) for u in sorted(jobs)]
     result = spec.run(now.timestamp(), cluster, inputs, policy.scheduler_params)
     changed = dict(accounted)
     plans: list[OptimizePlan | ScalePlan] = []
-    decided = {d.job_id for d in result.decisions}
-    for decision in result.decisions:
-        state = jobs[decision.job_id]
-        optimize, scale = _plans(state, decision, now, spec.name, lim, cause)
+    decided = {c.job_id for c in result.changes}
+    for change in result.changes:
+        state = jobs[change.job_id]
+        optimize, scale = _plans(state, change, now, spec.name, lim, cause)
         held = state.share or Share()
-        share = _shared(held, decision, now).planned(scale.plan_id, held)
+        share = _shared(held, change, now).planned(scale.plan_id, held)
         after = state.model_copy(update={"share": share})
-        changed[decision.job_id] = record_decision(after, optimize, scale, (), now)
+        changed[change.job_id] = record_decision(after, optimize, scale, (), now)
         plans.extend((optimize, scale))
     for uuid in sorted(set(jobs) - decided):
         state = jobs[uuid]
         found = _oom_decision(state, lim)
         if found is None:
             continue
-        decision, handled, memory = found
-        optimize, scale = _plans(state, decision, now, spec.name, lim, cause, memory)
+        change, handled, memory = found
+        optimize, scale = _plans(state, change, now, spec.name, lim, cause, memory)
         changed[uuid] = record_decision(state, optimize, scale, handled, now)
         plans.extend((optimize, scale))
     return RoundResult(changed, plans, result)

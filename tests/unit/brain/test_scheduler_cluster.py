@@ -9,17 +9,16 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.brain.core.schedulers.goodput import BatchLimits, GradStats, JobModel, PerfParams
-from streams.brain.core.schedulers.goodput_cluster import (
-    Action,
-    Cluster,
-    ClusterNode,
-    GoodputClusterParams,
+from streams.brain.core.schedulers.api import (
+    ChangeKind,
+    ClusterCapacity,
     JobInput,
+    NodeCapacity,
     Schedule,
-    schedule,
     used_gpus,
 )
+from streams.brain.core.schedulers.goodput import BatchLimits, GradStats, JobModel, PerfParams
+from streams.brain.core.schedulers.goodput_cluster import GoodputClusterParams, schedule
 
 #: Scales well inside a node, pays a lot to cross nodes.
 PERF = PerfParams(alpha_c=0.05, beta_c=0.002, alpha_r=0.01, beta_r=0.001, alpha_n=0.1, beta_n=0.01)
@@ -66,23 +65,25 @@ def job(
     )
 
 
-def actions(s: Schedule) -> list[tuple[str, Action, int]]:
-    return [(d.job_id, d.action, d.replicas) for d in s.decisions]
+def actions(s: Schedule) -> list[tuple[str, ChangeKind, int]]:
+    return [(d.job_id, d.kind, d.replicas) for d in s.changes]
 
 
 def test_an_empty_cluster_admits_every_arrived_job_and_no_other() -> None:
-    s = schedule(100, Cluster.uniform(2, 4), [job("a"), job("b", at=50), job("later", at=101)])
-    admitted = {d.job_id for d in s.decisions}
+    s = schedule(
+        100, ClusterCapacity.uniform(2, 4), [job("a"), job("b", at=50), job("later", at=101)]
+    )
+    admitted = {d.job_id for d in s.changes}
     assert admitted == {"a", "b"}, "a job submitted after now does not exist yet"
-    assert all(d.action is Action.ADMIT and d.restart for d in s.decisions)
-    assert sum(d.replicas for d in s.decisions) == 8
-    assert {a.job_id for a in s.allocations} == {"a", "b"}
+    assert all(d.kind is ChangeKind.ADMIT and d.restart for d in s.changes)
+    assert sum(d.replicas for d in s.changes) == 8
+    assert {a.job_id for a in s.holdings} == {"a", "b"}
 
 
 def test_a_job_that_cannot_shrink_is_suspended_for_two_waiting_ones() -> None:
     """One node of 2 GPUs: `big` holds both and needs both; two jobs wait. Leaving two
     jobs at nothing costs the power mean more than suspending one: `big` is preempted."""
-    cluster = Cluster(2, (ClusterNode("n0", 2),))
+    cluster = ClusterCapacity((NodeCapacity("n0", 2),), 2)
     jobs = [
         job("big", (("n0", 2),), m=model(min_replicas=2), local_batch=128),
         job("w1"),
@@ -90,57 +91,57 @@ def test_a_job_that_cannot_shrink_is_suspended_for_two_waiting_ones() -> None:
     ]
     s = schedule(10_000, cluster, jobs)
     assert actions(s) == [
-        ("big", Action.SUSPEND, 0),
-        ("w1", Action.ADMIT, 1),
-        ("w2", Action.ADMIT, 1),
+        ("big", ChangeKind.SUSPEND, 0),
+        ("w1", ChangeKind.ADMIT, 1),
+        ("w2", ChangeKind.ADMIT, 1),
     ]
-    suspend = s.decisions[0]
+    suspend = s.changes[0]
     assert suspend.placement == () and suspend.local_batch is None and suspend.restart
 
 
 def test_a_job_shrinks_to_admit_a_waiting_one_and_shrinks_come_first() -> None:
-    cluster = Cluster(4, (ClusterNode("n0", 4),))
+    cluster = ClusterCapacity((NodeCapacity("n0", 4),), 4)
     s = schedule(10_000, cluster, [job("a", (("n0", 4),), local_batch=64), job("b")])
     got = actions(s)
-    assert got[0][:2] == ("a", Action.SHRINK)
-    assert got[1][:2] == ("b", Action.ADMIT)
+    assert got[0][:2] == ("a", ChangeKind.SHRINK)
+    assert got[1][:2] == ("b", ChangeKind.ADMIT)
     assert got[0][2] + got[1][2] == 4
     assert s.objective > s.objective_before
 
 
 def test_a_running_job_grows_into_free_gpus_when_it_pays() -> None:
-    cluster = Cluster(4, (ClusterNode("n0", 4), ClusterNode("n1", 4)))
+    cluster = ClusterCapacity((NodeCapacity("n0", 4), NodeCapacity("n1", 4)), 4)
     s = schedule(10_000, cluster, [job("a", (("n0", 1),), local_batch=256)])
-    (d,) = s.decisions
-    assert d.action is Action.GROW and d.replicas == 4, "4 on one node beats 8 across nodes"
+    (d,) = s.changes
+    assert d.kind is ChangeKind.GROW and d.replicas == 4, "4 on one node beats 8 across nodes"
     assert d.placement == (("n0", 4),), "it stays on its node"
     assert d.global_batch == 256 and d.local_batch == 64
 
 
 def test_hysteresis_and_restart_penalty_keep_a_job_where_it_is() -> None:
-    cluster = Cluster(4, (ClusterNode("n0", 4),))
+    cluster = ClusterCapacity((NodeCapacity("n0", 4),), 4)
     # 2 -> 4 GPUs: speedup 1.778 -> 2.958 (x1.66) at this step-time model, and a job
     # 10,000 s old without restarts keeps 99.7 % of its time after one more
     running = [job("a", (("n0", 2),), local_batch=128)]
-    assert actions(schedule(10_000, cluster, running)) == [("a", Action.GROW, 4)]
+    assert actions(schedule(10_000, cluster, running)) == [("a", ChangeKind.GROW, 4)]
     eager = GoodputClusterParams(hysteresis=0.6)
-    assert actions(schedule(10_000, cluster, running, eager)) == [("a", Action.GROW, 4)]
+    assert actions(schedule(10_000, cluster, running, eager)) == [("a", ChangeKind.GROW, 4)]
     lazy = GoodputClusterParams(hysteresis=0.7)  # x1.66 is not a 70 % gain
-    assert schedule(10_000, cluster, running, lazy).decisions == ()
+    assert schedule(10_000, cluster, running, lazy).changes == ()
     # just restarted: 60 s old with one restart of 30 s keeps 30/90 of its time
     young = [job("a", (("n0", 2),), local_batch=128, restarts=1)]
-    assert schedule(60, cluster, young).decisions == ()
+    assert schedule(60, cluster, young).changes == ()
 
 
 def test_a_multi_node_job_takes_whole_nodes_and_small_jobs_pack_beside_it() -> None:
     fast_net = PerfParams(alpha_c=0.2, beta_c=0.004, alpha_r=0.001, alpha_n=0.002)
-    cluster = Cluster.uniform(4, 4)
+    cluster = ClusterCapacity.uniform(4, 4)
     s = schedule(
         10_000,
         cluster,
         [job("big", m=model(perf=fast_net, min_replicas=8)), job("s1", m=model(max_replicas=2))],
     )
-    by_id = {a.job_id: a for a in s.allocations}
+    by_id = {a.job_id: a for a in s.holdings}
     big = by_id["big"]
     assert big.replicas >= 8 and all(g == 4 for _, g in big.placement)
     small = by_id["s1"]
@@ -149,33 +150,35 @@ def test_a_multi_node_job_takes_whole_nodes_and_small_jobs_pack_beside_it() -> N
 
 
 def test_a_node_partly_held_by_others_never_hosts_a_multi_node_job() -> None:
-    cluster = Cluster(4, (ClusterNode("n0", 4), ClusterNode("n1", 3), ClusterNode("n2", 4)))
+    cluster = ClusterCapacity(
+        (NodeCapacity("n0", 4), NodeCapacity("n1", 3), NodeCapacity("n2", 4)), 4
+    )
     fast_net = PerfParams(alpha_c=0.2, beta_c=0.004, alpha_r=0.001, alpha_n=0.002)
     s = schedule(10_000, cluster, [job("big", m=model(perf=fast_net, min_replicas=8))])
-    (d,) = s.decisions
+    (d,) = s.changes
     assert d.placement == (("n0", 4), ("n2", 4))
 
 
 def test_a_batch_only_change_is_made_in_place_without_a_restart() -> None:
-    cluster = Cluster(4, (ClusterNode("n0", 4),))
+    cluster = ClusterCapacity((NodeCapacity("n0", 4),), 4)
     noisy = model(grad=GradStats(sqr=1.0, var=100.0), adaptive=True, max_replicas=4)
     s = schedule(10_000, cluster, [job("a", (("n0", 4),), m=noisy, local_batch=64)])
-    (d,) = s.decisions
-    assert d.action is Action.REBATCH and not d.restart
+    (d,) = s.changes
+    assert d.kind is ChangeKind.REBATCH and not d.restart
     assert d.placement == (("n0", 4),) and d.local_batch is not None and d.local_batch > 64
     # the same job already at its best batch: nothing to do
     again = [job("a", (("n0", 4),), m=noisy, local_batch=d.local_batch)]
-    assert schedule(10_000, cluster, again).decisions == ()
+    assert schedule(10_000, cluster, again).changes == ()
 
 
 def test_a_non_preemptible_job_keeps_its_gpus() -> None:
-    cluster = Cluster(2, (ClusterNode("n0", 2),))
+    cluster = ClusterCapacity((NodeCapacity("n0", 2),), 2)
     jobs = [
         job("big", (("n0", 2),), m=model(min_replicas=2), local_batch=128, preemptible=False),
         job("w1"),
         job("w2"),
     ]
-    assert schedule(10_000, cluster, jobs).decisions == ()
+    assert schedule(10_000, cluster, jobs).changes == ()
 
 
 def test_a_multi_node_job_listed_in_another_node_order_is_not_moved() -> None:
@@ -183,7 +186,7 @@ def test_a_multi_node_job_listed_in_another_node_order_is_not_moved() -> None:
     nodes are placed again, and the multi-node job, on the same nodes it listed the
     other way round, is left alone."""
     fast_net = PerfParams(alpha_c=0.2, beta_c=0.004, alpha_r=0.001, alpha_n=0.002)
-    cluster = Cluster.uniform(4, 4)
+    cluster = ClusterCapacity.uniform(4, 4)
     jobs = [
         job(
             "big",
@@ -196,15 +199,15 @@ def test_a_multi_node_job_listed_in_another_node_order_is_not_moved() -> None:
         job("m", m=model(min_replicas=4, max_replicas=4)),
     ]
     s = schedule(10_000, cluster, jobs)
-    assert ("m", Action.ADMIT, 4) in actions(s)
-    assert "big" not in {d.job_id for d in s.decisions}
+    assert ("m", ChangeKind.ADMIT, 4) in actions(s)
+    assert "big" not in {d.job_id for d in s.changes}
 
 
 def test_a_placement_on_a_vanished_node_is_placed_again() -> None:
-    cluster = Cluster(4, (ClusterNode("n0", 4),))
+    cluster = ClusterCapacity((NodeCapacity("n0", 4),), 4)
     s = schedule(10_000, cluster, [job("a", (("gone", 4),), local_batch=64)])
-    (d,) = s.decisions
-    assert d.action is Action.MOVE and d.placement == (("n0", 4),) and d.restart
+    (d,) = s.changes
+    assert d.kind is ChangeKind.MOVE and d.placement == (("n0", 4),) and d.restart
 
 
 # -- properties --------------------------------------------------------------------------
@@ -216,7 +219,7 @@ PERFS = [
 ]
 
 
-Tick = tuple[float, Cluster, list[JobInput]]
+Tick = tuple[float, ClusterCapacity, list[JobInput]]
 
 
 @st.composite
@@ -224,7 +227,7 @@ def ticks(draw: st.DrawFn) -> Tick:
     per_node = draw(st.sampled_from([1, 2, 4, 8]))
     count = draw(st.integers(1, 5))
     free = draw(st.lists(st.integers(0, per_node), min_size=count, max_size=count))
-    cluster = Cluster(per_node, tuple(ClusterNode(f"n{i}", g) for i, g in enumerate(free)))
+    cluster = ClusterCapacity(tuple(NodeCapacity(f"n{i}", g) for i, g in enumerate(free)), per_node)
     left = dict(enumerate(free))
     jobs: list[JobInput] = []
     for i in range(draw(st.integers(0, 7))):
@@ -270,16 +273,16 @@ def test_never_more_gpus_than_the_cluster_has_and_whole_nodes_across_nodes(tick:
     now, cluster, jobs = tick
     s = schedule(now, cluster, jobs)
     gpus = {n.name: n.gpus for n in cluster.nodes}
-    for name, used in used_gpus(s.allocations).items():
+    for name, used in used_gpus(s.holdings).items():
         assert used <= gpus[name], f"{name}: {used} GPUs used of {gpus[name]}"
-    for a in s.allocations:
+    for a in s.holdings:
         assert a.replicas == sum(g for _, g in a.placement)
         if len(a.placement) > 1:
             assert all(g == cluster.gpus_per_node for _, g in a.placement), a
-    order = [d.action for d in s.decisions]
-    frees = [i for i, a in enumerate(order) if a in (Action.SUSPEND, Action.SHRINK)]
-    takes = [i for i, a in enumerate(order) if a in (Action.GROW, Action.ADMIT)]
+    order = [d.kind for d in s.changes]
+    frees = [i for i, a in enumerate(order) if a in (ChangeKind.SUSPEND, ChangeKind.SHRINK)]
+    takes = [i for i, a in enumerate(order) if a in (ChangeKind.GROW, ChangeKind.ADMIT)]
     assert not frees or not takes or max(frees) < min(takes)
     arrived = {j.job_id for j in jobs if j.submitted_at <= now}
-    assert {d.job_id for d in s.decisions} <= arrived
+    assert {d.job_id for d in s.changes} <= arrived
     assert s.objective >= s.objective_before

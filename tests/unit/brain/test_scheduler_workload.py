@@ -24,14 +24,13 @@ from dataclasses import dataclass
 from handlers.simulator.artifact import INTERVAL, RESTART_DELAY, SimJob, WorkloadJob, read_workload
 from handlers.simulator.throughput import Application, OutOfTraceError, load_application
 from handlers.simulator.workload import workload_path
-from streams.brain.core.schedulers.goodput import BatchLimits, GradStats, JobModel
-from streams.brain.core.schedulers.goodput_cluster import (
-    Cluster,
-    GoodputClusterParams,
+from streams.brain.core.schedulers.api import (
+    ClusterCapacity,
     JobInput,
-    schedule,
     used_gpus,
 )
+from streams.brain.core.schedulers.goodput import BatchLimits, GradStats, JobModel
+from streams.brain.core.schedulers.goodput_cluster import GoodputClusterParams, schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +77,7 @@ def run(
     max_rounds: int = 5_000,
 ) -> tuple[dict[str, int], int]:
     """Per-job JCT and the number of changes made, to the last completion."""
-    cluster = Cluster.uniform(nodes, gpus_per_node)
+    cluster = ClusterCapacity.uniform(nodes, gpus_per_node)
     index = {n.name: i for i, n in enumerate(cluster.nodes)}
     runs = {w.name: Run(SimJob(w, load_application(w.application))) for w in workload}
     held: dict[str, tuple[tuple[str, int], ...]] = {}
@@ -112,11 +111,11 @@ def run(
         if not inputs:
             continue
         s = schedule(now, cluster, inputs, params)
-        assert all(used <= gpus_per_node for used in used_gpus(s.allocations).values()), (
+        assert all(used <= gpus_per_node for used in used_gpus(s.holdings).values()), (
             "more GPUs than a node has"
         )
-        changes += len(s.decisions)
-        for a in s.allocations:
+        changes += len(s.changes)
+        for a in s.holdings:
             sim = runs[a.job_id].sim
             if a.placement != held.get(a.job_id, ()):
                 if held.get(a.job_id):

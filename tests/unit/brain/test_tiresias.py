@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from streams.brain.core.schedulers import SCHEDULERS, get_scheduler
-from streams.brain.core.schedulers.goodput import BatchLimits, JobModel
-from streams.brain.core.schedulers.goodput_cluster import (
-    Action,
-    Cluster,
-    ClusterNode,
+from streams.brain.core.schedulers.api import (
+    ChangeKind,
+    ClusterCapacity,
     JobInput,
+    NodeCapacity,
     Placement,
     Schedule,
     used_gpus,
 )
+from streams.brain.core.schedulers.goodput import BatchLimits, JobModel
 from streams.brain.core.schedulers.tiresias import (
     QUEUE_THRESHOLD_GPU_S,
     TiresiasParams,
@@ -63,42 +63,42 @@ def job(
     )
 
 
-def actions(s: Schedule) -> list[tuple[str, Action, int]]:
-    return [(d.job_id, d.action, d.replicas) for d in s.decisions]
+def actions(s: Schedule) -> list[tuple[str, ChangeKind, int]]:
+    return [(d.job_id, d.kind, d.replicas) for d in s.changes]
 
 
 def held(s: Schedule) -> dict[str, Placement]:
-    return {a.job_id: a.placement for a in s.allocations if a.replicas}
+    return {a.job_id: a.placement for a in s.holdings if a.replicas}
 
 
 def test_only_arrived_jobs_take_gpus_or_appear() -> None:
-    cluster = Cluster.uniform(2, 4)
+    cluster = ClusterCapacity.uniform(2, 4)
     s = tiresias(100.0, cluster, [job("early", 4, at=100.0), job("late", 4, at=100.5)])
-    assert actions(s) == [("early", Action.ADMIT, 4)]
-    assert [a.job_id for a in s.allocations] == ["early"]
+    assert actions(s) == [("early", ChangeKind.ADMIT, 4)]
+    assert [a.job_id for a in s.holdings] == ["early"]
     assert tiresias(50.0, cluster, [job("late", 4, at=100.0)]) == Schedule((), (), 0.0, 0.0)
 
 
 def test_a_new_queue_0_job_preempts_a_queue_1_job_and_the_suspend_comes_first() -> None:
-    cluster = Cluster.uniform(2, 4)
+    cluster = ClusterCapacity.uniform(2, 4)
     old = job("old", 8, (("node-0", 4), ("node-1", 4)), attained=1000.0)
     s = tiresias(300.0, cluster, [old, job("new", 4, at=290.0)], SMALL)
-    assert actions(s) == [("old", Action.SUSPEND, 0), ("new", Action.ADMIT, 4)]
+    assert actions(s) == [("old", ChangeKind.SUSPEND, 0), ("new", ChangeKind.ADMIT, 4)]
     assert held(s) == {"new": (("node-0", 4),)}
     # just below the threshold the old job is still in queue 0, ahead of the newcomer
     below = job("old", 8, (("node-0", 4), ("node-1", 4)), attained=999.0)
-    assert tiresias(300.0, cluster, [below, job("new", 4, at=290.0)], SMALL).decisions == ()
+    assert tiresias(300.0, cluster, [below, job("new", 4, at=290.0)], SMALL).changes == ()
 
 
 def test_a_suspended_job_resumes_when_its_gang_fits_again() -> None:
-    cluster = Cluster.uniform(2, 4)
+    cluster = ClusterCapacity.uniform(2, 4)
     s = tiresias(600.0, cluster, [job("old", 8, attained=5000.0)], SMALL)
-    assert actions(s) == [("old", Action.ADMIT, 8)]
+    assert actions(s) == [("old", ChangeKind.ADMIT, 8)]
     assert held(s) == {"old": (("node-0", 4), ("node-1", 4))}
 
 
 def test_whole_gang_or_nothing_and_smaller_jobs_go_past() -> None:
-    cluster = Cluster.uniform(2, 4)
+    cluster = ClusterCapacity.uniform(2, 4)
     jobs = [
         job("a", 3, at=1.0),
         job("big", 6, at=2.0),  # 5 GPUs left after a: waits, whole or not at all
@@ -107,9 +107,13 @@ def test_whole_gang_or_nothing_and_smaller_jobs_go_past() -> None:
         job("d", 4, at=5.0),  # 2 left after b and c: waits too
     ]
     s = tiresias(10.0, cluster, jobs)
-    assert actions(s) == [("a", Action.ADMIT, 3), ("b", Action.ADMIT, 2), ("c", Action.ADMIT, 1)]
+    assert actions(s) == [
+        ("a", ChangeKind.ADMIT, 3),
+        ("b", ChangeKind.ADMIT, 2),
+        ("c", ChangeKind.ADMIT, 1),
+    ]
     assert held(s) == {"a": (("node-0", 3),), "b": (("node-1", 2),), "c": (("node-1", 1),)}
-    assert {a.job_id: a.replicas for a in s.allocations} == {
+    assert {a.job_id: a.replicas for a in s.holdings} == {
         "a": 3,
         "b": 2,
         "big": 0,
@@ -119,11 +123,11 @@ def test_whole_gang_or_nothing_and_smaller_jobs_go_past() -> None:
 
 
 def test_a_running_job_keeps_its_gpus_and_a_started_one_takes_the_fullest_nodes() -> None:
-    cluster = Cluster.uniform(3, 4)
+    cluster = ClusterCapacity.uniform(3, 4)
     running = job("run", 2, (("node-1", 2),), at=0.0, attained=10.0)
     s = tiresias(10.0, cluster, [running, job("new", 6, at=5.0)])
     # node-0 and node-2 have 4 free, node-1 2: node-0 first (first on ties), then node-2
-    assert actions(s) == [("new", Action.ADMIT, 6)]
+    assert actions(s) == [("new", ChangeKind.ADMIT, 6)]
     assert held(s) == {"run": (("node-1", 2),), "new": (("node-0", 4), ("node-2", 2))}
     assert s.objective == pytest.approx(8 / 12) and s.objective_before == pytest.approx(2 / 12)
 
@@ -155,35 +159,35 @@ def test_queue_0_is_arrival_order_and_queue_1_the_earliest_crossing() -> None:
 
 
 def test_a_non_preemptible_running_job_is_never_suspended() -> None:
-    cluster = Cluster.uniform(1, 4)
+    cluster = ClusterCapacity.uniform(1, 4)
     pinned = job("pinned", 4, (("node-0", 4),), attained=9000.0, preemptible=False)
     s = tiresias(100.0, cluster, [pinned, job("new", 2, at=90.0)], SMALL)
-    assert s.decisions == ()
+    assert s.changes == ()
     assert held(s) == {"pinned": (("node-0", 4),)}
 
 
 def test_a_placement_that_no_longer_fits_is_placed_again() -> None:
-    cluster = Cluster(4, (ClusterNode("node-0", 4), ClusterNode("node-1", 2)))
+    cluster = ClusterCapacity((NodeCapacity("node-0", 4), NodeCapacity("node-1", 2)), 4)
     s = tiresias(
         10.0, cluster, [job("gone", 2, (("node-9", 2),)), job("resized", 2, (("node-1", 1),))]
     )
-    assert actions(s) == [("gone", Action.MOVE, 2), ("resized", Action.GROW, 2)]
+    assert actions(s) == [("gone", ChangeKind.MOVE, 2), ("resized", ChangeKind.GROW, 2)]
     assert held(s) == {"gone": (("node-0", 2),), "resized": (("node-0", 2),)}
 
 
 def test_the_batch_is_never_touched_and_every_change_restarts() -> None:
-    cluster = Cluster.uniform(2, 4)
+    cluster = ClusterCapacity.uniform(2, 4)
     old = job("old", 4, (("node-0", 4),), attained=5000.0)
     s = tiresias(10.0, cluster, [old, job("a", 4, at=1.0), job("b", 2, at=2.0)], SMALL)
-    assert {d.action for d in s.decisions} == {Action.SUSPEND, Action.ADMIT}
-    for d in s.decisions:
+    assert {d.kind for d in s.changes} == {ChangeKind.SUSPEND, ChangeKind.ADMIT}
+    for d in s.changes:
         assert (d.local_batch, d.accumulation, d.global_batch) == (None, None, None)
         assert d.restart and d.reason
-    assert all(a.batch is None for a in s.allocations)
+    assert all(a.batch is None for a in s.holdings)
 
 
 def test_a_job_listed_twice_or_asking_for_no_gpus_is_refused() -> None:
-    cluster = Cluster.uniform(1, 4)
+    cluster = ClusterCapacity.uniform(1, 4)
     with pytest.raises(ValueError, match="listed twice"):
         tiresias(0.0, cluster, [job("a", 1), job("a", 1)])
     with pytest.raises(ValueError, match="requests 0 replicas"):
@@ -202,7 +206,7 @@ def test_the_registry_names_it_with_the_artifacts_threshold() -> None:
         spec.parse({"starvation": 0})
 
 
-Tick = tuple[float, Cluster, list[JobInput]]
+Tick = tuple[float, ClusterCapacity, list[JobInput]]
 
 
 @st.composite
@@ -210,7 +214,7 @@ def ticks(draw: st.DrawFn) -> Tick:
     per_node = draw(st.sampled_from([1, 2, 4, 8]))
     count = draw(st.integers(1, 5))
     free = draw(st.lists(st.integers(0, per_node), min_size=count, max_size=count))
-    cluster = Cluster(per_node, tuple(ClusterNode(f"n{i}", g) for i, g in enumerate(free)))
+    cluster = ClusterCapacity(tuple(NodeCapacity(f"n{i}", g) for i, g in enumerate(free)), per_node)
     left = dict(enumerate(free))
     jobs: list[JobInput] = []
     for i in range(draw(st.integers(0, 8))):
@@ -251,23 +255,23 @@ def test_every_gang_whole_within_the_cluster_and_frees_first(tick: Tick) -> None
     now, cluster, jobs = tick
     s = tiresias(now, cluster, jobs, SMALL)
     gpus = {n.name: n.gpus for n in cluster.nodes}
-    for name, used in used_gpus(s.allocations).items():
+    for name, used in used_gpus(s.holdings).items():
         assert used <= gpus[name], f"{name}: {used} GPUs used of {gpus[name]}"
     by_id = {j.job_id: j for j in jobs}
-    for a in s.allocations:
+    for a in s.holdings:
         assert a.replicas in (0, by_id[a.job_id].requested_replicas), "whole gang or nothing"
         assert a.replicas == sum(g for _, g in a.placement)
         assert [n for n, _ in a.placement] == sorted(
             (n for n, _ in a.placement), key=lambda n: int(n[1:])
         ), "listed in node order"
-    order = [d.action for d in s.decisions]
-    frees = [i for i, a in enumerate(order) if a is Action.SUSPEND]
-    takes = [i for i, a in enumerate(order) if a is not Action.SUSPEND]
+    order = [d.kind for d in s.changes]
+    frees = [i for i, a in enumerate(order) if a is ChangeKind.SUSPEND]
+    takes = [i for i, a in enumerate(order) if a is not ChangeKind.SUSPEND]
     assert not frees or not takes or max(frees) < min(takes)
     arrived = {j.job_id for j in jobs if j.submitted_at <= now}
-    assert {a.job_id for a in s.allocations} == arrived
+    assert {a.job_id for a in s.holdings} == arrived
     # a waiting job is left out only when its gang is more than the GPUs left
-    left = sum(gpus.values()) - sum(a.replicas for a in s.allocations)
-    for a in s.allocations:
+    left = sum(gpus.values()) - sum(a.replicas for a in s.holdings)
+    for a in s.holdings:
         if not a.replicas:
             assert by_id[a.job_id].requested_replicas > left

@@ -1,44 +1,20 @@
 """Cluster-wide schedulers: one allocation of an env's GPUs across all its arrived jobs.
 
 Per-job optimizers (streams.brain.core.optimizers) answer what happened to one job; a
-scheduler answers who gets which GPUs, once per tick, and so must see every arrived job
-at once. Schedulers are pure functions registered here by name, explicitly (no import
-side effects), so the brain, a dry run and the tests find the same ones.
+scheduler answers who gets which GPUs, once per round, and so must see every arrived job
+at once. The contract every scheduler keeps is `api.py`; the schedulers are pure
+functions beside it, registered here by name, explicitly (no import side effects), so the
+brain, a dry run and the tests find the same ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
-from schemas.envelope import Model
-from streams.brain.core.schedulers.goodput_cluster import (
-    Cluster,
-    GoodputClusterParams,
-    JobInput,
-    Schedule,
-    schedule,
-)
+from streams.brain.core.schedulers.api import SchedulerSpec, UnknownScheduler
+from streams.brain.core.schedulers.goodput_cluster import GoodputClusterParams, schedule
 from streams.brain.core.schedulers.tiresias import TiresiasParams, tiresias
-
-#: (now, cluster, jobs, params) -> the tick's schedule
-ScheduleFn = Callable[[float, Cluster, Sequence[JobInput], Any], Schedule]
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerSpec:
-    name: str
-    description: str
-    params: type[Model]
-    run: ScheduleFn
-
-    def parse(self, raw: Mapping[str, object] | None) -> Model:
-        """The scheduler's parameters from a settings document (pydantic errors for
-        unknown or out-of-range fields)."""
-        return self.params.model_validate(raw or {})
-
 
 SCHEDULERS: Mapping[str, SchedulerSpec] = MappingProxyType(
     {
@@ -63,13 +39,14 @@ SCHEDULERS: Mapping[str, SchedulerSpec] = MappingProxyType(
 
 
 def get_scheduler(name: str) -> SchedulerSpec:
-    """The registered scheduler; a one-line KeyError naming the known ones otherwise."""
+    """The registered scheduler; a one-line UnknownScheduler (a KeyError) naming the
+    known ones otherwise."""
     try:
         return SCHEDULERS[name]
     except KeyError:
-        raise KeyError(
+        raise UnknownScheduler(
             f"unknown scheduler {name!r} (known: {', '.join(sorted(SCHEDULERS))})"
         ) from None
 
 
-__all__ = ["SCHEDULERS", "ScheduleFn", "SchedulerSpec", "get_scheduler"]
+__all__ = ["SCHEDULERS", "get_scheduler"]

@@ -29,14 +29,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from pydantic import Field
 
 from schemas.envelope import Model
 from schemas.plans import RescaleMode
 from schemas.rescale_cost import rescale_cost_s
-from streams.brain.core.schedulers.goodput import BatchChoice, JobModel
+from streams.brain.core.schedulers.api import (
+    ChangeKind,
+    ClusterCapacity,
+    JobChange,
+    JobHolding,
+    JobInput,
+    JobInputError,
+    NodeCapacity,
+    Placement,
+    Schedule,
+    change_order,
+    check_jobs,
+)
 from streams.brain.core.schedulers.speedup import (
     SpeedupTable,
     fair_share,
@@ -46,9 +57,6 @@ from streams.brain.core.schedulers.speedup import (
     speedup_table,
     utility,
 )
-
-#: GPUs per node, by node name, in the node order of the cluster; one entry per node used.
-Placement = tuple[tuple[str, int], ...]
 
 
 class GoodputClusterParams(Model):
@@ -82,128 +90,6 @@ class GoodputClusterParams(Model):
     )
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterNode:
-    """A node and the GPUs on it the scheduler may hand out: its capacity less any GPUs
-    held by work it does not schedule."""
-
-    name: str
-    gpus: int
-
-
-@dataclass(frozen=True, slots=True)
-class Cluster:
-    gpus_per_node: int
-    nodes: tuple[ClusterNode, ...]
-
-    def __post_init__(self) -> None:
-        if self.gpus_per_node < 1:
-            raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
-        seen: set[str] = set()
-        for node in self.nodes:
-            if node.name in seen:
-                raise ValueError(f"node {node.name!r} is listed twice")
-            seen.add(node.name)
-            if not 0 <= node.gpus <= self.gpus_per_node:
-                raise ValueError(
-                    f"node {node.name!r} has {node.gpus} GPUs: must be within "
-                    f"[0, {self.gpus_per_node}]"
-                )
-
-    @classmethod
-    def uniform(cls, nodes: int, gpus_per_node: int) -> Cluster:
-        """`nodes` empty nodes named node-0, node-1, ..."""
-        return cls(
-            gpus_per_node, tuple(ClusterNode(f"node-{i}", gpus_per_node) for i in range(nodes))
-        )
-
-    @property
-    def total_gpus(self) -> int:
-        return sum(n.gpus for n in self.nodes)
-
-
-@dataclass(frozen=True, slots=True)
-class JobInput:
-    """One job as the scheduler sees it at a tick.
-
-    `placement` is what the job holds now (empty: waiting or suspended, its progress
-    kept elsewhere); `local_batch` and `accumulation` its current batch when running;
-    `restarts` how many times its allocation changed after its first start (Pollux's
-    count for the restart penalty, together with its age, now - submitted_at).
-    """
-
-    job_id: str
-    submitted_at: float
-    model: JobModel
-    placement: Placement = ()
-    local_batch: int | None = None
-    accumulation: int = 1
-    restarts: int = 0
-    preemptible: bool = True
-    #: what a policy that does not resize jobs gives it: the replicas it asked for
-    requested_replicas: int = 1
-    #: GPU-seconds it has held GPUs so far (restarts included): least-attained-service
-    #: policies (Tiresias) order jobs by it
-    attained_gpu_s: float = 0.0
-
-    @property
-    def replicas(self) -> int:
-        return sum(g for _, g in self.placement)
-
-
-class Action(StrEnum):
-    """What a decision does to a job, in the order decisions are listed (and should be
-    applied): what frees GPUs first, then what takes them."""
-
-    SUSPEND = "suspend"  # replicas 0: preempted, progress kept
-    SHRINK = "shrink"
-    MOVE = "move"  # same replicas on other nodes (a restart)
-    REBATCH = "rebatch"  # same placement, another batch: no restart
-    GROW = "grow"
-    ADMIT = "admit"  # a waiting or suspended job starts
-
-
-_ORDER = {a: i for i, a in enumerate(Action)}
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A change to one job. `replicas` 0 means suspend (placement empty, no batch);
-    otherwise the job runs `replicas` workers with one GPU each on `placement`, with
-    `local_batch` samples per micro-step and `accumulation` micro-steps per optimizer
-    step (global batch = replicas x local_batch x accumulation). `restart` is False only
-    for a batch-only change, which a job applies in place."""
-
-    job_id: str
-    action: Action
-    replicas: int
-    placement: Placement
-    local_batch: int | None
-    accumulation: int | None
-    global_batch: int | None
-    restart: bool
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """What a job holds after the tick (whether or not it changed)."""
-
-    job_id: str
-    replicas: int
-    placement: Placement
-    batch: BatchChoice | None
-    speedup: float
-
-
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    decisions: tuple[Decision, ...]  # changes only, suspend/shrink first, grow/admit last
-    allocations: tuple[Allocation, ...]  # every arrived job, by id
-    objective: float  # power mean of scaled speedups after the tick (restart-penalised)
-    objective_before: float  # the same, had nothing changed
-
-
 @dataclass(slots=True)
 class _Job:
     spec: JobInput
@@ -215,7 +101,7 @@ class _Job:
     pinned: bool
 
 
-def _shape_ok(placement: Placement, nodes: Mapping[str, ClusterNode], per_node: int) -> bool:
+def _shape_ok(placement: Placement, nodes: Mapping[str, NodeCapacity], per_node: int) -> bool:
     if not placement or any(name not in nodes or g < 1 for name, g in placement):
         return False
     if len({name for name, _ in placement}) != len(placement):
@@ -225,7 +111,7 @@ def _shape_ok(placement: Placement, nodes: Mapping[str, ClusterNode], per_node: 
     return all(g == per_node and nodes[name].gpus == per_node for name, g in placement)
 
 
-def _valid_currents(jobs: Sequence[JobInput], cluster: Cluster) -> set[str]:
+def _valid_currents(jobs: Sequence[JobInput], cluster: ClusterCapacity) -> set[str]:
     """Jobs whose placement still exists and fits, whole-node rule included; on a node
     held past its GPUs (the cluster shrank) no job keeps its place there."""
     nodes = {n.name: n for n in cluster.nodes}
@@ -246,7 +132,7 @@ def _valid_currents(jobs: Sequence[JobInput], cluster: Cluster) -> set[str]:
 class _Packer:
     """Places replica counts onto nodes, keeping jobs where they are when it can."""
 
-    def __init__(self, cluster: Cluster, jobs: Mapping[str, _Job]) -> None:
+    def __init__(self, cluster: ClusterCapacity, jobs: Mapping[str, _Job]) -> None:
         self.per_node = cluster.gpus_per_node
         self.nodes = cluster.nodes
         self.index = {n.name: i for i, n in enumerate(cluster.nodes)}
@@ -368,20 +254,19 @@ def _nodes_text(placement: Placement) -> str:
 
 def schedule(
     now: float,
-    cluster: Cluster,
+    cluster: ClusterCapacity,
     jobs: Sequence[JobInput],
     params: GoodputClusterParams | None = None,
 ) -> Schedule:
     """The allocation of this tick, as the changes to make (see the module docstring)."""
     p = params or GoodputClusterParams()
-    seen: set[str] = set()
-    for j in jobs:
-        if j.job_id in seen:
-            raise ValueError(f"job {j.job_id!r} is listed twice")
-        seen.add(j.job_id)
+    check_jobs(jobs)
     arrived = sorted((j for j in jobs if j.submitted_at <= now), key=lambda j: j.job_id)
     if not arrived:
         return Schedule((), (), 0.0, 0.0)
+    for j in arrived:
+        if j.model is None:
+            raise JobInputError(f"job {j.job_id!r} has no goodput model: goodput-cluster needs one")
     total = cluster.total_gpus
     whole = sum(1 for n in cluster.nodes if n.gpus == cluster.gpus_per_node)
     largest = max((n.gpus for n in cluster.nodes), default=0)
@@ -394,6 +279,7 @@ def schedule(
     for j in arrived:
         running = bool(j.placement)
         ok = j.job_id in valid
+        assert j.model is not None
         table = speedup_table(j.model, candidates, fair)
         current = j.replicas if ok else 0
         if table is not None and current and table.choice(current) is None:
@@ -444,8 +330,8 @@ def schedule(
             best = (value, *found)
     value, counts, placed = best
 
-    decisions: list[Decision] = []
-    allocations: list[Allocation] = []
+    decisions: list[JobChange] = []
+    allocations: list[JobHolding] = []
     for key, job in state.items():
         r = counts.get(key, 0)
         placement = placed.get(key, ()) if r else ()
@@ -460,6 +346,7 @@ def schedule(
             if r and spec.local_batch is not None and choice is not None:
                 assert got is not None
                 shape = got[0]
+                assert spec.model is not None
                 batch_now = spec.model.evaluate(shape.nodes, r, spec.local_batch, spec.accumulation)
                 same = (choice.local_batch, choice.accumulation) == (
                     spec.local_batch,
@@ -469,9 +356,9 @@ def schedule(
                     choice = batch_now
                 else:
                     decisions.append(
-                        Decision(
+                        JobChange(
                             key,
-                            Action.REBATCH,
+                            ChangeKind.REBATCH,
                             r,
                             placement,
                             choice.local_batch,
@@ -482,28 +369,28 @@ def schedule(
                             f"goodput x{choice.goodput / batch_now.goodput:.3g} in place",
                         )
                     )
-            allocations.append(Allocation(key, r, placement, choice, speedup))
+            allocations.append(JobHolding(key, r, placement, choice, speedup))
             continue
-        allocations.append(Allocation(key, r, placement, choice, speedup))
+        allocations.append(JobHolding(key, r, placement, choice, speedup))
         if r == 0:
-            action = Action.SUSPEND
+            kind = ChangeKind.SUSPEND
         elif not spec.placement:
-            action = Action.ADMIT
+            kind = ChangeKind.ADMIT
         elif r < old:
-            action = Action.SHRINK
+            kind = ChangeKind.SHRINK
         elif r > old:
-            action = Action.GROW
+            kind = ChangeKind.GROW
         else:
-            action = Action.MOVE
+            kind = ChangeKind.MOVE
         was = job.table.speedup(job.current) if job.table is not None and job.current else 0.0
         reason = (
             f"{old} -> {r} GPU(s) on {_nodes_text(placement)}: speedup {was:.3g} -> "
             f"{speedup:.3g} (fair share {fair} GPUs, objective {before:.4g} -> {value:.4g})"
         )
         decisions.append(
-            Decision(
+            JobChange(
                 key,
-                action,
+                kind,
                 r,
                 placement,
                 choice.local_batch if choice else None,
@@ -513,29 +400,8 @@ def schedule(
                 reason,
             )
         )
-    decisions.sort(key=lambda d: (_ORDER[d.action], d.job_id))
+    decisions.sort(key=change_order)
     return Schedule(tuple(decisions), tuple(allocations), value, before)
 
 
-def used_gpus(allocations: Sequence[Allocation]) -> dict[str, int]:
-    """GPUs taken per node by allocations (a check for callers and tests)."""
-    used: dict[str, int] = {}
-    for a in allocations:
-        for name, g in a.placement:
-            used[name] = used.get(name, 0) + g
-    return used
-
-
-__all__ = [
-    "Action",
-    "Allocation",
-    "Cluster",
-    "ClusterNode",
-    "Decision",
-    "GoodputClusterParams",
-    "JobInput",
-    "Placement",
-    "Schedule",
-    "schedule",
-    "used_gpus",
-]
+__all__ = ["GoodputClusterParams", "schedule"]

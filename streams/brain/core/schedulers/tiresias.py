@@ -48,20 +48,20 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from schemas.envelope import Model
-from streams.brain.core.schedulers.goodput_cluster import (
-    Action,
-    Allocation,
-    Cluster,
-    Decision,
+from streams.brain.core.schedulers.api import (
+    ChangeKind,
+    ClusterCapacity,
+    JobChange,
+    JobHolding,
     JobInput,
     Placement,
     Schedule,
+    change_order,
+    check_jobs,
 )
 
 #: The artifact's one queue threshold: 16 GPU-hours of service demote a job to queue 1.
 QUEUE_THRESHOLD_GPU_S = 3600.0 * 16
-
-_ORDER = {a: i for i, a in enumerate(Action)}
 
 
 class TiresiasParams(Model):
@@ -101,7 +101,7 @@ def queue_order(now: float, jobs: Sequence[JobInput], threshold_gpu_s: float) ->
     return out
 
 
-def _kept_placements(running: Sequence[JobInput], cluster: Cluster) -> dict[str, Placement]:
+def _kept_placements(running: Sequence[JobInput], cluster: ClusterCapacity) -> dict[str, Placement]:
     """The running jobs that keep their GPUs: a placement on known nodes, at the requested
     size, on no node that the kept jobs together overfill."""
     capacity = {n.name: n.gpus for n in cluster.nodes}
@@ -154,19 +154,13 @@ def _where(q: Queued, threshold_gpu_s: float) -> str:
 
 def tiresias(
     now: float,
-    cluster: Cluster,
+    cluster: ClusterCapacity,
     jobs: Sequence[JobInput],
     params: TiresiasParams | None = None,
 ) -> Schedule:
     """The tick's allocation, as the changes to make (see the module docstring)."""
     p = params or TiresiasParams()
-    seen: set[str] = set()
-    for j in jobs:
-        if j.job_id in seen:
-            raise ValueError(f"job {j.job_id!r} is listed twice")
-        seen.add(j.job_id)
-        if j.requested_replicas < 1:
-            raise ValueError(f"job {j.job_id!r} requests {j.requested_replicas} replicas")
+    check_jobs(jobs)
     order = queue_order(now, jobs, p.queue_threshold_gpu_s)
     if not order:
         return Schedule((), (), 0.0, 0.0)
@@ -201,7 +195,7 @@ def tiresias(
         if key in runs and key not in placed:
             placed[key] = _place(q.job.requested_replicas, free, index)
 
-    decisions: list[Decision] = []
+    decisions: list[JobChange] = []
     for q in order:
         job = q.job
         key = job.job_id
@@ -211,9 +205,9 @@ def tiresias(
         if key not in runs:
             if job.placement:
                 decisions.append(
-                    Decision(
+                    JobChange(
                         key,
-                        Action.SUSPEND,
+                        ChangeKind.SUSPEND,
                         0,
                         (),
                         None,
@@ -227,17 +221,17 @@ def tiresias(
         placement = placed[key]
         r = job.requested_replicas
         if not job.placement:
-            action = Action.ADMIT
+            kind = ChangeKind.ADMIT
         elif r < job.replicas:
-            action = Action.SHRINK
+            kind = ChangeKind.SHRINK
         elif r > job.replicas:
-            action = Action.GROW
+            kind = ChangeKind.GROW
         else:
-            action = Action.MOVE
+            kind = ChangeKind.MOVE
         decisions.append(
-            Decision(
+            JobChange(
                 key,
-                action,
+                kind,
                 r,
                 placement,
                 None,
@@ -247,10 +241,10 @@ def tiresias(
                 f"{where}: {job.replicas} -> {r} GPU(s) on {_nodes_text(placement)}",
             )
         )
-    decisions.sort(key=lambda d: (_ORDER[d.action], d.job_id))
+    decisions.sort(key=change_order)
 
     allocations = tuple(
-        Allocation(
+        JobHolding(
             q.job.job_id,
             q.job.requested_replicas if q.job.job_id in runs else 0,
             placed.get(q.job.job_id, ()),
