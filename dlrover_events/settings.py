@@ -1,6 +1,10 @@
 """All settings in one place: environment variables (DLROVER_EVENTS_*), then a TOML file
 (``DLROVER_EVENTS_CONFIG`` or ./dlrover-events.toml), then defaults.
 
+A mistake is one line (`SettingsError`, exit 2 in the CLI): a value that does not fit, a
+named config file that is not there or not TOML; and the CLI refuses a DLROVER_EVENTS_*
+variable that no part of the code reads, naming the closest one (dlrover_events.variables).
+
 Defaults suit the embedded stack: everything on 127.0.0.1, and the broker features tansu
 lacks (idempotent producer, transactions) off. Correctness comes from idempotent effects.
 """
@@ -8,10 +12,11 @@ lacks (idempotent producer, transactions) off. Correctness comes from idempotent
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -30,8 +35,21 @@ SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 ENV_PREFIX = "DLROVER_EVENTS_"
 
 
+class SettingsError(UserError):
+    """Settings that cannot work: the CLI prints it as one line and exits 2."""
+
+
 def _config_file() -> Path:
-    return Path(os.environ.get(CONFIG_FILE_ENV, DEFAULT_CONFIG_FILE))
+    """The TOML file to read: the one named (which must be there: a file named and not
+    read would be ignored silently), else ./dlrover-events.toml when there is one."""
+    named = os.environ.get(CONFIG_FILE_ENV)
+    if not named:
+        return DEFAULT_CONFIG_FILE
+    path = Path(named).expanduser()
+    if not path.is_file():
+        why = "is a folder" if path.is_dir() else "does not exist"
+        raise SettingsError(f"{CONFIG_FILE_ENV}={named}: the config file {why}")
+    return path
 
 
 class Settings(BaseSettings):
@@ -165,7 +183,9 @@ class Settings(BaseSettings):
     broker_port: int = Field(default=9092, description="the embedded broker's port")
     data_dir: Path = Field(
         default=Path(".dlrover-events"),
-        description="logs, the embedded Postgres, token files, the local platform's jobs",
+        validate_default=True,
+        description="logs, the embedded Postgres, token files, the local platform's jobs "
+        "(a relative one is taken from the current directory, once: `up` prints it)",
     )
     default_env: str = Field(default="prod", description="the real env `up` creates")
     # Supervision by `up` (and a command run alone): its /metrics, /healthz and /readyz,
@@ -198,6 +218,13 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         default=None, description="an admin token the gateway accepts (stored hashed); unset: none"
     )
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        """Resolved once, where the process starts: every part then means the same folder,
+        whatever directory it works in later."""
+        return value.expanduser().resolve()
 
     @model_validator(mode="after")
     def _kafka_security_holds_together(self) -> Self:
@@ -277,10 +304,6 @@ class Settings(BaseSettings):
         return self.model_copy(update={k: v for k, v in changes.items() if v is not None})
 
 
-class SettingsError(UserError):
-    """Settings that cannot work: the CLI prints it as one line and exits 2."""
-
-
 def settings_error(err: ValidationError, prefix: str = ENV_PREFIX) -> SettingsError:
     """One line for every problem of a settings class, named as the user sets them."""
     problems = []
@@ -296,3 +319,5 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as err:
         raise settings_error(err) from None
+    except tomllib.TOMLDecodeError as err:
+        raise SettingsError(f"{_config_file()} is not valid TOML: {err}") from None

@@ -19,6 +19,7 @@ import typer
 
 from dlrover_events.bus.consumer import Consumer, Received
 from dlrover_events.bus.topics import ENV_TOPIC_NAMES, check_env_name
+from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
 from dlrover_events.runtime.metrics import ArchiverMetrics
 from dlrover_events.runtime.services import Service, ServiceContext
@@ -96,7 +97,9 @@ service = Service(
 
 
 def archiver_command(
-    env: str = typer.Option(..., "--env", "-e", help="the env whose events to archive"),
+    env: str = typer.Option(
+        ..., "--env", "-e", parser=env_name, help="the env whose events to archive"
+    ),
 ) -> None:
     """Run the archiver of one env alone: every valid event into the env's Postgres."""
 

@@ -39,8 +39,10 @@ from aiokafka import AIOKafkaProducer
 from dlrover_events.bus.kafka_client import kafka_connection
 from dlrover_events.bus.topic_reader import read_topic
 from dlrover_events.bus.topics import DLQ, JOB_EVENTS, JOB_METRICS, topic
+from dlrover_events.cli.params import duration
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import bench_broker, resolve_postgres
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings, load_settings
@@ -548,15 +550,20 @@ async def run_fuzz(
 def bench_fuzz(
     bad: int = typer.Option(10_000, "--bad", min=1, help="bad messages to send"),
     valid: int = typer.Option(2_000, "--valid", min=1, help="valid events around them"),
-    jobs: int = typer.Option(20, "--jobs", "-j", min=1, help="jobs the events belong to"),
+    jobs: int = typer.Option(20, "--jobs", min=1, help="jobs the events belong to"),
     seed: int = typer.Option(7, "--seed", help="what is sent, and where, is a function of it"),
     timeout_s: float = typer.Option(
-        600.0, "--timeout", min=1, help="longest wait for each consumer to read everything"
+        600.0,
+        "--timeout",
+        parser=duration,
+        help="longest wait for each consumer to read everything: 10m, 600 (at least 1s)",
     ),
 ) -> None:
     """Send BAD labelled bad messages among VALID valid events into a fresh env with an
     archiver and a brain running, and report per consumer what it dead-lettered (and
     why), processed, and wrongly refused; the last line is one JSON object."""
+    if timeout_s < 1:
+        raise UserError(f"--timeout {timeout_s:g}s: at least 1s")
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.bootstrap import (
     EnvSpec,
@@ -41,11 +42,16 @@ def _in_a_pod() -> bool:
 
 def bootstrap_command(
     env: str | None = typer.Option(
-        None, "--env", "-e", help="the real env (default DLROVER_EVENTS_DEFAULT_ENV, prod)"
+        None,
+        "--env",
+        "-e",
+        parser=env_name,
+        help="the real env (default DLROVER_EVENTS_DEFAULT_ENV, prod)",
     ),
     standby: str | None = typer.Option(
         None,
         "--standby",
+        parser=env_name,
         envvar="DLROVER_EVENTS_WATCHDOG_STANDBY",
         help="the virtual env the watchdog promotes (default DLROVER_EVENTS_WATCHDOG_STANDBY;"
         " unset: none)",

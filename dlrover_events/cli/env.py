@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 import yaml
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dlrover_events.bus.topic_manifests import kafka_topics
+from dlrover_events.cli.params import env_name, json_option, print_json
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.env_settings import (
     Edit,
@@ -21,11 +23,12 @@ from dlrover_events.envs.env_settings import (
     read_settings_file,
     render,
 )
-from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import EnvError, UserError
-from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.settings import load_settings
 from schemas.control import EnvMode
+
+if TYPE_CHECKING:
+    from dlrover_events.envs.registry import EnvRegistry
 
 app = typer.Typer(
     help="Create, list and delete envs (each a topic prefix and a schema).", no_args_is_help=True
@@ -37,6 +40,10 @@ MAX_SUMMARY_CHARS = 500
 
 
 async def _registry() -> EnvRegistry:
+    # (imported here: `env topics` and every --help need no Postgres driver)
+    from dlrover_events.envs.registry import EnvRegistry
+    from dlrover_events.runtime.embedded import resolve_postgres
+
     settings = load_settings()
     pg = await resolve_postgres(settings)
     return EnvRegistry(settings, pg.dsn)
@@ -44,7 +51,7 @@ async def _registry() -> EnvRegistry:
 
 @app.command()
 def create(
-    name: str = typer.Argument(..., help="env name: [a-z][a-z0-9-]{0,30}"),
+    name: str = typer.Argument(..., parser=env_name, help="env name: [a-z][a-z0-9-]{0,30}"),
     mode: EnvMode = typer.Option(EnvMode.VIRTUAL, help="real (touches the cluster) or virtual"),
     partitions: int | None = typer.Option(
         None, min=1, help="partitions per topic (default: settings.partitions)"
@@ -68,12 +75,26 @@ def create(
 
 
 @app.command("list")
-def list_envs() -> None:
+def list_envs(as_json: bool = json_option("a JSON list of the envs")) -> None:
     """List envs with their mode and partitions."""
 
     async def go() -> None:
         registry = await _registry()
         envs = await registry.list()
+        if as_json:
+            print_json(
+                [
+                    {
+                        "name": e.name,
+                        "mode": e.mode,
+                        "partitions": e.partitions,
+                        "created_at": e.created_at,
+                        "settings_version": e.settings_version,
+                    }
+                    for e in envs
+                ]
+            )
+            return
         table = Table("name", "mode", "partitions", "created")
         for e in envs:
             table.add_row(e.name, e.mode.value, str(e.partitions), e.created_at.isoformat())
@@ -84,7 +105,7 @@ def list_envs() -> None:
 
 @app.command()
 def delete(
-    name: str = typer.Argument(..., help="env to delete"),
+    name: str = typer.Argument(..., parser=env_name, help="env to delete"),
     force: bool = typer.Option(False, "--force", help="allow deleting the real env"),
 ) -> None:
     """Delete an env: drops its schema and topics, and tombstones it on dlrover.control."""
@@ -99,7 +120,7 @@ def delete(
 
 @app.command()
 def promote(
-    name: str = typer.Argument(..., help="virtual env to make the real one"),
+    name: str = typer.Argument(..., parser=env_name, help="virtual env to make the real one"),
     reason: str = typer.Option("", help="why: recorded with the change and announced"),
 ) -> None:
     """Make a virtual env the real one and the old real env virtual, atomically."""
@@ -114,13 +135,21 @@ def promote(
 
 
 @app.command()
-def history(name: str | None = typer.Argument(None, help="only this env")) -> None:
+def history(
+    name: str | None = typer.Argument(None, parser=env_name, help="only this env"),
+    as_json: bool = json_option("a JSON list of the changes"),
+) -> None:
     """The registry's changes (create, delete, promote, demote) with their reasons."""
 
     async def go() -> None:
         registry = await _registry()
+        changes = await registry.changes(name)
+        if as_json:
+            keys = ("changed_at", "name", "change", "mode", "reason", "settings")
+            print_json([{k: c[k] for k in keys} for c in changes])
+            return
         table = Table("when", "env", "change", "mode", "reason")
-        for c in await registry.changes(name):
+        for c in changes:
             table.add_row(
                 c["changed_at"].isoformat(), c["name"], c["change"], c["mode"] or "", c["reason"]
             )
@@ -131,7 +160,9 @@ def history(name: str | None = typer.Argument(None, help="only this env")) -> No
 
 @app.command()
 def topics(
-    envs: list[str] = typer.Argument(..., help="env names (their topics are <env>.*)"),
+    envs: list[str] = typer.Argument(
+        ..., parser=env_name, help="env names (their topics are <env>.*)"
+    ),
     partitions: int | None = typer.Option(
         None, min=1, help="partitions per env topic (default: settings.partitions)"
     ),
@@ -150,6 +181,7 @@ def topics(
     control: bool = typer.Option(
         True, "--control/--no-control", help="include the bus's one dlrover.control topic"
     ),
+    as_json: bool = json_option("a JSON list of the topics"),
 ) -> None:
     """The topics of envs with their partitions, replicas and configs (retention, compaction
     from the settings), as `env create` makes them; with --strimzi as KafkaTopic resources,
@@ -172,6 +204,19 @@ def topics(
     if strimzi:
         typer.echo(yaml.safe_dump_all(resources, sort_keys=False), nl=False)
         return
+    if as_json:
+        print_json(
+            [
+                {
+                    "topic": r["spec"]["topicName"],
+                    "partitions": r["spec"]["partitions"],
+                    "replicas": r["spec"]["replicas"],
+                    "config": r["spec"].get("config", {}),
+                }
+                for r in resources
+            ]
+        )
+        return
     table = Table("topic", "partitions", "replicas", "configs")
     for r in resources:
         spec = r["spec"]
@@ -182,7 +227,7 @@ def topics(
 
 @app.command("settings")
 def settings(
-    name: str = typer.Argument(..., help="the env"),
+    name: str = typer.Argument(..., parser=env_name, help="the env"),
     set_: list[str] = typer.Option(
         None,
         "--set",

@@ -1,6 +1,7 @@
 """The reference tables of docs/, rendered from the code they describe, so that a document
 cannot drift from it: the settings (every variable of every settings class), the commands,
-the topics of an env, the metrics and the env settings.
+the topics of an env, the metrics and the env settings; and the list of every variable
+the code reads (dlrover_events/variables.py), by which the CLI refuses a misspelled one.
 
 Each table lies in its document between two markers (`<!-- NAME: begin -->` ...
 `<!-- NAME: end -->`); `dlrover-events docs write` renders them anew, `docs check` (and
@@ -10,6 +11,7 @@ pure functions of the code; only the command writes files.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -19,6 +21,7 @@ from typing import Any
 from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
+from typer._click.core import Context
 
 from dlrover_events.bus.topics import CONTROL_SPEC, ENV_TOPICS
 from dlrover_events.runtime.metrics import catalogue_markdown
@@ -75,6 +78,26 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def settings_rows(classes: list[type[BaseSettings]] | None = None) -> list[dict[str, str]]:
+    """One row per variable of every settings class: its class, type, default (as the
+    docs write it), bounds and what it is for (`settings list --json`)."""
+    rows = []
+    for cls in settings_classes() if classes is None else classes:
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        for name, info in cls.model_fields.items():
+            rows.append(
+                {
+                    "variable": f"{prefix}{name.upper()}",
+                    "class": f"{cls.__module__}.{cls.__name__}",
+                    "type": type_name(info.annotation),
+                    "default": _env_default(info),
+                    "bounds": bounds(info),
+                    "what": " ".join((info.description or "").split()),
+                }
+            )
+    return rows
+
+
 def settings_markdown(classes: list[type[BaseSettings]] | None = None) -> str:
     """One table per settings class: each variable, its type, default, bounds and meaning."""
     out: list[str] = []
@@ -83,14 +106,13 @@ def settings_markdown(classes: list[type[BaseSettings]] | None = None) -> str:
         doc = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
         out += [f"### `{prefix}*`: `{cls.__module__}.{cls.__name__}`", "", doc, ""]
         out += ["| variable | type | default | bounds | what |", "| --- | --- | --- | --- | --- |"]
-        for name, info in cls.model_fields.items():
-            variable = f"{prefix}{name.upper()}"
-            kind = _cell(type_name(info.annotation))
-            what = _cell(info.description or "")
-            default = _cell(_env_default(info))
+        for row in settings_rows([cls]):
+            default = _cell(row["default"])
             default = default if default == "unset" else f"`{default}`"
-            row = f"| `{variable}` | {kind} | {default} | {bounds(info)} | {what} |"
-            out.append(row)
+            out.append(
+                f"| `{row['variable']}` | {_cell(row['type'])} | {default} | {row['bounds']} "
+                f"| {_cell(row['what'])} |"
+            )
         out.append("")
     return "\n".join(out)
 
@@ -109,12 +131,18 @@ def undescribed_settings(classes: list[type[BaseSettings]] | None = None) -> lis
 
 
 def _commands(command: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
-    subcommands = getattr(command, "commands", None)
-    if subcommands:
-        for name in sorted(subcommands):
-            yield from _commands(subcommands[name], (*path, name))
+    """Every leaf command under ``command`` (a group's commands loaded as it is walked)."""
+    if hasattr(command, "list_commands"):
+        ctx = Context(command, info_name=path[-1] if path else None)
+        for name in sorted(command.list_commands(ctx)):
+            yield from _commands(command.get_command(ctx, name), (*path, name))
     else:
         yield path, command
+
+
+def all_commands(root: Any) -> list[tuple[tuple[str, ...], Any]]:
+    """(path, click command) of every command under the CLI's root, groups' leaves only."""
+    return list(_commands(root, ()))
 
 
 def _synopsis(command: Any) -> str:
@@ -139,6 +167,41 @@ def commands_markdown(root: Any) -> str:
         what = _cell(command.get_short_help_str(limit=400))
         rows.append(f"| `{' '.join(path)}` | {_synopsis(command)} | {what} |")
     return "\n".join(rows) + "\n"
+
+
+# -- variables ---------------------------------------------------------------------------
+
+#: the packages whose sources may name a variable
+PACKAGES = ("dlrover_events", "schemas", "streams", "handlers")
+#: a variable's full name (a prefix such as DLROVER_EVENTS_GATEWAY_ is not one)
+VARIABLE = re.compile(r"DLROVER_EVENTS_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_])")
+#: the list this renders (it names every variable, so it is no source of names itself)
+VARIABLES_FILE = "dlrover_events/variables.py"
+
+
+def named_variables(source_root: Path) -> set[str]:
+    """The DLROVER_EVENTS_* names the packages' sources under ``source_root`` spell."""
+    named: set[str] = set()
+    for package in PACKAGES:
+        for path in sorted((source_root / package).rglob("*.py")):
+            if path.relative_to(source_root).as_posix() != VARIABLES_FILE:
+                named |= set(VARIABLE.findall(path.read_text("utf-8")))
+    return named
+
+
+def known_variables(source_root: Path | None = None) -> list[str]:
+    """Every variable the code reads: the settings classes' and those its sources name."""
+    root = source_root or Path(__file__).resolve().parents[2]
+    from_classes = {
+        f"{cls.model_config.get('env_prefix', '')}{name.upper()}"
+        for cls in settings_classes()
+        for name in cls.model_fields
+    }
+    return sorted(from_classes | named_variables(root))
+
+
+def variables_text() -> str:
+    return "".join(f"{name}\n" for name in known_variables())
 
 
 # -- topics ------------------------------------------------------------------------------
@@ -180,6 +243,7 @@ def parts(cli_root: Any) -> list[Part]:
         Part("docs/operations.md", marked("topics", topics_markdown)),
         Part("docs/metrics.md", marked("metrics list", catalogue_markdown)),
         Part("docs/env-settings.md", with_reference),
+        Part(VARIABLES_FILE, marked("variables", variables_text)),
     ]
 
 
@@ -198,12 +262,15 @@ def stale(repo: Path, cli_root: Any) -> list[str]:
 
 __all__ = [
     "Part",
+    "all_commands",
     "begin",
     "commands_markdown",
     "end",
+    "known_variables",
     "parts",
     "settings_classes",
     "settings_markdown",
+    "settings_rows",
     "stale",
     "topics_markdown",
     "undescribed_settings",

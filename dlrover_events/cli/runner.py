@@ -9,7 +9,6 @@ so a command importing the root back would be a cycle.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -23,6 +22,8 @@ T = TypeVar("T")
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine to its end on a new event loop."""
+    import asyncio  # (on use: `--help` has no loop to run)
+
     return asyncio.run(coro)
 
 

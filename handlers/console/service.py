@@ -10,6 +10,7 @@ import logging
 
 import typer
 
+from dlrover_events.cli.params import env_name
 from dlrover_events.runtime.metrics import ConsoleMetrics
 from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.runtime.standalone import serve_alone
@@ -42,7 +43,7 @@ service = Service(
 
 
 def console(
-    env: str = typer.Option(..., "--env", "-e", help="The env to show."),
+    env: str = typer.Option(..., "--env", "-e", parser=env_name, help="The env to show."),
     host: str | None = typer.Option(
         None, help="Listen address (default DLROVER_EVENTS_CONSOLE_HOST, 127.0.0.1)."
     ),

@@ -24,6 +24,7 @@ import orjson
 import typer
 
 from dlrover_events.bus.producer import Producer
+from dlrover_events.cli.params import env_name
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.envs.tokens import Scope, Tokens
 from dlrover_events.runtime.embedded import Broker, free_port, port_open, resolve_postgres
@@ -210,8 +211,8 @@ async def _prepare(settings: Settings, dsn: str, env: str, n: int) -> tuple[str,
 
 
 def bench_gateway(
-    configs: int = typer.Option(10_000, "--configs", "-n", min=1, help="documents to load"),
-    seconds: float = typer.Option(10.0, "--seconds", "-s", min=0.5, help="how long to drive"),
+    configs: int = typer.Option(10_000, "--configs", min=1, help="documents to load"),
+    seconds: float = typer.Option(10.0, "--seconds", min=0.5, help="how long to drive"),
     concurrency: int = typer.Option(64, "--concurrency", "-c", min=1, help="connections"),
     clients: int = typer.Option(
         0, "--clients", help="client processes (0: half the CPUs, at least 1)"
@@ -219,7 +220,9 @@ def bench_gateway(
     jobs: int = typer.Option(
         2_000, "--jobs", min=1, help="distinct jobs asking (more: fewer cached answers)"
     ),
-    env: str = typer.Option(None, "--env", help="env to load (default: a fresh one, dropped)"),
+    env: str = typer.Option(
+        None, "--env", parser=env_name, help="env to load (default: a fresh one, dropped)"
+    ),
     hold: bool = typer.Option(
         False, "--hold", help="keep the gateway up afterwards (for wrk) until Ctrl-C"
     ),

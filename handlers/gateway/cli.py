@@ -7,11 +7,13 @@ against a stack started by `dlrover-events up` they need no flags beyond the env
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from pathlib import Path
 
 import typer
 
+from dlrover_events.cli.params import env_name, json_option, print_json
 from dlrover_events.envs.tokens import Scope, TokenInfo, Tokens
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
@@ -28,7 +30,9 @@ async def _dsn(settings: Settings) -> str:
 
 
 def serve(
-    env: str = typer.Option(None, "--env", "-e", help="env to serve (default: settings)"),
+    env: str = typer.Option(
+        None, "--env", "-e", parser=env_name, help="env to serve (default: settings)"
+    ),
     host: str = typer.Option(
         None, "--host", help="listen address (default DLROVER_EVENTS_GATEWAY_HOST, 127.0.0.1)"
     ),
@@ -83,11 +87,11 @@ async def _tokens(env: str) -> tuple[Tokens, str]:
 
 @token_app.command("create")
 def create_token(
-    env: str = typer.Option(..., "--env", "-e", help="the env the token is for"),
+    env: str = typer.Option(..., "--env", "-e", parser=env_name, help="the env the token is for"),
     scope: list[Scope] = typer.Option(
-        [Scope.READ], "--scope", "-s", help="read (jobs) or admin (documents; includes read)"
+        [Scope.READ], "--scope", help="read (jobs) or admin (documents; includes read); repeatable"
     ),
-    name: str = typer.Option("", "--name", "-n", help="who or what it is for"),
+    name: str = typer.Option("", "--name", help="who or what it is for"),
 ) -> None:
     """Mint a token and print it (only its SHA-256 is stored: keep it now)."""
 
@@ -104,7 +108,10 @@ def create_token(
 
 
 @token_app.command("list")
-def list_tokens(env: str = typer.Option(..., "--env", "-e")) -> None:
+def list_tokens(
+    env: str = typer.Option(..., "--env", "-e", parser=env_name),
+    as_json: bool = json_option("a JSON list of the tokens (never the tokens themselves)"),
+) -> None:
     """Tokens of an env (ids, names, scopes; never the tokens)."""
 
     async def run() -> list[TokenInfo]:
@@ -114,7 +121,11 @@ def list_tokens(env: str = typer.Option(..., "--env", "-e")) -> None:
         finally:
             await tokens.pool.close()
 
-    for t in asyncio.run(run()):
+    found = asyncio.run(run())
+    if as_json:
+        print_json([dataclasses.asdict(t) for t in found])
+        return
+    for t in found:
         state = "revoked" if t.revoked_at else "active"
         typer.echo(f"{t.token_id}  {state:8} {','.join(t.scopes):12} {t.name}")
 
@@ -122,7 +133,7 @@ def list_tokens(env: str = typer.Option(..., "--env", "-e")) -> None:
 @token_app.command("revoke")
 def revoke_token(
     token_id: str = typer.Argument(..., help="the id `list` shows"),
-    env: str = typer.Option(..., "--env", "-e"),
+    env: str = typer.Option(..., "--env", "-e", parser=env_name),
 ) -> None:
     """Revoke a token; gateways stop accepting it within their cache time (5 s)."""
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 
+from dlrover_events.cli.params import duration, env_name, speed
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.runtime.standalone import serve_alone
 from dlrover_events.settings import Settings, load_settings
@@ -29,11 +30,16 @@ class Admission(StrEnum):
 
 
 def operator(
-    env: str = typer.Option(..., "--env", "-e", help="the env whose ScalePlans to apply"),
+    env: str = typer.Option(
+        ..., "--env", "-e", parser=env_name, help="the env whose ScalePlans to apply"
+    ),
     nodes: int = typer.Option(None, "--nodes", min=1, help="simulated nodes (default 16)"),
     gpus: int = typer.Option(None, "--gpus", min=0, help="GPUs per simulated node (default 4)"),
-    speed: float = typer.Option(
-        None, "--speed", help="simulated seconds per wall second, > 0 (default 1)"
+    speed_up: float = typer.Option(
+        None,
+        "--speed",
+        parser=speed,
+        help="simulated seconds per wall second: 100x or 100 (default 1x)",
     ),
     fast: bool = typer.Option(
         None, "--fast/--no-fast", help="simulate as fast as possible, event to event"
@@ -44,13 +50,22 @@ def operator(
         help="a tick at a time, each once the env's brain (in lockstep too) has decided it",
     ),
     tick: float = typer.Option(
-        None, "--tick", help="simulated seconds per lockstep tick (default: sample interval)"
+        None,
+        "--tick",
+        parser=duration,
+        help="simulated time per lockstep tick: 60s, 1m (default: the sample interval)",
     ),
     sample_interval: float = typer.Option(
-        None, "--sample-interval", help="simulated seconds between runtime samples (default 30)"
+        None,
+        "--sample-interval",
+        parser=duration,
+        help="simulated time between runtime samples (default 30s)",
     ),
     restart_delay: float = typer.Option(
-        None, "--restart-delay", help="simulated seconds a rescaled job restarts (default 30)"
+        None,
+        "--restart-delay",
+        parser=duration,
+        help="simulated time a rescaled job takes to restart (default 30s)",
     ),
     rescale_mode: str = typer.Option(
         None,
@@ -91,7 +106,7 @@ def operator(
         "namespace": namespace,
         "nodes": nodes,
         "gpus_per_node": gpus,
-        "speed": speed,
+        "speed": speed_up,
         "fast": fast,
         "lockstep": lockstep,
         "tick_s": tick,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,9 @@ class Arm:
 
 
 def parse_arm(spec: str) -> Arm:
-    """``name=settings.yaml``; a bare ``name`` is a preset's (PRESETS) when there is one,
-    else the default brain settings, as ``name=`` is."""
+    """``name=settings.yaml``; a bare ``name`` is a preset's (PRESETS), and refused when no
+    preset has that name (a typo must not run the default brain); ``name=`` is the default
+    brain settings."""
     name, eq, path = spec.partition("=")
     name = name.strip()
     if not _NAME.match(name) or name.endswith("-"):
@@ -58,7 +60,14 @@ def parse_arm(spec: str) -> Arm:
             f"arm {spec!r}: the name must be 1-20 lowercase letters, digits or dashes, "
             "starting with a letter (it becomes part of the arm's env name)"
         )
-    if not eq and name in PRESETS:
+    if not eq:
+        if name not in PRESETS:
+            close = get_close_matches(name, PRESETS, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise UserError(
+                f"arm {name!r}: no preset of that name ({hint}presets: {', '.join(PRESETS)}); "
+                f"the default brain settings are `--arm {name}=`, a file's `--arm {name}=FILE`"
+            )
         return Arm(name, PRESETS[name], f"preset {name}")
     if not path.strip():
         return Arm(name, {}, "defaults")

@@ -368,7 +368,7 @@ async def run_bench(
 
 
 def bench_ab(
-    jobs: int = typer.Option(20, "--jobs", "-j", min=1, help="first jobs of the workload"),
+    jobs: int = typer.Option(20, "--jobs", min=1, help="first jobs of the workload"),
     arm: list[str] = typer.Option(
         ["tiresias"], "--arm", help="arm (a preset name or name=settings.yaml; repeat)"
     ),

@@ -9,11 +9,12 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from dlrover_events.cli.params import duration, env_name, json_option
 from dlrover_events.cli.runner import run_async
 from dlrover_events.domain.units import parse_speed
 from dlrover_events.errors import UserError
-from dlrover_events.runtime.embedded import resolve_postgres
-from dlrover_events.settings import load_settings
+from dlrover_events.runtime.embedded import bench_broker, resolve_postgres
+from dlrover_events.settings import Settings, load_settings
 from streams.ab.arms import parse_arms
 from streams.ab.report import compare, table, write_report
 from streams.ab.runner import ABTest, ArmCluster
@@ -22,45 +23,80 @@ from streams.ab.summary import SUMMARY_FILE, build_summary, write_summary
 app = typer.Typer(help="A/B tests of brain settings in virtual envs.", no_args_is_help=True)
 
 
+#: --speed besides a speed-up: how an arm's clock may move
+SPEED_WORDS = ("lockstep", "max")
+
+
 @app.command("run")
 def run(
     arm: list[str] = typer.Option(
-        ..., "--arm", help="name=settings.yaml (repeat; the first arm is the baseline)"
+        ...,
+        "--arm",
+        metavar="NAME[=FILE]",
+        help="a preset (static, goodput, tiresias, goodput-cluster, cluster-inplace), "
+        "name=settings.yaml, or name= (the default brain); repeat, the first is the baseline",
     ),
     trace: Path | None = typer.Option(None, "--trace", help="workload trace to feed every arm"),
-    source: str | None = typer.Option(None, "--from", help="env whose inputs feed every arm"),
+    source: str | None = typer.Option(
+        None, "--from", parser=env_name, help="env whose inputs feed every arm"
+    ),
+    jobs: int | None = typer.Option(
+        None, "--jobs", min=1, metavar="N", help="only the trace's first N jobs (a quick run)"
+    ),
     nodes: int = typer.Option(16, min=1, help="nodes of each arm's simulated cluster"),
     gpus: int = typer.Option(4, min=1, help="GPUs per node"),
     speed: str = typer.Option(
         "lockstep",
+        metavar="lockstep|max|SPEED",
         help="how simulated time moves: 'lockstep' (arms with a brain tick with it, the "
-        "others as fast as possible: the same input gives the same result), '200x' "
-        "(simulated per wall time, as before: about ±2 s per job from run to run), 'max' "
+        "others as fast as possible: the same input gives the same result), a speed-up "
+        "such as 200x (simulated per wall time: about ±2 s per job from run to run), 'max' "
         "(as fast as possible; for arms without a brain)",
     ),
-    timeout: float = typer.Option(1800, min=1, help="wall seconds to wait for every job"),
+    timeout: float = typer.Option(
+        1800.0, parser=duration, help="wall time to wait for every job: 30m, 1h, seconds"
+    ),
     out: Path = typer.Option(
         Path("ab-report"),
         help=f"folder for the HTML and PNG report and the machine-readable {SUMMARY_FILE}",
     ),
     keep_envs: bool = typer.Option(False, "--keep-envs", help="keep the arms' envs to inspect"),
+    as_json: bool = json_option(f"the {SUMMARY_FILE} document instead of the table"),
 ) -> None:
-    """Run every arm on the same input and say which is better, by how much, how sure."""
+    """Run every arm on the same input and say which is better, by how much, how sure.
+
+    With nothing running it starts its own broker and Postgres (as `bench ab` does), and
+    stops them after."""
     arms = parse_arms(arm)
+    if (trace is None) == (source is None):
+        raise UserError("give exactly one of --trace FILE and --from ENV")
     if trace is not None and not trace.is_file():
         raise UserError(f"trace file {trace} does not exist")
+    if jobs is not None and trace is None:
+        raise UserError("--jobs takes the first jobs of --trace; --from copies an env whole")
+    if timeout <= 0:
+        raise UserError("--timeout must be more than 0s")
     try:
         cluster = _cluster(nodes, gpus, speed)
     except ValueError as err:
-        raise UserError(str(err)) from None
-    settings = load_settings()
+        raise UserError(f"--speed {err}") from None
+    if trace is not None and jobs is not None:
+        trace = _first_jobs(trace, jobs, out)
     console = Console(stderr=True)
 
-    async def go() -> None:
+    async def go(settings: Settings) -> None:
         pg = await resolve_postgres(settings)
+        if pg.kind == "embedded":
+            console.print(f"started an embedded Postgres under {settings.data_dir / 'postgres'}")
+        try:
+            await _run(settings, pg.dsn, console)
+        finally:
+            pg.stop()
+
+    async def _run(settings: Settings, dsn: str, console: Console) -> None:
         test = ABTest(
             settings,
-            pg.dsn,
+            dsn,
             arms,
             trace=trace,
             source=source,
@@ -83,29 +119,50 @@ def run(
         console.print(f"A/B run {test.run_id}: arms {', '.join(a.name for a in arms)}")
         results = await test.run(progress)
         comparison = compare(results)
+        html, png = write_report(comparison, out, f"A/B {test.run_id}: {trace or source}")
+        summary = build_summary(comparison, test.run_info())
+        written = write_summary(out, summary)
+        if as_json:
+            typer.echo(written.read_text("utf-8"), nl=False)
+            return
         Console().print(table(comparison))
         for line in comparison.verdicts:
             typer.echo(line)
-        html, png = write_report(comparison, out, f"A/B {test.run_id}: {trace or source}")
-        summary = write_summary(out, build_summary(comparison, test.run_info()))
-        typer.echo(f"report: {html} (plots: {png}, summary: {summary})")
+        typer.echo(f"report: {html} (plots: {png}, summary: {written})")
+
+    def say(line: str) -> None:
+        console.print(line, highlight=False)
 
     try:
-        run_async(go())
+        with bench_broker(load_settings(), say) as settings:
+            run_async(go(settings))
     except asyncio.CancelledError:
         raise UserError(
             "the A/B run was stopped before every job finished; its envs were deleted"
         ) from None
 
 
+def _first_jobs(trace: Path, jobs: int, out: Path) -> Path:
+    """The trace's header and first ``jobs`` submissions, beside the report (so that the
+    summary names the input the arms had)."""
+    from streams.ab.bench import first_jobs
+
+    out.mkdir(parents=True, exist_ok=True)
+    subset = out / f"{trace.stem}-first-{jobs}{trace.suffix}"
+    subset.write_text(first_jobs(trace, jobs))
+    return subset
+
+
 def _cluster(nodes: int, gpus: int, speed: str) -> ArmCluster:
-    """Each arm's simulated cluster and how its clock moves, from --speed."""
-    if speed == "lockstep":
+    """Each arm's simulated cluster and how its clock moves, from --speed (a speed-up in
+    the syntax of every command's --speed, or a word of SPEED_WORDS)."""
+    word = speed.strip().lower()
+    if word == "lockstep":
         return ArmCluster(nodes, gpus, lockstep=True)
-    if speed == "max":
+    if word == "max":
         return ArmCluster(nodes, gpus, None, lockstep=False)
     try:
         pace = parse_speed(speed)
     except ValueError as err:
-        raise ValueError(f"{err}, or 'lockstep' or 'max'") from None
+        raise ValueError(f"{err}, or {' or '.join(repr(w) for w in SPEED_WORDS)}") from None
     return ArmCluster(nodes, gpus, pace, lockstep=False)

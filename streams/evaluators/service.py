@@ -27,10 +27,11 @@ from dlrover_events.bus.topics import (
     JOB_METRICS,
     SCALE_PLANS,
     SCALE_RESULTS,
-    check_env_name,
     topic,
 )
+from dlrover_events.cli.params import duration, env_name, json_option, print_json
 from dlrover_events.cli.runner import run_async
+from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.runtime.metrics import EvaluatorMetrics
 from dlrover_events.runtime.services import Service, ServiceContext
@@ -120,24 +121,26 @@ service = Service(
 
 
 def evaluate_command(
-    env: str = typer.Option(..., "--env", "-e", help="env to evaluate"),
+    env: str = typer.Option(..., "--env", "-e", parser=env_name, help="env to evaluate"),
     publish_reports: bool = typer.Option(
         False, "--publish", help="also publish the reports to <env>.eval.reports and Postgres"
     ),
+    as_json: bool = json_option("JSON: the KPIs by name, and each evaluator's report"),
 ) -> None:
     """Print the KPIs of an env from everything its topics hold now."""
-    check_env_name(env)
     settings = load_settings()
 
     async def go() -> None:
         ledger = await ledger_of(settings, env)
         batch = reports(env, ledger, datetime.now(UTC))
-        table = Table("metric", "value", title=f"{env}: {len(ledger.jobs)} jobs")
-        for report in batch:
-            for key, value in report.metrics.items():
-                if key != "jobs":
-                    table.add_row(key, f"{value:.6g}")
-        Console().print(table)
+        kpis = {k: v for r in batch for k, v in r.metrics.items() if k != "jobs"}
+        if as_json:
+            print_json({"env": env, "jobs": len(ledger.jobs), "metrics": kpis, "reports": batch})
+        else:
+            table = Table("metric", "value", title=f"{env}: {len(ledger.jobs)} jobs")
+            for key, value in kpis.items():
+                table.add_row(key, f"{value:.6g}")
+            Console().print(table)
         if publish_reports:
             pg = await resolve_postgres(settings)
             store = await EnvStore.open(pg.dsn, env, max_size=1)
@@ -148,8 +151,10 @@ def evaluate_command(
 
 
 def evaluator_command(
-    env: str = typer.Option(..., "--env", "-e", help="the env to evaluate"),
-    interval: float = typer.Option(10.0, min=0.1, help="seconds between two rounds of reports"),
+    env: str = typer.Option(..., "--env", "-e", parser=env_name, help="the env to evaluate"),
+    interval: float = typer.Option(
+        10.0, parser=duration, help="between two rounds of reports: 10s, 1m (at least 0.1 s)"
+    ),
 ) -> None:
     """Run the evaluator of one env alone: its KPIs reported to <env>.eval.reports and
     Postgres every --interval seconds (`evaluate` prints them once)."""
@@ -161,5 +166,7 @@ def evaluator_command(
             err=True,
         )
 
+    if interval < 0.1:
+        raise UserError(f"--interval {interval:g}s: at least 0.1s")
     work = functools.partial(run, interval_s=interval)
-    run_async(serve_alone(load_settings(), check_env_name(env), "evaluator", work, on_ready=say))
+    run_async(serve_alone(load_settings(), env, "evaluator", work, on_ready=say))

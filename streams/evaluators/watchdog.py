@@ -11,17 +11,19 @@ import contextlib
 import functools
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import typer
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dlrover_events.bus.tail import Line, parse_since
+from dlrover_events.bus.tail import Line
 from dlrover_events.bus.tailer import follow
 from dlrover_events.bus.topics import JOB_EVENTS, check_env_name
+from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
+from dlrover_events.domain.units import parse_duration
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
@@ -102,11 +104,12 @@ async def watch(ctx: ServiceContext, policy: WatchdogPolicy, check_every_s: floa
 
 
 def parse_window(text: str, option: str = "--window") -> timedelta:
-    """``30m``, ``1h``, ``1d`` as a span; a bad one is a one-line user error."""
+    """``30m``, ``1h``, ``1d`` (the one duration syntax) as a span; a bad one is a one-line
+    user error."""
     try:
-        return datetime.now().astimezone() - parse_since(text)
-    except ValueError as err:
-        raise UserError(str(err).replace("--since", option)) from None
+        return timedelta(seconds=parse_duration(text))
+    except (ValueError, OverflowError) as err:
+        raise UserError(f"{option} {err}") from None
 
 
 class WatchdogSettings(BaseSettings):
@@ -193,13 +196,19 @@ service = Service(
 
 def watchdog_command(
     standby: str | None = typer.Option(
-        None, help="virtual env that takes over (default DLROVER_EVENTS_WATCHDOG_STANDBY)"
+        None,
+        parser=env_name,
+        help="virtual env that takes over (default DLROVER_EVENTS_WATCHDOG_STANDBY)",
     ),
-    env: str | None = typer.Option(None, "--env", "-e", help="real env to watch (default: it)"),
+    env: str | None = typer.Option(
+        None, "--env", "-e", parser=env_name, help="real env to watch (default: it)"
+    ),
     failed_rate: float | None = typer.Option(
         None, min=0.0, max=1.0, help="failed share that trips (default 0.5)"
     ),
-    window: str | None = typer.Option(None, help="window of finished jobs: 30m, 1h (default), 1d"),
+    window: str | None = typer.Option(
+        None, metavar="DURATION", help="window of finished jobs: 30m, 1h (default), 1d"
+    ),
     min_finished: int | None = typer.Option(
         None, min=1, help="finished jobs needed before judging (default 5)"
     ),

@@ -13,9 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from dlrover_events.bus.tail import parse_since
-from dlrover_events.bus.topics import check_env_name
+from dlrover_events.cli.params import env_name, speed_or_max
 from dlrover_events.cli.runner import run_async
-from dlrover_events.domain.units import parse_speed
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
@@ -29,16 +28,27 @@ from streams.replay.trace import replay_trace
 
 
 def replay(
-    to: str = typer.Option(..., "--to", help="virtual env to feed"),
-    source: str | None = typer.Option(None, "--from", help="env to copy from (e.g. prod)"),
+    to: str = typer.Option(..., "--to", parser=env_name, help="virtual env to feed"),
+    source: str | None = typer.Option(
+        None, "--from", parser=env_name, help="env to copy from (e.g. prod)"
+    ),
     trace: Path | None = typer.Option(None, "--trace", help="workload trace file to replay"),
     adapter: str = typer.Option("pollux", help="workload adapter for --trace"),
-    since: str | None = typer.Option(None, help="copy from this time: 2h (ago) or ISO time"),
-    until: str | None = typer.Option(None, help="copy up to this time: 10m (ago) or ISO time"),
+    since: str | None = typer.Option(
+        None, metavar="DURATION|TIME", help="copy from this time: 2h (ago) or ISO time"
+    ),
+    until: str | None = typer.Option(
+        None, metavar="DURATION|TIME", help="copy up to this time: 10m (ago) or ISO time"
+    ),
     follow: bool = typer.Option(False, "--follow", help="keep copying live after catching up"),
-    speed: str = typer.Option("1x", help="speed-up of the original timing: 10x, 100x"),
+    pace: float | None = typer.Option(
+        "1x",
+        "--speed",
+        parser=speed_or_max,
+        help="speed-up of the original timing: 10x, 100x, or max (as fast as possible)",
+    ),
     as_fast_as_possible: bool = typer.Option(
-        False, "--as-fast-as-possible", help="ignore the original timing"
+        False, "--as-fast-as-possible", help="ignore the original timing (as --speed max)"
     ),
     types: str = typer.Option(
         ",".join(DEFAULT_TYPES), help="event types to copy (comma-separated globs; '*' = all)"
@@ -55,9 +65,8 @@ def replay(
     """
     if (source is None) == (trace is None):
         raise UserError("give exactly one of --from ENV and --trace FILE")
-    check_env_name(to)
     try:
-        pacer = Pacer(None if as_fast_as_possible else parse_speed(speed))
+        pacer = Pacer(None if as_fast_as_possible else pace)
         start = parse_since(since) if since else None
         end = parse_since(until) if until else None
     except ValueError as err:

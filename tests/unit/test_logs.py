@@ -13,7 +13,7 @@ from datetime import datetime
 import pytest
 from typer.testing import CliRunner
 
-from dlrover_events.cli.app import register_commands
+from dlrover_events.cli.app import app as cli
 from dlrover_events.runtime import logs
 from dlrover_events.runtime.logs import (
     JsonFormatter,
@@ -136,7 +136,7 @@ def test_short_commands_warn_services_inform_a_given_level_stays() -> None:
 
 def test_the_cli_takes_a_level_and_a_format_and_refuses_others_in_one_line() -> None:
     runner = CliRunner()
-    app = register_commands()
+    app = cli  # (typer's runner builds the root from it)
     done = runner.invoke(app, ["--log-level", "debug", "--log-format", "JSON", "metrics", "list"])
     assert done.exit_code == 0, done.output
     assert logging.getLogger().level == logging.DEBUG

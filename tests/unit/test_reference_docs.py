@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.cli import reference
-from dlrover_events.cli.app import register_commands
+from dlrover_events.cli.app import root_command
 from dlrover_events.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +26,7 @@ DOCS = [REPO / "sdk" / "README.md", REPO / "deploy" / "README.md", *(REPO / "doc
 
 
 def _cli_root() -> Any:
-    return typer.main.get_command(register_commands())
+    return root_command()
 
 
 @pytest.mark.parametrize("part", reference.parts(_cli_root()), ids=lambda p: p.path)

@@ -21,6 +21,7 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.bus.producer import Producer
+from dlrover_events.cli.params import env_name, json_option, print_json
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
@@ -44,14 +45,21 @@ NAMESPACE = typer.Option(None, "--namespace", "-n", help="default: the context's
 PLATFORM = typer.Option(
     "kubernetes", "--platform", help="where the jobs run: kubernetes, or local (this machine)"
 )
-ENV = typer.Option(None, "--env", "-e", help="default: the real env")
+ENV = typer.Option(
+    None, "--env", "-e", parser=env_name, help="default: the real env (the registry's)"
+)
+JSON = json_option("the TrainingJob objects as JSON")
 
 
 async def _real_env(env: str | None) -> str:
-    if env is not None:
-        return env
+    """The env named (which must exist), else the one the registry says is real now."""
     settings = load_settings()
-    real = await EnvRegistry(settings, (await resolve_postgres(settings)).dsn).real()
+    registry = EnvRegistry(settings, (await resolve_postgres(settings)).dsn)
+    if env is not None:
+        if await registry.get(env) is None:
+            raise UserError(f"no env named {env!r} (see `dlrover-events env list`)")
+        return env
+    real = await registry.real()
     if real is None:
         raise UserError("no env is real; name one with --env")
     return real.name
@@ -129,14 +137,21 @@ def list_jobs(
     namespace: str | None = NAMESPACE,
     platform: str = PLATFORM,
     env: str | None = ENV,
+    as_json: bool = JSON,
 ) -> None:
     """The TrainingJobs of the namespace: phase, replicas per role, last plan."""
 
     async def work(kube: Platform) -> list[dict[str, Any]]:
         return (await kube.list_jobs())[0]
 
-    found = _run(kubeconfig, namespace, work, platform=platform, env=env)
-    for obj in sorted(found, key=lambda o: o["metadata"]["name"]):
+    found = sorted(
+        _run(kubeconfig, namespace, work, platform=platform, env=env),
+        key=lambda o: o["metadata"]["name"],
+    )
+    if as_json:
+        print_json(found)
+        return
+    for obj in found:
         status = obj.get("status") or {}
         roles = " ".join(
             f"{name}={(status.get('roles') or {}).get(name, {}).get('running', 0)}/"
@@ -156,6 +171,7 @@ def describe(
     namespace: str | None = NAMESPACE,
     platform: str = PLATFORM,
     env: str | None = ENV,
+    as_json: bool = json_option("JSON: the TrainingJob object and its pods"),
 ) -> None:
     """One job: roles (desired, resources, pod counts), status and its pods."""
 
@@ -167,6 +183,9 @@ def describe(
         return obj, pods
 
     obj, pods = _run(kubeconfig, namespace, work, platform=platform, env=env)
+    if as_json:
+        print_json({"job": obj, "pods": pods})
+        return
     meta, status = obj["metadata"], obj.get("status") or {}
     typer.echo(f"name:      {meta['namespace']}/{meta['name']} (uid {meta['uid']})")
     typer.echo(f"phase:     {status.get('phase', '-')}")

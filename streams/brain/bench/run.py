@@ -404,8 +404,8 @@ async def run_bench(
 
 
 def bench_brain(
-    events: int = typer.Option(100_000, "--events", "-n", min=1, help="events to pre-load"),
-    jobs: int = typer.Option(100, "--jobs", "-j", min=1, help="jobs they belong to"),
+    events: int = typer.Option(100_000, "--events", min=1, help="events to pre-load"),
+    jobs: int = typer.Option(100, "--jobs", min=1, help="jobs they belong to"),
     rate: float = typer.Option(1000.0, "--rate", min=1, help="events/s of the latency phase"),
     seconds: float = typer.Option(10.0, "--seconds", min=1, help="length of the latency phase"),
     faust_raw: bool = typer.Option(

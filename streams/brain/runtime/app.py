@@ -55,6 +55,7 @@ from dlrover_events.bus.topics import (
     SCALE_RESULTS,
     topic,
 )
+from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
@@ -767,7 +768,9 @@ async def _standalone(settings: Settings, env: str, freeze_gc: bool) -> None:
 
 
 def brain(
-    env: str = typer.Option(..., "--env", "-e", help="the env whose job topics to decide on"),
+    env: str = typer.Option(
+        ..., "--env", "-e", parser=env_name, help="the env whose job topics to decide on"
+    ),
     tune_gc: bool = typer.Option(
         False,
         "--tune-gc",

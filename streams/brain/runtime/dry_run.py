@@ -15,6 +15,7 @@ from typing import Any
 import typer
 from pydantic import TypeAdapter, ValidationError
 
+from dlrover_events.cli.params import json_option, print_json
 from dlrover_events.errors import UserError
 from streams.brain.core.decide import JobDecision, NoDecision, decide
 from streams.brain.core.optimizers import REGISTRY, Registry
@@ -96,7 +97,7 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def optimize(
-    state: Path = typer.Option(..., "--state", "-s", help="job state JSON (JobState model)"),
+    state: Path = typer.Option(..., "--state", help="job state JSON (JobState model)"),
     optimizer: str | None = typer.Option(
         None, "--optimizer", "-o", help="run this optimizer instead of the routed ones"
     ),
@@ -120,7 +121,13 @@ def optimize(
     typer.echo(json.dumps(out, indent=2))
 
 
-def optimizers() -> None:
+def optimizers(
+    as_json: bool = json_option("a JSON list of the optimizers (name, what it is for)"),
+) -> None:
     """List the optimizers the brain knows, with what each is for."""
-    for name, description in REGISTRY.describe():
+    described = REGISTRY.describe()
+    if as_json:
+        print_json([{"name": name, "what": what} for name, what in described])
+        return
+    for name, description in described:
         typer.echo(f"{name:<18} {description}")

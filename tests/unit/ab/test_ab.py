@@ -24,8 +24,17 @@ def test_arm_with_settings_file(tmp_path: Path) -> None:
         "optimizer_params": {"goodput": {"min_gain": 0.1}},
     }
     assert arm.env("r1") == "ab-r1-gp"
-    assert parse_arm("mine").settings == {}  # a bare name: default brain settings
+    assert parse_arm("mine=").settings == {}  # no file: the default brain settings
     assert parse_arm("static=").settings == {}
+
+
+def test_a_bare_name_that_is_no_preset_is_refused_with_the_presets() -> None:
+    """A typo (`--arm tiresais`) used to run the default brain under the typo's name."""
+    with pytest.raises(UserError) as err:
+        parse_arm("tiresais")
+    said = str(err.value)
+    assert "no preset of that name (did you mean tiresias?" in said
+    assert all(name in said for name in PRESETS)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -53,9 +62,9 @@ def test_bad_arms_are_user_errors(spec: str, message: str) -> None:
 
 def test_arms_need_two_distinct_names(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="at least two"):
-        parse_arms(["a"])
+        parse_arms(["a="])
     with pytest.raises(UserError, match="must differ"):
-        parse_arms(["a", "a"])
+        parse_arms(["a=", "a="])
     bad = tmp_path / "list.yaml"
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(UserError, match="mapping"):
