@@ -1,13 +1,29 @@
-"""Start/stop resources, usable as ``async with`` (the aiokafka and aiohttp idiom), and
-the one way to wait for "ready, or the work ended first, or stop"."""
+"""Start/stop resources, and the waits and tasks of code that must stop at once.
+
+One style of lifecycle: a resource is an ``AsyncResource`` (``start``/``stop``, usable as
+``async with``: the aiokafka and aiohttp idiom); a loop runs until a stop event
+(``run(stop)``). Every wait of such a loop is also a wait on its stop event, and every
+task it starts beside its work ends with it, so a stop never waits behind a retry or
+leaves a task behind:
+
+- ``wait_for_any``: ready, or the work ended first, or stop;
+- ``wait_or_stop``: a pause (a poll, a retry's backoff) that a stop cuts short;
+- ``unless``: a piece of work, cancelled as soon as a stop event is set (``Stopping``);
+- ``background``: tasks that run beside a block and are cancelled when it ends;
+- ``cancel_and_wait``: a task's end, for owners that keep one across calls;
+- ``end_within``: tasks told to stop, given a grace period, then cancelled.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
+
+T = TypeVar("T")
 
 
 class AsyncResource(ABC):
@@ -27,6 +43,14 @@ class AsyncResource(ABC):
         await self.stop()
 
 
+class Stopping(Exception):
+    """Its owner is stopping: what was under way is left for the next start to redo."""
+
+
+def _events(stop: asyncio.Event | Iterable[asyncio.Event]) -> list[asyncio.Event]:
+    return [stop] if isinstance(stop, asyncio.Event) else list(stop)
+
+
 async def wait_for_any(
     events: Iterable[asyncio.Event],
     tasks: Iterable[asyncio.Future[Any]] = (),
@@ -35,6 +59,8 @@ async def wait_for_any(
     (bound it with ``asyncio.timeout``). The waiters made here are cancelled; the tasks
     keep running (their owner decides what their end means)."""
     events = list(events)
+    if any(e.is_set() for e in events):
+        return True
     waiters = [asyncio.ensure_future(e.wait()) for e in events]
     try:
         await asyncio.wait([*waiters, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -42,3 +68,80 @@ async def wait_for_any(
         for waiter in waiters:
             waiter.cancel()
     return any(e.is_set() for e in events)
+
+
+async def wait_or_stop(stop: asyncio.Event | Iterable[asyncio.Event], seconds: float) -> bool:
+    """Sleep ``seconds`` unless ``stop`` (one of them) is set first; True if it was."""
+    events = _events(stop)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(seconds, 0.0)):
+            return await wait_for_any(events)
+    return any(e.is_set() for e in events)
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
+    """Cancel ``tasks`` (None and ended ones are skipped) and wait until they ended; what
+    they raise is theirs. A cancellation of the caller itself still propagates."""
+    given = [t for t in tasks if t is not None]
+    running = [t for t in given if not t.done()]
+    for task in running:
+        task.cancel()
+    if running:
+        await asyncio.wait(running)
+    for ended in given:  # retrieved, so asyncio does not log it as never retrieved
+        if ended.done() and not ended.cancelled():
+            ended.exception()
+
+
+async def end_within(
+    tasks: Iterable[asyncio.Future[Any]], grace_s: float
+) -> list[asyncio.Future[Any]]:
+    """Give ``tasks`` (told to stop already) ``grace_s`` to end, then cancel the ones still
+    running and wait for them; returns those that had to be cancelled."""
+    tasks = list(tasks)
+    if not tasks:
+        return []
+    _, pending = await asyncio.wait(tasks, timeout=grace_s)
+    late = [t for t in tasks if t in pending]
+    await cancel_and_wait(*tasks)
+    return late
+
+
+async def unless(stop: asyncio.Event | Iterable[asyncio.Event], work: Awaitable[T], what: str) -> T:
+    """``work``'s result (or its error), unless ``stop`` (one of them) is set first: then
+    ``work`` is cancelled and waited for, and ``Stopping`` raised ("``what`` is
+    stopping"). ``work`` never outlives this call."""
+    task = asyncio.ensure_future(work)
+    try:
+        await wait_for_any(_events(stop), [task])
+    finally:
+        await cancel_and_wait(task)
+    if task.cancelled():
+        raise Stopping(f"{what} is stopping")
+    return task.result()
+
+
+@contextlib.asynccontextmanager
+async def background(
+    *work: Coroutine[Any, Any, Any], name: str | None = None
+) -> AsyncIterator[list[asyncio.Task[Any]]]:
+    """Run ``work`` as tasks beside the block; when the block ends (however) they are
+    cancelled and waited for. What they raise is theirs: a task whose end matters is
+    watched with ``wait_for_any``. For work that must all succeed, use asyncio.TaskGroup."""
+    tasks = [asyncio.create_task(w, name=name) for w in work]
+    try:
+        yield tasks
+    finally:
+        await cancel_and_wait(*tasks)
+
+
+__all__ = [
+    "AsyncResource",
+    "Stopping",
+    "background",
+    "cancel_and_wait",
+    "end_within",
+    "unless",
+    "wait_for_any",
+    "wait_or_stop",
+]

@@ -15,11 +15,15 @@ from collections.abc import Callable
 from aiokafka import ConsumerRecord
 from aiokafka.errors import KafkaError
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.bus.topic_reader import TopicReader
-from dlrover_events.lifecycle import AsyncResource
+from dlrover_events.lifecycle import AsyncResource, wait_or_stop
 from dlrover_events.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: A broker away is tried again after this.
+RETRY = Backoff(initial_s=0.2, max_s=5.0)
 
 #: Takes one fetch's records; runs on the event loop, so it must not block.
 Handle = Callable[[list[ConsumerRecord]], None]
@@ -79,15 +83,16 @@ class CompactedFollower(AsyncResource):
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow until ``stop``; a broker outage is logged and retried, never fatal."""
-        backoff = 0.2
+        failures = 0
         while not stop.is_set():
             try:
                 await self.poll()
-                backoff = 0.2
+                failures = 0
             except KafkaError as err:
-                log.warning("%s: %s; retrying in %.1fs", self.topic, err, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                failures += 1
+                delay = RETRY.delay(failures)
+                log.warning("%s: %s; retrying in %.1fs", self.topic, err, delay)
+                await wait_or_stop(stop, delay)
 
     async def _check_caught_up(self) -> None:
         # the position passes the end captured at start only once the fetch that held

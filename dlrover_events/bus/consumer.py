@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.bus.dead_letters import dead_letter, log_dead_letters, send_dead_letters
 from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client
 from dlrover_events.bus.producer import Producer
@@ -74,7 +75,7 @@ class Consumer(AsyncResource):
         self._handler = handler
         self._max_records = max_records or settings.consumer_batch
         self._attempts = handler_attempts
-        self._backoff = retry_backoff_s
+        self._backoff = Backoff(initial_s=retry_backoff_s, max_s=max(retry_backoff_s, 5.0))
         self._consumer = AIOKafkaConsumer(
             *self._topics,
             **kafka_connection(settings),
@@ -162,7 +163,7 @@ class Consumer(AsyncResource):
                 raise
             except Exception:
                 log.exception("handler failed on a batch of %d (attempt %d)", len(good), attempt)
-                await asyncio.sleep(self._backoff * attempt)
+                await asyncio.sleep(self._backoff.delay(attempt))
         # The batch keeps failing: isolate the events that fail on their own.
         by_coord = {(r.topic, r.partition, r.offset): r for r in records}
         letters = []

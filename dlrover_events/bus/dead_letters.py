@@ -14,6 +14,7 @@ from aiokafka.errors import (
     RecordTooLargeError,
 )
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.bus.producer import Producer, event_key
 from dlrover_events.bus.topics import topic_of
 from schemas.codec import encode
@@ -74,6 +75,7 @@ async def send_dead_letters(
     must not be committed past a record whose letter is not on the bus."""
     todo = list(letters)
     sent = attempt = 0
+    backoff = Backoff(initial_s=min(0.2, max_backoff_s), max_s=max_backoff_s)
     while todo:
         attempt += 1
         results = await asyncio.gather(
@@ -118,6 +120,6 @@ async def send_dead_letters(
                     attempt,
                 )
         if transient:
-            await asyncio.sleep(min(0.2 * attempt, max_backoff_s))
+            await asyncio.sleep(backoff.delay(attempt))
         todo = again
     return sent

@@ -19,10 +19,11 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.lifecycle import end_within, wait_for_any, wait_or_stop
 from dlrover_events.runtime import logs
 from dlrover_events.runtime.embedded import Broker, Postgres, resolve_postgres
 from dlrover_events.runtime.fence import EnvFence
@@ -31,11 +32,9 @@ from dlrover_events.runtime.metrics import MetricsServer, ServiceMetrics
 from dlrover_events.runtime.services import Service, ServiceContext, discover_services
 from dlrover_events.runtime.supervisor import (
     STOP_GRACE_S,
-    Backoff,
     BusWatch,
     Supervised,
     readiness,
-    wait_or_stop,
 )
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store.database import _redact
@@ -171,10 +170,7 @@ async def _supervise(
             await wait_for_any([stop, *(s.failed for s in supervised)])
         finally:
             stop.set()
-            _, pending = await asyncio.wait(tasks, timeout=STOP_GRACE_S + 5)
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await end_within(tasks, STOP_GRACE_S + 5)
             await metrics.stop()
     if fence.reason is not None:
         raise UserError(f"{fence.reason}; `up` stopped its services")

@@ -20,7 +20,6 @@ import asyncio
 import json
 import logging
 import os
-import random
 import threading
 import time
 import urllib.error
@@ -33,6 +32,8 @@ from types import TracebackType
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 import aiohttp
+
+from dlrover_events.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +202,8 @@ def _message(body: bytes) -> str:
         return body[:200].decode("utf-8", "replace")
 
 
-def _backoff(attempt: int) -> float:
-    return min(30.0, 0.5 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0)
+#: A gateway away is asked again after this (jittered: a job's pods do not come back at once).
+RETRY = Backoff(initial_s=0.5, max_s=30.0, jitter=True)
 
 
 class ConfigClient:
@@ -254,8 +255,8 @@ class ConfigClient:
             before = self._core.last.etag
             snap = await self.wait_for_change(wait_s) if not snap.stale else await self.fetch()
             if snap.stale:
-                await asyncio.sleep(_backoff(failures))
                 failures += 1
+                await asyncio.sleep(RETRY.delay(failures))
                 continue
             if failures or snap.etag != before:
                 yield snap
@@ -378,11 +379,11 @@ class SyncPoller(Generic[A]):
             except Exception:  # a bug of ours must not end the watch: retry later
                 log.exception("%s: polling the gateway failed", self._name)
                 failures += 1
-                self._stop.wait(_backoff(failures))
+                self._stop.wait(RETRY.delay(failures))
                 continue
             if snap.stale:
                 failures += 1
-                self._stop.wait(_backoff(failures))
+                self._stop.wait(RETRY.delay(failures))
                 continue
             if first or failures or snap.etag != before:
                 try:

@@ -9,20 +9,24 @@ gives the registry as of now, and a tombstone removes an env.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from aiokafka.errors import KafkaError
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.bus.topic_reader import TopicReader
 from dlrover_events.bus.topics import CONTROL_TOPIC
 from dlrover_events.errors import BusUnavailable
+from dlrover_events.lifecycle import wait_or_stop
 from dlrover_events.settings import Settings
 from schemas.codec import CodecError, decode
 from schemas.control import EnvAnnouncement, EnvMode
 
 log = logging.getLogger(__name__)
+
+#: A broker away is tried again after this.
+RETRY = Backoff(initial_s=0.5, max_s=10.0)
 
 
 def fold_control(
@@ -78,8 +82,7 @@ class EnvWatcher:
         async with reader:
             if not reader.partitions:
                 self.caught_up.set()  # no env announced yet; the topic comes with the first
-                while not reader.partitions and not stop.is_set():
-                    await asyncio.sleep(0.5)
+                while not reader.partitions and not await wait_or_stop(stop, 0.5):
                     if await reader.refresh():
                         await reader.seek("earliest")
             while not stop.is_set():
@@ -136,11 +139,13 @@ class SettingsFollower:
     async def run(self, stop: asyncio.Event) -> None:
         """Follow until ``stop``; a broker away is logged and retried, never fatal (the
         process goes on with the settings it has)."""
-        delay = 0.5
+        failures = 0
         while not stop.is_set():
             try:
                 await self._watcher.run(stop)
             except (KafkaError, BusUnavailable) as err:
+                failures += 1
+                delay = RETRY.delay(failures)
                 log.warning(
                     "env %s: following its settings on %s: %s; retrying in %.1f s",
                     self.env,
@@ -148,6 +153,4 @@ class SettingsFollower:
                     err,
                     delay,
                 )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-                delay = min(delay * 2, 10.0)
+                await wait_or_stop(stop, delay)

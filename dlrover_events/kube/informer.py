@@ -11,7 +11,7 @@ list says what the objects are now. So:
   over (``on_event``: ADDED, MODIFIED, DELETED);
 - a 410 Gone (the version was compacted away, events were lost in between) lists again
   at once; any other failure (the API server away, the caller's own store away) is
-  logged with why, and followed by a list after a backoff (the supervisor's: doubling
+  logged with why, and followed by a list after a backoff (``dlrover_events.backoff``: doubling
   from its initial delay to its bound, starting again after a good list). It never gives
   up: an API server restarts, and the caller's ``on_list`` must converge from any state.
 
@@ -33,9 +33,9 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client.rest import ApiException
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.kube.api import api_error
-from dlrover_events.lifecycle import wait_for_any
-from dlrover_events.runtime.supervisor import Backoff
+from dlrover_events.lifecycle import Stopping, unless
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +95,8 @@ class Informer:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Until ``stop`` is set (a watch in flight is cut at once) or the task is
         cancelled."""
-        work = asyncio.create_task(self._loop(), name=f"informer: {self.what}")
-        try:
-            await wait_for_any([stop or asyncio.Event()], [work])
-        finally:
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
+        with contextlib.suppress(Stopping):
+            await unless(stop or asyncio.Event(), self._loop(), f"informer: {self.what}")
 
     async def _loop(self) -> None:
         failures = 0

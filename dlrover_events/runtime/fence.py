@@ -21,13 +21,13 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator
-from types import TracebackType
-from typing import Self
 from uuid import UUID
 
 import asyncpg
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.errors import EnvError, UserError
+from dlrover_events.lifecycle import AsyncResource, cancel_and_wait
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import REGISTRY_SCHEMA, connect, quote_ident
@@ -70,7 +70,7 @@ async def fence_holders(conn: asyncpg.Connection, env: str) -> list[str]:
     return sorted(r["application_name"].removeprefix(f"{APP_PREFIX} {env} ") for r in rows)
 
 
-class EnvFence:
+class EnvFence(AsyncResource):
     """Holds the env's fence while a process runs it; sets ``stop`` once the env is gone.
 
     Entering refuses (EnvError, one line) an env that does not exist or is being deleted.
@@ -82,7 +82,7 @@ class EnvFence:
         self.settings = settings
         self.dsn = dsn
         self.env = env
-        self.stop = stop
+        self._holder_stop = stop
         self.reason: str | None = None
         self.tripped = asyncio.Event()
         #: set while the fence's last read of the registry succeeded: Postgres answers
@@ -93,18 +93,13 @@ class EnvFence:
         self._task: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
 
-    async def __aenter__(self) -> Self:
+    async def start(self) -> None:
         await self._attach()
         self._task = asyncio.create_task(self._watch(), name=f"fence {self.env}")
-        return self
 
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
         await self._detach()
 
     async def _attach(self) -> None:
@@ -159,12 +154,13 @@ class EnvFence:
             self.reason = reason
             log.error("%s: stopping", reason)
         self.tripped.set()
-        self.stop.set()
+        self._holder_stop.set()
 
     async def _watch(self) -> None:
         """Re-read the row on every NOTIFY and every fence_check_s; reconnect (with
         backoff) when Postgres goes away, since the lock went with the connection."""
-        delay = 0.5
+        backoff = Backoff(max_s=self.settings.restart_backoff_max_s)
+        failures = 0
         while not self.tripped.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), self.settings.fence_check_s)
@@ -175,10 +171,12 @@ class EnvFence:
                     await self._attach()
                     log.warning("fence of env %s holds again", self.env)
                 reason = gone_reason(self.env, await self._row(self._conn), self.incarnation)  # type: ignore[arg-type]
-                delay = 0.5
+                failures = 0
                 self.holds.set()
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, UserError) as err:
                 self.holds.clear()
+                failures += 1
+                delay = backoff.delay(failures)
                 log.warning(
                     "fence of env %s cannot read the registry (%s); retrying in %.1fs",
                     self.env,
@@ -187,7 +185,6 @@ class EnvFence:
                 )
                 await self._detach()
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.restart_backoff_max_s)
                 continue
             if reason is not None:
                 self._trip(reason)

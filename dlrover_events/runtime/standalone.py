@@ -23,7 +23,7 @@ import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.lifecycle import background, wait_for_any
 from dlrover_events.runtime import logs
 from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.runtime.fence import fenced
@@ -88,13 +88,10 @@ async def _standalone(ctx: ServiceContext, service: str, *, signals: bool) -> As
             server.add(ctx.metrics)
             await server.start()
         ctx.endpoints["metrics"] = server.url
-        probing = asyncio.create_task(bus.run(), name=f"{service} bus probe")
         try:
-            yield
+            async with background(bus.run(), name=f"{service} bus probe"):
+                yield
         finally:
-            probing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await probing
             await server.stop()
 
 

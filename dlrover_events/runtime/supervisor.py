@@ -17,19 +17,18 @@ down with it. Here:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sized
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.errors import BusUnavailable, StoreUnavailable, UserError
-from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.lifecycle import end_within, wait_for_any, wait_or_stop
 from dlrover_events.runtime.embedded import Broker, kafka_reachable
 from dlrover_events.runtime.logs import log_fields
 from dlrover_events.runtime.metrics import ServiceMetrics
@@ -41,30 +40,10 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 10.0
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """Delays between restarts (pure): doubling from ``initial_s`` up to ``max_s``."""
-
-    initial_s: float = 0.5
-    max_s: float = 30.0
-    #: a run this long counts as healthy: the next failure starts the series again
-    stable_s: float = 60.0
-
-    def delay(self, failures: int) -> float:
-        return float(min(self.max_s, self.initial_s * 2 ** max(0, failures - 1)))
-
-
 def is_fatal(err: BaseException | None) -> bool:
     """Whether a service's failure is one a restart cannot mend (pure): a user mistake.
     An unreachable bus or Postgres is a UserError too, but one that time mends."""
     return isinstance(err, UserError) and not isinstance(err, BusUnavailable | StoreUnavailable)
-
-
-async def wait_or_stop(stop: asyncio.Event, seconds: float) -> bool:
-    """Sleep ``seconds`` unless ``stop`` is set first; True if it was."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
-    return stop.is_set()
 
 
 class State(StrEnum):
@@ -159,7 +138,7 @@ class Supervised:
                 self.failed.set()
                 return
             ran = self._clock() - started
-            self.failures = 1 if ran >= self._backoff.stable_s else self.failures + 1
+            self.failures = self._backoff.failures_after(self.failures, ran)
             delay = self._backoff.delay(self.failures)
             self.last_error = (
                 f"failed: {type(err).__name__}: {err}"
@@ -192,12 +171,8 @@ class Supervised:
 
     async def _end(self, task: asyncio.Task[None], own_stop: asyncio.Event) -> None:
         own_stop.set()
-        _, pending = await asyncio.wait({task}, timeout=STOP_GRACE_S)
-        if pending:
+        if await end_within([task], STOP_GRACE_S):
             log.warning("service %s did not stop within %.0fs: cancelled", self.name, STOP_GRACE_S)
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
 
 
 class BusWatch:

@@ -36,6 +36,7 @@ from typing import Any, Self, TypeVar
 from dlrover_events.config.client import TOKEN_ENV, URL_ENV, ConfigSnapshot, SyncConfigClient
 from dlrover_events.envs.control import EnvWatcher, real_env
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import cancel_and_wait
 from dlrover_events.sdk import quiet
 from dlrover_events.sdk.buffer import DROP_LOG_EVERY_S, DropBuffer
 from dlrover_events.sdk.follow import Following, FollowReal, follow_real_from_env
@@ -126,7 +127,6 @@ class Reporter:
         #: reads one knob of a switch without the other.
         self._batch: tuple[int | None, int] = (local_batch_size, accumulation_steps)
         probe_list: list[Probe] = list(probes) if probes is not None else [HostProbe()]
-        self._backoff_max_s = retry_backoff_max_s
         self._gateway_url = gateway_url or os.environ.get(URL_ENV)
         self._gateway_token = gateway_token or os.environ.get(TOKEN_ENV)
         self._config_timeout_s = config_timeout_s
@@ -401,10 +401,7 @@ class Reporter:
                     break
                 await asyncio.sleep(0.01)
         finally:
-            tasks = [t for t in (sender, follower) if t is not None]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(sender, follower)
             if self._buffer:
                 last = self._sender.last_error
                 self._sender.last_error = last or "no acknowledgement before close"
@@ -454,7 +451,7 @@ class Reporter:
             except Exception as err:
                 failures += 1
                 log.debug("dlrover-events: cannot read the env registry's topic: %s", err)
-                await asyncio.sleep(min(self._backoff_max_s, 0.25 * 2 ** min(failures, 8)))
+                await asyncio.sleep(self._sender.backoff.delay(failures))
 
     def _real_is(self, real: str | None, settled: asyncio.Event) -> None:
         before = self._following

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import threading
 from collections import deque
 from datetime import datetime
@@ -25,6 +24,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client
 from dlrover_events.bus.topics import topic_of
 from dlrover_events.errors import BusUnavailable, UserError
@@ -57,7 +57,7 @@ class Sender:
         self._buffer = buffer
         self._max_batch = max_batch
         self._send_timeout_s = send_timeout_s
-        self._backoff_max_s = backoff_max_s
+        self.backoff = Backoff(initial_s=min(0.5, backoff_max_s), max_s=backoff_max_s, jitter=True)
         self._quiet_kafka = quiet_kafka
         #: settings that cannot connect (said once, as an outage): nothing is sent
         self._settings_error = settings_error
@@ -200,8 +200,7 @@ class Sender:
         plain = isinstance(err, BusUnavailable) or text.startswith(name)
         self.last_error = text if plain else f"{name}: {text}"
         self._failures += 1
-        backoff = min(self._backoff_max_s, 0.25 * 2 ** min(self._failures, 8))
-        self.retry_at = now + backoff * random.uniform(0.5, 1.0)
+        self.retry_at = now + self.backoff.delay(self._failures)
         if self._down_since is None:
             self._down_since = now
             self._buffer.outage_started()

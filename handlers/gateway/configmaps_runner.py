@@ -22,10 +22,10 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.kube import credentials
 from dlrover_events.kube.api import list_objects, watch_objects
 from dlrover_events.kube.informer import Informer
-from dlrover_events.runtime.supervisor import Backoff
 from handlers.gateway.configmaps import ConfigMapSync, SyncReport, selector
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,10 @@ from typing import Any
 GiB = 1024**3
 
 
+class OvercommitError(RuntimeError):
+    """A node asked to hold more GPUs than it has, or to free GPUs it never gave."""
+
+
 @dataclass(frozen=True, slots=True)
 class PodRequest:
     """One pod of a job: a role replica and what it asks of a node (0 asks nothing)."""
@@ -57,11 +61,23 @@ class SimNode:
         return min(limits) if limits else 1 << 30
 
     def take(self, pod: PodRequest) -> None:
+        # GPUs are whole and a node has so many: a pod beyond them is a simulator bug
+        # that would show a cluster holding more GPUs than it has, so it fails loudly.
+        if pod.gpu > self.free_gpus:
+            raise OvercommitError(
+                f"node-{self.index} has {self.free_gpus} of its {self.gpus} GPUs free, "
+                f"pod {pod.role}-{pod.index} asks {pod.gpu}"
+            )
         self.free_gpus -= pod.gpu
         self.free_cpu -= pod.cpu
         self.free_memory -= pod.memory
 
     def give(self, pod: PodRequest) -> None:
+        if self.free_gpus + pod.gpu > self.gpus:
+            raise OvercommitError(
+                f"node-{self.index} would have {self.free_gpus + pod.gpu} GPUs free of its "
+                f"{self.gpus}: pod {pod.role}-{pod.index} given back twice"
+            )
         self.free_gpus += pod.gpu
         self.free_cpu += pod.cpu
         self.free_memory += pod.memory

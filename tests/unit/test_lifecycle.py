@@ -1,4 +1,5 @@
-"""wait_for_any: ready, or the work ended first; its own waiters never outlive it."""
+"""The lifecycle helpers: waits that a stop cuts short, and tasks that never outlive
+their owner."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ import asyncio
 
 import pytest
 
-from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.lifecycle import (
+    Stopping,
+    background,
+    cancel_and_wait,
+    end_within,
+    unless,
+    wait_for_any,
+    wait_or_stop,
+)
 
 
 @pytest.mark.asyncio
@@ -39,3 +48,99 @@ async def test_bounded_by_asyncio_timeout() -> None:
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
             await wait_for_any([asyncio.Event()])
+
+
+@pytest.mark.asyncio
+async def test_wait_or_stop_sleeps_or_ends_at_the_stop() -> None:
+    stop = asyncio.Event()
+    assert await wait_or_stop(stop, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, stop.set)
+    async with asyncio.timeout(5):  # not the hour it was asked to sleep
+        assert await wait_or_stop([asyncio.Event(), stop], 3600) is True
+
+
+@pytest.mark.asyncio
+async def test_unless_returns_the_work_or_cancels_it_at_the_stop() -> None:
+    stop = asyncio.Event()
+
+    async def answer() -> int:
+        return 42
+
+    assert await unless(stop, answer(), "test") == 42
+    cancelled = asyncio.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    asyncio.get_running_loop().call_later(0.01, stop.set)
+    with pytest.raises(Stopping, match="test is stopping"):
+        await unless(stop, forever(), "test")
+    assert cancelled.is_set()  # the work ended before unless returned
+
+
+@pytest.mark.asyncio
+async def test_unless_passes_the_works_error_on() -> None:
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        await unless(asyncio.Event(), fails(), "test")
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_caller_takes_its_work_with_it() -> None:
+    ended = asyncio.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.set()
+
+    caller = asyncio.create_task(unless(asyncio.Event(), forever(), "test"))
+    await asyncio.sleep(0.01)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert ended.is_set()
+
+
+@pytest.mark.asyncio
+async def test_background_tasks_end_with_the_block() -> None:
+    started = asyncio.Event()
+
+    async def beside() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    seen: list[asyncio.Task[object]] = []
+
+    async def block() -> None:
+        async with background(beside()) as tasks:
+            seen.extend(tasks)
+            await started.wait()
+            raise RuntimeError("the block fails")
+
+    with pytest.raises(RuntimeError, match="the block fails"):
+        await block()
+    assert seen[0].cancelled()
+
+
+@pytest.mark.asyncio
+async def test_end_within_cancels_only_the_late() -> None:
+    stop = asyncio.Event()
+
+    async def obeys() -> None:
+        await stop.wait()
+
+    async def ignores() -> None:
+        await asyncio.Event().wait()
+
+    tasks = [asyncio.create_task(obeys()), asyncio.create_task(ignores())]
+    stop.set()
+    late = await end_within(tasks, 0.05)
+    assert late == [tasks[1]] and tasks[1].cancelled() and not tasks[0].cancelled()
+    await cancel_and_wait(None, *tasks)  # ended and None ones are skipped

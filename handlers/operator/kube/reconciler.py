@@ -38,6 +38,7 @@ from typing import Any
 
 from kubernetes_asyncio.client.rest import ApiException
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.bus.consumer import Consumer, Received
 from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topics import SCALE_PLANS
@@ -45,7 +46,6 @@ from dlrover_events.kube.informer import Informer
 from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.runtime.logs import log_fields
 from dlrover_events.runtime.metrics import OperatorMetrics
-from dlrover_events.runtime.supervisor import Backoff
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from handlers.operator.kube import planning

@@ -25,11 +25,10 @@ answer for a job is cached until a document changes) and lives in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from dlrover_events.config.feed import ConfigFeed
-from dlrover_events.lifecycle import AsyncResource, wait_for_any
+from dlrover_events.lifecycle import AsyncResource, cancel_and_wait, wait_for_any
 from dlrover_events.settings import Settings
 from streams.brain.core.config_index import ConfigIndex
 
@@ -77,11 +76,8 @@ class ConfigFollower(AsyncResource):
 
     async def stop(self) -> None:
         self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         await self._feed.stop()
 
     async def caught_up(self, timeout_s: float | None = None) -> None:

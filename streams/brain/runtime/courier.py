@@ -15,28 +15,36 @@ already (`published`: not published again).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.bus.dead_letters import log_dead_letters
 from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topics import DLQ, SCALE_PLANS, topic, topic_of
+from dlrover_events.lifecycle import (
+    AsyncResource,
+    Stopping,
+    cancel_and_wait,
+    wait_for_any,
+    wait_or_stop,
+)
 from dlrover_events.runtime.metrics import BrainMetrics
 from dlrover_events.settings import Settings
 from schemas.codec import encode
 from schemas.plans import ScalePlan
 from streams.brain.core.processor import Output
 from streams.brain.core.snapshot import Offsets
-from streams.brain.runtime.retry import Stopping, backoff, sleep_unless
 
 log = logging.getLogger(__name__)
 
 #: Decided batches whose plans wait to be published while the next batch is decided.
 OUTBOX_BATCHES = 2
+#: A publication that failed is tried again after this.
+RETRY = Backoff(initial_s=0.1, max_s=30.0)
 
 #: send(topic, key, value, partition) -> the broker's ack (topic, partition, offset)
 Send = Callable[[str, bytes | None, bytes, int | None], Awaitable[Any]]
@@ -54,7 +62,7 @@ class _Record:
     plan: bool = False
 
 
-class Courier:
+class Courier(AsyncResource):
     """`publish` is what a batch goes through (the brain's, so that it may be replaced);
     `closing`: set when the brain stops, and a retry gives up."""
 
@@ -85,14 +93,11 @@ class Courier:
         #: partitions of the topics published to every partition of (lockstep acks)
         self._partitions: dict[str, list[int]] = {}
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="brain-courier")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def put(self, out: Output, fetched_at: float) -> None:
         """Hand a decided batch over, waiting while the outbox is full."""
@@ -109,15 +114,15 @@ class Courier:
         assert courier is not None, "the brain is not started"
         task = asyncio.ensure_future(work)
         try:
-            await asyncio.wait({task, courier}, return_when=asyncio.FIRST_COMPLETED)
+            await wait_for_any((), [task, courier])
             if courier.done():
                 error = None if courier.cancelled() else courier.exception()
                 if isinstance(error, Stopping):
                     raise Stopping(f"the brain of {self.env} stopped publishing") from error
                 raise RuntimeError(f"the brain of {self.env} stopped publishing") from error
             await task
-        finally:
-            task.cancel()  # (done already, unless the courier stopped or we were cancelled)
+        finally:  # (done already, unless the courier stopped or we were cancelled)
+            await cancel_and_wait(task)
 
     async def _loop(self) -> None:
         """Publish the decided batches in the order they were decided. A failure here is
@@ -194,7 +199,7 @@ class Courier:
                     tp = (result.topic, result.partition)
                     self.produced[tp] = max(self.produced.get(tp, 0), result.offset + 1)
             if failed:
-                delay = backoff(attempt, first=0.1)
+                delay = RETRY.delay(attempt)
                 log.warning(
                     "brain of %s: publishing %d records failed (attempt %d; retrying in "
                     "%.1f s): %s: %s",
@@ -205,7 +210,8 @@ class Courier:
                     type(why).__name__,
                     why,
                 )
-                await sleep_unless(self._closing, delay, f"the brain of {self.env}")
+                if await wait_or_stop(self._closing, delay):
+                    raise Stopping(f"the brain of {self.env} is stopping")
             todo = failed
 
     async def _partitions_of(self, name: str) -> list[int]:

@@ -31,10 +31,10 @@ from enum import StrEnum
 
 import asyncpg
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.errors import UserError
-from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.lifecycle import cancel_and_wait, wait_or_stop
 from dlrover_events.store.database import connect
-from streams.brain.runtime.retry import backoff
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,8 @@ class Leadership:
         self.dsn = dsn
         self.env = env
         self.poll_s = poll_s
+        #: Postgres away: the lock is tried again after this
+        self._retry = Backoff(initial_s=poll_s, max_s=max(poll_s, 30.0))
         self.role = Role.STANDBY
         #: set once this instance found another leading (it stands by: its job then)
         self.standing_by = asyncio.Event()
@@ -99,7 +101,7 @@ class Leadership:
                 failures = 0
             except PG_ERRORS as err:
                 failures += 1
-                delay = backoff(failures, first=self.poll_s)
+                delay = self._retry.delay(failures)
                 log.warning(
                     "brain of %s: cannot take the scheduler leader lock (%s: %s); "
                     "retrying in %.1f s",
@@ -109,7 +111,7 @@ class Leadership:
                     delay,
                 )
                 await self._close()
-                await _wait(stop, delay)
+                await wait_or_stop(stop, delay)
                 continue
             if holder is None:
                 self._lead()
@@ -124,17 +126,14 @@ class Leadership:
                     self.env,
                     holder,
                 )
-            await _wait(stop, self.poll_s)
+            await wait_or_stop(stop, self.poll_s)
         await self._close()
         return False
 
     async def release(self) -> None:
         """Give the lock back (closing its session), as a stopping leader does."""
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-            self._watch = None
+        await cancel_and_wait(self._watch)
+        self._watch = None
         await self._close()
         self.role = Role.STANDBY
 
@@ -203,12 +202,6 @@ class Leadership:
             conn.remove_termination_listener(self._terminated)
             with contextlib.suppress(Exception):
                 await conn.close(timeout=5)
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await wait_for_any([stop])
 
 
 __all__ = ["APP_PREFIX", "LOCK_CLASS", "Leadership", "Role", "holder_of", "leader_app_name"]

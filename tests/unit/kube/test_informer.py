@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.rest import ApiException
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.kube.informer import Informer
-from dlrover_events.runtime.supervisor import Backoff
 
 #: bound of every wait here; each should take milliseconds
 DEADLINE_S = 10.0

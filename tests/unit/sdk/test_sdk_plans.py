@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.runtime.embedded import free_port
 from dlrover_events.sdk.knobs import StepKnobs
 from dlrover_events.sdk.plans import PlanFollower, PlanResource
@@ -144,7 +145,7 @@ def until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
 def test_the_follower_long_polls_and_calls_back(
     gateway: FakeGateway, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("dlrover_events.config.client._backoff", lambda attempt: 0.05)
+    monkeypatch.setattr("dlrover_events.config.client.RETRY", Backoff(0.05, 0.05))
     follower = PlanFollower(JOB.uuid, url=gateway.url, token="tok", wait_s=5)
     seen: list[str] = []
 
@@ -174,7 +175,7 @@ def test_the_follower_long_polls_and_calls_back(
 def test_without_a_token_or_a_gateway_training_goes_on(
     gateway: FakeGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("dlrover_events.config.client._backoff", lambda attempt: 0.05)
+    monkeypatch.setattr("dlrover_events.config.client.RETRY", Backoff(0.05, 0.05))
     gateway.publish(a_plan("p1"))
     denied = PlanFollower(JOB.uuid, url=gateway.url, token="wrong", wait_s=1).start()
     until(lambda: len(gateway.requests) >= 2)
@@ -195,7 +196,7 @@ def test_without_a_token_or_a_gateway_training_goes_on(
 def test_a_gateway_going_away_keeps_the_last_plan(
     gateway: FakeGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("dlrover_events.config.client._backoff", lambda attempt: 0.05)
+    monkeypatch.setattr("dlrover_events.config.client.RETRY", Backoff(0.05, 0.05))
     gateway.publish(a_plan("p1"))
     follower = PlanFollower(JOB.uuid, url=gateway.url, token="tok", wait_s=0.2).start()
     until(lambda: follower.current() is not None)
