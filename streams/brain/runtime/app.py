@@ -46,6 +46,7 @@ from typing import Any, cast
 import typer
 from faust.types import TP
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.bus.kafka_client import kafka_connection
 from dlrover_events.bus.topics import (
     BRAIN_PLANS,
@@ -59,7 +60,15 @@ from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.lifecycle import (
+    AsyncResource,
+    Stopping,
+    background,
+    cancel_and_wait,
+    unless,
+    wait_for_any,
+    wait_or_stop,
+)
 from dlrover_events.runtime.metrics import BrainMetrics, CollectorRegistry
 from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.runtime.standalone import serve_alone
@@ -84,7 +93,6 @@ from streams.brain.runtime.leader import Leadership
 from streams.brain.runtime.live_policy import LivePolicy, env_policy
 from streams.brain.runtime.recovery import published_since, recover, stale_offsets, warn_stale
 from streams.brain.runtime.retention import Pruner
-from streams.brain.runtime.retry import MAX_BACKOFF_S, Stopping, backoff, sleep_unless, unless
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +111,10 @@ MAX_IDLE_S = 5.0
 MAX_BUFFERED = 100_000
 #: How long a stopping brain gives its last checkpoint.
 STOP_CHECKPOINT_S = 20.0
+#: A state that did not load is loaded again after this; a checkpoint that failed is
+#: written again after this (or the checkpoint interval, if longer).
+LOAD_RETRY = Backoff(initial_s=0.2, max_s=30.0)
+CHECKPOINT_RETRY = Backoff(initial_s=1.0, max_s=30.0)
 
 
 def _record_time(record: Any) -> float:
@@ -118,7 +130,7 @@ def _seen(counters: Any) -> int:
 INPUTS = (JOB_METRICS, JOB_EVENTS, SCALE_RESULTS)
 
 
-class Brain:
+class Brain(AsyncResource):
     """One env's brain: a faust App, the processor and its checkpoints, in the caller's loop.
 
     `batch_max` bounds the records of one fetch, and so how many records' plans wait for
@@ -234,7 +246,7 @@ class Brain:
             env_store = await EnvStore.open(self.pg_dsn, self.env, max_size=4)
             self._store = BrainStore(env_store)
             self._pruner = Pruner(env_store, self.processor)
-            self.courier.start()
+            await self.courier.start()
             await self.app.start()
         except BaseException as exc:
             await self.courier.stop()
@@ -278,10 +290,7 @@ class Brain:
         brain stuck retrying (state that does not load, a broker away) gives up at once
         and leaves that work to its next start; a halted one stops without them."""
         self._closing.set()
-        if self._checkpointer is not None:
-            self._checkpointer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checkpointer
+        await cancel_and_wait(self._checkpointer)
         try:
             if self._store is not None and not self.halted:
                 try:
@@ -306,11 +315,8 @@ class Brain:
 
     async def run_until(self, stop: asyncio.Event | list[asyncio.Event]) -> None:
         """Run until `stop` (one of them) is set or faust stops by itself (a crash)."""
-        stopped = asyncio.create_task(self.app.wait_until_stopped())
-        try:
-            await wait_for_any([stop] if isinstance(stop, asyncio.Event) else stop, [stopped])
-        finally:
-            stopped.cancel()
+        with contextlib.suppress(Stopping):
+            await unless(stop, self.app.wait_until_stopped(), self._what)
         if self.app.crash_reason is not None:
             raise RuntimeError(f"brain of {self.env} crashed: {self.app.crash_reason!r}")
 
@@ -450,7 +456,7 @@ class Brain:
             except Stopping:
                 raise
             except Exception as exc:
-                delay = backoff(attempt)
+                delay = LOAD_RETRY.delay(attempt)
                 log.warning(
                     "loading the brain state of %s partitions %s failed (attempt %d; "
                     "retrying in %.1f s): %s: %s",
@@ -462,7 +468,8 @@ class Brain:
                     exc,
                     exc_info=attempt == 1,
                 )
-                await sleep_unless(self._closing, delay, self._what)
+                if await wait_or_stop(self._closing, delay):
+                    raise Stopping(f"{self._what} is stopping") from exc
         stale = found.stale_inputs
         warn_stale(stale, f"brain of {self.env}: input")
         warn_stale(found.stale_outputs, f"brain of {self.env}: output")
@@ -498,7 +505,7 @@ class Brain:
         stays in memory, and a restart decides again what follows the last checkpoint)."""
         failures = 0
         while True:
-            delay = self.checkpoint_every_s if not failures else backoff(failures, first=1.0)
+            delay = CHECKPOINT_RETRY.delay(failures) if failures else 0.0
             await asyncio.sleep(max(delay, self.checkpoint_every_s))
             try:
                 await self.checkpoint()
@@ -513,7 +520,7 @@ class Brain:
                     "brain checkpoint of %s failed (%d in a row; retrying in %.0f s): %s: %s",
                     self.env,
                     failures,
-                    max(backoff(failures, first=1.0), self.checkpoint_every_s),
+                    max(CHECKPOINT_RETRY.delay(failures), self.checkpoint_every_s),
                     type(exc).__name__,
                     exc,
                     exc_info=failures == 1,
@@ -628,12 +635,10 @@ class Brain:
 
 __all__ = [
     "FETCH_MAX_WAIT_MS",
-    "MAX_BACKOFF_S",
     "OUTBOX_BATCHES",
     "Brain",
     "BrainApp",
     "RecordSink",
-    "Stopping",
     "published_since",
     "service",
 ]
@@ -652,8 +657,7 @@ async def run(ctx: ServiceContext, *, freeze_gc: bool = False) -> None:
     on or off, lockstep), the brain hands its partitions over and starts again under it."""
     metrics = BrainMetrics(ctx.metrics, ctx.env)
     live = await LivePolicy.open(ctx.settings, ctx.pg_dsn, ctx.env)
-    following = asyncio.create_task(live.run(ctx.stop), name=f"{ctx.env}.brain-settings")
-    try:
+    async with background(live.run(ctx.stop), name=f"{ctx.env}.brain-settings"):
         while not ctx.stop.is_set():
             live.regroup.clear()
             if live.policy.scheduler is None:
@@ -662,10 +666,6 @@ async def run(ctx: ServiceContext, *, freeze_gc: bool = False) -> None:
                 await _lead(ctx, live, metrics, freeze_gc=freeze_gc)
             if not live.regroup.is_set():
                 return
-    finally:
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await following
 
 
 async def _lead(
@@ -674,13 +674,14 @@ async def _lead(
     """Decide as the env's scheduler leader, standing by while another instance leads,
     until stopped or the settings regroup the env."""
     leadership = Leadership(ctx.pg_dsn, ctx.env, poll_s=ctx.settings.fence_check_s)
-    # standing by is this instance's job while another leads: ready (not failing)
-    standing_by = asyncio.create_task(_ready_once(leadership.standing_by, ctx))
     leading = metrics.scheduler_leader.labels(ctx.env)
     leading.set(0)
     until = asyncio.Event()  # stopped, or regrouped
-    watching = asyncio.create_task(_set_on_any(until, ctx.stop, live.regroup))
-    try:
+    async with background(
+        # standing by is this instance's job while another leads: ready (not failing)
+        _ready_once(leadership.standing_by, ctx),
+        _set_on_any(until, ctx.stop, live.regroup),
+    ):
         while await leadership.acquire(until):
             leading.set(1)
             try:
@@ -690,9 +691,6 @@ async def _lead(
                 await leadership.release()
             if not leadership.lost.is_set():
                 return
-    finally:
-        standing_by.cancel()
-        watching.cancel()
 
 
 async def _set_on_any(target: asyncio.Event, *events: asyncio.Event) -> None:
@@ -725,20 +723,15 @@ async def _decide(
         freeze_gc=freeze_gc,
     )
     live.attach(brain.use_policy)
-    halting = None if lost is None else asyncio.create_task(_halt_when(lost, brain))
+    halting = () if lost is None else (_halt_when(lost, brain),)
     try:
-        await brain.start()
-        try:
+        async with background(*halting), brain:
             stops = [ctx.stop, live.regroup] + ([] if lost is None else [lost])
             if await wait_for_any([brain.ready, *stops]) and brain.ready.is_set():
                 ctx.ready.set()
             await brain.run_until(stops)
-        finally:
-            await brain.stop()
     finally:
         live.attach(None)
-        if halting is not None:
-            halting.cancel()
 
 
 async def _halt_when(lost: asyncio.Event, brain: Brain) -> None:
