@@ -34,6 +34,30 @@ from schemas.control import EnvMode
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
+#: how brains read runtime samples (streams/brain/core/inputs.py)
+SAMPLE_DECODE_VAR = "DLROVER_EVENTS_BRAIN_SAMPLE_DECODE"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--sample-decode",
+        choices=("fast", "pydantic"),
+        default=None,
+        help="how the brains of the run read runtime samples: the processors the tests "
+        f"make and the brains they start (default: {SAMPLE_DECODE_VAR}, else fast)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    way = config.getoption("--sample-decode") or os.environ.get(SAMPLE_DECODE_VAR)
+    if way is None:
+        return
+    from streams.brain.core import inputs
+
+    if way not in inputs.SAMPLE_DECODES:
+        raise pytest.UsageError(f"{SAMPLE_DECODE_VAR}={way!r}: one of {inputs.SAMPLE_DECODES}")
+    os.environ[SAMPLE_DECODE_VAR] = way  # the brains the tests start, in process or not
+    inputs.DEFAULT_SAMPLE_DECODE = way  # the processors the tests make
 
 
 @pytest.fixture(scope="session")

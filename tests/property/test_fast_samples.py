@@ -8,7 +8,9 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import msgspec
 import orjson
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
@@ -26,8 +28,8 @@ from schemas.bounds import (
 from schemas.codec import CodecError, decode
 from schemas.events import AnyEvent
 from schemas.jobs import JobMeta, NodeUsage, RuntimeSample
-from streams.brain.core.processor import decode_event
-from streams.brain.core.samples import SampleRead, read_sample, sample_of
+from streams.brain.core.inputs import SAMPLE_DECODES, InputReader, SampleDecode, input_reader
+from streams.brain.core.samples import SampleRead, job_meta, read_sample, sample_of
 from streams.brain.core.state import JobState
 
 _EVENT: TypeAdapter[Any] = TypeAdapter(AnyEvent)
@@ -258,7 +260,7 @@ def test_the_samples_producers_send_take_the_fast_read() -> None:
     fast = read_sample(event.model_dump_json().encode())
     assert fast is not None
     assert fast.sample == sample_of(event)
-    assert fast.job.meta() == event.job
+    assert job_meta(fast.job) == event.job
 
 
 def test_a_state_with_samples_reads_back_from_its_json() -> None:
@@ -289,7 +291,7 @@ def _check(raw: bytes) -> None:
     event = _pydantic(raw)
     assert isinstance(event, RuntimeSample), f"fast read accepted what pydantic refuses: {raw!r}"
     assert fast.env == event.env
-    assert fast.job.meta() == event.job
+    assert job_meta(fast.job) == event.job
     assert fast.occurred_at == event.occurred_at
     assert fast.occurred_at.utcoffset() == event.occurred_at.utcoffset()
     assert fast.sample == sample_of(event)
@@ -365,9 +367,16 @@ def test_each_odd_field_is_read_as_pydantic_reads_it_or_left_to_it() -> None:
     assert refused > len(_CASES) // 2  # most of them are invalid
 
 
-def test_the_brain_refuses_each_poison_pill() -> None:
-    """What the contract refuses (issue 15), neither of the brain's fast reads accepts:
-    each goes to `decode` and its dead letter with the reason."""
+@pytest.fixture(params=SAMPLE_DECODES)
+def read_input(request: pytest.FixtureRequest) -> InputReader:
+    """The brain's read of an input record, each way it reads samples."""
+    way: SampleDecode = request.param
+    return input_reader(way)
+
+
+def test_the_brain_refuses_each_poison_pill(read_input: InputReader) -> None:
+    """What the contract refuses (issue 15), the brain does not accept, whichever way it
+    reads samples: each goes to `decode` and its dead letter with the reason."""
     pills: list[bytes] = []
     for name, value in _PILLS:
         doc = orjson.loads(orjson.dumps(_BASE))
@@ -384,28 +393,37 @@ def test_the_brain_refuses_each_poison_pill() -> None:
     for raw in pills:
         assert read_sample(raw) is None, raw[:200]
         try:
-            decode_event(raw)
+            read_input(raw)
         except CodecError as err:
             assert err.message
         else:
             raise AssertionError(f"the brain accepted {raw[:200]!r}")
 
 
+@pytest.mark.parametrize("way", SAMPLE_DECODES)
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
-@given(reports())
-def test_the_brains_decode_accepts_what_decode_accepts(doc: dict[str, Any]) -> None:
-    """The brain's decode (the fast read, then one strict pydantic pass) reads an event
-    exactly when `decode` does: one rule for every consumer."""
+@given(doc=reports())
+def test_the_brains_decode_accepts_what_decode_accepts(
+    way: SampleDecode, doc: dict[str, Any]
+) -> None:
+    """The brain's read (the fast read, then one strict pydantic pass; or pydantic's
+    alone) accepts an event exactly when `decode` does: one rule for every consumer. A
+    runtime sample comes out in the brain's form either way."""
     raw = json.dumps(doc).encode()
     expected = _pydantic(raw)
     try:
-        got = decode_event(raw)
+        got = input_reader(way)(raw)
     except CodecError:
         assert expected is None, raw
         return
     assert expected is not None, f"the brain accepted what decode refuses: {raw!r}"
+    assert isinstance(got, SampleRead) == isinstance(expected, RuntimeSample)
+    made = {"event_id", "occurred_at"} - set(doc)  # defaults made anew at each read
     if isinstance(got, SampleRead):
-        assert got.sample == sample_of(expected)
-    else:  # less the defaults made anew at each read (an id, the time)
-        made = {"event_id", "occurred_at"} - set(doc)
+        want = sample_of(expected)
+        if made:
+            want = msgspec.structs.replace(want, event_id=got.event_id, at=got.sample.at)
+        assert got.sample == want
+        assert job_meta(got.job) == expected.job
+    else:
         assert got.model_dump(exclude=made) == expected.model_dump(exclude=made)

@@ -20,7 +20,8 @@ EMPTY = JobState(env="prod", job=JobMeta(uuid="job-1"))
 
 def _samples(start: int, count: int) -> list[Sample]:
     return [
-        Sample(event_id=f"s-{n}", at=T0 + timedelta(seconds=n)) for n in range(start, start + count)
+        Sample(event_id=f"s-{n}", at=T0 + timedelta(seconds=n), global_step=n)
+        for n in range(start, start + count)
     ]
 
 

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_RATE
 from schemas.jobs import JobMeta
 from streams.brain.core.folds import fold
-from streams.brain.core.samples import JobRef, NodeUse, Sample, SampleRead
+from streams.brain.core.sample_structs import JobRef, NodeUse
+from streams.brain.core.samples import Sample, SampleRead
 from streams.brain.core.state import JobState
 from streams.brain.core.state_json import state_json
 

@@ -37,7 +37,7 @@ from schemas.plans import (
     TrainingApplied,
 )
 from streams.brain.core.memo import SampleMemo
-from streams.brain.core.samples import Sample, SampleRead, sample_of
+from streams.brain.core.samples import Sample, SampleRead, job_meta, sample_of
 from streams.brain.core.state import (
     INITIAL_STAGE_SAMPLES,
     MAX_PROFILE_POINTS,
@@ -470,7 +470,7 @@ def fold(
     kept in step with the samples folded; without it the fold counts afresh."""
     if isinstance(event, SampleRead):  # most events: runtime samples read off the bus
         if state is None:
-            state = JobState(env=event.env, job=event.job.meta())
+            state = JobState(env=event.env, job=job_meta(event.job))
         elif state.job.uuid != event.job.uuid:
             raise ValueError(
                 f"event for job {event.job.uuid!r} folded into the state of {state.job.uuid!r}"

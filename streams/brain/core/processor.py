@@ -23,21 +23,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from pydantic import TypeAdapter, ValidationError
-
-from schemas.bounds import MAX_EVENT_BYTES
-from schemas.codec import CodecError, decode
+from schemas.codec import CodecError
 from schemas.dlq import DeadLetter, FailureKind, fitting_letter
-from schemas.envelope import Event
-from schemas.events import AnyEvent
 from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, ScalePlan
+from streams.brain.core import inputs
 from streams.brain.core.cluster_round import run_round
 from streams.brain.core.config_index import ConfigIndex
+from streams.brain.core.inputs import Input, SampleDecode, input_reader
 from streams.brain.core.memo import SampleMemo
 from streams.brain.core.policy import Policy
-from streams.brain.core.samples import SampleRead, read_sample
+from streams.brain.core.samples import SampleRead
 from streams.brain.core.snapshot import Loaded, Offsets, Snapshot, merge_offsets
 from streams.brain.core.state import FINISHED, JobState, JobStatus, gpus_claimed
 from streams.brain.core.triggers import JobContext, StepOutcome, arrive, step
@@ -46,8 +43,6 @@ log = logging.getLogger(__name__)
 
 #: Completed jobs kept per scenario for the history-based optimizers.
 HISTORY_PER_SCENARIO = 50
-
-_EVENT: TypeAdapter[Event] = TypeAdapter(AnyEvent)
 
 
 class InputRecord(Protocol):
@@ -64,27 +59,6 @@ class InputRecord(Protocol):
     def key(self) -> bytes | None: ...
     @property
     def value(self) -> bytes | None: ...
-
-
-#: an input event: a runtime sample read the fast way, or any event the pydantic way
-Input = Event | SampleRead
-
-
-def decode_event(value: bytes | None) -> Input:
-    """`schemas.decode`, with two faster ways first for the common cases: runtime samples
-    read into structs (`streams.brain.core.samples`), then pydantic's one-pass JSON
-    validation (a third less than `decode`). Anything invalid goes through `decode`, so
-    the dead letter says exactly what `decode` says; both are strict, as `decode` is
-    (no boolean read as a number, no number as a timestamp)."""
-    fast = read_sample(value)
-    if fast is not None:
-        return fast
-    if value is not None and len(value) <= MAX_EVENT_BYTES:
-        try:
-            return _EVENT.validate_json(value, strict=True)
-        except ValidationError:
-            pass
-    return decode(value)
 
 
 @dataclass
@@ -245,8 +219,14 @@ class BrainProcessor:
         group: str,
         policy: Policy | None = None,
         configs: ConfigIndex | None = None,
+        sample_decode: SampleDecode | None = None,
     ) -> None:
+        """`sample_decode`: how runtime samples are read (`streams.brain.core.inputs`;
+        default `inputs.DEFAULT_SAMPLE_DECODE`, which the test suite's --sample-decode
+        sets)."""
         self.env = env
+        self.sample_decode = sample_decode or inputs.DEFAULT_SAMPLE_DECODE
+        self._read = input_reader(self.sample_decode)
         #: the config service's documents, for the router (none: the job's own config)
         self.configs = configs
         self.group = group
@@ -495,7 +475,7 @@ class BrainProcessor:
     def _decode(self, record: InputRecord, out: Output) -> Input | None:
         """The record's event, or None with a dead letter saying why there is none."""
         try:
-            event = decode_event(record.value)
+            event = self._read(record.value)
         except CodecError as err:
             out.letters.append(self._letter(record, err.kind, err.message))
             return None

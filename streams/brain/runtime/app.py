@@ -74,6 +74,7 @@ from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.runtime.standalone import serve_alone
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import EnvStore
+from streams.brain.core.inputs import SampleDecode
 from streams.brain.core.merge import Fetch, Merge, event_time
 from streams.brain.core.policy import Policy
 from streams.brain.core.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
@@ -93,6 +94,7 @@ from streams.brain.runtime.leader import Leadership
 from streams.brain.runtime.live_policy import LivePolicy, env_policy
 from streams.brain.runtime.recovery import published_since, recover, stale_offsets, warn_stale
 from streams.brain.runtime.retention import Pruner
+from streams.brain.runtime.settings import load_brain_settings
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +151,10 @@ class Brain(AsyncResource):
         datadir: Path | None = None,
         freeze_gc: bool = False,
         metrics: BrainMetrics | None = None,
+        sample_decode: SampleDecode | None = None,
     ) -> None:
+        """`sample_decode`: how runtime samples are read (default: the process's
+        setting, DLROVER_EVENTS_BRAIN_SAMPLE_DECODE)."""
         self.settings = settings
         #: what `up` or the command serve on /metrics (a registry of its own otherwise)
         self.metrics = metrics or BrainMetrics(CollectorRegistry(auto_describe=True), env)
@@ -158,7 +163,13 @@ class Brain(AsyncResource):
         self.pg_dsn = pg_dsn
         #: the env's config documents: a job's config may name its optimizer there
         self.configs = ConfigFollower(settings, env)
-        self.processor = BrainProcessor(env, self.group, policy, configs=self.configs.index)
+        self.processor = BrainProcessor(
+            env,
+            self.group,
+            policy,
+            configs=self.configs.index,
+            sample_decode=sample_decode or load_brain_settings().sample_decode,
+        )
         #: without a policy given, the env's settings (`brain` in the registry) say
         self._policy_given = policy is not None
         self.checkpoint_every_s = checkpoint_every_s

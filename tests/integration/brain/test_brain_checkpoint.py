@@ -13,7 +13,8 @@ from dlrover_events.store import EnvStore
 from schemas.jobs import JobCompleted, JobFailed, JobMeta, JobStarted, JobSubmitted
 from streams.brain.core.folds import fold
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.samples import JobRef, Sample, SampleRead
+from streams.brain.core.sample_structs import JobRef
+from streams.brain.core.samples import Sample, SampleRead
 from streams.brain.core.snapshot import Loaded, Snapshot
 from streams.brain.core.state import MAX_SAMPLES, JobState
 from streams.brain.core.state_json import state_json

@@ -21,7 +21,8 @@ from schemas.jobs import JobCompleted, JobMeta, JobStarted
 from streams.brain.core.folds import fold
 from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
-from streams.brain.core.samples import JobRef, Sample, SampleRead
+from streams.brain.core.sample_structs import JobRef
+from streams.brain.core.samples import Sample, SampleRead
 from streams.brain.core.snapshot import Snapshot
 from streams.brain.core.state import JobState, JobStatus
 from streams.brain.runtime.app import Brain

@@ -15,7 +15,8 @@ from schemas.plans import OptimizePlan
 from streams.brain.core.optimizers import REGISTRY, OptimizeContext, Proposal
 from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.planner import DEFAULT_LIMITS, Planned, plan_scale
-from streams.brain.core.samples import NodeUse, Sample
+from streams.brain.core.sample_structs import NodeUse
+from streams.brain.core.samples import Sample
 from streams.brain.core.state import (
     JobState,
     JobStatus,

@@ -4,6 +4,7 @@ restart, snapshots of what changed, errors said once."""
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from schemas import encode
 from schemas.codec import CodecError, decode
@@ -21,8 +22,9 @@ from schemas.jobs import (
     RoleSpec,
 )
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
+from streams.brain.core.inputs import SAMPLE_DECODES, SampleDecode, input_reader
 from streams.brain.core.optimizers.numeric import GiB
-from streams.brain.core.processor import BrainProcessor, decode_event
+from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.snapshot import Loaded
 from streams.brain.core.state import JobStatus
 
@@ -85,17 +87,19 @@ def test_bad_input_is_dead_lettered_and_passed() -> None:
     assert p.counters.dead_lettered == 5 and p.states == {}
 
 
-def test_decode_event_fails_exactly_as_decode() -> None:
+@pytest.mark.parametrize("way", SAMPLE_DECODES)
+def test_the_brains_read_fails_exactly_as_decode(way: SampleDecode) -> None:
+    read = input_reader(way)
     for raw in (b"[1]", b'{"type": "job.started"}', b"", b'{"type": "job.started", "env": 1}'):
         try:
             decode(raw)
         except CodecError as expected:
             try:
-                decode_event(raw)
+                read(raw)
             except CodecError as got:
                 assert (got.kind, got.message) == (expected.kind, expected.message)
             else:
-                raise AssertionError(f"decode_event accepted {raw!r}")
+                raise AssertionError(f"the {way} read accepted {raw!r}")
 
 
 def test_a_restart_skips_what_its_checkpoint_includes() -> None:

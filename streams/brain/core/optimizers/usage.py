@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from streams.brain.core.optimizers.numeric import mean, median
-from streams.brain.core.samples import NodeUse, Sample
+from streams.brain.core.sample_structs import NodeUse
+from streams.brain.core.samples import Sample
 from streams.brain.core.state import JobState, node_key
 
 
