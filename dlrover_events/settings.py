@@ -181,6 +181,16 @@ class Settings(BaseSettings):
     # Embedded stack
     host: str = Field(default="127.0.0.1", description="where the embedded broker listens")
     broker_port: int = Field(default=9092, description="the embedded broker's port")
+    broker_storage: Literal["postgres", "memory"] = Field(
+        default="postgres",
+        description="where the embedded broker's records are kept: `postgres` (a journal in "
+        "broker_database, so a restarted `up` has its topics back) or `memory` (gone when "
+        "the broker stops)",
+    )
+    broker_database: str = Field(
+        default="dlrover_tansu",
+        description="database of the embedded broker's journal, on `up`'s Postgres",
+    )
     data_dir: Path = Field(
         default=Path(".dlrover-events"),
         validate_default=True,

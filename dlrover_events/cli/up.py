@@ -25,7 +25,8 @@ from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import end_within, wait_for_any, wait_or_stop
 from dlrover_events.runtime import logs
-from dlrover_events.runtime.embedded import Broker, Postgres, resolve_postgres
+from dlrover_events.runtime.broker_journal import BrokerJournal
+from dlrover_events.runtime.embedded import Broker, Postgres, ensure_database, resolve_postgres
 from dlrover_events.runtime.fence import EnvFence
 from dlrover_events.runtime.logs import log_fields
 from dlrover_events.runtime.metrics import MetricsServer, ServiceMetrics
@@ -51,8 +52,29 @@ class Stack:
     settings: Settings
     broker: Broker | None = None
     postgres: Postgres | None = None
+    #: the embedded broker's records in Postgres (broker_storage=postgres)
+    journal: BrokerJournal | None = None
 
-    def close(self) -> None:
+    async def start_broker(self) -> None:
+        """Start the embedded broker and, with a journal, refill it with its history."""
+        assert self.broker is not None
+        await self.broker.start_async()  # from this (the main) thread: see Broker
+        if self.journal is not None:
+            refill = await self.journal.refill()
+            log.warning(
+                "broker refilled from its journal: %d topics, %d records, %d groups' commits"
+                " in %.1fs",
+                refill.topics,
+                refill.records,
+                refill.groups,
+                refill.seconds,
+            )
+
+    async def close(self) -> None:
+        if self.journal is not None:
+            if self.broker is not None and self.broker.exit_code() is None:
+                await self.journal.drain()  # every record in, before the broker stops
+            await self.journal.close()
         if self.postgres is not None:
             self.postgres.stop()
         if self.broker is not None:
@@ -84,23 +106,34 @@ async def _up(settings: Settings, only: list[str]) -> None:
         loop.add_signal_handler(sig, stop.set)
     stack = Stack(settings)
     try:
-        if "bootstrap_servers" not in settings.model_fields_set:
-            stack.broker = Broker(settings.host, settings.broker_port, settings.data_dir / "logs")
-            await stack.broker.start_async()  # from this (the main) thread: see Broker
-            settings = settings.with_overrides(bootstrap_servers=stack.broker.bootstrap_servers)
         stack.postgres = await resolve_postgres(settings)
         dsn = stack.postgres.dsn
+        if "bootstrap_servers" not in settings.model_fields_set:
+            stack.broker = Broker(settings.host, settings.broker_port, settings.data_dir / "logs")
+            settings = settings.with_overrides(bootstrap_servers=stack.broker.bootstrap_servers)
+            if settings.broker_storage == "postgres":
+                journal_dsn = await ensure_database(dsn, settings.broker_database)
+                stack.journal = await BrokerJournal.open(settings, journal_dsn)
         registry = EnvRegistry(settings, dsn)
-        real = await registry.real()
-        env = real.name if real else settings.default_env
-        await registry.create(env, EnvMode.REAL, exist_ok=True)
-        envs = await registry.resync(repair=stack.broker is not None)
-        with log_fields(env=env, service="up"):
-            await _supervise(
-                settings, stack, registry, env, len(envs), _chosen(services, only), stop
+        while not stop.is_set():
+            if stack.broker is not None:
+                await stack.start_broker()
+            real = await registry.real()
+            env = real.name if real else settings.default_env
+            await registry.create(env, EnvMode.REAL, exist_ok=True)
+            envs = await registry.resync(repair=stack.broker is not None)
+            with log_fields(env=env, service="up"):
+                broker_exited = await _supervise(
+                    settings, stack, registry, env, len(envs), _chosen(services, only), stop
+                )
+            if not broker_exited:
+                break
+            log.error(
+                "broker tansu on %s exited: services stopped; starting it again with its history",
+                settings.bootstrap_servers,
             )
     finally:
-        stack.close()
+        await stack.close()
 
 
 def _chosen(services: dict[str, Service], only: list[str]) -> list[Service]:
@@ -117,11 +150,15 @@ async def _supervise(
     n_envs: int,
     chosen: list[Service],
     stop: asyncio.Event,
-) -> None:
-    """Run the services under supervision until SIGTERM, a fatal failure or the env's
-    deletion; raise (exit non-zero) for the latter two, naming what stopped."""
+) -> bool:
+    """Run the services under supervision until SIGTERM, a fatal failure, the env's
+    deletion, or the exit of a broker with a journal; raise (exit non-zero) for the
+    second and third, naming what stopped; True for the last (the caller starts the
+    broker again, refilled, and then the services: none may meet it empty)."""
     assert stack.postgres is not None
     dsn = stack.postgres.dsn
+    ending = asyncio.Event()  # this round's end; `stop` (SIGTERM) ends it too
+    broker_gone = asyncio.Event()
     backoff = Backoff(max_s=settings.restart_backoff_max_s)
     own = CollectorRegistry(auto_describe=True)
     service_metrics = ServiceMetrics(own, env)
@@ -136,9 +173,10 @@ async def _supervise(
     metrics.add(own)
     bus = BusWatch(
         settings.bootstrap_servers,
-        stop,
+        ending,
         probe_s=settings.bus_probe_s,
-        broker=stack.broker,
+        # a broker with a journal is started again by the caller, not under running services
+        broker=stack.broker if stack.journal is None else None,
         on_restart=functools.partial(registry.resync, repair=True),
         backoff=backoff,
         metrics=service_metrics,
@@ -148,12 +186,12 @@ async def _supervise(
         return ServiceContext(settings, env, dsn, stop=own_stop, metrics=reg, bus=bus.up)
 
     supervised = [
-        Supervised(svc, make_ctx, stop, env=env, backoff=backoff, metrics=service_metrics)
+        Supervised(svc, make_ctx, ending, env=env, backoff=backoff, metrics=service_metrics)
         for svc in chosen
     ]
     for s in supervised:
         metrics.add(s.registry)
-    async with EnvFence(settings, dsn, env, stop) as fence:
+    async with EnvFence(settings, dsn, env, ending) as fence:
         try:
             await metrics.start()
         except OSError as err:
@@ -163,21 +201,46 @@ async def _supervise(
             ) from None
         tasks = [asyncio.create_task(bus.run(), name="bus")]
         tasks += [asyncio.create_task(s.run(), name=s.name) for s in supervised]
+        if stack.journal is not None and stack.broker is not None:
+            tasks.append(asyncio.create_task(_watch_broker(stack.broker, broker_gone, ending)))
+        copying = (
+            asyncio.create_task(stack.journal.run(ending), name="journal")
+            if stack.journal is not None
+            else None
+        )
+        signalled = asyncio.create_task(stop.wait())
+        signalled.add_done_callback(lambda _: ending.set())
         try:
-            await _wait_ready(supervised, stop)
-            if not stop.is_set():
+            await _wait_ready(supervised, ending)
+            if not ending.is_set():
                 _print_where(settings, stack, env, n_envs, supervised, metrics)
-            await wait_for_any([stop, *(s.failed for s in supervised)])
+            await wait_for_any([ending, broker_gone, *(s.failed for s in supervised)])
         finally:
-            stop.set()
+            ending.set()
+            signalled.cancel()
             await end_within(tasks, STOP_GRACE_S + 5)
+            if copying is not None:  # after the services: it copies what they wrote last
+                await asyncio.wait([copying], timeout=5)
+                copying.cancel()
+                await asyncio.gather(copying, return_exceptions=True)
             await metrics.stop()
     if fence.reason is not None:
         raise UserError(f"{fence.reason}; `up` stopped its services")
     for s in supervised:
         if s.fatal is not None:
             raise UserError(f"service {s.name} stopped: {s.fatal}")
+    if broker_gone.is_set() and not stop.is_set():
+        return True
     Console(stderr=True).print("stopped cleanly")
+    return False
+
+
+async def _watch_broker(broker: Broker, gone: asyncio.Event, ending: asyncio.Event) -> None:
+    while not ending.is_set():
+        if broker.exit_code() is not None:
+            gone.set()
+            return
+        await asyncio.sleep(0.25)
 
 
 async def _wait_ready(supervised: list[Supervised], stop: asyncio.Event) -> None:
@@ -205,6 +268,13 @@ def _print_where(
     table = Table("part", "where", title="dlrover-events is up")
     broker = f"tansu (embedded, pid {stack.broker.pid})" if stack.broker else "external"
     table.add_row(f"Kafka: {broker}", settings.bootstrap_servers)
+    if stack.broker is not None:
+        kept = (
+            f"kept in Postgres (database {settings.broker_database}): back after a restart"
+            if stack.journal is not None
+            else "in memory only: gone when `up` stops"
+        )
+        table.add_row("  its records", kept)
     assert stack.postgres is not None
     table.add_row(f"Postgres: {stack.postgres.kind}", _redact(stack.postgres.dsn))
     table.add_row("real env", f"{env} (topics {env}.*, schema env_{env.replace('-', '_')})")

@@ -35,11 +35,19 @@ pytestmark = pytest.mark.integration
 class Up:
     """`dlrover-events up` in its own process; its output is collected as it comes."""
 
-    def __init__(self, environ: dict[str, str], *args: str) -> None:
+    def __init__(
+        self,
+        environ: dict[str, str],
+        *args: str,
+        command: list[str] | None = None,
+        cwd: Path = REPO,
+    ) -> None:
+        """`command`: how `up` is started (default: this interpreter's, from the checkout)."""
         self.metrics_port = int(environ["DLROVER_EVENTS_METRICS_PORT"])
+        here = [sys.executable, "-c", "from dlrover_events.cli.app import main; main()", "up"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from dlrover_events.cli.app import main; main()", "up", *args],
-            cwd=REPO,
+            [*(command or here), *args],
+            cwd=cwd,
             env=environ,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -112,6 +120,9 @@ def up_environ(pg_dsn: str, data_dir: object, **extra: str) -> dict[str, str]:
         "DLROVER_EVENTS_SESSION_TIMEOUT_MS": "2000",
         "DLROVER_EVENTS_HEARTBEAT_INTERVAL_MS": "300",
         "DLROVER_EVENTS_BUS_PROBE_S": "0.3",
+        # the broker's records in memory: these tests start `up` afresh, each on its own
+        # (test_up_history.py keeps them in Postgres)
+        "DLROVER_EVENTS_BROKER_STORAGE": "memory",
         "COLUMNS": "200",
         **extra,
     }

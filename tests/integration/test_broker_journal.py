@@ -1,0 +1,182 @@
+"""The embedded broker's journal (dlrover_events/runtime/broker_journal.py), on real tansu
+brokers and a real Postgres: what one broker held comes back in a new one, at the same
+offsets, with the topics' configs and the groups' commits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from dlrover_events.errors import UserError
+from dlrover_events.runtime.broker_journal import BrokerJournal
+from dlrover_events.runtime.embedded import Broker
+from dlrover_events.settings import Settings
+from tests.conftest import ARTIFACTS
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def journal(own_pg: str) -> AsyncIterator[BrokerJournal]:
+    j = await BrokerJournal.open(Settings(), own_pg)
+    yield j
+    await j.close()
+
+
+def new_broker() -> Broker:
+    broker = Broker("127.0.0.1", log_dir=ARTIFACTS / "logs")
+    broker.start()
+    return broker
+
+
+async def fill(servers: str) -> None:
+    """Two topics (one compacted, two partitions), keyed records with headers, and a
+    group that committed part of one partition."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers)
+    await admin.start()
+    await admin.create_topics(
+        [
+            NewTopic("j.events", 2, 1, topic_configs={"retention.ms": "86400000"}),
+            NewTopic("j.docs", 1, 1, topic_configs={"cleanup.policy": "compact"}),
+        ]
+    )
+    await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=servers)
+    await producer.start()
+    for i in range(300):
+        await producer.send(
+            "j.events",
+            f"e{i}".encode(),
+            key=f"k{i % 7}".encode(),
+            partition=i % 2,
+            headers=[("n", str(i).encode())],
+            timestamp_ms=1_700_000_000_000 + i,
+        )
+    for i in range(5):
+        await producer.send("j.docs", f"v{i}".encode(), key=b"doc", partition=0)
+    await producer.send_and_wait("j.docs", None, key=b"gone", partition=0)
+    await producer.stop()
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=servers, group_id="j-group", enable_auto_commit=False
+    )
+    await consumer.start()
+    tp = TopicPartition("j.events", 0)
+    consumer.assign([tp])
+    await consumer.commit({tp: 120})
+    await consumer.stop()
+
+
+async def read_all(servers: str, topic: str, partitions: int) -> list[tuple[object, ...]]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
+    await consumer.start()
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    consumer.assign(tps)
+    ends = await consumer.end_offsets(tps)
+    for tp in tps:
+        consumer.seek(tp, 0)
+    seen: list[tuple[object, ...]] = []
+    while len(seen) < sum(ends.values()):
+        for tp, records in (await consumer.getmany(timeout_ms=1000)).items():
+            seen += [
+                (tp.partition, r.offset, r.timestamp, r.key, r.value, tuple(r.headers))
+                for r in records
+            ]
+    await consumer.stop()
+    return sorted(seen)
+
+
+async def committed(servers: str, group: str, tp: TopicPartition) -> int | None:
+    consumer = AIOKafkaConsumer(bootstrap_servers=servers, group_id=group)
+    await consumer.start()
+    try:
+        return await consumer.committed(tp)
+    finally:
+        await consumer.stop()
+
+
+async def configs(servers: str, topic: str) -> dict[str, str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers)
+    await admin.start()
+    try:
+        (response,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic)]
+        )
+        return {e[0]: e[1] for e in response.resources[0][4]}
+    finally:
+        await admin.close()
+
+
+async def test_a_new_broker_gets_the_records_offsets_configs_and_commits_back(
+    journal: BrokerJournal,
+) -> None:
+    first = new_broker()
+    try:
+        await fill(first.bootstrap_servers)
+        before = await read_all(first.bootstrap_servers, "j.events", 2)
+        docs_before = await read_all(first.bootstrap_servers, "j.docs", 1)
+        await journal.attach(first.bootstrap_servers)
+        stop = asyncio.Event()
+        copying = asyncio.create_task(journal.run(stop))
+        await asyncio.sleep(1.5)  # copying as the broker runs
+        stop.set()
+        await copying
+        assert await journal.drain()
+    finally:
+        first.stop()
+
+    second = new_broker()
+    try:
+        await journal.attach(second.bootstrap_servers)
+        refill = await journal.refill()
+        assert (refill.topics, refill.records, refill.groups) == (2, 306, 1)
+        assert await read_all(second.bootstrap_servers, "j.events", 2) == before
+        assert await read_all(second.bootstrap_servers, "j.docs", 1) == docs_before
+        assert (await configs(second.bootstrap_servers, "j.docs"))["cleanup.policy"] == "compact"
+        tp = TopicPartition("j.events", 0)
+        assert await committed(second.bootstrap_servers, "j-group", tp) == 120
+
+        # It goes on from there: what the second broker gets is journaled after the rest.
+        producer = AIOKafkaProducer(bootstrap_servers=second.bootstrap_servers)
+        await producer.start()
+        sent = await producer.send_and_wait("j.events", b"after", partition=1)
+        await producer.stop()
+        assert sent.offset == 150
+        assert await journal.drain()
+        rows = await journal._conn.fetch(
+            'SELECT "offset", value FROM broker_records WHERE topic = $1 AND part = 1 '
+            'ORDER BY "offset" DESC LIMIT 1',
+            "j.events",
+        )
+        assert [(r["offset"], r["value"]) for r in rows] == [(150, b"after")]
+    finally:
+        second.stop()
+
+
+async def test_a_deleted_topic_leaves_the_journal(journal: BrokerJournal) -> None:
+    broker = new_broker()
+    try:
+        await fill(broker.bootstrap_servers)
+        await journal.attach(broker.bootstrap_servers)
+        assert await journal.drain()
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+        await admin.start()
+        await admin.delete_topics(["j.docs"])
+        await admin.close()
+        assert await journal.drain()
+    finally:
+        broker.stop()
+    kept = await journal._conn.fetch("SELECT DISTINCT topic FROM broker_records")
+    assert {r["topic"] for r in kept} == {"j.events"}
+    assert [r["name"] for r in await journal._conn.fetch("SELECT name FROM broker_topics")] == [
+        "j.events"
+    ]
+
+
+async def test_one_up_at_a_time_owns_a_journal(journal: BrokerJournal, own_pg: str) -> None:
+    with pytest.raises(UserError, match="another `up` keeps its broker's records"):
+        await BrokerJournal.open(Settings(), own_pg)
