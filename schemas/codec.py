@@ -13,7 +13,7 @@ its own way; a strict contract reads the same everywhere, and `schemas/json` say
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
@@ -26,6 +26,16 @@ from schemas.events import EVENT_TYPES, AnyEvent
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent)
 
 DecodeFailure = FailureKind
+
+
+class OfEnv(Protocol):
+    """Anything that names the env it belongs to (an event, or a fast read of one)."""
+
+    @property
+    def env(self) -> str: ...
+
+
+E = TypeVar("E", bound=OfEnv)
 
 
 class CodecError(Exception):
@@ -101,3 +111,15 @@ def decode(data: bytes | bytearray | memoryview | None) -> Event:
     except orjson.JSONDecodeError as err:
         raise CodecError(FailureKind.MALFORMED, f"not JSON: {err}") from None
     return _validate(obj, data if isinstance(data, bytes | bytearray) else bytes(data))
+
+
+def check_env(event: E, env: str, topic: str) -> E:
+    """``event``, read from ``topic`` of ``env``, if it is of that env; else CodecError
+    (``wrong_env``). An env's topics carry that env's events only: every reader refuses
+    another env's event the same way, by this, with the same reason."""
+    if event.env != env:
+        raise CodecError(
+            FailureKind.WRONG_ENV,
+            f"event of env {event.env!r} on topic {topic!r} of env {env!r}",
+        )
+    return event

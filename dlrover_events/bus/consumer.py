@@ -23,7 +23,7 @@ from dlrover_events.bus.topics import topic
 from dlrover_events.errors import BusUnavailable
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
-from schemas.codec import CodecError, decode
+from schemas.codec import CodecError, check_env, decode
 from schemas.dlq import DeadLetter, FailureKind
 from schemas.envelope import Event
 
@@ -132,13 +132,9 @@ class Consumer(AsyncResource):
         letters: list[DeadLetter] = []
         for r in records:
             try:
-                event = decode(r.value)
+                event = check_env(decode(r.value), self.env, r.topic)
             except CodecError as err:
                 letters.append(dead_letter(self.env, r, err.kind, err.message, self.group))
-                continue
-            if event.env != self.env:
-                msg = f"event of env {event.env!r} on topic {r.topic!r} of env {self.env!r}"
-                letters.append(dead_letter(self.env, r, FailureKind.WRONG_ENV, msg, self.group))
                 continue
             good.append(Received(event, r.topic, r.partition, r.offset, r.timestamp))
         if good:

@@ -21,7 +21,7 @@ from dlrover_events.bus.compacted import CompactedFollower
 from dlrover_events.bus.topics import CONFIG_CHANGES, topic
 from dlrover_events.config.matching import Change
 from dlrover_events.settings import Settings
-from schemas.codec import CodecError, decode
+from schemas.codec import CodecError, check_env, decode
 from schemas.config import ConfigChange
 
 log = logging.getLogger(__name__)
@@ -37,13 +37,11 @@ def read_change(env: str, record: ConsumerRecord) -> Change | str:
             return "tombstone without a key"
         return (record.key.decode("utf-8", "replace"), None)
     try:
-        event = decode(record.value)
+        event = check_env(decode(record.value), env, record.topic)
     except CodecError as err:
         return str(err)
     if not isinstance(event, ConfigChange):
         return f"a {event.type} event on the config topic"
-    if event.env != env:
-        return f"a change of env {event.env!r} on env {env!r}'s topic"
     return event
 
 

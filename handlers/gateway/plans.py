@@ -21,7 +21,7 @@ import orjson
 from aiokafka import ConsumerRecord
 from pydantic import Field
 
-from schemas.codec import CodecError, decode_obj
+from schemas.codec import CodecError, check_env, decode_obj
 from schemas.envelope import Model
 from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobMeta, JobSubmitted
 from schemas.plans import (
@@ -118,11 +118,9 @@ def read_record(env: str, record: ConsumerRecord) -> JobEvent | str | None:
     if not isinstance(obj, dict) or obj.get("type") not in WANTED:
         return None
     try:
-        event = decode_obj(obj)
+        event = check_env(decode_obj(obj), env, record.topic)
     except CodecError as err:
         return str(err)
-    if event.env != env:
-        return f"an event of env {event.env!r} on env {env!r}'s topic"
     if not isinstance(event, JobEvent):
         return f"a {event.type} event is not a job's"
     return event
