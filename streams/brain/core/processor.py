@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from schemas.codec import CodecError
+from schemas.codec import CodecError, check_env
 from schemas.dlq import DeadLetter, FailureKind, fitting_letter
 from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
 from schemas.lockstep import Barrier, BarrierAck
@@ -475,15 +475,10 @@ class BrainProcessor:
     def _decode(self, record: InputRecord, out: Output) -> Input | None:
         """The record's event, or None with a dead letter saying why there is none."""
         try:
-            event = self._read(record.value)
+            return check_env(self._read(record.value), self.env, record.topic)
         except CodecError as err:
             out.letters.append(self._letter(record, err.kind, err.message))
             return None
-        if event.env != self.env:
-            msg = f"event of env {event.env!r} on topic {record.topic!r} of env {self.env!r}"
-            out.letters.append(self._letter(record, FailureKind.WRONG_ENV, msg))
-            return None
-        return event
 
     def _one(self, record: InputRecord, event: Input, out: Output) -> None:
         if not isinstance(event, SampleRead | JobEvent):
