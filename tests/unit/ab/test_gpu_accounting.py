@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,7 @@ from schemas.envelope import Event
 from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
 from schemas.lockstep import Barrier
 from schemas.plans import ScalePlan, ScaleResult
+from streams.ab.arms import PRESETS
 from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
 from streams.evaluators.ledger import Ledger, gpu_use, gpus_held
@@ -85,7 +87,15 @@ class WatchedFleet(VirtualCluster):
         self.held.append((self.clock, held))
 
 
-def run_arm(subs: list[JobSubmitted], scheduler: str | None) -> tuple[WatchedFleet, list[Event]]:
+def scheduler_of(arm: str) -> dict[str, Any] | None:
+    """The preset arm's cluster scheduler settings (None: the static arm, no brain)."""
+    brain = PRESETS[arm]["brain"]
+    return brain["scheduler"] if brain else None
+
+
+def run_arm(
+    subs: list[JobSubmitted], scheduler: dict[str, Any] | None
+) -> tuple[WatchedFleet, list[Event]]:
     """The arm's simulated cluster after every job ended, and every event its topics got
     (submissions, the cluster's events, the brain's plans, the operator's results)."""
     fleet = WatchedFleet(NODES, GPUS, admission="cluster" if scheduler is None else "brain")
@@ -100,7 +110,7 @@ def run_arm(subs: list[JobSubmitted], scheduler: str | None) -> tuple[WatchedFle
         {
             "lockstep": True,
             "cluster_gpus": NODES * GPUS,
-            "scheduler": {"name": scheduler, "nodes": NODES, "gpus_per_node": GPUS},
+            "scheduler": {**scheduler, "nodes": NODES, "gpus_per_node": GPUS},
         }
     )
     brain = BrainProcessor(ENV, f"{ENV}.brain", policy)
@@ -152,10 +162,10 @@ def read_back(events: list[Event]) -> Ledger:
     return ledger
 
 
-@pytest.mark.parametrize("scheduler", ["tiresias", "goodput-cluster", None])
-def test_no_arm_ever_holds_more_gpus_than_its_cluster_has(scheduler: str | None) -> None:
+@pytest.mark.parametrize("arm", ["tiresias", "goodput-cluster", "static"])
+def test_no_arm_ever_holds_more_gpus_than_its_cluster_has(arm: str) -> None:
     subs = submissions("workloads/workload-3", limit=20)
-    fleet, events = run_arm(subs, scheduler)
+    fleet, events = run_arm(subs, scheduler_of(arm))
     capacity = NODES * GPUS
     ended = [e for e in events if isinstance(e, JobCompleted | JobFailed)]
     assert len(ended) == len(subs), "every job ran to its end"
