@@ -12,7 +12,7 @@ from schemas.env_settings import LimitSettings
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
 from streams.brain.core.decide import JobDecision, decide
 from streams.brain.core.optimizers import REGISTRY, NoParams, OptimizeContext, Proposal
-from streams.brain.core.optimizers.base import group_plan
+from streams.brain.core.optimizers.api import group_plan
 from streams.brain.core.planner import DEFAULT_LIMITS, MAX_ROLE_REPLICAS, plan_id, plan_scale
 from streams.brain.core.state import PS, WORKER, JobState, NodeStatus, Pinned, RoleResources, Stage
 

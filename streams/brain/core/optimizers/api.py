@@ -1,10 +1,16 @@
-"""The optimizer contract and the registry that names optimizers.
+"""The per-job optimizer extension point: what an optimizer is given, what it answers,
+how a registry names it, and the errors of naming one.
 
 An optimizer is a pure function of what the brain knows (the job's state, the history of
 completed jobs, the cluster's free GPUs, the time) and its typed parameters, returning a
 Proposal (the content of an OptimizePlan) or None when it has nothing to change. The
-registry is explicit, not discovered by import side effects alone, so that a user adds an
-optimizer with one decorator and `names()`/`describe()` tell what is available.
+optimizers live beside this module (`dlrover.py`, `gpu.py`) and are named in the brain's
+registry (`__init__.py`); `names()`/`describe()` tell what a registry holds.
+
+At decision time an optimizer's failures are not exceptions: an unknown name, bad
+parameters or an optimizer that raises become the router's `RouteError` (published, the
+brain goes on). The errors here are those of building a registry and of looking a name up
+where a caller wants to refuse it at once (checking an env's settings).
 """
 
 from __future__ import annotations
@@ -21,6 +27,21 @@ from schemas.envelope import Model
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
 from streams.brain.core.memo import SampleMemo
 from streams.brain.core.state import JobState, JobStatus
+
+
+class OptimizerError(Exception):
+    """A registry cannot take or find an optimizer: the caller's mistake, in one line."""
+
+
+class UnknownOptimizer(OptimizerError, KeyError):
+    """A name no optimizer is registered under (a KeyError, as a mapping's lookup is)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class OptimizerNameError(OptimizerError, ValueError):
+    """A name a registry refuses: empty, padded, taken, or the brain's read-only registry."""
 
 
 @dataclass(frozen=True)
@@ -120,10 +141,20 @@ class OptimizerSpec:
 
 @dataclass
 class Registry:
-    """Optimizers by name. `copy()` gives a registry a user may extend without changing
-    the brain's default one."""
+    """Optimizers by name. `Registry.of(...)` makes a read-only one (the brain's);
+    `copy()` gives a registry a user may extend without changing the brain's."""
 
     specs: dict[str, OptimizerSpec] = field(default_factory=dict)
+    read_only: bool = False
+
+    @classmethod
+    def of(cls, *specs: OptimizerSpec) -> Registry:
+        """A read-only registry of `specs` (an OptimizerNameError on a bad or taken name)."""
+        registry = cls()
+        for spec in specs:
+            registry.add(spec)
+        registry.read_only = True
+        return registry
 
     def register(
         self, name: str, description: str, params: type[P]
@@ -140,14 +171,26 @@ class Registry:
         return decorate
 
     def add(self, spec: OptimizerSpec) -> None:
+        if self.read_only:
+            raise OptimizerNameError(
+                f"cannot register {spec.name!r}: this registry is read only (register on a copy)"
+            )
         if not spec.name or spec.name != spec.name.strip():
-            raise ValueError(f"optimizer name {spec.name!r} must be non-empty, no padding")
+            raise OptimizerNameError(f"optimizer name {spec.name!r} must be non-empty, no padding")
         if spec.name in self.specs:
-            raise ValueError(f"optimizer {spec.name!r} is already registered")
+            raise OptimizerNameError(f"optimizer {spec.name!r} is already registered")
         self.specs[spec.name] = spec
 
     def get(self, name: str) -> OptimizerSpec | None:
         return self.specs.get(name)
+
+    def spec(self, name: str) -> OptimizerSpec:
+        """The optimizer registered as `name`; an UnknownOptimizer naming the known ones."""
+        found = self.specs.get(name)
+        if found is None:
+            known = ", ".join(self.names())
+            raise UnknownOptimizer(f"unknown optimizer {name!r}; known: {known}")
+        return found
 
     def names(self) -> list[str]:
         return sorted(self.specs)
@@ -163,8 +206,3 @@ class Registry:
 
     def __iter__(self) -> Iterator[OptimizerSpec]:
         return iter(self.specs[name] for name in self.names())
-
-
-#: The brain's registry: the built-in optimizers, and any a user registers on it.
-REGISTRY = Registry()
-register = REGISTRY.register

@@ -18,12 +18,11 @@ from schemas.bounds import MAX_BYTES
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeResource, ResourcePlan
-from streams.brain.core.optimizers.base import (
+from streams.brain.core.optimizers.api import (
     OptimizeContext,
     Proposal,
     group_plan,
     node_resource,
-    register,
 )
 from streams.brain.core.optimizers.numeric import GiB, ceil_int, mean, median
 from streams.brain.core.optimizers.usage import (
@@ -63,11 +62,6 @@ class WorkerCreateParams(Model):
     min_cpu: float = Field(default=12, ge=0)
 
 
-@register(
-    "worker-create",
-    "create stage: worker cpu/memory from completed jobs of the same scenario (7 days)",
-    WorkerCreateParams,
-)
 def worker_create(ctx: OptimizeContext, p: WorkerCreateParams) -> Proposal | None:
     # Peaks cover a job's whole life; samples also count for hand-written history files.
     peaks: list[tuple[float, int]] = []
@@ -109,11 +103,6 @@ def _latest_worker_memory(state: JobState) -> int:
     return state.role(WORKER).memory
 
 
-@register(
-    "worker-create-oom",
-    "create stage after a worker OOM: memory from history (x1.2 for OOM nodes) or +4e9",
-    WorkerCreateOOMParams,
-)
 def worker_create_oom(ctx: OptimizeContext, p: WorkerCreateOOMParams) -> Proposal | None:
     state = ctx.state
     ooms = _open_ooms(state, WORKER)
@@ -155,11 +144,6 @@ class PSCreateParams(Model):
     cluster_band: float = Field(default=0.2, ge=0)
 
 
-@register(
-    "ps-create",
-    "create stage: PS count/cpu/memory from the PS use of completed jobs of the scenario",
-    PSCreateParams,
-)
 def ps_create(ctx: OptimizeContext, p: PSCreateParams) -> Proposal | None:
     job_cpus: list[float] = []
     max_node_cpu = 0.0
@@ -200,11 +184,6 @@ class PSColdCreateParams(Model):
     memory: int = Field(default=16 * GiB, gt=0)
 
 
-@register(
-    "ps-cold-create",
-    "create stage without history: a fixed PS group (4 x 12 cores x 16 GiB by default)",
-    PSColdCreateParams,
-)
 def ps_cold_create(ctx: OptimizeContext, p: PSColdCreateParams) -> Proposal | None:
     state = ctx.state
     if state.distribution != "ps" and PS not in state.roles:
@@ -225,11 +204,6 @@ class PSOOMParams(Model):
     max_replicas: int = Field(default=15, ge=1, description="the most PS a job may have")
 
 
-@register(
-    "ps-oom",
-    "PS ran out of host memory: double PS memory (imbalanced PS) or double the PS count",
-    PSOOMParams,
-)
 def ps_oom(ctx: OptimizeContext, p: PSOOMParams) -> Proposal | None:
     state = ctx.state
     ooms = _open_ooms(state, PS)
@@ -316,11 +290,6 @@ def free_rate(ps_cpu: int, averages: Sequence[float], max_replicas: int) -> floa
     return rate
 
 
-@register(
-    "ps-init-adjust",
-    "ps-initial stage: PS cpu from recv ops and use, PS count for the target worker count",
-    PSInitAdjustParams,
-)
 def ps_init_adjust(ctx: OptimizeContext, p: PSInitAdjustParams) -> Proposal | None:
     state = ctx.state
     samples = with_role(state.samples, PS)
@@ -377,11 +346,6 @@ class HotPSParams(Model):
     memory_step: int = Field(default=8 * GiB, ge=0)
 
 
-@register(
-    "hot-ps",
-    "running: raise the cpu of every PS for the target worker count once a PS is hot",
-    HotPSParams,
-)
 def hot_ps(ctx: OptimizeContext, p: HotPSParams) -> Proposal | None:
     state = ctx.state
     window = with_role(state.samples, PS)[-p.window :]
@@ -446,11 +410,6 @@ class PSUtilParams(Model):
     memory_factor: float = Field(default=1.2, ge=1)
 
 
-@register(
-    "ps-util",
-    "running, long jobs under PS pressure: shrink the PS that are under 40 % used",
-    PSUtilParams,
-)
 def ps_util(ctx: OptimizeContext, p: PSUtilParams) -> Proposal | None:
     state = ctx.state
     remaining = remaining_time(state)
@@ -537,11 +496,6 @@ def _stable_samples(samples: list[Sample], spike_factor: float) -> list[Sample]:
     return [s for s in same if typical <= 0 or total_cpu(s, PS) <= spike_factor * typical]
 
 
-@register(
-    "worker-resource",
-    "worker-initial/running: worker count from PS headroom and speed, cpu/memory from use",
-    WorkerResourceParams,
-)
 def worker_resource(ctx: OptimizeContext, p: WorkerResourceParams) -> Proposal | None:
     state = ctx.state
     samples = with_role(state.samples, WORKER)

@@ -22,7 +22,7 @@ from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
 from streams.brain.core.memo import SampleMemo, Series, derived, series
-from streams.brain.core.optimizers.base import OptimizeContext, Proposal, node_resource, register
+from streams.brain.core.optimizers.api import OptimizeContext, Proposal, node_resource
 from streams.brain.core.optimizers.fit import nnls
 from streams.brain.core.optimizers.numeric import GiB, ceil_int, median
 from streams.brain.core.samples import Sample
@@ -181,12 +181,6 @@ def fit_throughput(obs: Sequence[StepObservation]) -> ThroughputModel | None:
     return None if coef is None else ThroughputModel(*coef)
 
 
-@register(
-    "goodput",
-    "GPU all-reduce: fit step time vs GPUs and batch from the job's samples; pick the "
-    "worker count with most goodput at acceptable per-GPU efficiency, within free GPUs",
-    GoodputParams,
-)
 def goodput(ctx: OptimizeContext, p: GoodputParams) -> Proposal | None:
     state = ctx.state
     spec = state.role(p.role)
@@ -277,12 +271,6 @@ def smaller_micro_batch(local_batch: int, accumulation: int, floor: int) -> tupl
     return None
 
 
-@register(
-    "gpu-oom",
-    "GPU OOM: halve the micro-batch and raise gradient accumulation (same global batch), "
-    "else more GPU memory per replica",
-    GPUOOMParams,
-)
 def gpu_oom(ctx: OptimizeContext, p: GPUOOMParams) -> Proposal | None:
     state = ctx.state
     open_ = state.unhandled_ooms(OOMKind.GPU_MEMORY)
@@ -343,12 +331,6 @@ class HostOOMParams(Model):
     max_relaunches: int = Field(default=5, ge=0)
 
 
-@register(
-    "host-oom",
-    "host OOM: bump the memory of the nodes that ran out (x2, +2..8 GiB, <= 64 GiB), "
-    "once per OOM event",
-    HostOOMParams,
-)
 def host_oom(ctx: OptimizeContext, p: HostOOMParams) -> Proposal | None:
     state = ctx.state
     limit = min(state.restart_count, p.max_relaunches)
@@ -461,11 +443,6 @@ def find_stragglers(
     return dict(sorted(alive.items()))
 
 
-@register(
-    "straggler",
-    "replace the nodes whose step time is an outlier (> median + 3 MAD) in recent samples",
-    StragglerParams,
-)
 def straggler(ctx: OptimizeContext, p: StragglerParams) -> Proposal | None:
     slow = find_stragglers(ctx.state, p, ctx.memo)
     if not slow:
