@@ -191,7 +191,7 @@ async def _supervise(
     ]
     for s in supervised:
         metrics.add(s.registry)
-    async with EnvFence(settings, dsn, env, ending) as fence:
+    async with EnvFence(settings, dsn, env, ending, [s.name for s in chosen]) as fence:
         try:
             await metrics.start()
         except OSError as err:
@@ -279,6 +279,7 @@ def _print_where(
     table.add_row(f"Postgres: {stack.postgres.kind}", _redact(stack.postgres.dsn))
     table.add_row("real env", f"{env} (topics {env}.*, schema env_{env.replace('-', '_')})")
     table.add_row("envs", f"{n_envs} (every env's topics made with its partitions)")
+    table.add_row("data dir", str(settings.data_dir))
     table.add_row("metrics, health", f"{server.base_url}/metrics  /healthz  /readyz")
     for s in supervised:
         table.add_row("service", s.name)

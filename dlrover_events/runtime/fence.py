@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from uuid import UUID
 
 import asyncpg
@@ -38,6 +38,31 @@ log = logging.getLogger(__name__)
 FENCE_CHANNEL = "dlrover_env_fence"
 #: application_name of a fence's connection: `env delete` names the holders it waits for.
 APP_PREFIX = "dle-fence"
+
+
+#: The two-key advisory lock space in which a fence holder also holds one shared lock per
+#: service it runs (`serving`): `job submit` asks whether an operator holds the env.
+#: (Apart from the fence's one-key lock and the brain leader's class.)
+SERVICE_CLASS = 0x444C5356
+
+
+def service_key(env: str, service: str) -> str:
+    return f"{env}:{service}"
+
+
+async def serving(conn: asyncpg.Connection, env: str, services: Iterable[str]) -> list[str]:
+    """Which of ``services`` some process runs for ``env`` now (`up` or a command run
+    alone, fenced): those whose lock a live session holds."""
+    found = []
+    for service in services:
+        if await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = $1::int::oid AND objid = hashtext($2)::oid AND objsubid = 2)",
+            SERVICE_CLASS,
+            service_key(env, service),
+        ):
+            found.append(service)
+    return found
 
 
 def fence_key(env: str) -> str:
@@ -78,10 +103,19 @@ class EnvFence(AsyncResource):
     the ``async with`` promptly: `env delete` waits for that.
     """
 
-    def __init__(self, settings: Settings, dsn: str, env: str, stop: asyncio.Event) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        dsn: str,
+        env: str,
+        stop: asyncio.Event,
+        services: Sequence[str] = (),
+    ) -> None:
         self.settings = settings
         self.dsn = dsn
         self.env = env
+        #: what the holder runs for the env, each said by a lock of its own (`serving`)
+        self.services = tuple(services)
         self._holder_stop = stop
         self.reason: str | None = None
         self.tripped = asyncio.Event()
@@ -109,6 +143,12 @@ class EnvFence(AsyncResource):
                 "SELECT set_config('application_name', $1, false)", fence_app_name(self.env)
             )
             await conn.execute("SELECT pg_advisory_lock_shared(hashtext($1))", fence_key(self.env))
+            for service in self.services:
+                await conn.execute(
+                    "SELECT pg_advisory_lock_shared($1, hashtext($2))",
+                    SERVICE_CLASS,
+                    service_key(self.env, service),
+                )
             row = await self._row(conn)
             reason = gone_reason(self.env, row, self.incarnation)
             if reason is not None:
@@ -191,7 +231,7 @@ class EnvFence(AsyncResource):
 
 
 @contextlib.asynccontextmanager
-async def fenced(ctx: ServiceContext) -> AsyncIterator[EnvFence]:
-    """Run a service of ``ctx.env`` fenced: ``ctx.stop`` is set once the env is deleted."""
-    async with EnvFence(ctx.settings, ctx.pg_dsn, ctx.env, ctx.stop) as fence:
+async def fenced(ctx: ServiceContext, services: Sequence[str] = ()) -> AsyncIterator[EnvFence]:
+    """Run ``services`` of ``ctx.env`` fenced: ``ctx.stop`` is set once the env is deleted."""
+    async with EnvFence(ctx.settings, ctx.pg_dsn, ctx.env, ctx.stop, services) as fence:
         yield fence

@@ -68,7 +68,7 @@ async def _standalone(ctx: ServiceContext, service: str, *, signals: bool) -> As
     settings = ctx.settings
     bus = BusWatch(settings.bootstrap_servers, ctx.stop, probe_s=settings.bus_probe_s)
     ctx.bus = bus.up
-    async with fenced(ctx) as fence:
+    async with fenced(ctx, (service,)) as fence:
 
         def ready() -> tuple[bool, dict[str, Any]]:
             return readiness(bus, {service: service_state(ctx)}, postgres=fence.holds)

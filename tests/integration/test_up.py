@@ -137,6 +137,8 @@ async def test_up_runs_the_stack_and_stops_on_sigterm(pg_dsn: str, tmp_path: Pat
         assert "dlrover-events is up" in up.stdout
         assert f"127.0.0.1:{port}" in up.stdout
         assert "watchdog" in up.stdout, "the watchdog is a service of up"
+        where = re.escape(str(tmp_path))  # (absolute, as pytest gives it)
+        assert re.search(rf"data dir\W+{where}", up.stdout), "up names its data dir, absolute"
 
         settings = Settings(bootstrap_servers=f"127.0.0.1:{port}", pg_dsn=pg_dsn)
         real = await EnvRegistry(settings, pg_dsn).real()

@@ -25,7 +25,9 @@ from dlrover_events.cli.params import env_name, json_option, print_json
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
+from dlrover_events.runtime.fence import serving
 from dlrover_events.settings import load_settings
+from dlrover_events.store.database import connect
 from handlers.operator.job_actions import JobNotFound, delete_job, open_platform, scale_job
 from handlers.operator.jobs import JobRequestError, scale_plan_id, submission
 from handlers.operator.kube.client import KubeApi, api_error
@@ -63,6 +65,27 @@ async def _real_env(env: str | None) -> str:
     if real is None:
         raise UserError("no env is real; name one with --env")
     return real.name
+
+
+#: What runs an env's TrainingJobs on the local platform: `up`'s service, or the `operator`
+#: command (each holds its service's lock while it runs: dlrover_events.runtime.fence).
+LOCAL_OPERATORS = ("local", "operator")
+
+
+async def _check_operator(env: str | None) -> None:
+    """Refuse, in one line, a local job that no operator would start."""
+    target = await _real_env(env)
+    conn = await connect((await resolve_postgres(load_settings())).dsn)
+    try:
+        running = await serving(conn, target, LOCAL_OPERATORS)
+    finally:
+        await conn.close()
+    if not running:
+        raise UserError(
+            f"no operator runs env {target!r}, so nothing would start the job: start one "
+            f"(`dlrover-events up`, or `dlrover-events operator --env {target} --platform "
+            "local`), or pass --queue to create it now and let it wait for one"
+        )
 
 
 def _run(
@@ -106,9 +129,15 @@ def submit(
     namespace: str | None = NAMESPACE,
     platform: str = PLATFORM,
     env: str | None = ENV,
+    queue: bool = typer.Option(
+        False,
+        "--queue",
+        help="create it even when no operator runs the env (local platform): it waits",
+    ),
 ) -> None:
     """Create the TrainingJob of FILE (checked first for what the schema cannot check).
-    On the local platform its commands run in the current directory."""
+    On the local platform its commands run in the current directory, and an operator
+    must run the env (else it says so, unless --queue)."""
     try:
         docs = [d for d in yaml.safe_load_all(file.read_text()) if d]
     except yaml.YAMLError as e:
@@ -127,6 +156,8 @@ def submit(
     async def work(kube: Platform) -> dict[str, Any]:
         return await kube.create_job(body)
 
+    if platform == "local" and not queue:
+        asyncio.run(_check_operator(env))
     got = _run(kubeconfig, namespace, work, platform=platform, env=env)
     typer.echo(f"trainingjob {got['metadata']['namespace']}/{got['metadata']['name']} created")
 

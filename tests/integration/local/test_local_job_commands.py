@@ -41,14 +41,14 @@ def one_line_error(done: subprocess.CompletedProcess[str], says: str) -> None:
 async def test_job_commands_on_the_local_platform(local: Local, tmp_path: Path) -> None:
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(sleeper_job("cmd-job", 2)))
-    done = job_cli(local, "submit", str(spec), cwd=tmp_path)
+    done = job_cli(local, "submit", str(spec), "--queue", cwd=tmp_path)  # no operator runs
     assert done.returncode == 0, done.stderr
     assert "trainingjob default/cmd-job created" in done.stdout
     obj = await local.cluster().get_job("cmd-job")
     assert obj is not None
     assert obj["metadata"]["annotations"]["dlrover-events.io/workdir"] == str(tmp_path)
 
-    one_line_error(job_cli(local, "submit", str(spec), cwd=tmp_path), "already exists")
+    one_line_error(job_cli(local, "submit", str(spec), "--queue", cwd=tmp_path), "already exists")
 
     listed = job_cli(local, "list", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
