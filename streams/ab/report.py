@@ -16,8 +16,9 @@ from pathlib import Path
 from rich.table import Table
 
 from dlrover_events.errors import MissingExtra
+from streams.evaluators.api import Metrics
 from streams.evaluators.compare import Interval, bootstrap_mean, paired_difference, verdict
-from streams.evaluators.registry import HIGHER_IS_BETTER, Metrics
+from streams.evaluators.registry import HIGHER_IS_BETTER
 
 
 @dataclass
