@@ -47,3 +47,30 @@ def run_command(invoke: Callable[[], object]) -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:
+        mistake = settings_mistake(exc)
+        if mistake is None:
+            raise
+        typer.echo(f"error: {mistake}", err=True)
+        sys.exit(2)
+
+
+def settings_mistake(exc: BaseException) -> UserError | None:
+    """A service's settings class refusing its variables (a pydantic ValidationError of a
+    BaseSettings, such as DLROVER_EVENTS_GATEWAY_PORT=abc) as the one line the user acts
+    on; None for any other error (a bug: its traceback is shown)."""
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return None
+    from pydantic_settings import BaseSettings
+
+    from dlrover_events.settings import settings_error
+
+    classes: list[type[BaseSettings]] = [BaseSettings]
+    while classes:
+        cls = classes.pop()
+        if cls.__name__ == exc.title and cls is not BaseSettings:
+            return settings_error(exc, str(cls.model_config.get("env_prefix", "")))
+        classes.extend(cls.__subclasses__())
+    return None

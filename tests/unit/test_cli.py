@@ -100,6 +100,22 @@ def test_a_bad_settings_value_is_one_line() -> None:
     assert "DLROVER_EVENTS_PARTITIONS: Input should be a valid integer" in line
 
 
+@pytest.mark.parametrize(
+    ("command", "variable", "value", "said"),
+    [
+        (["gateway", "--env", "x"], "DLROVER_EVENTS_GATEWAY_PORT", "abc", "a valid integer"),
+        (["console", "--env", "x"], "DLROVER_EVENTS_CONSOLE_PORT", "-5", "greater than or equal"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.startswith("DLROVER") else "",
+)
+def test_a_bad_value_of_a_services_settings_is_one_line(
+    command: list[str], variable: str, value: str, said: str
+) -> None:
+    """Each service's own settings class (DLROVER_EVENTS_<PART>_*), not only the common one."""
+    line = one_line_error(cli(*command, env={variable: value}))
+    assert f"invalid settings: {variable}: Input should be" in line and said in line
+
+
 def test_an_unknown_variable_is_named_with_the_closest_one() -> None:
     line = one_line_error(cli("env", "topics", "x", env={"DLROVER_EVENTS_PARTITONS": "6"}))
     assert (
