@@ -28,7 +28,7 @@ import asyncpg
 
 from dlrover_events.errors import MissingExtra, UserError
 from dlrover_events.settings import Settings
-from dlrover_events.store.database import connect, quote_ident
+from dlrover_events.store.database import _redact, connect, quote_ident
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +257,15 @@ async def ensure_database(admin_dsn: str, database: str) -> str:
     try:
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
         if not exists:
-            with contextlib.suppress(asyncpg.DuplicateDatabaseError):
+            try:
                 await conn.execute(f"CREATE DATABASE {quote_ident(database)}")
+            except asyncpg.DuplicateDatabaseError:
+                pass  # made meanwhile by another process
+            except asyncpg.PostgresError as err:  # e.g. a role without CREATEDB
+                raise UserError(
+                    f"cannot create database {database} on {_redact(admin_dsn)} ({err}); "
+                    "create it first, or name one that exists"
+                ) from None
     finally:
         await conn.close()
     return with_database(admin_dsn, database)

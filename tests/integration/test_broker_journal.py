@@ -5,7 +5,9 @@ offsets, with the topics' configs and the groups' commits."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -14,9 +16,10 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.broker_journal import BrokerJournal
-from dlrover_events.runtime.embedded import Broker
+from dlrover_events.runtime.embedded import Broker, ensure_database
 from dlrover_events.settings import Settings
-from tests.conftest import ARTIFACTS
+from dlrover_events.store.database import quote_ident
+from tests.conftest import ARTIFACTS, _admin
 
 pytestmark = pytest.mark.integration
 
@@ -180,3 +183,16 @@ async def test_a_deleted_topic_leaves_the_journal(journal: BrokerJournal) -> Non
 async def test_one_up_at_a_time_owns_a_journal(journal: BrokerJournal, own_pg: str) -> None:
     with pytest.raises(UserError, match="another `up` keeps its broker's records"):
         await BrokerJournal.open(Settings(), own_pg)
+
+
+async def test_a_journal_database_that_cannot_be_made_is_one_line(pg_dsn: str) -> None:
+    """A Postgres role without CREATEDB (an external server's): `up` says what to do."""
+    role = f"dle_nocreate_{uuid.uuid4().hex[:8]}"
+    await _admin(pg_dsn, f"CREATE ROLE {quote_ident(role)} LOGIN NOCREATEDB")
+    try:
+        parts = urlsplit(pg_dsn)
+        as_role = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        with pytest.raises(UserError, match="cannot create database dle_never_made"):
+            await ensure_database(as_role, "dle_never_made")
+    finally:
+        await _admin(pg_dsn, f"DROP ROLE {quote_ident(role)}")
