@@ -1,14 +1,22 @@
-"""Workload adapters for replay (entry-point group ``dlrover_events.workloads``)."""
+"""The simulator's workload-trace adapters (the contract: `dlrover_events.domain.workloads`;
+registered in the entry-point group ``dlrover_events.workloads``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
+from dlrover_events.domain.workloads import TimedEvent, TraceError
 from handlers.simulator.workload import parse_workload
-from schemas.envelope import Event
 
 
-def pollux_workload(path: Path, env: str) -> Sequence[tuple[float, Event]]:
-    """A Pollux workload CSV as job submissions at their arrival second."""
-    return [(s.time, s.event) for s in parse_workload(path.read_text(), env=env)]
+def pollux_workload(path: Path, env: str) -> list[TimedEvent]:
+    """A Pollux workload CSV (name,time,application,num_replicas,batch_size) as job
+    submissions at their arrival second."""
+    text = path.read_text()
+    try:
+        submissions = parse_workload(text, env=env)
+    except KeyError as err:
+        raise TraceError(f"cannot read {path} as a Pollux workload: no column {err}") from None
+    except ValueError as err:
+        raise TraceError(f"cannot read {path} as a Pollux workload: {err}") from None
+    return [TimedEvent(s.time, s.event) for s in submissions]

@@ -36,7 +36,7 @@ from typing import Any
 from dlrover_events.bus.tail import Line
 from dlrover_events.bus.tailer import follow
 from dlrover_events.bus.topics import JOB_EVENTS
-from dlrover_events.domain.workloads import discover_workload_adapters
+from dlrover_events.domain.workloads import read_trace
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import wait_for_any
@@ -237,7 +237,7 @@ class ABTest:
         submissions as its adapter makes them, or the submissions the source env holds
         now (read before any copy starts, so a copy cannot have fewer)."""
         if self.trace is not None:
-            return count_submissions(e for _, e in _trace_events(self.trace, "ab-count"))
+            return count_submissions(e for _, e in read_trace(self.trace, "ab-count"))
         assert self.source is not None
         ledger = await ledger_of(self.settings, self.source, [JOB_EVENTS])
         return sum(1 for j in ledger.jobs.values() if j.submitted_at is not None)
@@ -363,18 +363,6 @@ class ABTest:
 def count_submissions(events: Iterable[Event]) -> int:
     """The jobs the events submit (a job submitted twice counts once, as in a ledger)."""
     return len({e.job.uuid for e in events if isinstance(e, JobSubmitted)})
-
-
-def _trace_events(path: Path, env: str, adapter: str = "pollux") -> list[tuple[float, Event]]:
-    """The trace's timed events as replay_trace reads them (UserError as it says it)."""
-    adapters = discover_workload_adapters()
-    if adapter not in adapters:
-        known = ", ".join(adapters) or "none installed"
-        raise UserError(f"unknown workload adapter {adapter!r}; known: {known}")
-    try:
-        return list(adapters[adapter](path, env))
-    except (ValueError, KeyError) as err:
-        raise UserError(f"cannot read {path} as a {adapter} workload: {err}") from None
 
 
 def _prices_rescales(scheduler: object) -> bool:

@@ -7,8 +7,7 @@ from pathlib import Path
 
 from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topics import topic_of
-from dlrover_events.domain.workloads import discover_workload_adapters
-from dlrover_events.errors import UserError
+from dlrover_events.domain.workloads import read_trace
 from dlrover_events.settings import Settings
 from schemas.codec import encode
 from streams.replay.copier import Progress, ReplayReport
@@ -26,14 +25,7 @@ async def replay_trace(
     stop: asyncio.Event | None = None,
 ) -> ReplayReport:
     """Publish the trace's events at their (scaled) times; the caller checked the file."""
-    adapters = discover_workload_adapters()
-    if adapter not in adapters:
-        known = ", ".join(adapters) or "none installed"
-        raise UserError(f"unknown workload adapter {adapter!r}; known: {known}")
-    try:
-        timed = sorted(adapters[adapter](path, target), key=lambda te: te[0])
-    except (ValueError, KeyError) as err:
-        raise UserError(f"cannot read {path} as a {adapter} workload: {err}") from None
+    timed = read_trace(path, target, adapter)  # (a TraceError: one line)
     report = ReplayReport()
     loop = asyncio.get_running_loop()
     wall0 = loop.time()

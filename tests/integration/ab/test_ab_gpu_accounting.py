@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrover_events.domain.workloads import discover_workload_adapters
+from dlrover_events.domain.workloads import read_trace
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
 from handlers.simulator.workload import workload_path
@@ -52,11 +52,7 @@ async def test_no_arm_of_an_ab_run_holds_more_gpus_than_its_cluster(
         keep_envs=True,
     )
     capacity = NODES * GPUS
-    subs = [
-        e
-        for _, e in discover_workload_adapters()["pollux"](trace, "lockstep")
-        if isinstance(e, JobSubmitted)
-    ]
+    subs = [e for _, e in read_trace(trace, "lockstep") if isinstance(e, JobSubmitted)]
     try:
         results = await test.run()
         for arm, result in zip(arms, results, strict=True):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from dlrover_events.bus.topics import topic, topic_of
-from dlrover_events.domain.workloads import discover_workload_adapters
+from dlrover_events.domain.workloads import read_trace
 from handlers.simulator.cluster import Cluster, GiB
 from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.lockstep import TickClock, apply_order
@@ -61,8 +61,7 @@ class Run:
 def submissions(name: str, limit: int | None = None) -> list[JobSubmitted]:
     folder, _, workload = name.rpartition("/")
     path = workload_path(workload, folder or "workloads")
-    timed = sorted(discover_workload_adapters()["pollux"](path, ENV), key=lambda te: te[0])
-    subs = [e for _, e in timed if isinstance(e, JobSubmitted)]
+    subs = [e for _, e in read_trace(path, ENV) if isinstance(e, JobSubmitted)]
     return subs[:limit] if limit else subs
 
 
