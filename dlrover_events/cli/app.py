@@ -47,6 +47,8 @@ SHORT_HELP: Mapping[str, str] = {
     "JSON line.",
     "bench sdk": "Per-step overhead of the SDK reporter in microseconds (median of runs vs a "
     "baseline).",
+    "bench scheduler": "Time the first and the steady rounds of a cluster scheduler at each "
+    "cluster size; the last line is one JSON object.",
     "bootstrap": "Set up an install: migrations, the real and standby envs (settings, "
     "topics), and the gateway tokens (Kubernetes Secrets in a pod, else files).",
     "brain": "Run the brain of one env: job topics in, OptimizePlans and ScalePlans out.",

@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.brain.core.schedulers import SCHEDULERS, get_scheduler
 from streams.brain.core.schedulers.goodput import (
+    BatchChoice,
     BatchLimits,
     GradStats,
     JobModel,
@@ -179,3 +182,71 @@ def test_the_registry_names_the_scheduler_and_parses_its_params() -> None:
     assert isinstance(params, GoodputClusterParams) and params.hysteresis == 0.1
     with pytest.raises(KeyError, match="known: goodput-cluster"):
         get_scheduler("nope")
+
+
+# -- the written-out batch search --------------------------------------------------------
+
+
+def by_the_book(m: JobModel, nodes: int, replicas: int) -> BatchChoice | None:
+    """best_batch as its docstring says it: split each candidate into a local batch and
+    an accumulation within the limits, evaluate it, keep the first best."""
+    if replicas < 1 or nodes < 1 or nodes > replicas:
+        return None
+    lim = m.limits
+    best: BatchChoice | None = None
+    for per_replica in m.candidates(replicas):
+        if lim.accumulation:
+            acc = max(1, math.ceil(per_replica / lim.local_cap))
+        elif per_replica <= lim.local_cap:
+            acc = 1
+        else:
+            continue
+        local = min(math.ceil(per_replica / acc), lim.max_batch // (replicas * acc))
+        if local < lim.min_local or local > lim.local_cap:
+            continue
+        choice = m.evaluate(nodes, replicas, local, acc)
+        if best is None or choice.goodput > best.goodput:
+            best = choice
+    return None if best is None or best.goodput <= 0 else best
+
+
+@st.composite
+def job_models(draw: st.DrawFn) -> JobModel:
+    perf = PerfParams(
+        draw(st.floats(1e-4, 0.3)),
+        draw(st.floats(0, 0.01)),
+        draw(st.floats(0, 0.1)),
+        draw(st.floats(0, 0.01)),
+        draw(st.floats(0, 0.3)),
+        draw(st.floats(0, 0.03)),
+        draw(st.sampled_from([1.0, 1.0, 2.5])),
+    )
+    init = draw(st.integers(1, 4096))
+    min_local = draw(st.integers(1, 64))
+    limits = BatchLimits(
+        init_batch=init,
+        max_batch=init * draw(st.integers(1, 300)) + draw(st.integers(0, 50)),
+        min_local=min_local,
+        max_local=draw(st.one_of(st.none(), st.integers(min_local, min_local + 1024))),
+        adaptive=draw(st.booleans()),
+        accumulation=draw(st.booleans()),
+    )
+    grad = draw(
+        st.one_of(
+            st.none(),
+            st.builds(GradStats, st.floats(0, 10), st.floats(0, 1e4)),
+            st.floats(1, 1e6).map(lambda ns: GradStats.from_noise_scale(ns, init)),
+        )
+    )
+    return JobModel(perf, grad, limits)
+
+
+@settings(max_examples=300, deadline=None)
+@given(job_models(), st.sampled_from([1, 2, 4, 8]), st.integers(2, 40))
+def test_the_written_out_batch_search_chooses_what_the_book_does(
+    m: JobModel, per_node: int, nodes: int
+) -> None:
+    """Bit for bit: the search a round runs thousands of times is written out in one loop
+    for speed; its choices must be those of split-then-evaluate."""
+    for s in shapes(per_node, per_node, nodes):
+        assert m.best_batch(s.nodes, s.replicas) == by_the_book(m, s.nodes, s.replicas)

@@ -155,58 +155,110 @@ class JobModel:
             local_batch, accumulation, global_batch, throughput, efficiency, throughput * efficiency
         )
 
-    def _split(self, per_replica: int, replicas: int) -> tuple[int, int] | None:
-        """(local batch, accumulation) for `per_replica` samples per replica per step,
-        within the limits; None when they cannot hold it."""
+    def candidates(self, replicas: int, grids: Grids | None = None) -> list[int]:
+        """Samples per replica per step worth trying at `replicas`, ascending. `grids`
+        keeps the grids a round already drew (the same (lo, hi) for many jobs and sizes)."""
         lim = self.limits
-        cap = lim.local_cap
-        if lim.accumulation:
-            accumulation = max(1, math.ceil(per_replica / cap))
-        elif per_replica <= cap:
-            accumulation = 1
-        else:
-            return None
-        local = math.ceil(per_replica / accumulation)
-        # never past the largest batch the job allows, even by rounding up
-        local = min(local, lim.max_batch // (replicas * accumulation))
-        if local < lim.min_local or local > cap:
-            return None
-        return local, accumulation
-
-    def candidates(self, replicas: int) -> list[int]:
-        """Samples per replica per step worth trying at `replicas`, ascending."""
-        lim = self.limits
-        if not lim.adaptive or self.grad is None:
-            return [max(math.ceil(lim.init_batch / replicas), lim.min_local)]
         lo = max(math.ceil(lim.init_batch / replicas), lim.min_local)
+        if not lim.adaptive or self.grad is None:
+            return [lo]
         hi = lim.max_batch // replicas
-        if hi < lo:
+        if hi <= lo:
             return [lo]
-        if hi == lo:
-            return [lo]
+        if grids is not None and (lo, hi) in grids:
+            return grids[lo, hi]
         ratio = hi / lo
         grid = {lo, hi}
         for i in range(1, BATCH_GRID - 1):
             grid.add(round(lo * ratio ** (i / (BATCH_GRID - 1))))
-        return sorted(grid)
+        found = sorted(grid)
+        if grids is not None:
+            grids[lo, hi] = found
+        return found
 
-    def best_batch(self, nodes: int, replicas: int) -> BatchChoice | None:
+    def best_batch(
+        self, nodes: int, replicas: int, grids: Grids | None = None
+    ) -> BatchChoice | None:
         """The batch with the most goodput at this allocation (ties: the smaller batch);
         None when no batch within the limits fits it (e.g. more replicas than the
-        largest batch has samples for its smallest local batch)."""
+        largest batch has samples for its smallest local batch).
+
+        A round asks this of hundreds of jobs at a dozen sizes each, 50 batches a size:
+        the search is split-then-`evaluate` written out in one loop, the same operations
+        in the same order (so the same floats to the last bit), without a call or an
+        object per batch tried."""
         if replicas < 1 or nodes < 1 or nodes > replicas:
             return None
-        best: BatchChoice | None = None
-        for per_replica in self.candidates(replicas):
-            split = self._split(per_replica, replicas)
-            if split is None:
+        lim, perf = self.limits, self.perf
+        cap, max_batch, min_local = lim.local_cap, lim.max_batch, lim.min_local
+        init = lim.init_batch
+        accumulate = lim.accumulation
+        pollux = type(perf) is PerfParams
+        alpha_c = beta_c = gamma = network = 0.0
+        if pollux:
+            assert isinstance(perf, PerfParams)
+            alpha_c, beta_c, gamma = perf.alpha_c, perf.beta_c, perf.gamma
+            network = perf.network_time(nodes, replicas)
+        statistics = self.grad is not None
+        var = sqr = 0.0
+        if self.grad is not None:
+            var, sqr = self.grad.var, self.grad.sqr
+        isfinite, ceil = math.isfinite, math.ceil
+        best_goodput = 0.0
+        best: tuple[int, int, float, float] | None = None
+        for per_replica in self.candidates(replicas, grids):
+            # the split: a local batch and micro-steps within the limits
+            if accumulate:
+                accumulation = ceil(per_replica / cap)  # (>= 1: per_replica, cap >= 1)
+            elif per_replica <= cap:
+                accumulation = 1
+            else:
                 continue
-            choice = self.evaluate(nodes, replicas, *split)
-            if best is None or choice.goodput > best.goodput:
-                best = choice
-        if best is None or best.goodput <= 0:
+            local = ceil(per_replica / accumulation)
+            most = max_batch // (replicas * accumulation)
+            if most < local:
+                local = most
+            if local < min_local or local > cap:
+                continue
+            # evaluate: throughput x efficiency
+            samples = replicas * local * accumulation
+            if pollux:
+                compute = alpha_c + beta_c * local
+                if network <= 0:
+                    last = compute
+                elif gamma == 1.0:
+                    last = compute + network
+                else:
+                    last = (compute**gamma + network**gamma) ** (1 / gamma)
+                t = (accumulation - 1) * compute + last
+            else:
+                t = perf.step_time(nodes, replicas, local, accumulation)
+            throughput = samples / t if t > 0 and isfinite(t) else 0.0
+            scale = samples / init
+            if statistics:
+                denom = var / scale + sqr
+                efficiency = ((var + sqr) / denom if denom > 0 else 1.0) / scale
+            else:
+                efficiency = 1.0 / scale if scale > 1 else 1.0
+            goodput = throughput * efficiency
+            if best is None or goodput > best_goodput:
+                best_goodput = goodput
+                best = (local, accumulation, throughput, efficiency)
+        if best is None or best_goodput <= 0:
             return None
-        return best
+        local, accumulation, throughput, efficiency = best
+        return BatchChoice(
+            local,
+            accumulation,
+            replicas * local * accumulation,
+            throughput,
+            efficiency,
+            best_goodput,
+        )
+
+
+#: Candidate grids a round has drawn, by (lo, hi) samples per replica (`candidates`).
+Grids = dict[tuple[int, int], list[int]]
 
 
 __all__ = [
@@ -214,6 +266,7 @@ __all__ = [
     "BatchChoice",
     "BatchLimits",
     "GradStats",
+    "Grids",
     "JobModel",
     "PerfParams",
     "StepSample",

@@ -27,6 +27,8 @@ job id, then by size, then by node order.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,7 +50,10 @@ from streams.brain.core.schedulers.api import (
     change_order,
     check_jobs,
 )
+from streams.brain.core.schedulers.goodput import Grids
+from streams.brain.core.schedulers.packing import PackedJob, Packer
 from streams.brain.core.schedulers.speedup import (
+    SizeMenu,
     SpeedupTable,
     fair_share,
     power_mean,
@@ -129,62 +134,6 @@ def _valid_currents(jobs: Sequence[JobInput], cluster: ClusterCapacity) -> set[s
     }
 
 
-class _Packer:
-    """Places replica counts onto nodes, keeping jobs where they are when it can."""
-
-    def __init__(self, cluster: ClusterCapacity, jobs: Mapping[str, _Job]) -> None:
-        self.per_node = cluster.gpus_per_node
-        self.nodes = cluster.nodes
-        self.index = {n.name: i for i, n in enumerate(cluster.nodes)}
-        self.jobs = jobs
-
-    def place(self, counts: Mapping[str, int]) -> dict[str, Placement] | None:
-        return self._place(counts, stable=True) or self._place(counts, stable=False)
-
-    def _place(self, counts: Mapping[str, int], *, stable: bool) -> dict[str, Placement] | None:
-        free = {n.name: n.gpus for n in self.nodes}
-        out: dict[str, Placement] = {}
-        stayers = {k for k, r in counts.items() if r > 0 and r == self.jobs[k].current}
-        if stable:
-            for key in sorted(stayers):
-                for name, g in self.jobs[key].spec.placement:
-                    free[name] -= g
-                out[key] = self.jobs[key].spec.placement
-        kept_nodes = {name for k in stayers for name, _ in self.jobs[k].spec.placement}
-        rest = [k for k, r in counts.items() if r > 0 and k not in out]
-        multi = sorted(
-            (k for k in rest if counts[k] > self.per_node), key=lambda k: (-counts[k], k)
-        )
-        single = sorted(
-            (k for k in rest if counts[k] <= self.per_node), key=lambda k: (-counts[k], k)
-        )
-        for key in multi:
-            need = counts[key] // self.per_node
-            own = {name for name, _ in self.jobs[key].spec.placement}
-            whole = [
-                n.name
-                for n in self.nodes
-                if n.gpus == self.per_node and free[n.name] == self.per_node
-            ]
-            whole.sort(key=lambda name: (name not in own, name in kept_nodes, self.index[name]))
-            if len(whole) < need:
-                return None
-            chosen = sorted(whole[:need], key=self.index.__getitem__)
-            for name in chosen:
-                free[name] = 0
-            out[key] = tuple((name, self.per_node) for name in chosen)
-        for key in single:
-            r = counts[key]
-            own = {name for name, _ in self.jobs[key].spec.placement}
-            fits = [n.name for n in self.nodes if free[n.name] >= r]
-            if not fits:
-                return None
-            name = min(fits, key=lambda m: (m not in own, free[m], self.index[m]))
-            free[name] -= r
-            out[key] = ((name, r),)
-        return out
-
-
 def _value(job: _Job, replicas: int, kept: bool, scale: float, hysteresis: float) -> float:
     """The job's scaled speedup at `replicas`, penalised when its allocation changes."""
     if replicas == 0 or job.table is None:
@@ -197,50 +146,92 @@ def _value(job: _Job, replicas: int, kept: bool, scale: float, hysteresis: float
     return speedup
 
 
+#: Repacks from scratch one search may try when a step fits no node as things lie: a
+#: repack costs a pass over every job, a step a few node lookups.
+REPACKS = 32
+
+
+def _next_step(
+    key: str,
+    job: _Job,
+    cur: int,
+    free: int,
+    banned: set[tuple[str, int]],
+    term: Callable[[str, int], float],
+) -> tuple[float, int] | None:
+    """The job's next size worth more than its current one, and its gain per extra GPU:
+    the next such size, not any larger one (a jump straight to a big size would take
+    GPUs that another job's next size was worth more per GPU); None when that size needs
+    more than the `free` GPUs (it never will fit: a search only hands GPUs out)."""
+    assert job.table is not None
+    here = term(key, cur)
+    sizes = job.table.sizes
+    for r in sizes[bisect.bisect_right(sizes, cur) :]:
+        if r - cur > free:
+            return None
+        if (key, r) in banned:
+            continue
+        there = term(key, r)
+        if there <= here or job.table.choice(r) is None:
+            continue
+        return (there - here) / (r - cur), r
+    return None
+
+
 def _greedy(
     jobs: Mapping[str, _Job],
     start: Mapping[str, int],
-    packer: _Packer,
+    packer: Packer,
     total: int,
     term: Callable[[str, int], float],
 ) -> tuple[dict[str, int], dict[str, Placement]] | None:
+    """Hand GPUs out from `start`, one step of one job at a time, the step of most gain
+    per GPU first (ties: the first job by id), while the steps still pack; then place
+    the counts (see the module docstring)."""
     counts = dict(start)
-    placed = packer.place(counts)
+    placed = packer.pack(counts)
     if placed is None:
         return None
+    packing = packer.packing(placed)
+    free = total - sum(counts.values())
     banned: set[tuple[str, int]] = set()
-    order = sorted(jobs)
-    while True:
-        used = sum(counts.values())
-        best: tuple[float, str, int] | None = None
-        for key in order:
-            job = jobs[key]
-            if job.pinned or job.table is None:
-                continue
-            cur = counts[key]
-            here = term(key, cur)
-            for r in job.table.sizes:
-                if r <= cur or r - cur > total - used or (key, r) in banned:
-                    continue
-                there = term(key, r)
-                if there <= here or job.table.choice(r) is None:
-                    continue
-                # the next size worth more than the current one, not any larger one:
-                # a jump straight to a big size would take GPUs that another job's next
-                # size was worth more per GPU
-                gain = (there - here) / (r - cur)
-                if best is None or gain > best[0]:
-                    best = (gain, key, r)
-                break
-        if best is None:
-            return counts, placed
-        _, key, r = best
-        trial = {**counts, key: r}
-        got = packer.place(trial)
-        if got is None:
+    order = {key: i for i, key in enumerate(sorted(jobs))}
+    heap: list[tuple[float, int, str, int]] = []
+
+    def push(key: str) -> None:
+        found = _next_step(key, jobs[key], counts[key], free, banned, term)
+        if found is not None:
+            heapq.heappush(heap, (-found[0], order[key], key, found[1]))
+
+    for key in sorted(jobs):
+        job = jobs[key]
+        if not job.pinned and job.table is not None:
+            push(key)
+    repacks = REPACKS
+    failed = total + 1  # the smallest step a repack could not fit: larger ones fit no better
+    while heap:
+        _, _, key, r = heapq.heappop(heap)
+        cur = counts[key]
+        if r - cur > free:
+            continue  # (the job's step outgrew the GPUs left: it has none now)
+        fits = packing.grow(key, r)
+        if not fits and repacks and r - cur < failed:
+            repacks -= 1
+            repacked = packer.pack({**counts, key: r})
+            if repacked is None:
+                failed = r - cur
+            else:
+                packing, fits = packer.packing(repacked), True
+        if fits:
+            counts[key] = r
+            free -= r - cur
+        else:
             banned.add((key, r))
-            continue
-        counts, placed = trial, got
+        push(key)
+    placed = packer.pack(counts) or {
+        key: packer.placement(slots) for key, slots in packing.where.items() if slots
+    }
+    return counts, placed
 
 
 def _same(a: Placement, b: Placement) -> bool:
@@ -270,7 +261,8 @@ def schedule(
     total = cluster.total_gpus
     whole = sum(1 for n in cluster.nodes if n.gpus == cluster.gpus_per_node)
     largest = max((n.gpus for n in cluster.nodes), default=0)
-    candidates = shapes(cluster.gpus_per_node, largest, whole) if total else []
+    candidates = SizeMenu(shapes(cluster.gpus_per_node, largest, whole) if total else [])
+    grids: Grids = {}
     fair = fair_share(total, len(arrived))
     scale = len(cluster.nodes) / total if total else 0.0
     valid = _valid_currents(arrived, cluster)
@@ -280,7 +272,7 @@ def schedule(
         running = bool(j.placement)
         ok = j.job_id in valid
         assert j.model is not None
-        table = speedup_table(j.model, candidates, fair)
+        table = speedup_table(j.model, candidates, fair, grids)
         current = j.replicas if ok else 0
         if table is not None and current and table.choice(current) is None:
             # its size is one it may no longer have (limits changed): not kept
@@ -306,7 +298,7 @@ def schedule(
             got = terms[key, r] = utility(value, p.fairness_p, p.epsilon)
         return got
 
-    packer = _Packer(cluster, state)
+    packer = Packer(cluster, {k: PackedJob(j.spec.placement, j.current) for k, j in state.items()})
     keep = {k: job.current for k, job in state.items()}
     pinned_only = {k: (job.current if job.pinned else 0) for k, job in state.items()}
 
@@ -321,7 +313,8 @@ def schedule(
     current_placed = {k: state[k].spec.placement for k, r in keep.items() if r > 0}
     before = objective(keep, current_placed)
     best: tuple[float, dict[str, int], dict[str, Placement]] = (before, keep, current_placed)
-    for start in (keep, pinned_only):
+    starts = [keep] if pinned_only == keep else [keep, pinned_only]
+    for start in starts:
         found = _greedy(state, start, packer, total, term)
         if found is None:
             continue

@@ -11,11 +11,12 @@ long it has lived and how often it restarted already.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from streams.brain.core.schedulers.goodput import BatchChoice, JobModel
+from streams.brain.core.schedulers.goodput import BatchChoice, Grids, JobModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,27 +40,47 @@ def fair_share(total_gpus: int, jobs: int) -> int:
     return max(1, math.ceil(total_gpus / max(jobs, 1)))
 
 
+class SizeMenu:
+    """The sizes of a round's cluster, built once: each job's table takes the run of them
+    within its limits (a slice, not a filtered copy per job)."""
+
+    __slots__ = ("by_size", "sizes")
+
+    def __init__(self, candidates: Iterable[Shape]) -> None:
+        self.by_size = {s.replicas: s for s in candidates}
+        self.sizes = sorted(self.by_size)
+
+    def within(self, least: int, most: int | None) -> list[int]:
+        lo = bisect.bisect_left(self.sizes, least)
+        hi = len(self.sizes) if most is None else bisect.bisect_right(self.sizes, most)
+        return self.sizes[lo:hi]
+
+
 class SpeedupTable:
     """One job's best batch and speedup at each size it may have, computed when first
-    asked: a tick with many jobs visits only a few sizes of each (the greedy search
-    stops at the first size worth more than the current one), and the batch search is
-    what a tick spends its time on. Local to one tick: nothing is shared between calls.
+    asked: a round with many jobs visits only a few sizes of each (the greedy search
+    stops at the first size worth more than the current one, and at the GPUs left), and
+    the batch search is what a round spends its time on. Local to one round: nothing is
+    shared between calls but what the round passes in (its sizes, its batch grids).
     """
 
-    __slots__ = ("_base", "_choices", "_fair", "_model", "_shapes", "sizes")
+    __slots__ = ("_base", "_choices", "_fair", "_grids", "_model", "_shapes", "sizes")
 
-    def __init__(self, model: JobModel, candidates: Iterable[Shape], fair: int) -> None:
+    def __init__(
+        self,
+        model: JobModel,
+        candidates: SizeMenu | Iterable[Shape],
+        fair: int,
+        grids: Grids | None = None,
+    ) -> None:
+        menu = candidates if isinstance(candidates, SizeMenu) else SizeMenu(candidates)
         lim = model.limits
         self._model = model
         self._fair = fair
-        self._shapes = {
-            s.replicas: s
-            for s in candidates
-            if s.replicas >= lim.min_replicas
-            and (lim.max_replicas is None or s.replicas <= lim.max_replicas)
-        }
+        self._grids = grids
+        self._shapes = menu.by_size
         #: sizes within the job's limits, ascending; one may still fit no batch (choice None)
-        self.sizes: list[int] = sorted(self._shapes)
+        self.sizes: list[int] = menu.within(lim.min_replicas, lim.max_replicas)
         self._choices: dict[int, tuple[Shape, BatchChoice] | None] = {}
         self._base: float | None = None
 
@@ -67,9 +88,17 @@ class SpeedupTable:
         """The shape and best batch at `replicas`; None when the job cannot have it."""
         if replicas in self._choices:
             return self._choices[replicas]
+        lim = self._model.limits
         shape = self._shapes.get(replicas)
-        best = None if shape is None else self._model.best_batch(shape.nodes, replicas)
-        got = None if shape is None or best is None else (shape, best)
+        if (
+            shape is None
+            or replicas < lim.min_replicas
+            or (lim.max_replicas is not None and replicas > lim.max_replicas)
+        ):
+            got = None
+        else:
+            best = self._model.best_batch(shape.nodes, replicas, self._grids)
+            got = None if best is None else (shape, best)
         self._choices[replicas] = got
         return got
 
@@ -94,11 +123,16 @@ class SpeedupTable:
         return got[1].goodput / self.base_goodput
 
 
-def speedup_table(model: JobModel, candidates: Iterable[Shape], fair: int) -> SpeedupTable | None:
+def speedup_table(
+    model: JobModel,
+    candidates: SizeMenu | Iterable[Shape],
+    fair: int,
+    grids: Grids | None = None,
+) -> SpeedupTable | None:
     """The job's speedups relative to its best goodput within a fair share of `fair`
     GPUs (or at its smallest usable size when that is above the fair share); None when
     no size fits its limits."""
-    table = SpeedupTable(model, candidates, fair)
+    table = SpeedupTable(model, candidates, fair, grids)
     return table if table.base_goodput > 0 else None
 
 
@@ -132,6 +166,7 @@ def power_mean(values: Sequence[float], p: float, epsilon: float) -> float:
 
 __all__ = [
     "Shape",
+    "SizeMenu",
     "SpeedupTable",
     "fair_share",
     "power_mean",
