@@ -204,13 +204,13 @@ RARE = {
 
 
 @dataclass
-class Plan:
+class FuzzRecords:
     """What to send, in order: (label, topic suffix, key, value)."""
 
     records: list[tuple[str, str, bytes, bytes | None]] = field(default_factory=list)
 
 
-def build(env: str, bad: int, valid: int, jobs: int, seed: int) -> Plan:
+def build(env: str, bad: int, valid: int, jobs: int, seed: int) -> FuzzRecords:
     """Valid events of ``jobs`` jobs in each job's order, with ``bad`` labelled bad ones
     (about as many of each class, fewer of the large ones) among them."""
     rng = random.Random(seed)
@@ -273,7 +273,7 @@ def build(env: str, bad: int, valid: int, jobs: int, seed: int) -> Plan:
     for name in labels:
         j = rng.randrange(jobs)
         slots[j].append((rng.randrange(len(streams[j]) + 1), name))
-    plan = Plan()
+    plan = FuzzRecords()
     for j, events in enumerate(streams):
         key = metas[j].uuid.encode()
         inserts = sorted(slots[j])
@@ -303,7 +303,7 @@ class Sent:
     refused_why: dict[str, str] = field(default_factory=dict)
 
 
-async def publish(settings: Settings, env: str, plan: Plan) -> Sent:
+async def publish(settings: Settings, env: str, plan: FuzzRecords) -> Sent:
     """Send every record, in order per job; the broker's refusals are counted, not sent."""
     producer = AIOKafkaProducer(
         **kafka_connection(settings),
@@ -348,12 +348,12 @@ class _Errors(logging.Handler):
 
 
 @dataclass
-class Seen:
+class Observed:
     archived: set[Coord]
     letters: dict[str, dict[Coord, DeadLetter]]
 
 
-async def _seen(settings: Settings, env: str, store: EnvStore, groups: list[str]) -> Seen:
+async def _seen(settings: Settings, env: str, store: EnvStore, groups: list[str]) -> Observed:
     inputs = {topic(env, JOB_METRICS), topic(env, JOB_EVENTS)}
     rows = await store.fetch('SELECT topic, partition, "offset" FROM events_archive')
     archived = {(r["topic"], r["partition"], r["offset"]) for r in rows if r["topic"] in inputs}
@@ -363,7 +363,7 @@ async def _seen(settings: Settings, env: str, store: EnvStore, groups: list[str]
         if isinstance(letter, DeadLetter) and letter.consumer_group in letters:
             coord = (letter.original_topic, letter.partition, letter.offset)
             letters[letter.consumer_group][coord] = letter
-    return Seen(archived, letters)
+    return Observed(archived, letters)
 
 
 _POSITION = re.compile(r"(:? at)? line \d+ column \d+( \(char \d+\))?|found `.` at \d+")

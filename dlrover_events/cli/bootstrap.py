@@ -14,8 +14,8 @@ import typer
 from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.bootstrap import (
+    BootstrapPlan,
     EnvSpec,
-    Plan,
     Report,
     TokenFiles,
     TokenKeeper,
@@ -109,7 +109,7 @@ def bootstrap_command(
         specs.append(
             EnvSpec(standby, EnvMode.VIRTUAL, _settings(standby_settings or settings_file))
         )
-    plan = Plan(specs, partitions=partitions, rotate=rotate, apply_settings=apply_settings)
+    plan = BootstrapPlan(specs, partitions=partitions, rotate=rotate, apply_settings=apply_settings)
     chosen = keep or (Keep.KUBERNETES if _in_a_pod() else Keep.FILES)
     if chosen == Keep.FILES and (namespace or jobs_namespaces or kubeconfig or context):
         raise UserError(
@@ -130,7 +130,7 @@ def _settings(path: Path | None) -> dict[str, Any] | None:
 
 
 async def _run(
-    settings: Settings, plan: Plan, keep: Keep, folder: Path, options: dict[str, Any]
+    settings: Settings, plan: BootstrapPlan, keep: Keep, folder: Path, options: dict[str, Any]
 ) -> None:
     report = Report(typer.echo)
     postgres = await resolve_postgres(settings)
@@ -148,7 +148,7 @@ async def _run(
 
 
 async def _in_cluster(
-    settings: Settings, dsn: str, plan: Plan, options: dict[str, Any], report: Report
+    settings: Settings, dsn: str, plan: BootstrapPlan, options: dict[str, Any], report: Report
 ) -> None:
     from dlrover_events.kube.credentials import connect  # only a cluster's run loads them
 

@@ -61,7 +61,7 @@ class EnvSpec:
 
 
 @dataclass(frozen=True)
-class Plan:
+class BootstrapPlan:
     envs: Sequence[EnvSpec]
     partitions: int | None = None
     rotate: bool = False
@@ -289,7 +289,7 @@ async def ensure_token(
 
 
 async def bootstrap(
-    settings: Settings, dsn: str, plan: Plan, keeper: TokenKeeper, report: Report
+    settings: Settings, dsn: str, plan: BootstrapPlan, keeper: TokenKeeper, report: Report
 ) -> None:
     """Migrations, envs, topics, tokens, in that order; see the module's docstring."""
     for spec in plan.envs:
@@ -310,8 +310,8 @@ async def bootstrap(
 __all__ = [
     "TOKEN_NAMES",
     "TOKEN_SECRETS",
+    "BootstrapPlan",
     "EnvSpec",
-    "Plan",
     "Report",
     "TokenFiles",
     "TokenKeeper",

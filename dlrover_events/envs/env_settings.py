@@ -46,7 +46,7 @@ _KEY = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 MAX_ASSIGNMENT_CHARS = 64 * 1024
 
 
-class SettingsError(UserError):
+class EnvSettingsError(UserError):
     """Settings an env cannot run with; the message names the setting."""
 
 
@@ -109,28 +109,28 @@ def settings_checks() -> tuple[tuple[str, Check], ...]:
 def parse_settings(raw: Mapping[str, Any]) -> EnvSettings:
     """The schema's reading of a settings document (no registry checks)."""
     if not isinstance(raw, Mapping):
-        raise SettingsError(f"{SETTING}s must be a mapping (brain:, operator:), not {raw!r:.60}")
+        raise EnvSettingsError(f"{SETTING}s must be a mapping (brain:, operator:), not {raw!r:.60}")
     data = dict(raw)
     found = json_problem(data)
     if found is not None:
-        raise SettingsError(f"{SETTING}s: the document {found}")
+        raise EnvSettingsError(f"{SETTING}s: the document {found}")
     try:
         return EnvSettings.model_validate(data)
     except ValidationError as exc:
-        raise SettingsError(problem(exc, data)) from None
+        raise EnvSettingsError(problem(exc, data)) from None
 
 
 def validate_settings(
     raw: Mapping[str, Any] | EnvSettings, checks: Iterable[tuple[str, Check]] | None = None
 ) -> EnvSettings:
-    """Settings an env can run with, or a SettingsError naming what is wrong: the schema,
+    """Settings an env can run with, or an EnvSettingsError naming what is wrong: the schema,
     then every declared check (`checks`: those of the entry points)."""
     settings = raw if isinstance(raw, EnvSettings) else parse_settings(raw)
     for _, check in settings_checks() if checks is None else checks:
         try:
             check(settings)
         except ValueError as exc:
-            raise SettingsError(str(exc)) from None
+            raise EnvSettingsError(str(exc)) from None
     return settings
 
 
@@ -140,20 +140,20 @@ def read_settings_file(path: Path) -> dict[str, Any]:
         with path.open("rb") as f:
             data = f.read(MAX_SETTINGS_BYTES + 1)
     except OSError as err:
-        raise SettingsError(f"cannot read {path}: {err.strerror}") from None
+        raise EnvSettingsError(f"cannot read {path}: {err.strerror}") from None
     if len(data) > MAX_SETTINGS_BYTES:
-        raise SettingsError(f"{path} is larger than {MAX_SETTINGS_BYTES // 1024} KiB")
+        raise EnvSettingsError(f"{path} is larger than {MAX_SETTINGS_BYTES // 1024} KiB")
     try:
         loaded = _load_yaml(data)
     except yaml.YAMLError as err:
-        raise SettingsError(f"{path} is not valid YAML: {_one_line(err)}") from None
+        raise EnvSettingsError(f"{path} is not valid YAML: {_one_line(err)}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise SettingsError(f"{path} must hold a mapping of settings (brain:, operator:)")
+        raise EnvSettingsError(f"{path} must hold a mapping of settings (brain:, operator:)")
     found = json_problem(loaded) or _not_json(loaded)
     if found is not None:
-        raise SettingsError(f"{path}: the document {found}")
+        raise EnvSettingsError(f"{path}: the document {found}")
     return loaded
 
 
@@ -187,7 +187,7 @@ class Edit:
 def _path(text: str, what: str) -> tuple[str, ...]:
     parts = tuple(text.strip().split("."))
     if not all(_KEY.match(p) for p in parts):
-        raise SettingsError(
+        raise EnvSettingsError(
             f"{what} {text!r}: a setting is a dotted path of names (letters, digits, _ and -), "
             "e.g. brain.limits.max_cpu"
         )
@@ -197,30 +197,30 @@ def _path(text: str, what: str) -> tuple[str, ...]:
 def parse_set(text: str) -> Edit:
     """``key.path=value``; the value is YAML (a number, a name, null, ``{a: 1}``)."""
     if len(text) > MAX_ASSIGNMENT_CHARS:
-        raise SettingsError(f"--set: longer than {MAX_ASSIGNMENT_CHARS} characters")
+        raise EnvSettingsError(f"--set: longer than {MAX_ASSIGNMENT_CHARS} characters")
     key, eq, raw = text.partition("=")
     if not eq:
-        raise SettingsError(f"--set {text!r}: write it as key.path=value")
+        raise EnvSettingsError(f"--set {text!r}: write it as key.path=value")
     path = _path(key, "--set")
     if not raw.strip():
-        raise SettingsError(
+        raise EnvSettingsError(
             f"--set {key.strip()}: give a value (null for none; --unset for the default)"
         )
     name = ".".join(path)
     try:
         value = _load_yaml(raw)
     except yaml.YAMLError as err:
-        raise SettingsError(f"--set {name}: the value is not YAML: {_one_line(err)}") from None
+        raise EnvSettingsError(f"--set {name}: the value is not YAML: {_one_line(err)}") from None
     found = _not_json(value) or json_problem(value)
     if found is not None:
-        raise SettingsError(f"--set {name}: the value {found}")
+        raise EnvSettingsError(f"--set {name}: the value {found}")
     return Edit(path, value)
 
 
 def parse_unset(text: str) -> Edit:
     """``key.path``: the setting goes back to its default."""
     if len(text) > MAX_ASSIGNMENT_CHARS:
-        raise SettingsError(f"--unset: longer than {MAX_ASSIGNMENT_CHARS} characters")
+        raise EnvSettingsError(f"--unset: longer than {MAX_ASSIGNMENT_CHARS} characters")
     return Edit(_path(text, "--unset"), unset=True)
 
 
@@ -240,8 +240,8 @@ def apply_edits(doc: Mapping[str, Any], edits: Sequence[Edit]) -> dict[str, Any]
             if not isinstance(child, dict):
                 where = ".".join(edit.path[: i + 1])
                 if edit.unset and child is None:
-                    raise SettingsError(f"--unset {'.'.join(edit.path)}: it is not set")
-                raise SettingsError(
+                    raise EnvSettingsError(f"--unset {'.'.join(edit.path)}: it is not set")
+                raise EnvSettingsError(
                     f"{'--unset' if edit.unset else '--set'} {'.'.join(edit.path)}: "
                     f"{where} is {orjson.dumps(child).decode()}, not a mapping"
                 )
@@ -249,7 +249,7 @@ def apply_edits(doc: Mapping[str, Any], edits: Sequence[Edit]) -> dict[str, Any]
             at = child
         if edit.unset:
             if last not in at:
-                raise SettingsError(f"--unset {'.'.join(edit.path)}: it is not set")
+                raise EnvSettingsError(f"--unset {'.'.join(edit.path)}: it is not set")
             del at[last]
             for holder, key in reversed(trail):  # no empty mappings left behind
                 if holder[key]:
@@ -276,7 +276,7 @@ __all__ = [
     "CHECK_GROUP",
     "Check",
     "Edit",
-    "SettingsError",
+    "EnvSettingsError",
     "apply_edits",
     "load_settings_file",
     "parse_set",

@@ -142,7 +142,7 @@ class EnvRegistry:
     ) -> EnvRecord:
         """Register the env, migrate its schema, create its topics, announce it.
 
-        ``settings`` are validated first (`dlrover_events.envs.env_settings`: a SettingsError
+        ``settings`` are validated first (`dlrover_events.envs.env_settings`: an EnvSettingsError
         names what is wrong); an env that exists already (``exist_ok``) keeps its own,
         which `change_settings` changes. Topics are created inside the registry
         transaction: if the broker refuses, the env is not registered and nothing
@@ -389,7 +389,7 @@ class EnvRegistry:
         reason: str = "",
     ) -> tuple[EnvRecord, bool]:
         """Change the env's settings in place: ``edit`` gets what is stored and returns
-        the new document, which is validated (a SettingsError names what is wrong, and
+        the new document, which is validated (an EnvSettingsError names what is wrong, and
         nothing is stored), stored with the next settings version and a history row,
         then announced on dlrover.control, where the env's running brains and operators
         take it. Returns the record and whether anything changed (an edit that changes

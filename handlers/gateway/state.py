@@ -26,7 +26,10 @@ def job_key(job: Job) -> JobKey:
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class ConfigAnswer:
+    """What the gateway answers a job with: its merged config, the config's ETag, and the
+    index generation it was resolved at."""
+
     etag: str
     body: bytes
     generation: int
@@ -40,7 +43,7 @@ class GatewayState:
         self.applied = 0
         self.ignored = 0
         self._tick = asyncio.Event()
-        self._cache: dict[JobKey, Answer] = {}
+        self._cache: dict[JobKey, ConfigAnswer] = {}
 
     @property
     def versions(self) -> Mapping[str, int]:
@@ -64,20 +67,20 @@ class GatewayState:
             tick.set()
         return changed
 
-    def answer(self, job: Job) -> Answer:
+    def answer(self, job: Job) -> ConfigAnswer:
         key = job_key(job)
         found = self._cache.get(key)
         if found is not None:
             return found
         res = self.index.resolve(job)
         body = orjson.dumps({"env": self.env, **res.as_json()})
-        found = Answer(res.etag(), body, self.index.generation)
+        found = ConfigAnswer(res.etag(), body, self.index.generation)
         if len(self._cache) >= CACHE_LIMIT:
             self._cache.clear()
         self._cache[key] = found
         return found
 
-    async def wait_for_change(self, job: Job, seen: Collection[str], wait_s: float) -> Answer:
+    async def wait_for_change(self, job: Job, seen: Collection[str], wait_s: float) -> ConfigAnswer:
         """The answer once its ETag is not in ``seen``, or the same answer after ``wait_s``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s

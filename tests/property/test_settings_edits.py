@@ -1,7 +1,7 @@
 """`env settings --set KEY=VALUE` and `--unset KEY`: the parser and the edits, for any input.
 
 A value written as YAML comes back as the value; any text is an edit or a one-line
-SettingsError, never another exception; edits are pure and land where their path says.
+EnvSettingsError, never another exception; edits are pure and land where their path says.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dlrover_events.envs.env_settings import (
     Edit,
-    SettingsError,
+    EnvSettingsError,
     apply_edits,
     parse_set,
     parse_unset,
@@ -68,7 +68,7 @@ def test_any_text_is_an_edit_or_one_line_saying_why(text: str) -> None:
     for parse in (parse_set, parse_unset):
         try:
             edit = parse(text)
-        except SettingsError as err:
+        except EnvSettingsError as err:
             assert "\n" not in str(err)
         else:
             assert edit.path and all(edit.path)
@@ -79,7 +79,7 @@ def test_any_text_is_an_edit_or_one_line_saying_why(text: str) -> None:
 def test_yaml_syntax_soup_is_an_edit_or_one_line_saying_why(soup: str) -> None:
     try:
         parse_set(f"k={soup}")
-    except SettingsError as err:
+    except EnvSettingsError as err:
         assert "\n" not in str(err)
 
 
@@ -90,7 +90,7 @@ def test_set_lands_at_its_path_and_leaves_the_document_alone(
     before = copy.deepcopy(doc)
     try:
         out = apply_edits(doc, [Edit(path, value)])
-    except SettingsError as err:  # a value on the way that is not a mapping: said so
+    except EnvSettingsError as err:  # a value on the way that is not a mapping: said so
         assert "not a mapping" in str(err)
         return
     assert doc == before
@@ -133,7 +133,7 @@ def test_unset_of_what_is_not_set_says_so() -> None:
     for doc in ({}, {"brain": {"limits": {}}}, {"brain": False}):
         try:
             apply_edits(doc, [parse_unset("brain.limits.max_cpu")])
-        except SettingsError as err:
+        except EnvSettingsError as err:
             assert "brain.limits.max_cpu" in str(err)
         else:
             raise AssertionError(f"unset of nothing in {doc} passed")
@@ -154,7 +154,7 @@ def test_values_that_are_not_json_are_refused() -> None:
     ):
         try:
             parse_set(text)
-        except SettingsError as err:
+        except EnvSettingsError as err:
             assert why in str(err), (text, err)
         else:
             raise AssertionError(f"{text!r} was taken")

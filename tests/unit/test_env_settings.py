@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dlrover_events.envs.env_settings import (
-    SettingsError,
+    EnvSettingsError,
     parse_settings,
     read_settings_file,
     settings_checks,
@@ -46,7 +46,7 @@ def _nested(depth: int) -> Any:
     ],
 )
 def test_the_schema_names_the_setting(raw: dict[str, Any], said: str) -> None:
-    with pytest.raises(SettingsError) as err:
+    with pytest.raises(EnvSettingsError) as err:
         parse_settings(raw)
     assert said in str(err.value)
     assert "\n" not in str(err.value)
@@ -79,7 +79,7 @@ def test_what_the_registries_judge_is_checked_through_the_entry_points(
     """The CLI cannot import streams: the brain's check comes through its entry point."""
     assert [name for name, _ in settings_checks()] == ["brain"]
     parse_settings({"brain": brain})  # the schema alone takes it
-    with pytest.raises(SettingsError) as err:
+    with pytest.raises(EnvSettingsError) as err:
         validate_settings({"brain": brain})
     assert said in str(err.value)
     assert str(err.value).startswith("env setting ")
@@ -138,7 +138,7 @@ def test_a_settings_file_is_bounded_and_a_mapping(tmp_path: Path) -> None:
         (aliases, "aliases"),
         (tmp_path / "missing.yaml", "cannot read"),
     ):
-        with pytest.raises(SettingsError, match=said) as err:
+        with pytest.raises(EnvSettingsError, match=said) as err:
             read_settings_file(path)
         assert "\n" not in str(err.value)
     empty = tmp_path / "empty.yaml"

@@ -8,7 +8,7 @@ from it can be kept while the job keeps the sample.
 The memo belongs to one job of one processor (`BrainProcessor` holds it in the job's
 entry) and goes with the job: nothing is shared between jobs, processors or brains of one
 process. The fold tells it which samples came and went, so it numbers the job's samples
-in the order they were folded: a `Series` of values derived from each sample follows the
+in the order they were folded: a `DerivedSeries` of values derived from each sample follows the
 job's samples by those numbers, and a decision derives only the samples folded since the
 last one and drops what the fold dropped, without reading the others again (each read of
 a sample or of a value kept for it is a cache miss among every other job's). Samples of a
@@ -37,7 +37,7 @@ V = TypeVar("V")
 K = TypeVar("K", bound=Hashable)
 
 
-class Series(Generic[V, K]):
+class DerivedSeries(Generic[V, K]):
     """The values derived from a run of a job's samples, in sample order (a sample that
     gives None gives nothing), and how many of them have each key.
 
@@ -89,7 +89,7 @@ class Series(Generic[V, K]):
         del self._marks[:samples]
 
 
-class _Followed(Series[V, K]):
+class _Followed(DerivedSeries[V, K]):
     """A series the memo keeps: `first` is the number of the first sample it covers,
     `epoch` the run of folds it belongs to."""
 
@@ -166,14 +166,14 @@ class SampleMemo:
         samples: list[Sample],
         derive: Callable[[Sample, A], V | None],
         key: Callable[[V], K] | None = None,
-    ) -> Series[V, K]:
+    ) -> DerivedSeries[V, K]:
         """The series of `derive(sample, args)` over `samples`, the job's samples (read
         it, never change it). `name` with `args` must say everything `derive` and `key`
         depend on besides the sample. For the list the last fold made, only the samples
         folded since the last call are derived; any other list gets a series of its own,
         through the tables."""
         if samples is not self._samples:
-            fresh: Series[V, K] = Series(key)
+            fresh: DerivedSeries[V, K] = DerivedSeries(key)
             fresh.extend(self.derived_all(name, args, samples, derive))
             return fresh
         table = (name, args)
@@ -277,11 +277,11 @@ def series(
     samples: list[Sample],
     derive: Callable[[Sample, A], V | None],
     key: Callable[[V], K] | None = None,
-) -> Series[V, K]:
+) -> DerivedSeries[V, K]:
     """The series of `derive(sample, args)` over `samples`: kept in `memo` when there is
     one, else made afresh."""
     if memo is None:
-        fresh: Series[V, K] = Series(key)
+        fresh: DerivedSeries[V, K] = DerivedSeries(key)
         fresh.extend([derive(sample, args) for sample in samples])
         return fresh
     return memo.series(name, args, samples, derive, key)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from schemas.jobs import NodeUsage, RuntimeSample
 from streams.brain.core.folds import fold
-from streams.brain.core.memo import SERIES_LIMIT, SampleMemo, Series, series
+from streams.brain.core.memo import SERIES_LIMIT, DerivedSeries, SampleMemo, series
 from streams.brain.core.optimizers import gpu
 from streams.brain.core.optimizers.gpu import StepObservation, observations, observed
 from streams.brain.core.samples import Sample
@@ -28,15 +28,15 @@ from streams.brain.core.state import MAX_SAMPLES, WORKER, JobState, RoleResource
 
 from .builders import ENV, T0, meta, state
 
-# -- Series alone: kept by extend and drop == made afresh -------------------------------
+# -- DerivedSeries alone: kept by extend and drop == made afresh -------------------------------
 
 
 def _key(value: int) -> int:
     return value % 3
 
 
-def _fresh(derived: list[int | None]) -> Series[int, int]:
-    made: Series[int, int] = Series(_key)
+def _fresh(derived: list[int | None]) -> DerivedSeries[int, int]:
+    made: DerivedSeries[int, int] = DerivedSeries(_key)
     made.extend(derived)
     return made
 
@@ -54,7 +54,7 @@ def _fresh(derived: list[int | None]) -> Series[int, int]:
 def test_series_kept_by_extend_and_drop_equals_one_made_afresh(
     steps: list[tuple[list[int | None], int]],
 ) -> None:
-    kept: Series[int, int] = Series(_key)
+    kept: DerivedSeries[int, int] = DerivedSeries(_key)
     covered: list[int | None] = []
     for new, drop in steps:
         kept.extend(new)
@@ -70,7 +70,7 @@ def test_series_kept_by_extend_and_drop_equals_one_made_afresh(
 
 
 def test_series_without_a_key_counts_nothing() -> None:
-    kept: Series[int, int] = Series()
+    kept: DerivedSeries[int, int] = DerivedSeries()
     kept.extend([1, None, 2])
     kept.drop(2)
     assert kept.values == [2] and kept.counts == {} and len(kept) == 1
@@ -97,7 +97,7 @@ def _event(n: int, step: int, workers: int, local_batch: int | None) -> RuntimeS
     )
 
 
-def _fresh_observed(job: JobState) -> Series[StepObservation, int]:
+def _fresh_observed(job: JobState) -> DerivedSeries[StepObservation, int]:
     return observed(job, WORKER)  # no memo: made afresh from the job's samples
 
 

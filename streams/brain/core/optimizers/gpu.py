@@ -21,7 +21,7 @@ from dlrover_events.domain.units import human_bytes
 from schemas.envelope import Model
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
-from streams.brain.core.memo import SampleMemo, Series, derived, series
+from streams.brain.core.memo import DerivedSeries, SampleMemo, derived, series
 from streams.brain.core.optimizers.api import OptimizeContext, Proposal, node_resource
 from streams.brain.core.optimizers.fit import nnls
 from streams.brain.core.optimizers.numeric import GiB, ceil_int, median
@@ -159,7 +159,7 @@ def _gpus(observation: StepObservation) -> int:
 
 def observed(
     state: JobState, role: str, memo: SampleMemo | None = None
-) -> Series[StepObservation, int]:
+) -> DerivedSeries[StepObservation, int]:
     """The observation of each sample that says its step time, in order, and how many
     were made at each number of GPUs; through the job's `memo` (read, never change)."""
     args = (role, _gpus_per_replica(state, role), _batch_known(state))
