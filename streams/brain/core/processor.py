@@ -99,7 +99,7 @@ def _merge_key(item: tuple[InputRecord, Input | None, int]) -> tuple[float, int]
 
 
 @dataclass(slots=True)
-class JobEntry:
+class HeldJob:
     """One job the processor holds in memory, and everything kept for it alone: all of it
     comes with the job (an event, a loaded checkpoint) and goes with it (finished and
     checkpointed, its partition dropped)."""
@@ -121,7 +121,7 @@ class JobStates(Mapping[str, JobState]):
 
     __slots__ = ("_jobs",)
 
-    def __init__(self, jobs: dict[str, JobEntry]) -> None:
+    def __init__(self, jobs: dict[str, HeldJob]) -> None:
         self._jobs = jobs
 
     def __getitem__(self, job_uuid: str) -> JobState:
@@ -232,7 +232,7 @@ class BrainProcessor:
         self.group = group
         self.policy = policy or Policy()
         #: the jobs held in memory (not finished, or finished and not yet checkpointed)
-        self.jobs: dict[str, JobEntry] = {}
+        self.jobs: dict[str, HeldJob] = {}
         self.states: Mapping[str, JobState] = JobStates(self.jobs)
         #: next offset per input (topic, partition) that the states include
         self.offsets: Offsets = {}
@@ -284,7 +284,7 @@ class BrainProcessor:
                 self.finished[job_uuid] = partition
                 continue
             self._forget_job(job_uuid)  # (a job held already: the checkpoint's is the one)
-            entry = self.jobs[job_uuid] = JobEntry(state, partition)
+            entry = self.jobs[job_uuid] = HeldJob(state, partition)
             self._hold(entry)
             self._note_arrival(job_uuid, state)
             since = state.share.since if state.share is not None else None
@@ -308,7 +308,7 @@ class BrainProcessor:
         self.lockstep.drop(gone)
         self.loaded -= gone
 
-    def _forget_job(self, job_uuid: str) -> JobEntry | None:
+    def _forget_job(self, job_uuid: str) -> HeldJob | None:
         """The job's entry out of memory, with all that was kept for it."""
         entry = self.jobs.pop(job_uuid, None)
         if entry is not None:
@@ -520,7 +520,7 @@ class BrainProcessor:
             return
         after = outcome.state
         if entry is None:
-            entry = self.jobs[job_uuid] = JobEntry(after, record.partition, memo=memo)
+            entry = self.jobs[job_uuid] = HeldJob(after, record.partition, memo=memo)
             self._hold(entry)
             self._note_arrival(job_uuid, after)
         else:
@@ -539,7 +539,7 @@ class BrainProcessor:
             self._evict.add(job_uuid)
 
     def _publish(
-        self, record: InputRecord, entry: JobEntry, outcome: StepOutcome, out: Output
+        self, record: InputRecord, entry: HeldJob, outcome: StepOutcome, out: Output
     ) -> None:
         """What a step says: plans, and the user's errors (once per change)."""
         if outcome.trigger is not None:
@@ -562,7 +562,7 @@ class BrainProcessor:
             out.plans.extend(plans)
             self._unsaved_plans.extend(plans)
 
-    def _publish_outcome(self, entry: JobEntry, outcome: StepOutcome, out: Output) -> None:
+    def _publish_outcome(self, entry: HeldJob, outcome: StepOutcome, out: Output) -> None:
         """What a decision without an input record says (an arrival): its plans; an error
         is counted and logged, there being no record to dead-letter."""
         if outcome.trigger is not None:
@@ -598,12 +598,12 @@ class BrainProcessor:
             return None
         return max(0, gpus - self._held_total)
 
-    def _hold(self, entry: JobEntry) -> None:
+    def _hold(self, entry: HeldJob) -> None:
         held = gpus_claimed(entry.state)
         self._held_total += held - entry.held
         entry.held = held
 
-    def _route_error(self, record: InputRecord, entry: JobEntry, message: str, out: Output) -> None:
+    def _route_error(self, record: InputRecord, entry: HeldJob, message: str, out: Output) -> None:
         """A job whose config names an unknown optimizer fails the same way at every
         decision: say it once per change, not at every sample."""
         self.counters.errors += 1
@@ -676,7 +676,7 @@ class BrainProcessor:
             if job_uuid not in self.jobs and self.finished.get(job_uuid) == partition:
                 # evicted with this snapshot: back until one that is written has it
                 del self.finished[job_uuid]
-                entry = self.jobs[job_uuid] = JobEntry(state, partition)
+                entry = self.jobs[job_uuid] = HeldJob(state, partition)
                 self._hold(entry)
                 self._evict.add(job_uuid)
         self._dirty.update(u for u in snap.states if u in self.jobs)
