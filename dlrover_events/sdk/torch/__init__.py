@@ -1,0 +1,50 @@
+"""torch integration (extra ``torch``): GPU memory in the samples, OOMs as events (with
+what the process held and wanted, so the brain can size the next attempt), and what an
+elastic job and a cluster scheduler need of a training loop.
+
+    hook = TorchHook(Reporter.from_env(batch_size=256)).start()
+    with hook.guard():
+        for x, y in hook.track(loader):
+            train_step(x, y)
+    hook.close()
+
+An elastic job (torchrun, c10d rendezvous) also needs its training to survive a new world:
+``ElasticCheckpoint`` saves and resumes it (and stops the loop cleanly when the agent
+restarts the workers), and ``knob_sync`` lets ``StepKnobs`` switch every rank at the same
+step. See ``examples/elastic/train_elastic.py`` for the whole loop.
+
+By role: ``hook`` (the loop's reporter, GPU memory, OOM events), ``oom`` (recognising
+one), ``gradients`` and ``timing`` (what a cluster scheduler needs: gradient statistics,
+the step's split), ``ranks`` (rank, world, a peer lost, knobs in step) and
+``checkpoint`` (save and resume). Import from here: the names below are the API.
+"""
+
+from dlrover_events.sdk.torch.checkpoint import CHECKPOINT_FORMAT, ElasticCheckpoint
+from dlrover_events.sdk.torch.gradients import GradientStats
+from dlrover_events.sdk.torch.hook import CudaProbe, TorchHook, batch_samples
+from dlrover_events.sdk.torch.oom import oom_kind, requested_bytes
+from dlrover_events.sdk.torch.ranks import (
+    distributed,
+    is_peer_failure,
+    knob_sync,
+    step_knobs,
+    world,
+)
+from dlrover_events.sdk.torch.timing import StepTimer
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CudaProbe",
+    "ElasticCheckpoint",
+    "GradientStats",
+    "StepTimer",
+    "TorchHook",
+    "batch_samples",
+    "distributed",
+    "is_peer_failure",
+    "knob_sync",
+    "oom_kind",
+    "requested_bytes",
+    "step_knobs",
+    "world",
+]
