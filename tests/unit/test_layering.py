@@ -217,3 +217,47 @@ def test_the_core_check_finds_io(tmp_path: Path, module: str, chain: str) -> Non
     (core / "ok.py").write_text("import math\nfrom schemas import y\n", "utf-8")
     (core / "x.py").write_text(f"import {module}\n", "utf-8")
     assert _core_violations(tmp_path) == [f"{CORE / 'x.py'}:1 imports {chain}"]
+
+
+#: Each extension point's contract module, and what it must not import: the
+#: implementations beside it and the registry that names them (they import the contract,
+#: never the other way: a contract that imported them would be their cycle, and no
+#: implementation could be written against it alone).
+CONTRACTS: dict[str, tuple[str, ...]] = {
+    "streams/brain/core/optimizers/api.py": (
+        "streams.brain.core.optimizers",
+        "streams.brain.core.optimizers.dlrover",
+        "streams.brain.core.optimizers.gpu",
+    ),
+    "streams/evaluators/api.py": ("streams.evaluators.registry", "streams.evaluators.kpis"),
+    "dlrover_events/domain/workloads.py": ("handlers",),
+}
+
+
+def _contract_violations(root: Path = ROOT) -> list[str]:
+    """One finding per import statement: the most specific forbidden module it loads."""
+    bad: list[str] = []
+    for rel, forbidden in CONTRACTS.items():
+        found: dict[int, str] = {}
+        for line, module in _loaded(root, root / rel):
+            for name in forbidden:
+                if (module == name or module.startswith(f"{name}.")) and len(name) > len(
+                    found.get(line, "")
+                ):
+                    found[line] = name
+        bad += [f"{rel}:{line} imports {name}" for line, name in sorted(found.items())]
+    return bad
+
+
+def test_a_contract_imports_no_implementation_of_it() -> None:
+    assert _contract_violations() == []
+
+
+def test_the_contract_check_finds_an_implementation(tmp_path: Path) -> None:
+    """(a check that finds nothing proves nothing)"""
+    for rel in CONTRACTS:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("import math\n", "utf-8")
+    api = "streams/brain/core/optimizers/api.py"
+    (tmp_path / api).write_text("from streams.brain.core.optimizers.gpu import goodput\n")
+    assert _contract_violations(tmp_path) == [f"{api}:1 imports streams.brain.core.optimizers.gpu"]
