@@ -12,15 +12,16 @@ so nothing past the commit is skipped and nothing before it is archived twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import typer
 
+from dlrover_events.backoff import Backoff
 from dlrover_events.bus.consumer import Consumer, Received
 from dlrover_events.bus.topics import ENV_TOPIC_NAMES, check_env_name
 from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
+from dlrover_events.lifecycle import wait_or_stop
 from dlrover_events.runtime.metrics import ArchiverMetrics
 from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.runtime.standalone import serve_alone
@@ -30,8 +31,9 @@ from dlrover_events.store import EnvStore
 log = logging.getLogger(__name__)
 
 GROUP = "archiver"
-#: Longest wait before starting again after a failure.
-MAX_BACKOFF_S = 10.0
+#: The wait before starting again after a failure (a run that became healthy starts the
+#: series again).
+RESTART = Backoff(initial_s=0.5, max_s=10.0)
 
 
 def archiver_consumer(
@@ -73,18 +75,17 @@ async def run(ctx: ServiceContext) -> None:
                 raise
             except Exception as err:
                 failures = 1 if healthy.is_set() else failures + 1
-                backoff = min(0.5 * 2 ** (failures - 1), MAX_BACKOFF_S)
+                delay = RESTART.delay(failures)
                 log.error(
                     "archiver of env %s failed (%s: %s); starting again from its last"
                     " commit in %.1f s",
                     ctx.env,
                     type(err).__name__,
                     err,
-                    backoff,
+                    delay,
                     exc_info=failures == 1,
                 )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ctx.stop.wait(), backoff)
+                await wait_or_stop(ctx.stop, delay)
     finally:
         await store.close()
 

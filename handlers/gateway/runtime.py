@@ -7,7 +7,6 @@ all run the same thing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,7 @@ from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
 from dlrover_events.config.feed import ConfigFeed
 from dlrover_events.envs.tokens import Scope, Tokens, hash_token
-from dlrover_events.lifecycle import AsyncResource
+from dlrover_events.lifecycle import AsyncResource, cancel_and_wait
 from dlrover_events.settings import Settings
 from dlrover_events.store import create_pool, env_schema, prepare_env
 from handlers.gateway.app import (
@@ -203,11 +202,7 @@ class GatewayServer(AsyncResource):
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         if self._kube is not None:
             await self._kube.close()

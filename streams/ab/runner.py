@@ -39,7 +39,7 @@ from dlrover_events.bus.topics import JOB_EVENTS
 from dlrover_events.domain.workloads import read_trace
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.lifecycle import cancel_and_wait, end_within, wait_for_any
 from dlrover_events.runtime.services import ServiceContext, discover_services
 from dlrover_events.settings import Settings
 from schemas.control import EnvMode
@@ -192,10 +192,8 @@ class ABTest:
         finally:
             stop.set()
             # a paced feed may sleep until its next submission is due: nothing waits for it
-            for feed_task in feeds:
-                feed_task.cancel()
-            await asyncio.gather(*feeds, return_exceptions=True)
-            await _finish(tasks)
+            await cancel_and_wait(*feeds)
+            await end_within(tasks, 20)
             if not self.keep_envs:
                 for env in created:
                     with contextlib.suppress(Exception):
@@ -373,12 +371,3 @@ def _prices_rescales(scheduler: object) -> bool:
 
 def _brain(arm: Arm) -> bool:
     return arm.settings.get("brain", True) is not False
-
-
-async def _finish(tasks: list[asyncio.Task[None]]) -> None:
-    if not tasks:
-        return
-    _, pending = await asyncio.wait(tasks, timeout=20)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)

@@ -32,6 +32,7 @@ from dlrover_events.bus.topics import (
 from dlrover_events.cli.params import duration, env_name, json_option, print_json
 from dlrover_events.cli.runner import run_async
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import wait_or_stop
 from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.runtime.metrics import EvaluatorMetrics
 from dlrover_events.runtime.services import Service, ServiceContext
@@ -98,8 +99,7 @@ async def run(ctx: ServiceContext, interval_s: float = 10.0) -> None:
     try:
         ctx.ready.set()
         while not ctx.stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ctx.stop.wait(), interval_s)
+            await wait_or_stop(ctx.stop, interval_s)
             if tail.done():
                 tail.result()  # surfaces why following stopped
             if ledger.jobs:

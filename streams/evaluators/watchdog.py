@@ -7,7 +7,6 @@ newest event seen), so it behaves the same on a simulated clock as on a real one
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from dlrover_events.cli.runner import run_async
 from dlrover_events.domain.units import parse_duration
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import wait_or_stop
 from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.runtime.standalone import serve_alone
@@ -88,8 +88,7 @@ async def watch(ctx: ServiceContext, policy: WatchdogPolicy, check_every_s: floa
     ctx.ready.set()
     try:
         while not ctx.stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ctx.stop.wait(), check_every_s)
+            await wait_or_stop(ctx.stop, check_every_s)
             if tail.done():
                 tail.result()
             reason = failover_reason(ledger, policy)
