@@ -28,6 +28,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dlrover_events.lifecycle import AsyncResource
+
 log = logging.getLogger(__name__)
 
 #: Seconds: from milliseconds (a plan decided in a batch) to a minute (a pod created).
@@ -422,11 +424,11 @@ class _Registries(Collector):
 Readiness = Callable[[], tuple[bool, dict[str, Any]]]
 
 
-class MetricsServer:
+class MetricsServer(AsyncResource):
     """`GET /metrics` for the registries of this process, on 127.0.0.1 unless configured.
 
-    Explicit start/stop (as the rest of the services): `up` starts one for every
-    service it runs; a standalone command starts one for its own service.
+    `up` starts one for every service it runs; a standalone command starts one for its
+    own service.
     """
 
     def __init__(
