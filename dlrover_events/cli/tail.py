@@ -16,6 +16,7 @@ from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.control import EnvWatcher
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.settings import Settings, load_settings
 
 _STYLE = {
@@ -99,15 +100,12 @@ async def real_env(settings: Settings) -> str:
     `env promote`, the new one; no Postgres needed, only the bus that `tail` reads."""
     watcher, stop = EnvWatcher(settings), asyncio.Event()
     watching = asyncio.create_task(watcher.run(stop))
-    caught_up = asyncio.create_task(watcher.caught_up.wait())
     try:
-        await asyncio.wait({watching, caught_up}, return_when=asyncio.FIRST_COMPLETED)
-        if watching.done():
+        if not await wait_for_any([watcher.caught_up], [watching]):
             watching.result()  # why it stopped (the broker away: one line)
     finally:
         stop.set()
-        caught_up.cancel()
-        await asyncio.gather(watching, caught_up, return_exceptions=True)
+        await asyncio.gather(watching, return_exceptions=True)
     if watcher.real is None:
         raise UserError("no env is real now (see `dlrover-events env list`); name one with --env")
     return watcher.real

@@ -43,6 +43,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import wait_or_stop
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import _redact, connect
 
@@ -311,8 +312,7 @@ class BrokerJournal:
                         err,
                     )
                 await self._stop_clients()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
+                await wait_or_stop(stop, 1.0)
             else:
                 failures = 0
 
