@@ -18,9 +18,9 @@ from dlrover_events.bus.producer import Producer
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
 from handlers.operator.jobs import JobRequestError, scale_plan
-from handlers.operator.kube.model import InvalidJob, JobView
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.platform import Platform
+from handlers.operator.trainingjob import InvalidJob, JobView
 from schemas.plans import ScalePlan
 
 #: The platforms a job can be acted on by hand (a virtual env's jobs are simulated).

@@ -12,9 +12,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from handlers.operator.kube.model import InvalidJob, JobView, check_bounds
-from handlers.operator.kube.podevents import job_meta
 from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator.reconcile.events import job_meta
+from handlers.operator.trainingjob import InvalidJob, JobView, check_bounds
 from schemas.plans import NodeGroupResource, ScalePlan
 
 _PLAN_NAMESPACE = uuid.UUID("7a2d9e4b-1c3f-4b6a-8d0e-5f7a9c1b3d2e")

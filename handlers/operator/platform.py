@@ -1,6 +1,6 @@
 """Where an env's real TrainingJobs run: the platform interface and its registry.
 
-One reconciler (handlers.operator.kube.reconciler) applies ScalePlans, makes a job's
+One reconciler (handlers.operator.reconcile.reconciler) applies ScalePlans, makes a job's
 nodes match its spec and reports node and job events, on any platform that answers these
 calls: jobs and their nodes ("pods") listed, read, created, patched, deleted and watched,
 as JSON objects of the Kubernetes shape, and the Services an elastic job's nodes meet at

@@ -42,8 +42,8 @@ def _restore() -> Iterator[None]:
 
 
 def _record(message: str = "created pod %s", *args: object, **extra: object) -> logging.LogRecord:
-    return logging.getLogger("handlers.operator.kube.reconciler").makeRecord(
-        "handlers.operator.kube.reconciler",
+    return logging.getLogger("handlers.operator.reconcile.reconciler").makeRecord(
+        "handlers.operator.reconcile.reconciler",
         logging.INFO,
         __file__,
         1,
@@ -59,7 +59,7 @@ def test_a_json_line_has_the_fields_of_where_it_was_logged() -> None:
         record = _record()
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == "created pod job-a-worker-0"
-    assert (line["level"], line["logger"]) == ("INFO", "handlers.operator.kube.reconciler")
+    assert (line["level"], line["logger"]) == ("INFO", "handlers.operator.reconcile.reconciler")
     assert (line["env"], line["service"], line["job"]) == ("prod", "operator", "job-a")
     assert "plan_id" not in line
     assert datetime.fromisoformat(line["timestamp"]).utcoffset() is not None
@@ -109,12 +109,13 @@ def test_a_text_line_shows_its_fields_before_the_message() -> None:
         record = _record()
     text = TextFormatter().format(record)
     assert text.endswith(
-        " INFO handlers.operator.kube.reconciler [env=prod job=job-a]: created pod job-a-worker-0"
+        " INFO handlers.operator.reconcile.reconciler [env=prod job=job-a]:"
+        " created pod job-a-worker-0"
     )
     assert (
         TextFormatter()
         .format(_record())
-        .endswith(" INFO handlers.operator.kube.reconciler: created pod job-a-worker-0")
+        .endswith(" INFO handlers.operator.reconcile.reconciler: created pod job-a-worker-0")
     )
 
 

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dlrover_events.errors import UserError
-from handlers.operator.kube import planning
-from handlers.operator.kube.model import LABEL_JOB, JobView, PodView
-from handlers.operator.kube.planning import NewPod, PlanChange
 from handlers.operator.kube.wiring import PodWiring
+from handlers.operator.reconcile import planning
+from handlers.operator.reconcile.planning import NewPod, PlanChange
+from handlers.operator.trainingjob import LABEL_JOB, JobView, PodView
 from schemas.plans import NotApplied, ScalePlan
 
 

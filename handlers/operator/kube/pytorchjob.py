@@ -29,9 +29,11 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from handlers.operator.kube import planning
 from handlers.operator.kube.adapter import WorkloadAdapter, register_adapter
-from handlers.operator.kube.model import (
+from handlers.operator.quantity import GPU, QuantityError, Resources
+from handlers.operator.reconcile import planning
+from handlers.operator.reconcile.planning import PlanChange, PlanRejected
+from handlers.operator.trainingjob import (
     ANN_NODE_RESOURCES,
     ANN_PLANS,
     DEFAULT_RENDEZVOUS_PORT,
@@ -52,8 +54,6 @@ from handlers.operator.kube.model import (
     object_fields,
     parse_pod,
 )
-from handlers.operator.kube.planning import PlanChange, PlanRejected
-from handlers.operator.kube.quantity import GPU, QuantityError, Resources
 from schemas.plan_parts import not_applied
 from schemas.plans import NotApplied, ScalePlan
 

@@ -39,10 +39,10 @@ from dlrover_events.settings import Settings
 from handlers.operator.kube.adapter import adapter_for
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, Timing
-from handlers.operator.kube.reconciler import EnvReconciler, StepHook
 from handlers.operator.kube.trainingjob import DEFAULT_GPU_TYPE_LABEL
 from handlers.operator.kube.wiring import pod_wiring
 from handlers.operator.platform import FencedPlatform, Platform
+from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
 from schemas.control import EnvAnnouncement, EnvMode
 
 log = logging.getLogger(__name__)

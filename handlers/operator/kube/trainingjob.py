@@ -38,9 +38,11 @@ from dlrover_events.sdk.identity import (
     USER_ENV,
     WORLD_SIZE_ENV,
 )
-from handlers.operator.kube import planning
 from handlers.operator.kube.adapter import PodCreatingAdapter, register_adapter
-from handlers.operator.kube.model import (
+from handlers.operator.kube.wiring import PodWiring
+from handlers.operator.reconcile import planning
+from handlers.operator.reconcile.planning import NewPod, PlanChange
+from handlers.operator.trainingjob import (
     ANN_CONTAINER,
     ANN_GPU_TYPE,
     LABEL_INDEX,
@@ -57,8 +59,6 @@ from handlers.operator.kube.model import (
     parse_pod,
     pod_name,
 )
-from handlers.operator.kube.planning import NewPod, PlanChange
-from handlers.operator.kube.wiring import PodWiring
 from schemas.plans import NotApplied, ScalePlan
 
 GROUP = "dlrover-events.io"

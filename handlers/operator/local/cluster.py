@@ -39,8 +39,6 @@ import psutil
 from kubernetes_asyncio.client.rest import ApiException
 
 from handlers.operator.kube.adapter import WorkloadAdapter
-from handlers.operator.kube.model import LABEL_JOB, LABEL_JOB_UID, LABEL_ROLE, InvalidJob
-from handlers.operator.kube.quantity import QuantityError, Resources
 from handlers.operator.local import shim, spares
 from handlers.operator.local.memory import Enforcement
 from handlers.operator.local.store import (
@@ -52,6 +50,8 @@ from handlers.operator.local.store import (
     read_json,
     write_json,
 )
+from handlers.operator.quantity import QuantityError, Resources
+from handlers.operator.trainingjob import LABEL_JOB, LABEL_JOB_UID, LABEL_ROLE, InvalidJob
 
 log = logging.getLogger(__name__)
 

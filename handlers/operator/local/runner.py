@@ -33,10 +33,10 @@ from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from handlers.operator.api import jobs_app
-from handlers.operator.kube.reconciler import EnvReconciler, StepHook
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import ANN_WORKDIR, LocalCluster
 from handlers.operator.local.memory import available
+from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
 from schemas.control import EnvMode
 
 log = logging.getLogger(__name__)

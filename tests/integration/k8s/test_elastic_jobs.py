@@ -19,15 +19,15 @@ from kubernetes_asyncio import client
 from dlrover_events.bus.producer import Producer
 from dlrover_events.settings import Settings
 from handlers.operator.kube.client import KubeApi
-from handlers.operator.kube.model import LABEL_RANK, PodView
-from handlers.operator.kube.planning import UNSUPPORTED
-from handlers.operator.kube.quantity import GPU
-from handlers.operator.kube.reconciler import ALREADY_APPLIED
 from handlers.operator.kube.trainingjob import (
     DEFAULT_GPU_TYPE_LABEL,
     TRAINING_JOB,
     rendezvous_service,
 )
+from handlers.operator.quantity import GPU
+from handlers.operator.reconcile.planning import UNSUPPORTED
+from handlers.operator.reconcile.reconciler import ALREADY_APPLIED
+from handlers.operator.trainingjob import LABEL_RANK, PodView
 from schemas.jobs import JobSubmitted, NodeRef
 from schemas.plans import (
     MigrateNode,

@@ -19,8 +19,6 @@ from kubernetes_asyncio import client
 from dlrover_events.bus.producer import Producer
 from dlrover_events.settings import Settings
 from handlers.operator.kube.client import KubeApi
-from handlers.operator.kube.model import ANN_PLANS, JobView
-from handlers.operator.kube.podevents import job_meta
 from handlers.operator.kube.pytorchjob import (
     GROUP,
     KIND,
@@ -33,7 +31,9 @@ from handlers.operator.kube.pytorchjob import (
     PYTORCH_JOB,
     VERSION,
 )
-from handlers.operator.kube.reconciler import ALREADY_APPLIED
+from handlers.operator.reconcile.events import job_meta
+from handlers.operator.reconcile.reconciler import ALREADY_APPLIED
+from handlers.operator.trainingjob import ANN_PLANS, JobView
 from schemas.jobs import JobCompleted, JobStarted, JobSubmitted, NodeFailed, NodeStarted
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
 from tests.integration.tap import Tap

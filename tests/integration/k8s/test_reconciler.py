@@ -23,11 +23,11 @@ from dlrover_events.runtime.logs import JsonFormatter, log_fields
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from handlers.operator.kube.client import KubeApi
-from handlers.operator.kube.model import ANN_PLANS, LABEL_JOB, LABEL_RANK, LABEL_ROLE
-from handlers.operator.kube.planning import UNSUPPORTED
-from handlers.operator.kube.quantity import Resources
-from handlers.operator.kube.reconciler import ALREADY_APPLIED, RESUMED
 from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator.quantity import Resources
+from handlers.operator.reconcile.planning import UNSUPPORTED
+from handlers.operator.reconcile.reconciler import ALREADY_APPLIED, RESUMED
+from handlers.operator.trainingjob import ANN_PLANS, LABEL_JOB, LABEL_RANK, LABEL_ROLE
 from schemas.jobs import JobSubmitted, NodeOOM, NodeRef, NodeStarted, OOMKind
 from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import (
@@ -234,7 +234,7 @@ async def test_pod_lines_are_info_with_the_env_service_job_and_plan_as_fields(
     assert len(created) == 2, created
     for line in created:
         assert line["level"] == "INFO"
-        assert line["logger"] == "handlers.operator.kube.reconciler"
+        assert line["logger"] == "handlers.operator.reconcile.reconciler"
         assert (line["env"], line["service"], line["job"]) == (env, "operator", name), line
     (deleted,) = lines(f"deleted pod {name}-worker-1")
     assert (deleted["env"], deleted["service"], deleted["job"]) == (env, "operator", name)

@@ -19,10 +19,10 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.settings import Settings
 from handlers.operator.kube.client import KubeApi
-from handlers.operator.kube.model import JobView, PodView
-from handlers.operator.kube.podevents import job_meta
-from handlers.operator.kube.reconciler import EnvReconciler, StepHook
 from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator.reconcile.events import job_meta
+from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
+from handlers.operator.trainingjob import JobView, PodView
 from schemas.jobs import JobMeta
 from schemas.plans import ScalePlan
 

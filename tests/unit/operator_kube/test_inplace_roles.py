@@ -13,10 +13,10 @@ from dlrover_events.sdk.identity import (
     ELASTIC_STORE_ENV,
     ELASTIC_STORE_HOST_ENV,
 )
-from handlers.operator.kube.model import InvalidJob, JobView
-from handlers.operator.kube.planning import NewPod, rescale_mode
-from handlers.operator.kube.quantity import Resources
 from handlers.operator.kube.trainingjob import pod_manifest
+from handlers.operator.quantity import Resources
+from handlers.operator.reconcile.planning import NewPod, rescale_mode
+from handlers.operator.trainingjob import InvalidJob, JobView
 from schemas.jobs import NodeRef
 from schemas.plans import NodeGroupResource, RescaleMode
 

@@ -13,9 +13,9 @@ from kubernetes_asyncio import client
 from dlrover_events.settings import Settings
 from handlers.operator.kube import pytorchjob
 from handlers.operator.kube.client import KubeApi
-from handlers.operator.kube.planning import cannot_suspend, plan_change, plan_not_applied
-from handlers.operator.kube.reconciler import EnvReconciler
 from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator.reconcile.planning import cannot_suspend, plan_change, plan_not_applied
+from handlers.operator.reconcile.reconciler import EnvReconciler
 from schemas.plan_parts import NO_PLACEMENT
 from schemas.plans import NotApplied, ScalePlan, ScaleStatus
 

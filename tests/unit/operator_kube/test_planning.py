@@ -11,7 +11,21 @@ import pytest
 from dlrover_events.errors import UserError
 from handlers.operator.kube.adapter import adapter_for, adapters
 from handlers.operator.kube.cli_jobs import scale_plan_id
-from handlers.operator.kube.model import (
+from handlers.operator.kube.pytorchjob import PYTORCH_JOB
+from handlers.operator.kube.trainingjob import TRAINING_JOB, pod_manifest
+from handlers.operator.quantity import Resources, format_cpu, parse_quantity
+from handlers.operator.reconcile.events import event_id, job_events, node_events, submitted
+from handlers.operator.reconcile.planning import (
+    NewPod,
+    PlanRejected,
+    counts,
+    diff,
+    outcome,
+    phase,
+    plan_change,
+    status_patch,
+)
+from handlers.operator.trainingjob import (
     ANN_NODE_RESOURCES,
     ANN_PLANS,
     ANN_REMOVE_FIRST,
@@ -22,20 +36,6 @@ from handlers.operator.kube.model import (
     parse_job,
     parse_pod,
 )
-from handlers.operator.kube.planning import (
-    NewPod,
-    PlanRejected,
-    counts,
-    diff,
-    outcome,
-    phase,
-    plan_change,
-    status_patch,
-)
-from handlers.operator.kube.podevents import event_id, job_events, node_events, submitted
-from handlers.operator.kube.pytorchjob import PYTORCH_JOB
-from handlers.operator.kube.quantity import Resources, format_cpu, parse_quantity
-from handlers.operator.kube.trainingjob import TRAINING_JOB, pod_manifest
 from schemas.jobs import NodeExited, NodeFailed, NodeOOM, NodeRef, NodeStarted, OOMKind
 from schemas.plans import MigrateNode, Node, NodeGroupResource, NodeResource, ScalePlan
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.operator.kube.planning import PlanRejected, diff, plan_change, plan_not_applied
-from handlers.operator.kube.reconciler import accepted
+from handlers.operator.reconcile.planning import PlanRejected, diff, plan_change, plan_not_applied
+from handlers.operator.reconcile.reconciler import accepted
 from schemas.jobs import NodeRef
 from schemas.plan_parts import AWAITING_JOB, UNKNOWN_KNOB, bounded
 from schemas.plans import (

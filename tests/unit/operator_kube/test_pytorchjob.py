@@ -10,9 +10,6 @@ from typing import Any
 import pytest
 
 from handlers.operator.kube.adapter import PodCreatingAdapter, adapter_for
-from handlers.operator.kube.model import ANN_PLANS, FAILED, PENDING, RUNNING, SUCCEEDED, InvalidJob
-from handlers.operator.kube.planning import PlanRejected
-from handlers.operator.kube.podevents import job_meta, node_events
 from handlers.operator.kube.pytorchjob import (
     LABEL_JOB_NAME,
     LABEL_OPERATOR_NAME,
@@ -25,8 +22,11 @@ from handlers.operator.kube.pytorchjob import (
     parse_pytorch_pod,
     parse_pytorchjob,
 )
-from handlers.operator.kube.quantity import Resources
 from handlers.operator.kube.runner import kube_settings
+from handlers.operator.quantity import Resources
+from handlers.operator.reconcile.events import job_meta, node_events
+from handlers.operator.reconcile.planning import PlanRejected
+from handlers.operator.trainingjob import ANN_PLANS, FAILED, PENDING, RUNNING, SUCCEEDED, InvalidJob
 from schemas.jobs import NodeFailed, NodeRef, NodeStarted
 from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import MigrateNode, Node, NodeGroupResource, NodeResource, ScalePlan

@@ -16,10 +16,10 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.operator.kube.model import InvalidJob, JobView, PodView, Termination, parse_job
-from handlers.operator.kube.planning import diff, outcome, phase, status_patch, success_roles
-from handlers.operator.kube.podevents import job_events
-from handlers.operator.kube.quantity import Resources
+from handlers.operator.quantity import Resources
+from handlers.operator.reconcile.events import job_events
+from handlers.operator.reconcile.planning import diff, outcome, phase, status_patch, success_roles
+from handlers.operator.trainingjob import InvalidJob, JobView, PodView, Termination, parse_job
 from schemas.jobs import JobCompleted
 
 UID = "uid-di"

@@ -9,14 +9,17 @@ from typing import Any
 
 import pytest
 
-from handlers.operator.kube.model import (
-    ANN_CONTAINER,
-    ANN_GPU_TYPE,
-    InvalidJob,
-    parse_job,
-    parse_pod,
+from handlers.operator.kube.trainingjob import (
+    DEFAULT_GPU_TYPE_LABEL,
+    TRAINING_JOB,
+    host_selector,
+    pod_manifest,
+    rendezvous_service,
+    rendezvous_services,
 )
-from handlers.operator.kube.planning import (
+from handlers.operator.quantity import GPU, Resources
+from handlers.operator.reconcile.events import job_meta
+from handlers.operator.reconcile.planning import (
     DEFAULT_GRACE_S,
     UNSUPPORTED,
     NewPod,
@@ -25,15 +28,12 @@ from handlers.operator.kube.planning import (
     plan_not_applied,
     service_changes,
 )
-from handlers.operator.kube.podevents import job_meta
-from handlers.operator.kube.quantity import GPU, Resources
-from handlers.operator.kube.trainingjob import (
-    DEFAULT_GPU_TYPE_LABEL,
-    TRAINING_JOB,
-    host_selector,
-    pod_manifest,
-    rendezvous_service,
-    rendezvous_services,
+from handlers.operator.trainingjob import (
+    ANN_CONTAINER,
+    ANN_GPU_TYPE,
+    InvalidJob,
+    parse_job,
+    parse_pod,
 )
 from schemas.jobs import NodeRef
 from schemas.plans import MigrateNode, NodeResource

@@ -13,10 +13,10 @@ from pydantic import SecretStr
 
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
-from handlers.operator.kube.model import parse_job
-from handlers.operator.kube.planning import NewPod
 from handlers.operator.kube.trainingjob import pod_manifest
 from handlers.operator.kube.wiring import CA_DIR, CERT_DIR, PodWiring, pod_wiring
+from handlers.operator.reconcile.planning import NewPod
+from handlers.operator.trainingjob import parse_job
 
 from .test_planning import job_obj
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_events.settings import Settings
-from handlers.operator.kube.reconciler import EnvReconciler
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import LocalCluster
+from handlers.operator.reconcile.reconciler import EnvReconciler
 from schemas.jobs import JobMeta
 from schemas.plan_parts import NO_PLACEMENT
 from schemas.plans import NodeGroupResource, NodeResource, ScalePlan, ScaleStatus

@@ -8,9 +8,9 @@ import asyncio
 from pathlib import Path
 
 from dlrover_events.settings import Settings
-from handlers.operator.kube.reconciler import EnvReconciler
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import LocalCluster
+from handlers.operator.reconcile.reconciler import EnvReconciler
 
 
 def reconciler(root: Path) -> EnvReconciler:

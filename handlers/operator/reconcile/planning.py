@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from handlers.operator.kube.model import (
+from handlers.operator.quantity import GPU, Resources
+from handlers.operator.trainingjob import (
     ANN_NODE_RESOURCES,
     ANN_PLANS,
     ANN_REMOVE_FIRST,
@@ -43,7 +44,6 @@ from handlers.operator.kube.model import (
     RoleView,
     check_bounds,
 )
-from handlers.operator.kube.quantity import GPU, Resources
 from schemas.plan_parts import not_applied
 from schemas.plans import NotApplied, RescaleMode, ScalePlan
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from handlers.operator.kube.model import (
+from handlers.operator.trainingjob import (
     FAILED,
     IDENTITY_LABELS,
     RUNNING,

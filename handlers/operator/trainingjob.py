@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from handlers.operator.kube.quantity import QuantityError, Resources
+from handlers.operator.quantity import QuantityError, Resources
 
 DOMAIN = "dlrover-events.io"
 LABEL_JOB = f"{DOMAIN}/job"

@@ -48,10 +48,14 @@ from dlrover_events.runtime.logs import log_fields
 from dlrover_events.runtime.metrics import OperatorMetrics
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from handlers.operator.kube import planning
 from handlers.operator.kube.adapter import PodCreatingAdapter, WorkloadAdapter
 from handlers.operator.kube.client import api_error
-from handlers.operator.kube.model import (
+from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
+from handlers.operator.platform import NotLeader, Platform
+from handlers.operator.reconcile import planning
+from handlers.operator.reconcile.events import SOURCE, job_events, job_meta, node_events, submitted
+from handlers.operator.reconcile.planning import PlanRejected
+from handlers.operator.trainingjob import (
     LABEL_JOB,
     LABEL_MANAGED_BY,
     MANAGED_BY,
@@ -59,10 +63,6 @@ from handlers.operator.kube.model import (
     JobView,
     PodView,
 )
-from handlers.operator.kube.planning import PlanRejected
-from handlers.operator.kube.podevents import SOURCE, job_events, job_meta, node_events, submitted
-from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
-from handlers.operator.platform import NotLeader, Platform
 from schemas.envelope import Event
 from schemas.jobs import JobMeta
 from schemas.plans import NotApplied, RescaleMode, ScalePlan, ScaleResult, ScaleStatus
