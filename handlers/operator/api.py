@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.bus.producer import Producer
 from dlrover_events.envs.tokens import Scope, Tokens
@@ -23,12 +22,11 @@ from handlers.operator.job_actions import (
     JobNotFound,
     JobUnreadable,
     delete_job,
+    job_of,
     scale_job,
 )
 from handlers.operator.jobs import JobRequestError, scale_request, submission, summary
-from handlers.operator.kube.client import api_error
-from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.platform import Platform
+from handlers.operator.platform import Conflict, Invalid, NotFound, Platform, PlatformError
 
 #: A job spec is a few KiB; a body past this is refused before it is read whole.
 MAX_BODY = 256 * 1024
@@ -40,6 +38,12 @@ ENV_KEY = web.AppKey("env", str)
 WORKDIR_KEY = web.AppKey("workdir", tuple[str, str | None])
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: a platform's refusal -> the answer's status (any other failure of the platform: 502)
+_REFUSALS: tuple[tuple[type[PlatformError], int], ...] = (
+    (NotFound, 404),
+    (Conflict, 409),
+    (Invalid, 422),
+)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -55,9 +59,9 @@ async def _admin_only(request: web.Request, handler: Handler) -> web.StreamRespo
         return _error(verdict.status, verdict.message)
     try:
         return await handler(request)
-    except ApiException as e:
-        status = e.status if isinstance(e.status, int) and 400 <= e.status < 500 else 502
-        return _error(status, api_error(e))
+    except PlatformError as e:
+        status = next((code for kind, code in _REFUSALS if isinstance(e, kind)), 502)
+        return _error(status, str(e))
 
 
 async def _json(request: web.Request) -> Any:
@@ -94,31 +98,24 @@ def _guarded(handler: Handler) -> Handler:
 async def _submit(request: web.Request) -> web.StreamResponse:
     annotation, workdir = request.app[WORKDIR_KEY]
     body = submission(await _json(request), workdir=workdir, annotation=annotation)
-    got = await request.app[PLATFORM_KEY].create_job(body)
+    got = await request.app[PLATFORM_KEY].submit_job(body)
     return web.json_response(summary(got), status=201)
 
 
 async def _list(request: web.Request) -> web.StreamResponse:
     items, _ = await request.app[PLATFORM_KEY].list_jobs()
-    return web.json_response({"jobs": [summary(o) for o in items]})
+    return web.json_response({"jobs": [summary(j) for j in items]})
 
 
 async def _get(request: web.Request) -> web.StreamResponse:
-    name = request.match_info["job"]
-    obj = await request.app[PLATFORM_KEY].get_job(name)
-    if obj is None:
-        raise JobNotFound(f"no trainingjob {name!r}")
     platform = request.app[PLATFORM_KEY]
-    pods, _ = await platform.list_pods(f"{TRAINING_JOB.pod_selector()}={obj['metadata']['name']}")
+    job = await job_of(platform, request.match_info["job"])
+    pods, _ = await platform.list_pods(job.name)
     nodes = [
-        {
-            "name": p["metadata"]["name"],
-            "phase": (p.get("status") or {}).get("phase", "Pending"),
-            "deleting": bool(p["metadata"].get("deletionTimestamp")),
-        }
-        for p in sorted(pods, key=lambda p: p["metadata"]["name"])
+        {"name": p.name, "phase": p.phase, "deleting": p.deleting}
+        for p in sorted(pods, key=lambda p: p.name)
     ]
-    return web.json_response({**summary(obj), "spec": obj.get("spec"), "nodes": nodes})
+    return web.json_response({**summary(job), "spec": job.document.get("spec"), "nodes": nodes})
 
 
 async def _scale(request: web.Request) -> web.StreamResponse:

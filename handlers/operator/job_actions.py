@@ -11,20 +11,24 @@ with a ScaleResult.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import importlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 from dlrover_events.bus.producer import Producer
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
 from handlers.operator.jobs import JobRequestError, scale_plan
-from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.platform import Platform
-from handlers.operator.trainingjob import InvalidJob, JobView
+from handlers.operator.platform import PLATFORMS, JobView, Platform, UnreadableJob
 from schemas.plans import ScalePlan
 
 #: The platforms a job can be acted on by hand (a virtual env's jobs are simulated).
-JOB_PLATFORMS = ("kubernetes", "local")
+JOB_PLATFORMS = tuple(PLATFORMS)
+
+#: (settings, env, options) -> the platform's jobs, open for the block
+JobsOpener = Callable[[Settings, str, dict[str, Any]], AbstractAsyncContextManager[Platform]]
 
 
 class JobNotFound(JobRequestError):
@@ -46,32 +50,24 @@ async def open_platform(
 ) -> AsyncIterator[Platform]:
     """The env's jobs where they run: the cluster (``kubeconfig``, else $KUBECONFIG,
     ~/.kube/config, else in-cluster, as kubectl), or the local platform's job objects of
-    ``env``."""
-    if platform == "local":
-        # imported on use: a process on one platform never loads the other's modules
-        from handlers.operator.local.cluster import LocalCluster
-        from handlers.operator.local.runner import platform_root
-
-        yield LocalCluster(platform_root(settings, env), TRAINING_JOB)
-        return
-    if platform != "kubernetes":
+    ``env``. The platform's module is imported on use (platform.PLATFORMS): a process on
+    one platform never loads the other's."""
+    entry = PLATFORMS.get(platform)
+    if entry is None:
         raise UserError(f"unknown platform {platform!r}; known: {', '.join(JOB_PLATFORMS)}")
-    from handlers.operator.kube.client import KubeApi
-    from handlers.operator.kube.runner import KubeSettings, connect
-
-    api, ns = await connect(KubeSettings(kubeconfig=kubeconfig, namespace=namespace))
-    async with api:
-        yield KubeApi(api, TRAINING_JOB, ns)
+    module, _, function = entry.jobs.partition(":")
+    opener: JobsOpener = getattr(importlib.import_module(module), function)
+    async with opener(settings, env, {"kubeconfig": kubeconfig, "namespace": namespace}) as jobs:
+        yield jobs
 
 
 async def job_of(platform: Platform, name: str) -> JobView:
-    obj = await platform.get_job(name)
-    if obj is None:
+    job = await platform.get_job(name)
+    if job is None:
         raise JobNotFound(f"no trainingjob {name!r} in namespace {platform.namespace}")
-    try:
-        return TRAINING_JOB.parse(obj)
-    except InvalidJob as e:
-        raise JobUnreadable(f"trainingjob {name}: {e}") from None
+    if isinstance(job, UnreadableJob):
+        raise JobUnreadable(f"trainingjob {name}: {job.reason}")
+    return job
 
 
 async def scale_job(
@@ -101,6 +97,7 @@ __all__ = [
     "JOB_PLATFORMS",
     "JobNotFound",
     "JobUnreadable",
+    "JobsOpener",
     "delete_job",
     "job_of",
     "open_platform",

@@ -12,9 +12,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator import trainingjob
+from handlers.operator.platform import PENDING, InvalidJob, JobEntry, JobView, UnreadableJob
 from handlers.operator.reconcile.events import job_meta
-from handlers.operator.trainingjob import InvalidJob, JobView, check_bounds
+from handlers.operator.reconcile.planning import check_bounds
 from schemas.plans import NodeGroupResource, ScalePlan
 
 _PLAN_NAMESPACE = uuid.UUID("7a2d9e4b-1c3f-4b6a-8d0e-5f7a9c1b3d2e")
@@ -29,23 +30,24 @@ class JobRequestError(ValueError):
 def submission(body: Any, *, workdir: str | None = None, annotation: str = "") -> dict[str, Any]:
     """A TrainingJob body ready to create: one TrainingJob, valid as the schema cannot
     check (bounds, role names, elastic policy), stripped of what the platform owns."""
-    if not isinstance(body, Mapping) or body.get("kind") != TRAINING_JOB.kind:
-        raise JobRequestError(f"the request must hold one {TRAINING_JOB.kind}")
+    kind = trainingjob.KIND
+    if not isinstance(body, Mapping) or body.get("kind") != kind:
+        raise JobRequestError(f"the request must hold one {kind}")
     meta = body.get("metadata")
     if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-        raise JobRequestError(f"a {TRAINING_JOB.kind} needs metadata.name")
+        raise JobRequestError(f"a {kind} needs metadata.name")
     out: dict[str, Any] = {
-        "apiVersion": body.get("apiVersion") or TRAINING_JOB.api_version,
-        "kind": TRAINING_JOB.kind,
+        "apiVersion": body.get("apiVersion") or trainingjob.API_VERSION,
+        "kind": kind,
         "metadata": {k: meta[k] for k in _SUBMITTED_META if k in meta},
         "spec": body.get("spec"),
     }
     try:
-        check_bounds(TRAINING_JOB.parse({**out, "metadata": {**out["metadata"], "uid": ""}}))
+        check_bounds(trainingjob.parse_job({**out, "metadata": {**out["metadata"], "uid": ""}}))
     except InvalidJob as e:
         raise JobRequestError(str(e)) from None
     except (AttributeError, TypeError, ValueError) as e:
-        raise JobRequestError(f"invalid {TRAINING_JOB.kind}: {e}") from None
+        raise JobRequestError(f"invalid {kind}: {e}") from None
     if workdir is not None and annotation:
         annotations = dict(out["metadata"].get("annotations") or {})
         annotations.setdefault(annotation, workdir)
@@ -53,22 +55,28 @@ def submission(body: Any, *, workdir: str | None = None, annotation: str = "") -
     return out
 
 
-def summary(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """A job as a row: name, uid, phase, pods running / wanted per role, last plan."""
-    status = obj.get("status") or {}
-    roles = (obj.get("spec") or {}).get("roles") or {}
+def summary(job: JobEntry) -> dict[str, Any]:
+    """A job as a row: name, uid, phase, pods running / wanted per role, last plan (a job
+    that does not read: phase Invalid, and why)."""
+    if isinstance(job, UnreadableJob):
+        return {
+            "name": job.name,
+            "uid": job.uid,
+            "phase": "Invalid",
+            "roles": {},
+            "last_plan": None,
+            "reason": job.reason,
+        }
+    seen = job.status.roles if job.status is not None else {}
     return {
-        "name": obj["metadata"]["name"],
-        "uid": obj["metadata"].get("uid", ""),
-        "phase": status.get("phase") or "Pending",
+        "name": job.name,
+        "uid": job.uid,
+        "phase": job.phase or PENDING,
         "roles": {
-            name: {
-                "replicas": role.get("replicas", 0),
-                "running": ((status.get("roles") or {}).get(name) or {}).get("running", 0),
-            }
-            for name, role in sorted(roles.items())
+            name: {"replicas": role.replicas, "running": (seen.get(name) or {}).get("running", 0)}
+            for name, role in sorted(job.roles.items())
         },
-        "last_plan": status.get("lastPlanId"),
+        "last_plan": job.last_plan_id,
     }
 
 

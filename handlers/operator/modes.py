@@ -53,7 +53,7 @@ def platform_of(options: Mapping[str, Any]) -> str:
 
 
 def runner_for(mode: EnvMode, platform: str = DEFAULT_PLATFORM) -> Runner:
-    target = PLATFORMS[platform] if mode == EnvMode.REAL else RUNNERS.get(mode)
+    target = PLATFORMS[platform].operator if mode == EnvMode.REAL else RUNNERS.get(mode)
     if target is None:
         raise UserError(
             f"no operator for {mode.value} envs is installed; the virtual operator runs only "

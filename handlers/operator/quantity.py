@@ -1,18 +1,21 @@
-"""Kubernetes resource quantities <-> the numbers ScalePlans speak (cores, bytes, GPUs).
+"""Resource quantities ("500m", "16Gi": the grammar of Kubernetes, which a TrainingJob's
+resources are written in on every platform) <-> the port's numbers (``Resources``:
+millicores, bytes, GPUs).
 
-Plans carry floats and byte counts; pods and the TrainingJob schema carry quantities
-("500m", "16Gi"). Comparing a pod's resources with what a plan asked for must not depend
-on how either was spelled, so everything is compared in one normal form: ``Resources``.
+Plans carry floats and byte counts; a TrainingJob, a pod and a PyTorchJob's template carry
+quantities. Comparing a pod's resources with what a plan asked for must not depend on how
+either was spelled, so they are read into one normal form at the edge, and only written
+back as quantities where a document or the API server wants them.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from schemas.plans import NodeResource
+from handlers.operator.platform import Resources
 
 GPU = "nvidia.com/gpu"
 #: The resources key of a GPU type (a role's ``resources.gpuType``): not a quantity and not
@@ -66,75 +69,56 @@ def format_cpu(cores: float) -> int | str:
     return milli // 1000 if milli % 1000 == 0 else f"{milli}m"
 
 
-@dataclass(frozen=True, slots=True)
-class Resources:
-    """One pod's resources in normal form; None = not set."""
-
-    cpu_milli: int | None = None
-    memory: int | None = None
-    gpu: int | None = None
-    gpu_type: str | None = None
-
-    @classmethod
-    def from_spec(cls, spec: dict[str, Any] | None) -> Resources:
-        """From the TrainingJob schema's form: ``{cpu, memory, nvidia.com/gpu, gpuType}``."""
-        spec = spec or {}
-        cpu, memory, gpu = spec.get("cpu"), spec.get("memory"), spec.get(GPU)
-        gpu_type = spec.get(GPU_TYPE)
-        if gpu_type is not None and not isinstance(gpu_type, str):
-            raise QuantityError(f"{GPU_TYPE} must be a string, not {gpu_type!r}")
-        return cls(
-            cpu_milli=None if cpu is None else int(parse_quantity(cpu) * 1000),
-            memory=None if memory is None else int(parse_quantity(memory)),
-            gpu=None if gpu is None else int(parse_quantity(gpu)),
-            gpu_type=gpu_type or None,
-        )
-
-    @classmethod
-    def from_container(cls, container: dict[str, Any]) -> Resources:
-        """A container's limits (requests where no limit is set): what the OOM killer uses."""
-        res = container.get("resources") or {}
-        merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
-        return cls.from_spec(merged)
-
-    def to_spec(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.cpu_milli is not None:
-            out["cpu"] = format_cpu(self.cpu_milli / 1000)
-        if self.memory is not None:
-            out["memory"] = self.memory
-        if self.gpu is not None:
-            out[GPU] = self.gpu
-        if self.gpu_type is not None:
-            out[GPU_TYPE] = self.gpu_type
-        return out
-
-    def to_quantities(self) -> dict[str, str]:
-        """requests/limits of a container: strings, as the core API wants them (the GPU
-        type is no container resource)."""
-        return {k: str(v) for k, v in self.to_spec().items() if k != GPU_TYPE}
-
-    def updated(self, change: NodeResource, *, gpu_type: bool = True) -> Resources:
-        """``change`` on top; a plan's 0 (or "") means unchanged. ``gpu_type`` False: the
-        platform cannot select a GPU type, so the plan's is not taken into the job."""
-        return Resources(
-            cpu_milli=round(change.cpu * 1000) if change.cpu else self.cpu_milli,
-            memory=change.memory or self.memory,
-            gpu=change.gpu_num or self.gpu,
-            gpu_type=(change.gpu_type if gpu_type else "") or self.gpu_type,
-        )
-
-    def covers(self, wanted: Resources) -> bool:
-        """Whether a pod with these resources is what ``wanted`` asks for (unset = any)."""
-        return all(
-            w is None or w == mine
-            for w, mine in (
-                (wanted.cpu_milli, self.cpu_milli),
-                (wanted.memory, self.memory),
-                (wanted.gpu, self.gpu),
-                (wanted.gpu_type, self.gpu_type),
-            )
-        )
+def resources_from_spec(spec: Mapping[str, Any] | None) -> Resources:
+    """From a TrainingJob role's form: ``{cpu, memory, nvidia.com/gpu, gpuType}``."""
+    spec = spec or {}
+    cpu, memory, gpu = spec.get("cpu"), spec.get("memory"), spec.get(GPU)
+    gpu_type = spec.get(GPU_TYPE)
+    if gpu_type is not None and not isinstance(gpu_type, str):
+        raise QuantityError(f"{GPU_TYPE} must be a string, not {gpu_type!r}")
+    return Resources(
+        cpu_milli=None if cpu is None else int(parse_quantity(cpu) * 1000),
+        memory=None if memory is None else int(parse_quantity(memory)),
+        gpu=None if gpu is None else int(parse_quantity(gpu)),
+        gpu_type=gpu_type or None,
+    )
 
 
-__all__ = ["GPU", "GPU_TYPE", "QuantityError", "Resources", "format_cpu", "parse_quantity"]
+def resources_from_container(container: Mapping[str, Any]) -> Resources:
+    """A container's limits (requests where no limit is set): what the OOM killer uses."""
+    res = container.get("resources") or {}
+    merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+    return resources_from_spec(merged)
+
+
+def resources_to_spec(resources: Resources) -> dict[str, Any]:
+    """A TrainingJob role's form (whole cores as integers, bytes as integers)."""
+    out: dict[str, Any] = {}
+    if resources.cpu_milli is not None:
+        out["cpu"] = format_cpu(resources.cpu_milli / 1000)
+    if resources.memory is not None:
+        out["memory"] = resources.memory
+    if resources.gpu is not None:
+        out[GPU] = resources.gpu
+    if resources.gpu_type is not None:
+        out[GPU_TYPE] = resources.gpu_type
+    return out
+
+
+def resources_to_quantities(resources: Resources) -> dict[str, str]:
+    """requests/limits of a container: strings, as the core API wants them (the GPU type
+    is no container resource)."""
+    return {k: str(v) for k, v in resources_to_spec(resources).items() if k != GPU_TYPE}
+
+
+__all__ = [
+    "GPU",
+    "GPU_TYPE",
+    "QuantityError",
+    "format_cpu",
+    "parse_quantity",
+    "resources_from_container",
+    "resources_from_spec",
+    "resources_to_quantities",
+    "resources_to_spec",
+]

@@ -1,46 +1,55 @@
-"""The cluster as the reconciler's pure decisions see it: jobs and pods as plain values.
+"""The TrainingJob (deploy/crds/trainingjobs.yaml): the job document of both platforms.
 
-Parsed once from the API's JSON (dicts, as watches deliver them) so that every decision
-(which pods to create or delete, which events a pod's state means) is a function of values
-that unit tests can build by hand.
+A user writes one TrainingJob and submits it to Kubernetes or to the local platform alike
+(`job submit`, the jobs API); each platform keeps it as it came and reads it here into the
+port's ``JobView``, once, at its edge. What the reconciler decides comes back as a
+``JobChange`` and a ``JobStatus``, written into the document as merge patches (RFC 7386:
+a custom resource's patch on Kubernetes, the local job store's own): the plan ids in the
+same patch as the change they made, so a plan delivered again after a crash finds its
+change already made.
 
-Pods are named ``<job>-<role>-<index>`` and labelled with their job, role and rank. The
-rank is the node's id towards the brain (NodeRef.id) and stays with the node when it is
-migrated; the index only makes names unique, so a migrated node's new pod (created before
-the old one goes) gets a new index and keeps the rank.
+Per-node state the schema has no field for lives in annotations of the job, as JSON:
+the plans applied, the resources a plan gave one node, the ranks a plan removed by name.
+Its resources are quantities ("500m", "16Gi"), read by ``quantity``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from handlers.operator.quantity import QuantityError, Resources
+from handlers.operator.platform import (
+    DEFAULT_RENDEZVOUS_PORT,
+    DOMAIN,
+    ELASTIC_MODES,
+    IN_PLACE,
+    MAX_SPARES,
+    RESTART,
+    ElasticPolicy,
+    InvalidJob,
+    JobChange,
+    JobStatus,
+    JobView,
+    Resources,
+    RoleView,
+)
+from handlers.operator.quantity import (
+    GPU,
+    QuantityError,
+    resources_from_container,
+    resources_from_spec,
+    resources_to_spec,
+)
+from schemas.plan_parts import not_applied
+from schemas.plans import NotApplied, ScalePlan
 
-DOMAIN = "dlrover-events.io"
-LABEL_JOB = f"{DOMAIN}/job"
-LABEL_JOB_UID = f"{DOMAIN}/job-uid"
-LABEL_ROLE = f"{DOMAIN}/role"
-LABEL_RANK = f"{DOMAIN}/rank"
-LABEL_INDEX = f"{DOMAIN}/index"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "dlrover-events-operator"
-
-#: Who a job is, as config documents and the brain's history target it (JobMeta's user,
-#: group, cluster, scenario, app): labels of the job object, so that ``kubectl get tj -l
-#: dlrover-events.io/user=alice`` finds them, a PyTorchJob carries them the same way, and
-#: the CRD's schema need not change. The pods get them as DLROVER_EVENTS_<NAME> variables.
-IDENTITY_LABELS = {
-    attr: f"{DOMAIN}/{attr}" for attr in ("user", "group", "cluster", "scenario", "app")
-}
-
-#: On a pod: the container that has the node's resources and runs the training command
-#: (the role's ``container``; absent: the first), and the GPU type its node selector asks.
-ANN_CONTAINER = f"{DOMAIN}/container"
-ANN_GPU_TYPE = f"{DOMAIN}/gpu-type"
+GROUP = DOMAIN
+VERSION = "v1alpha1"
+PLURAL = "trainingjobs"
+KIND = "TrainingJob"
+API_VERSION = f"{GROUP}/{VERSION}"
 
 #: JSON list of the last plan ids applied to the job's spec, written in the same patch as
 #: the spec change: a plan delivered again after a crash finds its change already made.
@@ -50,137 +59,43 @@ ANN_PLANS = f"{DOMAIN}/applied-plans"
 ANN_NODE_RESOURCES = f"{DOMAIN}/node-resources"
 #: JSON {role: [rank, ...]}: ranks a plan removed by name; scaling down takes them first.
 ANN_REMOVE_FIRST = f"{DOMAIN}/remove-first"
-#: How many applied plan ids a job remembers (older ones are in the env's ledger).
-PLAN_MEMORY = 32
+#: The directory a job's commands run in on the local platform (set by `job submit`:
+#: where it was submitted).
+ANN_WORKDIR = f"{DOMAIN}/workdir"
 
 ROLE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 
-PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
-FINAL_PHASES = (SUCCEEDED, FAILED)
+_POD_ASKS = f"a TrainingJob's pods ask only for cpu, memory and {GPU}"
+
+#: Resource fields a plan may set that a TrainingJob's pods cannot express. A GPU type
+#: can be, as a node selector, where the platform knows the node label that names GPU
+#: types (Kubernetes: DLROVER_EVENTS_OPERATOR_GPU_TYPE_LABEL); GPU memory never: a pod
+#: asks for whole GPUs.
+UNSUPPORTED = {
+    "gpu_type": f"{_POD_ASKS}: no GPU type (the operator has no GPU type node label)",
+    "gpu_memory": (
+        f"{_POD_ASKS}: no GPU memory size (a pod cannot request GPU memory, only whole GPUs)"
+    ),
+    "priority": f"{_POD_ASKS}: no priority",
+}
 
 
-class InvalidJob(ValueError):
-    """The job's spec breaks a rule the v1.20 schema cannot express."""
+def unsupported(gpu_types: bool) -> dict[str, str]:
+    """What a TrainingJob's pods cannot express where GPU types can (or cannot) be
+    selected."""
+    if gpu_types:
+        return {k: v for k, v in UNSUPPORTED.items() if k != "gpu_type"}
+    return dict(UNSUPPORTED)
 
 
-#: Where torch's c10d rendezvous store listens when the spec does not say (in place: the
-#: job's membership store).
-DEFAULT_RENDEZVOUS_PORT = 29400
-#: The elastic modes of a role (spec.roles.R.elastic.mode).
-RESTART = "restart"
-IN_PLACE = "inPlace"
-ELASTIC_MODES = (RESTART, IN_PLACE)
-#: Warm spares per role at most: each is a process holding its model in memory.
-MAX_SPARES = 16
+def plan_not_applied(plan: ScalePlan, gpu_types: bool = False) -> tuple[NotApplied, ...]:
+    """The parts of ``plan`` no TrainingJob change applies, whatever the job: a function
+    of the plan (and whether GPU types are selected) alone, so a plan finished after a
+    restart is answered the same way."""
+    return not_applied(plan, unsupported(gpu_types))
 
 
-@dataclass(frozen=True)
-class ElasticPolicy:
-    """A role whose pods run under torchrun's elastic agent (spec.roles.R.elastic).
-
-    ``command`` empty: the first container's own command and args are the training
-    command. Rank 0 of the role hosts the rendezvous store, so it is never scaled away.
-    """
-
-    command: tuple[str, ...] = ()
-    rendezvous_port: int = DEFAULT_RENDEZVOUS_PORT
-    nproc_per_node: int = 1
-    max_restarts: int = 100
-    #: ``restart`` (torchrun's agents re-rendezvous and restart every worker) or
-    #: ``inPlace`` (the workers re-form their group themselves: dlrover_events.sdk.inplace)
-    mode: str = "restart"
-    #: warm spare processes the platform keeps ready for a scale-up (in place only)
-    spares: int = 0
-
-    #: the pod rank that hosts the rendezvous store
-    host_rank: int = 0
-
-    @property
-    def in_place(self) -> bool:
-        return self.mode == IN_PLACE
-
-
-@dataclass(frozen=True)
-class RoleView:
-    name: str
-    replicas: int
-    min_replicas: int | None
-    max_replicas: int | None
-    resources: Resources
-    restart_policy: str
-    template: Mapping[str, Any]
-    elastic: ElasticPolicy | None = None
-    #: the template's container that gets the node's resources (None: the first)
-    container: str | None = None
-
-
-@dataclass(frozen=True)
-class JobView:
-    name: str
-    namespace: str
-    uid: str
-    resource_version: str
-    generation: int
-    roles: Mapping[str, RoleView]
-    labels: Mapping[str, str] = field(default_factory=dict)
-    #: role -> rank -> resources a plan gave that node
-    node_resources: Mapping[str, Mapping[int, Resources]] = field(default_factory=dict)
-    remove_first: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    applied_plans: tuple[str, ...] = ()
-    phase: str | None = None
-    last_plan_id: str | None = None
-    status: Mapping[str, Any] = field(default_factory=dict)
-    #: spec.successPolicy.roles: the roles whose pods all succeeding ends the job (empty:
-    #: the default, see planning.success_roles)
-    success_roles: tuple[str, ...] = ()
-
-    def wanted(self, role: str, rank: int) -> Resources:
-        """The resources a new pod of that node gets."""
-        return self.node_resources.get(role, {}).get(rank) or self.roles[role].resources
-
-    def identity(self) -> dict[str, str]:
-        """user, group, cluster, scenario, app from the job's labels (absent: not set)."""
-        return {a: self.labels[k] for a, k in IDENTITY_LABELS.items() if self.labels.get(k)}
-
-
-@dataclass(frozen=True)
-class Termination:
-    container: str
-    exit_code: int
-    reason: str
-
-    @property
-    def oom(self) -> bool:
-        """The kernel's OOM killer: the reason says so, or SIGKILL's 137 says it for it."""
-        return self.reason == "OOMKilled" or self.exit_code == 137
-
-
-@dataclass(frozen=True)
-class PodView:
-    name: str
-    uid: str
-    job: str
-    job_uid: str
-    role: str
-    rank: int
-    index: int
-    phase: str
-    deleting: bool
-    resources: Resources
-    termination: Termination | None = None
-    node_name: str | None = None
-
-    @property
-    def running(self) -> bool:
-        return self.phase == RUNNING
-
-    @property
-    def finished(self) -> bool:
-        return self.phase in FINAL_PHASES
-
-
-def pod_name(job: str, role: str, index: int) -> str:
-    return f"{job}-{role}-{index}"
+# -- document -> JobView --------------------------------------------------------------------
 
 
 def _int_keys(raw: Mapping[str, Any]) -> dict[int, Any]:
@@ -203,14 +118,64 @@ def object_fields(meta: Mapping[str, Any]) -> dict[str, Any]:
         "name": meta.get("name", ""),
         "namespace": meta.get("namespace", ""),
         "uid": meta.get("uid", ""),
-        "resource_version": meta.get("resourceVersion", ""),
+        "resource_version": str(meta.get("resourceVersion", "")),
         "generation": int(meta.get("generation") or 0),
         "labels": dict(meta.get("labels") or {}),
     }
 
 
+def training_container(
+    containers: Sequence[Mapping[str, Any]], container: str | None
+) -> Mapping[str, Any]:
+    """The role's container (its ``container``, else the first; {} when there is none)."""
+    if container is not None:
+        for c in containers:
+            if c.get("name") == container:
+                return c
+    return containers[0] if containers else {}
+
+
+def _template_fields(template: Mapping[str, Any], container: str | None) -> dict[str, Any]:
+    """What a platform that runs no container takes from a role's pod template: the
+    training container's command and args, the plain variables of every container, the
+    grace period, and what the container asks for by itself."""
+    spec = template.get("spec") or {}
+    containers = spec.get("containers") or []
+    chosen = training_container(containers, container)
+    env: dict[str, str] = {}
+    for c in containers:
+        for var in c.get("env") or []:
+            if "value" in var:
+                env[str(var["name"])] = str(var["value"])
+    grace = spec.get("terminationGracePeriodSeconds")
+    try:
+        asked = resources_from_container(chosen)
+    except QuantityError:
+        asked = Resources()  # the platform refuses such a pod itself
+    return {
+        "command": (*(chosen.get("command") or []), *(chosen.get("args") or [])),
+        "env": env,
+        "grace_s": grace if isinstance(grace, int) and not isinstance(grace, bool) else None,
+        "template_resources": asked,
+    }
+
+
+def parse_status(raw: Any) -> JobStatus | None:
+    """What the operator wrote on the job's status (None: nothing yet)."""
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    generation = raw.get("observedGeneration")
+    return JobStatus(
+        phase=str(raw.get("phase") or ""),
+        roles=dict(raw.get("roles") or {}),
+        observed_generation=generation if isinstance(generation, int) else None,
+        last_plan_id=raw.get("lastPlanId"),
+        last_plan_time=raw.get("lastPlanTime"),
+    )
+
+
 def parse_job(obj: Mapping[str, Any]) -> JobView:
-    """A TrainingJob from the API (a dict); InvalidJob names what the schema let through."""
+    """A TrainingJob as the decisions see it; InvalidJob names what the schema let through."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -223,7 +188,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
         if low is not None and high is not None and low > high:
             raise InvalidJob(f"role {name}: minReplicas {low} > maxReplicas {high}")
         try:
-            resources = Resources.from_spec(role.get("resources"))
+            resources = resources_from_spec(role.get("resources"))
         except QuantityError as e:
             raise InvalidJob(f"role {name}: {e}") from None
         template = role.get("template") or {}
@@ -245,6 +210,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
             template=template,
             elastic=_elastic(name, role.get("elastic")),
             container=container,
+            **_template_fields(template, container),
         )
     if not roles:
         raise InvalidJob("the job has no roles")
@@ -252,7 +218,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
     overrides = _annotation(meta, ANN_NODE_RESOURCES, {})
     try:
         node_resources = {
-            role: {rank: Resources.from_spec(res) for rank, res in _int_keys(ranks).items()}
+            role: {rank: resources_from_spec(res) for rank, res in _int_keys(ranks).items()}
             for role, ranks in overrides.items()
         }
         remove_first = {
@@ -269,8 +235,9 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
         applied_plans=tuple(_annotation(meta, ANN_PLANS, [])),
         phase=status.get("phase"),
         last_plan_id=status.get("lastPlanId"),
-        status=status,
+        status=parse_status(status),
         success_roles=success_roles,
+        document=obj,
     )
 
 
@@ -331,107 +298,79 @@ def _elastic(role: str, raw: Any) -> ElasticPolicy | None:
     return policy
 
 
-def check_bounds(job: JobView) -> None:
-    """min <= replicas <= max per role: the schema of v1.20 cannot say it."""
-    for role in job.roles.values():
-        if role.min_replicas is not None and role.replicas < role.min_replicas:
-            raise InvalidJob(
-                f"role {role.name}: {role.replicas} replicas, below minReplicas {role.min_replicas}"
-            )
-        if role.max_replicas is not None and role.replicas > role.max_replicas:
-            raise InvalidJob(
-                f"role {role.name}: {role.replicas} replicas, above maxReplicas {role.max_replicas}"
-            )
+# -- JobChange, JobStatus -> merge patches --------------------------------------------------
 
 
-def _termination(status: Mapping[str, Any]) -> Termination | None:
-    """The first container that ended, an OOM kill before any other ending."""
-    found: list[Termination] = []
-    for c in status.get("containerStatuses") or []:
-        for state in (c.get("state") or {}, c.get("lastState") or {}):
-            ended = state.get("terminated")
-            if ended:
-                found.append(
-                    Termination(
-                        c.get("name", ""), int(ended.get("exitCode", 0)), ended.get("reason") or ""
-                    )
-                )
-    if not found:
-        return None
-    return next((t for t in found if t.oom), found[0])
+def plans_annotation(change: JobChange) -> dict[str, str]:
+    """The applied plans, as every kind of job records them (a PyTorchJob too)."""
+    return {ANN_PLANS: json.dumps(list(change.applied_plans))}
 
 
-def parse_pod(obj: Mapping[str, Any]) -> PodView | None:
-    """One of our pods from the API (a dict); None for a pod that is not one of a job's."""
-    meta = obj.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    try:
-        role, rank, index = labels[LABEL_ROLE], int(labels[LABEL_RANK]), int(labels[LABEL_INDEX])
-        job = labels[LABEL_JOB]
-    except (KeyError, ValueError):
-        return None
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    annotations = meta.get("annotations") or {}
-    containers = spec.get("containers") or [{}]
-    named = annotations.get(ANN_CONTAINER)
-    container = next((c for c in containers if named and c.get("name") == named), containers[0])
-    try:
-        resources = Resources.from_container(container)
-    except QuantityError:
-        resources = Resources()
-    if annotations.get(ANN_GPU_TYPE):
-        resources = replace(resources, gpu_type=annotations[ANN_GPU_TYPE])
-    return PodView(
-        name=meta.get("name", ""),
-        uid=meta.get("uid", ""),
-        job=job,
-        job_uid=labels.get(LABEL_JOB_UID, ""),
-        role=role,
-        rank=rank,
-        index=index,
-        phase=status.get("phase") or PENDING,
-        deleting=meta.get("deletionTimestamp") is not None,
-        resources=resources,
-        termination=_termination(status),
-        node_name=spec.get("nodeName"),
-    )
+def job_patch(job: JobView, change: JobChange) -> dict[str, Any]:
+    """``change`` as one merge patch of the TrainingJob: the plan ids, per-node resources
+    and removals in annotations, replicas and role resources in the spec, and the version
+    it was decided on (a write on any other version is a conflict)."""
+    node_res = {
+        role: {str(rank): resources_to_spec(res) for rank, res in sorted(ranks.items())}
+        for role, ranks in sorted(change.node_resources.items())
+        if ranks
+    }
+    removed = {role: list(ranks) for role, ranks in sorted(change.remove_first.items())}
+    annotations = {
+        **plans_annotation(change),
+        ANN_NODE_RESOURCES: json.dumps(node_res, sort_keys=True),
+        ANN_REMOVE_FIRST: json.dumps(removed, sort_keys=True),
+    }
+    patch: dict[str, Any] = {
+        "metadata": {"resourceVersion": change.resource_version, "annotations": annotations}
+    }
+    roles: dict[str, Any] = {}
+    for role in job.roles:
+        entry: dict[str, Any] = {}
+        if role in change.replicas:
+            entry["replicas"] = change.replicas[role]
+        if role in change.resources:
+            entry["resources"] = resources_to_spec(change.resources[role])
+        if entry:
+            roles[role] = entry
+    if roles:
+        patch["spec"] = {"roles": roles}
+    return patch
+
+
+def status_patch(status: JobStatus) -> dict[str, Any]:
+    """The status subresource's merge patch that says ``status``."""
+    out: dict[str, Any] = {
+        "phase": status.phase,
+        "roles": {role: dict(counts) for role, counts in status.roles.items()},
+        "observedGeneration": status.observed_generation,
+    }
+    if status.last_plan_id is not None:
+        out["lastPlanId"] = status.last_plan_id
+    if status.last_plan_time is not None:
+        out["lastPlanTime"] = status.last_plan_time
+    return {"status": out}
 
 
 __all__ = [
-    "ANN_CONTAINER",
-    "ANN_GPU_TYPE",
     "ANN_NODE_RESOURCES",
     "ANN_PLANS",
     "ANN_REMOVE_FIRST",
-    "DEFAULT_RENDEZVOUS_PORT",
-    "ELASTIC_MODES",
-    "FAILED",
-    "FINAL_PHASES",
-    "IDENTITY_LABELS",
-    "IN_PLACE",
-    "LABEL_INDEX",
-    "LABEL_JOB",
-    "LABEL_JOB_UID",
-    "LABEL_MANAGED_BY",
-    "LABEL_RANK",
-    "LABEL_ROLE",
-    "MANAGED_BY",
-    "MAX_SPARES",
-    "PENDING",
-    "PLAN_MEMORY",
-    "RESTART",
-    "RUNNING",
-    "SUCCEEDED",
-    "ElasticPolicy",
-    "InvalidJob",
-    "JobView",
-    "PodView",
-    "RoleView",
-    "Termination",
-    "check_bounds",
+    "ANN_WORKDIR",
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "ROLE_NAME",
+    "UNSUPPORTED",
+    "VERSION",
+    "job_patch",
     "object_fields",
     "parse_job",
-    "parse_pod",
-    "pod_name",
+    "parse_status",
+    "plan_not_applied",
+    "plans_annotation",
+    "status_patch",
+    "training_container",
+    "unsupported",
 ]

@@ -1,10 +1,12 @@
-"""Workload adapters: what the reconciler needs to know about one kind of training job.
+"""Workload adapters: one kind of training job on Kubernetes, as the platform port sees it.
 
-The reconciler (watches, plans, results, events) is the same for every workload; what
-differs is where the job keeps its replicas and resources, who creates the pods, and how
-its pods are labelled. An adapter says exactly that, and the registry below lists the
-kinds the operator can run: an explicit dict, not discovery, so that what a deployment
-can touch (and so what its RBAC must allow) is visible in one place.
+The reconciler (watches, plans, results, events) is the same for every workload and
+every platform; what differs on Kubernetes is which custom resource the job is, where it
+keeps its replicas and resources, who creates its pods, and how they are labelled. An
+adapter reads the kind's objects into the port's typed views and writes the port's
+changes back as that kind's merge patches (``KubeCluster`` calls it); the registry below
+lists the kinds the operator can run: an explicit dict, not discovery, so that what a
+deployment can touch (and so what its RBAC must allow) is visible in one place.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dlrover_events.errors import UserError
+from handlers.operator import trainingjob
+from handlers.operator.kube.pods import LABEL_JOB
 from handlers.operator.kube.wiring import PodWiring
+from handlers.operator.platform import JobChange, JobStatus, JobView, NewPod, PlanChange, PodView
 from handlers.operator.reconcile import planning
-from handlers.operator.reconcile.planning import NewPod, PlanChange
-from handlers.operator.trainingjob import LABEL_JOB, JobView, PodView
 from schemas.plans import NotApplied, ScalePlan
 
 
@@ -61,7 +64,7 @@ class WorkloadAdapter(ABC):
     def plan_not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
         """The parts of ``plan`` no change of a job of this kind applies: a function of
         the plan alone, so a plan finished after a restart is answered the same way."""
-        return planning.plan_not_applied(plan)
+        return trainingjob.plan_not_applied(plan)
 
     def configured(
         self, *, gpu_type_label: str | None, wiring: PodWiring | None = None
@@ -73,9 +76,7 @@ class WorkloadAdapter(ABC):
         the same adapter."""
         return self
 
-    def services(
-        self, obj: Mapping[str, Any], job: JobView, *, rendezvous_host: str | None = None
-    ) -> list[dict[str, Any]]:
+    def services(self, job: JobView, *, rendezvous_host: str | None = None) -> list[dict[str, Any]]:
         """The Services the job's pods need, made before them and deleted with the job
         (only called when ``creates_pods``): none, unless its pods rendezvous at one
         (``rendezvous_host`` None: the platform has no other place for them to meet)."""
@@ -83,18 +84,18 @@ class WorkloadAdapter(ABC):
 
     @abstractmethod
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
-        """The plan as one merge patch of the job object (PlanRejected: why it cannot)."""
+        """The plan as a change of the job (PlanRejected: why a job of this kind cannot
+        take it)."""
 
     @abstractmethod
-    def status_patch(
-        self,
-        job: JobView,
-        pods: Sequence[PodView],
-        *,
-        last_plan: str | None = None,
-        last_plan_time: str | None = None,
-    ) -> dict[str, Any] | None:
-        """A merge patch of the status subresource, None when status already says it."""
+    def job_patch(self, job: JobView, change: JobChange) -> dict[str, Any]:
+        """``change`` as one merge patch of the job object, on the version it was decided
+        on."""
+
+    @abstractmethod
+    def status_patch(self, status: JobStatus) -> dict[str, Any] | None:
+        """``status`` as a merge patch of the status subresource; None for a kind whose
+        status is its own controller's."""
 
 
 class PodCreatingAdapter(WorkloadAdapter):
@@ -105,13 +106,7 @@ class PodCreatingAdapter(WorkloadAdapter):
 
     @abstractmethod
     def pod_manifest(
-        self,
-        obj: Mapping[str, Any],
-        job: JobView,
-        pod: NewPod,
-        env: str,
-        *,
-        rendezvous_host: str | None = None,
+        self, job: JobView, pod: NewPod, env: str, *, rendezvous_host: str | None = None
     ) -> dict[str, Any]:
         """A new pod of the job; ``rendezvous_host``: where an elastic role's pods find
         their rendezvous store (None: the platform's default, a per-job Service on a

@@ -11,6 +11,7 @@ the same command repeated before it applied is the same plan, applied once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,7 +19,6 @@ from typing import Any, TypeVar
 import aiohttp
 import typer
 import yaml  # type: ignore[import-untyped,unused-ignore]
-from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.bus.producer import Producer
 from dlrover_events.cli.params import env_name, json_option, print_json
@@ -28,12 +28,11 @@ from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.runtime.fence import serving
 from dlrover_events.settings import load_settings
 from dlrover_events.store.database import connect
-from handlers.operator.job_actions import JobNotFound, delete_job, open_platform, scale_job
+from handlers.operator.job_actions import delete_job, job_of, open_platform, scale_job
 from handlers.operator.jobs import JobRequestError, scale_plan_id, submission
-from handlers.operator.kube.client import KubeApi, api_error
-from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.local.cluster import ANN_WORKDIR
-from handlers.operator.platform import Platform
+from handlers.operator.kube.cluster import KubeCluster
+from handlers.operator.platform import JobEntry, JobView, Platform, PlatformError, PodView
+from handlers.operator.trainingjob import ANN_WORKDIR, KIND
 from schemas.plans import ScalePlan
 
 T = TypeVar("T")
@@ -112,12 +111,12 @@ def _run(
                         raise
                     # the user's kubeconfig or network: say where, in one line
                     why = str(e).splitlines()[0] if str(e) else type(e).__name__
-                    host = kube.api.configuration.host if isinstance(kube, KubeApi) else "?"
+                    host = kube.host if isinstance(kube, KubeCluster) else "?"
                     raise UserError(f"cannot reach the cluster at {host}: {why}") from None
                 except JobRequestError as e:
                     raise UserError(str(e)) from None
-        except ApiException as e:
-            raise UserError(api_error(e)) from None
+        except PlatformError as e:
+            raise UserError(str(e)) from None
 
     return asyncio.run(go())
 
@@ -143,7 +142,7 @@ def submit(
     except yaml.YAMLError as e:
         raise UserError(f"{file} is not YAML: {str(e).splitlines()[0]}") from None
     if len(docs) != 1:
-        raise UserError(f"{file} must hold one {TRAINING_JOB.kind}")
+        raise UserError(f"{file} must hold one {KIND}")
     try:
         body = submission(
             docs[0],
@@ -153,13 +152,13 @@ def submit(
     except JobRequestError as e:
         raise UserError(f"{file}: {e}") from None
 
-    async def work(kube: Platform) -> dict[str, Any]:
-        return await kube.create_job(body)
+    async def work(kube: Platform) -> JobView:
+        return await kube.submit_job(body)
 
     if platform == "local" and not queue:
         asyncio.run(_check_operator(env))
     got = _run(kubeconfig, namespace, work, platform=platform, env=env)
-    typer.echo(f"trainingjob {got['metadata']['namespace']}/{got['metadata']['name']} created")
+    typer.echo(f"trainingjob {got.namespace}/{got.name} created")
 
 
 @job_app.command("list")
@@ -172,27 +171,34 @@ def list_jobs(
 ) -> None:
     """The TrainingJobs of the namespace: phase, replicas per role, last plan."""
 
-    async def work(kube: Platform) -> list[dict[str, Any]]:
+    async def work(kube: Platform) -> list[JobEntry]:
         return (await kube.list_jobs())[0]
 
     found = sorted(
-        _run(kubeconfig, namespace, work, platform=platform, env=env),
-        key=lambda o: o["metadata"]["name"],
+        _run(kubeconfig, namespace, work, platform=platform, env=env), key=lambda j: j.name
     )
     if as_json:
-        print_json(found)
+        print_json([_document(j) for j in found])
         return
-    for obj in found:
-        status = obj.get("status") or {}
+    for job in found:
+        if not isinstance(job, JobView):
+            typer.echo(f"{job.name:30} {'Invalid':10} {job.reason}")
+            continue
+        seen = job.status.roles if job.status is not None else {}
         roles = " ".join(
-            f"{name}={(status.get('roles') or {}).get(name, {}).get('running', 0)}/"
-            f"{role.get('replicas', 0)}"
-            for name, role in sorted((obj.get("spec", {}).get("roles") or {}).items())
+            f"{name}={(seen.get(name) or {}).get('running', 0)}/{role.replicas}"
+            for name, role in sorted(job.roles.items())
         )
         typer.echo(
-            f"{obj['metadata']['name']:30} {status.get('phase', '-'):10} {roles}  "
-            f"last-plan={status.get('lastPlanId', '-')}"
+            f"{job.name:30} {job.phase or '-':10} {roles}  last-plan={job.last_plan_id or '-'}"
         )
+
+
+def _document(job: JobEntry) -> dict[str, Any]:
+    """The job as its platform keeps it (a job that does not read: its name and why)."""
+    if isinstance(job, JobView):
+        return dict(job.document)
+    return {"metadata": {"name": job.name, "uid": job.uid}, "error": job.reason}
 
 
 @job_app.command("describe")
@@ -206,33 +212,33 @@ def describe(
 ) -> None:
     """One job: roles (desired, resources, pod counts), status and its pods."""
 
-    async def work(kube: Platform) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        obj = await kube.get_job(name)
-        if obj is None:
-            raise JobNotFound(f"no trainingjob {name!r} in namespace {kube.namespace}")
-        pods, _ = await kube.list_pods(f"{TRAINING_JOB.pod_selector()}={name}")
-        return obj, pods
+    async def work(kube: Platform) -> tuple[JobView, list[PodView]]:
+        job = await job_of(kube, name)
+        pods, _ = await kube.list_pods(name)
+        return job, pods
 
-    obj, pods = _run(kubeconfig, namespace, work, platform=platform, env=env)
+    job, pods = _run(kubeconfig, namespace, work, platform=platform, env=env)
+    pods = sorted(pods, key=lambda p: p.name)
     if as_json:
-        print_json({"job": obj, "pods": pods})
+        print_json({"job": dict(job.document), "pods": [dataclasses.asdict(p) for p in pods]})
         return
-    meta, status = obj["metadata"], obj.get("status") or {}
-    typer.echo(f"name:      {meta['namespace']}/{meta['name']} (uid {meta['uid']})")
-    typer.echo(f"phase:     {status.get('phase', '-')}")
-    typer.echo(f"last plan: {status.get('lastPlanId', '-')} at {status.get('lastPlanTime', '-')}")
-    for role, spec in sorted(obj["spec"]["roles"].items()):
-        seen = (status.get("roles") or {}).get(role, {})
-        bounds = f"[{spec.get('minReplicas', '-')}, {spec.get('maxReplicas', '-')}]"
+    status = job.status
+    typer.echo(f"name:      {job.namespace}/{job.name} (uid {job.uid})")
+    typer.echo(f"phase:     {job.phase or '-'}")
+    last, at = (status.last_plan_id, status.last_plan_time) if status else (None, None)
+    typer.echo(f"last plan: {last or '-'} at {at or '-'}")
+    for role_name, role in sorted(job.roles.items()):
+        seen = (status.roles if status else {}).get(role_name) or {}
+        low, high = (
+            "-" if bound is None else bound for bound in (role.min_replicas, role.max_replicas)
+        )
         typer.echo(
-            f"role {role}: {spec['replicas']} replicas {bounds} resources "
-            f"{spec.get('resources', {})} restart {spec.get('restartPolicy', '-')}; "
+            f"role {role_name}: {role.replicas} replicas [{low}, {high}] resources "
+            f"{role.resources.describe()} restart {role.restart_policy}; "
             + ", ".join(f"{k} {v}" for k, v in sorted(seen.items()))
         )
-    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-        deleting = " (deleting)" if pod["metadata"].get("deletionTimestamp") else ""
-        phase = (pod.get("status") or {}).get("phase", "Pending")
-        typer.echo(f"  pod {pod['metadata']['name']}: {phase}{deleting}")
+    for pod in pods:
+        typer.echo(f"  pod {pod.name}: {pod.phase}{' (deleting)' if pod.deleting else ''}")
 
 
 @job_app.command("scale")

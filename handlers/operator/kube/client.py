@@ -1,5 +1,6 @@
 """The few API calls the operator makes, on kubernetes-asyncio, as plain JSON dicts
-(lists and watches through dlrover_events.kube.api, as every watcher of the cluster).
+(lists and watches through dlrover_events.kube.api, as every watcher of the cluster);
+``cluster.KubeCluster`` reads them into the platform port's views and errors.
 
 Every call is one the operator's Role in deploy/rbac/operator.yaml allows; keep the two
 in step.
@@ -13,7 +14,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
 
-from dlrover_events.kube.api import api_error, list_objects, list_raw, watch_objects
+from dlrover_events.kube.api import list_objects, list_raw, watch_objects
 from handlers.operator.kube.adapter import WorkloadAdapter
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -41,9 +42,6 @@ async def _done_unless(
 
 
 class KubeApi:
-    #: where elastic pods find their rendezvous store: None, the job's headless Service
-    rendezvous_host: str | None = None
-
     def __init__(self, api: client.ApiClient, adapter: WorkloadAdapter, namespace: str) -> None:
         self.api = api
         self.adapter = adapter
@@ -152,4 +150,4 @@ class KubeApi:
             yield event
 
 
-__all__ = ["MERGE_PATCH", "KubeApi", "api_error"]
+__all__ = ["MERGE_PATCH", "KubeApi"]

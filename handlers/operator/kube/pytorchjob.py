@@ -30,30 +30,39 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from handlers.operator.kube.adapter import WorkloadAdapter, register_adapter
-from handlers.operator.quantity import GPU, QuantityError, Resources
-from handlers.operator.reconcile import planning
-from handlers.operator.reconcile.planning import PlanChange, PlanRejected
-from handlers.operator.trainingjob import (
-    ANN_NODE_RESOURCES,
-    ANN_PLANS,
-    DEFAULT_RENDEZVOUS_PORT,
-    FAILED,
+from handlers.operator.kube.pods import (
     LABEL_INDEX,
     LABEL_JOB,
     LABEL_JOB_UID,
     LABEL_RANK,
     LABEL_ROLE,
+    parse_pod,
+)
+from handlers.operator.platform import (
+    DEFAULT_RENDEZVOUS_PORT,
+    FAILED,
     PENDING,
     RUNNING,
     SUCCEEDED,
     ElasticPolicy,
     InvalidJob,
+    JobChange,
+    JobStatus,
     JobView,
+    PlanChange,
+    PlanRejected,
     PodView,
+    Resources,
     RoleView,
-    object_fields,
-    parse_pod,
 )
+from handlers.operator.quantity import (
+    GPU,
+    QuantityError,
+    resources_from_container,
+    resources_to_quantities,
+)
+from handlers.operator.reconcile import planning
+from handlers.operator.trainingjob import ANN_PLANS, object_fields, plans_annotation
 from schemas.plan_parts import not_applied
 from schemas.plans import NotApplied, ScalePlan
 
@@ -158,7 +167,7 @@ def parse_pytorchjob(obj: Mapping[str, Any]) -> JobView:
         if not containers:
             raise InvalidJob(f"{rtype}: the template has no containers")
         try:
-            resources = Resources.from_container(containers[0])
+            resources = resources_from_container(containers[0])
         except QuantityError as e:
             raise InvalidJob(f"{rtype}: {e}") from None
         elastic = None
@@ -185,24 +194,24 @@ def parse_pytorchjob(obj: Mapping[str, Any]) -> JobView:
         plans = tuple(str(p) for p in json.loads(text)) if text else ()
     except (TypeError, ValueError) as e:
         raise InvalidJob(f"annotation {ANN_PLANS} is not a JSON list: {e}") from None
-    phase, _ = conditions_phase(status)
+    phase, message = conditions_phase(status)
     return JobView(
         **object_fields(meta),
         roles=roles,
         applied_plans=plans,
         phase=phase,
         last_plan_id=plans[-1] if plans else None,
-        status=status,
+        phase_message=message,
+        document=obj,
     )
 
 
 def outcome(job: JobView) -> tuple[str | None, str]:
     """Whether the job ended, as the training-operator's conditions say (and why)."""
-    phase, message = conditions_phase(job.status)
-    if phase == SUCCEEDED:
-        return SUCCEEDED, message
-    if phase == FAILED:
-        return FAILED, message or "the training-operator marked the PyTorchJob Failed"
+    if job.phase == SUCCEEDED:
+        return SUCCEEDED, job.phase_message
+    if job.phase == FAILED:
+        return FAILED, job.phase_message or "the training-operator marked the PyTorchJob Failed"
     return None, ""
 
 
@@ -262,7 +271,7 @@ def _with_resources(template: Mapping[str, Any], resources: Resources) -> list[d
     as a TrainingJob's pods do; other resource names it asks for stay)."""
     containers = copy.deepcopy(list((template.get("spec") or {}).get("containers") or []))
     first = containers[0]
-    quantities = resources.to_quantities()
+    quantities = resources_to_quantities(resources)
     current = first.get("resources") or {}
     first["resources"] = {
         **current,
@@ -273,7 +282,7 @@ def _with_resources(template: Mapping[str, Any], resources: Resources) -> list[d
 
 
 def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
-    """``plan`` as one merge patch of the PyTorchJob; PlanRejected says why it cannot.
+    """``plan`` as a change of the PyTorchJob; PlanRejected says why it cannot.
 
     The decisions a TrainingJob's plan gets (bounds, unknown roles, a finished job, the
     rendezvous host) are planning.plan_change's; this keeps what the training-operator
@@ -286,46 +295,48 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
             "applies a template change only to pods it creates later"
         )
     _check_resizable(job, plan)
-    change = planning.plan_change(job, pods, plan)
-    assert change.patch is not None
-    annotations = change.patch["metadata"]["annotations"]
-    if json.loads(annotations[ANN_NODE_RESOURCES]):
+    planned = planning.plan_change(job, pods, plan)
+    change = planned.change
+    if change.node_resources:
         raise PlanRejected(
             "a PyTorchJob's replicas of one type share one pod template: a node cannot have "
             "resources of its own (change the role's resources instead)"
         )
-    roles_patch: Mapping[str, Mapping[str, Any]] = change.patch.get("spec", {}).get("roles", {})
     for ref in plan.remove_nodes:
-        keep = roles_patch.get(ref.type, {}).get("replicas", job.roles[ref.type].replicas)
+        keep = change.replicas.get(ref.type, job.roles[ref.type].replicas)
         if ref.id < keep:
             raise PlanRejected(
                 f"cannot remove {ref.type}-{ref.id}: the training-operator removes a "
                 f"PyTorchJob's highest replica indexes, and {keep} replicas keep "
                 f"{ref.type}-0..{keep - 1}"
             )
+    notes = (LATER_PODS,) if change.resources else ()
+    return PlanChange(change, planned.summary, notes=notes)
+
+
+def job_patch(job: JobView, change: JobChange) -> dict[str, Any]:
+    """``change`` as one merge patch of the PyTorchJob: the replicas and the first
+    container's resources of each replica type it changes, the plan ids in the same
+    annotation as a TrainingJob's, on the version it was decided on."""
     specs: dict[str, Any] = {}
-    notes: list[str] = []
-    for role, entry in roles_patch.items():
+    for role in job.roles:
         out: dict[str, Any] = {}
-        if "replicas" in entry:
-            out["replicas"] = entry["replicas"]
-        if "resources" in entry:
-            wanted = Resources.from_spec(entry["resources"])
-            containers = _with_resources(job.roles[role].template, wanted)
+        if role in change.replicas:
+            out["replicas"] = change.replicas[role]
+        if role in change.resources:
+            containers = _with_resources(job.roles[role].template, change.resources[role])
             out["template"] = {"spec": {"containers": containers}}
-            notes.append(LATER_PODS)
-        specs[REPLICA_TYPES[role]] = out
+        if out:
+            specs[REPLICA_TYPES[role]] = out
     patch: dict[str, Any] = {
         "metadata": {
-            "resourceVersion": job.resource_version,
-            "annotations": {ANN_PLANS: annotations[ANN_PLANS]},
+            "resourceVersion": change.resource_version,
+            "annotations": plans_annotation(change),
         }
     }
     if specs:
         patch["spec"] = {"pytorchReplicaSpecs": specs}
-    return PlanChange(
-        patch, change.summary, notes=tuple(dict.fromkeys(notes)), not_applied=plan_not_applied(plan)
-    )
+    return patch
 
 
 def plan_not_applied(plan: ScalePlan) -> tuple[NotApplied, ...]:
@@ -360,14 +371,10 @@ class PyTorchJobAdapter(WorkloadAdapter):
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
         return plan_change(job, pods, plan)
 
-    def status_patch(
-        self,
-        job: JobView,
-        pods: Sequence[PodView],
-        *,
-        last_plan: str | None = None,
-        last_plan_time: str | None = None,
-    ) -> dict[str, Any] | None:
+    def job_patch(self, job: JobView, change: JobChange) -> dict[str, Any]:
+        return job_patch(job, change)
+
+    def status_patch(self, status: JobStatus) -> dict[str, Any] | None:
         """None: the status is the training-operator's; the plan id is in the annotation."""
         return None
 
@@ -389,6 +396,7 @@ __all__ = [
     "VERSION",
     "PyTorchJobAdapter",
     "conditions_phase",
+    "job_patch",
     "outcome",
     "parse_pytorch_pod",
     "parse_pytorchjob",

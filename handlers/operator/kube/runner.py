@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,9 @@ from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from handlers.operator.kube.adapter import adapter_for
 from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, Timing
-from handlers.operator.kube.trainingjob import DEFAULT_GPU_TYPE_LABEL
+from handlers.operator.kube.trainingjob import DEFAULT_GPU_TYPE_LABEL, TRAINING_JOB
 from handlers.operator.kube.wiring import pod_wiring
 from handlers.operator.platform import FencedPlatform, Platform
 from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
@@ -208,7 +209,7 @@ class RealOperator:
         self,
         settings: Settings,
         dsn: str,
-        kube: KubeApi,
+        kube: KubeCluster,
         *,
         env: str | None,
         conf: KubeSettings | None = None,
@@ -390,7 +391,7 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     )
     api, namespace = await connect(conf)
     async with api:
-        kube = KubeApi(api, adapter, namespace)
+        kube = KubeCluster(KubeApi(api, adapter, namespace))
         leader = None
         if conf.leader_elect:
             leader = LeaseElector(
@@ -410,6 +411,20 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
             metrics=ctx.metrics,
         )
         await run_elected(operator, leader, ctx.stop, ctx.ready)
+
+
+@contextlib.asynccontextmanager
+async def open_jobs(
+    settings: Settings, env: str, options: Mapping[str, Any]
+) -> AsyncIterator[Platform]:
+    """The TrainingJobs of the cluster for the `job` commands (platform.PLATFORMS), with
+    the user's own credentials (``kubeconfig``, else $KUBECONFIG, ~/.kube/config, else
+    in-cluster, as kubectl) in ``namespace`` (else the context's)."""
+    api, namespace = await connect(
+        KubeSettings(kubeconfig=options.get("kubeconfig"), namespace=options.get("namespace"))
+    )
+    async with api:
+        yield KubeCluster(KubeApi(api, TRAINING_JOB, namespace))
 
 
 async def run_elected(
@@ -439,6 +454,7 @@ __all__ = [
     "RealOperator",
     "connect",
     "kube_settings",
+    "open_jobs",
     "run",
     "run_elected",
 ]

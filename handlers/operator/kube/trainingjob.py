@@ -1,12 +1,14 @@
-"""The TrainingJob adapter (deploy/crds/trainingjobs.yaml): this operator creates the pods.
+"""The TrainingJob on Kubernetes: this operator creates the pods.
 
-A pod is the role's template with what the operator owns put on top: its name and labels
-(job, job uid, role, rank, index), requests = limits = the node's resources on the role's
-container (``container``, else the first), its GPU type as a node selector on the
-operator's GPU type label, the SDK's identity variables (the job's user, group, cluster,
-scenario and app from its labels too), restartPolicy Never (a pod that ends is replaced
-by the operator, by the role's restartPolicy, under a new index) and an owner reference,
-so that on a cluster with a garbage collector deleting the job deletes its pods.
+The job document itself (parsed, patched) is ``handlers.operator.trainingjob``'s, the
+same on every platform; this is what a cluster adds. A pod is the role's template with
+what the operator owns put on top: its name and labels (job, job uid, role, rank, index),
+requests = limits = the node's resources on the role's container (``container``, else
+the first), its GPU type as a node selector on the operator's GPU type label, what the
+node runs (``reconcile.launch``: the training command, the SDK's identity variables),
+restartPolicy Never (a pod that ends is replaced by the operator, by the role's
+restartPolicy, under a new index) and an owner reference, so that on a cluster with a
+garbage collector deleting the job deletes its pods.
 
 An elastic role also gets a headless Service that resolves to its rendezvous host pod
 (rank 0), owned by the job like its pods.
@@ -18,31 +20,12 @@ import copy
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from dlrover_events.sdk.identity import (
-    APP_ENV,
-    CLUSTER_ENV,
-    ELASTIC_EXPECT_ENV,
-    ELASTIC_STORE_ENV,
-    ELASTIC_STORE_HOST_ENV,
-    ENV_ENV,
-    GROUP_ENV,
-    JOB_ID_ENV,
-    JOB_NAME_ENV,
-    LABELS_ENV,
-    NAMESPACE_ENV,
-    RANK_ENV,
-    ROLE_ENV,
-    SCENARIO_ENV,
-    USER_ENV,
-    WORLD_SIZE_ENV,
-)
+from handlers.operator import trainingjob
 from handlers.operator.kube.adapter import PodCreatingAdapter, register_adapter
-from handlers.operator.kube.wiring import PodWiring
-from handlers.operator.reconcile import planning
-from handlers.operator.reconcile.planning import NewPod, PlanChange
-from handlers.operator.trainingjob import (
+from handlers.operator.kube.pods import (
     ANN_CONTAINER,
     ANN_GPU_TYPE,
     LABEL_INDEX,
@@ -52,43 +35,36 @@ from handlers.operator.trainingjob import (
     LABEL_RANK,
     LABEL_ROLE,
     MANAGED_BY,
+    parse_pod,
+)
+from handlers.operator.kube.wiring import PodWiring
+from handlers.operator.platform import (
+    JobChange,
+    JobStatus,
     JobView,
+    NewPod,
+    PlanChange,
     PodView,
     RoleView,
-    parse_job,
-    parse_pod,
-    pod_name,
 )
+from handlers.operator.quantity import resources_to_quantities
+from handlers.operator.reconcile import planning
+from handlers.operator.reconcile.launch import launch
 from schemas.plans import NotApplied, ScalePlan
-
-GROUP = "dlrover-events.io"
-VERSION = "v1alpha1"
-PLURAL = "trainingjobs"
-KIND = "TrainingJob"
-
 
 #: The node label a cluster names its nodes' GPU types with (NVIDIA's GPU feature
 #: discovery); the Kubernetes operator's default (DLROVER_EVENTS_OPERATOR_GPU_TYPE_LABEL).
 DEFAULT_GPU_TYPE_LABEL = "nvidia.com/gpu.product"
 
-#: The job's identity labels -> the SDK's variables (dlrover_events.sdk.identity).
-IDENTITY_ENV = {
-    "user": USER_ENV,
-    "group": GROUP_ENV,
-    "cluster": CLUSTER_ENV,
-    "scenario": SCENARIO_ENV,
-    "app": APP_ENV,
-}
-
 
 class TrainingJobAdapter(PodCreatingAdapter):
-    """``gpu_type_label``: the node label GPU types are selected by; None (the local
-    platform, which has no nodes to select) leaves a plan's GPU type not applied."""
+    """``gpu_type_label``: the node label GPU types are selected by; None leaves a plan's
+    GPU type not applied."""
 
-    kind = KIND
-    group = GROUP
-    version = VERSION
-    plural = PLURAL
+    kind = trainingjob.KIND
+    group = trainingjob.GROUP
+    version = trainingjob.VERSION
+    plural = trainingjob.PLURAL
 
     def __init__(self, gpu_type_label: str | None = None, wiring: PodWiring | None = None) -> None:
         self.gpu_type_label = gpu_type_label or None
@@ -100,15 +76,13 @@ class TrainingJobAdapter(PodCreatingAdapter):
         return TrainingJobAdapter(gpu_type_label, wiring)
 
     def plan_not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
-        return planning.plan_not_applied(plan, self.gpu_type_label)
+        return trainingjob.plan_not_applied(plan, gpu_types=self.gpu_type_label is not None)
 
-    def services(
-        self, obj: Mapping[str, Any], job: JobView, *, rendezvous_host: str | None = None
-    ) -> list[dict[str, Any]]:
-        return [] if rendezvous_host else rendezvous_services(obj, job)
+    def services(self, job: JobView, *, rendezvous_host: str | None = None) -> list[dict[str, Any]]:
+        return [] if rendezvous_host else rendezvous_services(job)
 
     def parse(self, obj: Mapping[str, Any]) -> JobView:
-        return parse_job(obj)
+        return trainingjob.parse_job(obj)
 
     def parse_pod(self, obj: Mapping[str, Any]) -> PodView | None:
         return parse_pod(obj)
@@ -117,19 +91,18 @@ class TrainingJobAdapter(PodCreatingAdapter):
         return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}"
 
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
-        return planning.plan_change(job, pods, plan, gpu_type_label=self.gpu_type_label)
+        return planning.plan_change(job, pods, plan, gpu_types=self.gpu_type_label is not None)
+
+    def job_patch(self, job: JobView, change: JobChange) -> dict[str, Any]:
+        return trainingjob.job_patch(job, change)
+
+    def status_patch(self, status: JobStatus) -> dict[str, Any] | None:
+        return trainingjob.status_patch(status)
 
     def pod_manifest(
-        self,
-        obj: Mapping[str, Any],
-        job: JobView,
-        pod: NewPod,
-        env: str,
-        *,
-        rendezvous_host: str | None = None,
+        self, job: JobView, pod: NewPod, env: str, *, rendezvous_host: str | None = None
     ) -> dict[str, Any]:
         return pod_manifest(
-            obj,
             job,
             pod,
             env,
@@ -137,33 +110,6 @@ class TrainingJobAdapter(PodCreatingAdapter):
             gpu_type_label=self.gpu_type_label,
             wiring=self.wiring,
         )
-
-    def status_patch(
-        self,
-        job: JobView,
-        pods: Sequence[PodView],
-        *,
-        last_plan: str | None = None,
-        last_plan_time: str | None = None,
-    ) -> dict[str, Any] | None:
-        return planning.status_patch(job, pods, last_plan=last_plan, last_plan_time=last_plan_time)
-
-
-#: Seconds a rendezvous waits for more nodes once it has its minimum (torch's default is
-#: 30): a resize is one node more or fewer, and every second here is a second the whole
-#: job does not train.
-LAST_CALL_S = 3
-#: A removed node's agent leaves without a word; the others wait for its heartbeat to
-#: lapse (torch's default 5 s x 3) before they re-rendezvous smaller: 2 s x 3 here.
-KEEP_ALIVE_S = 2
-KEEP_ALIVE_MISSES = 3
-
-
-#: torchrun's agents otherwise share the rendezvous store with the workers, and then a
-#: node that joins a running job waits for ever for a worker-store address the old rank-0
-#: agent never publishes again (torch 2.13: RendezvousStoreInfo.build in the new round's
-#: prefix); a scale-up hung, measured on the local platform, until the store timed out.
-ELASTIC_AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -184,11 +130,11 @@ def rendezvous_service(job: JobView, role: str) -> str:
     return f"{stem.rstrip('-') or 'job'}-{digest}{_SERVICE_SUFFIX}"
 
 
-def _owner(obj: Mapping[str, Any], job: JobView) -> dict[str, Any]:
+def _owner(job: JobView) -> dict[str, Any]:
     """The job as owner: a cluster's garbage collector deletes what it owns with it."""
     return {
-        "apiVersion": obj.get("apiVersion") or f"{GROUP}/{VERSION}",
-        "kind": obj.get("kind") or KIND,
+        "apiVersion": trainingjob.API_VERSION,
+        "kind": trainingjob.KIND,
         "name": job.name,
         "uid": job.uid,
         "controller": True,
@@ -208,7 +154,7 @@ def host_selector(job: JobView, role: str, host_rank: int) -> dict[str, str]:
     }
 
 
-def rendezvous_services(obj: Mapping[str, Any], job: JobView) -> list[dict[str, Any]]:
+def rendezvous_services(job: JobView) -> list[dict[str, Any]]:
     """One headless Service per elastic role, resolving to its host pod's address.
 
     Headless (clusterIP None): the name resolves straight to the pod, so the c10d store's
@@ -234,7 +180,7 @@ def rendezvous_services(obj: Mapping[str, Any], job: JobView) -> list[dict[str, 
                         LABEL_JOB_UID: job.uid,
                         LABEL_ROLE: name,
                     },
-                    "ownerReferences": [_owner(obj, job)],
+                    "ownerReferences": [_owner(job)],
                 },
                 "spec": {
                     "clusterIP": "None",
@@ -249,7 +195,41 @@ def rendezvous_services(obj: Mapping[str, Any], job: JobView) -> list[dict[str, 
     return out
 
 
-def training_container(role: RoleView, containers: Sequence[Mapping[str, Any]]) -> int:
+@dataclass(frozen=True)
+class ServiceChanges:
+    create: tuple[dict[str, Any], ...] = ()
+    delete: tuple[str, ...] = ()
+
+
+def _service_key(obj: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes a Service the one wanted: its owner, selector and ports."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    owners = tuple(o.get("uid") for o in meta.get("ownerReferences") or [])
+    ports = tuple((p.get("name"), p.get("port")) for p in spec.get("ports") or [])
+    return owners, tuple(sorted((spec.get("selector") or {}).items())), ports
+
+
+def service_changes(
+    wanted: Sequence[Mapping[str, Any]], existing: Sequence[Mapping[str, Any]]
+) -> ServiceChanges:
+    """Services to delete and create so that a job's are the ``wanted`` ones: one of an
+    earlier job of the same name (another owner), or that selects or serves otherwise,
+    is deleted and made again (a selector is not patched under pods that resolve it)."""
+    by_name = {(s.get("metadata") or {}).get("name"): s for s in existing}
+    names = {s["metadata"]["name"] for s in wanted}
+    delete = [n for n, s in by_name.items() if n not in names]
+    create = []
+    for svc in wanted:
+        have = by_name.get(svc["metadata"]["name"])
+        if have is not None and _service_key(have) == _service_key(svc):
+            continue
+        if have is not None:
+            delete.append(svc["metadata"]["name"])
+        create.append(dict(svc))
+    return ServiceChanges(tuple(create), tuple(sorted(n for n in delete if n)))
+
+
+def _training_index(role: RoleView, containers: Sequence[Mapping[str, Any]]) -> int:
     """The index of the role's container (its ``container``, else the first)."""
     if role.container is not None:
         for i, c in enumerate(containers):
@@ -258,66 +238,7 @@ def training_container(role: RoleView, containers: Sequence[Mapping[str, Any]]) 
     return 0
 
 
-def elastic_command(
-    job: JobView, role: RoleView, pod: NewPod, rendezvous_host: str, command: Sequence[str]
-) -> list[str]:
-    """torchrun's elastic agent around the training command: ``--nnodes=MIN:MAX`` and a c10d
-    rendezvous, never a frozen world size. The role's host rank binds the store
-    (``is_host=1``); the others only connect, so the store lives as long as that pod.
-
-    In place, each pod's agent only supervises its own workers (``--standalone``: a
-    rendezvous of its own, restarting a worker that fails); the workers form the job's
-    group themselves (``in_place_env``)."""
-    policy = role.elastic
-    assert policy is not None
-    if policy.in_place:
-        return [
-            "torchrun",
-            "--standalone",
-            "--nnodes=1",
-            f"--nproc-per-node={policy.nproc_per_node}",
-            f"--max-restarts={policy.max_restarts}",
-            "--monitor-interval=1",
-            "--no-python",
-            *command,
-        ]
-    low = role.min_replicas if role.min_replicas is not None else role.replicas
-    high = role.max_replicas if role.max_replicas is not None else max(role.replicas, low)
-    is_host = 1 if pod.rank == policy.host_rank else 0
-    return [
-        "torchrun",
-        f"--nnodes={max(1, low)}:{max(1, low, high)}",
-        f"--nproc-per-node={policy.nproc_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={rendezvous_host}:{policy.rendezvous_port}",
-        f"--rdzv-id={job.uid}",
-        f"--rdzv-conf=is_host={is_host},last_call_timeout={LAST_CALL_S},"
-        f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_MISSES}",
-        f"--max-restarts={policy.max_restarts}",
-        "--monitor-interval=1",
-        "--no-python",
-        *command,
-    ]
-
-
-def in_place_env(role: RoleView, rank: int, rendezvous_host: str) -> dict[str, str]:
-    """What an in-place role's workers need to form the job's group: its membership store
-    (hosted by the host rank's worker, on the rendezvous port), and how many members the
-    first generation waits for."""
-    policy = role.elastic
-    assert policy is not None
-    assert policy.in_place
-    env = {
-        ELASTIC_STORE_ENV: f"{rendezvous_host}:{policy.rendezvous_port}",
-        ELASTIC_EXPECT_ENV: str(max(role.replicas, 1) * policy.nproc_per_node),
-    }
-    if rank == policy.host_rank:
-        env[ELASTIC_STORE_HOST_ENV] = "1"
-    return env
-
-
 def pod_manifest(
-    obj: Mapping[str, Any],
     job: JobView,
     pod: NewPod,
     env: str,
@@ -328,9 +249,8 @@ def pod_manifest(
 ) -> dict[str, Any]:
     """The pod of one node of a job (pure: the same inputs give the same pod).
 
-    An elastic role's container runs its training command under torchrun, which sets
-    RANK and WORLD_SIZE per rendezvous: the pod gets no world size of its own, only its
-    node rank (the brain's node id), which stays the same across re-rendezvous. The
+    What it runs is ``launch``'s: the training command on the role's container (an
+    elastic role's under torchrun), the identity variables on every container. The
     node's resources go on that container, merged over what its template asks (other
     resources of the template stay); a GPU type becomes a node selector on
     ``gpu_type_label`` (without one, none: the plan said so, see plan_not_applied).
@@ -349,41 +269,19 @@ def pod_manifest(
         LABEL_RANK: str(pod.rank),
         LABEL_INDEX: str(pod.index),
     }
-    identity = {
-        JOB_ID_ENV: job.uid,
-        JOB_NAME_ENV: job.name,
-        ROLE_ENV: pod.role,
-        RANK_ENV: str(pod.rank),
-        ENV_ENV: env,
-        NAMESPACE_ENV: job.namespace,
-    }
-    for attr, value in job.identity().items():
-        identity[IDENTITY_ENV[attr]] = value
-    if job.labels:
-        identity[LABELS_ENV] = ",".join(f"{k}={v}" for k, v in sorted(job.labels.items()))
-    host = rendezvous_host or rendezvous_service(job, pod.role)
-    if role.elastic is None:
-        identity[WORLD_SIZE_ENV] = str(role.replicas)
-    elif role.elastic.in_place:
-        identity.update(in_place_env(role, pod.rank, host))
-    else:
-        identity.update(ELASTIC_AGENT_ENV)
+    runs = launch(job, pod, env, rendezvous_host or rendezvous_service(job, pod.role))
     containers = spec.get("containers") or []
-    chosen = training_container(role, containers)
+    chosen = _training_index(role, containers)
     annotations = dict(tmeta.get("annotations") or {})
     for i, container in enumerate(containers):
-        env_vars = [e for e in container.get("env") or [] if e.get("name") not in identity]
-        container["env"] = env_vars + [{"name": k, "value": v} for k, v in identity.items()]
+        env_vars = [e for e in container.get("env") or [] if e.get("name") not in runs.env]
+        container["env"] = env_vars + [{"name": k, "value": v} for k, v in runs.env.items()]
         if i != chosen:
             continue
-        if role.elastic is not None:
-            training = list(role.elastic.command) or [
-                *(container.get("command") or []),
-                *(container.get("args") or []),
-            ]
-            container["command"] = elastic_command(job, role, pod, host, training)
+        if runs.command is not None:
+            container["command"] = list(runs.command)
             container.pop("args", None)
-        quantities = pod.resources.to_quantities()
+        quantities = resources_to_quantities(pod.resources)
         if quantities:
             asked = container.get("resources") or {}
             container["resources"] = {
@@ -406,11 +304,11 @@ def pod_manifest(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(job.name, pod.role, pod.index),
+            "name": pod.name(job.name),
             "namespace": job.namespace,
             "labels": labels,
             "annotations": annotations,
-            "ownerReferences": [_owner(obj, job)],
+            "ownerReferences": [_owner(job)],
         },
         "spec": spec,
     }
@@ -420,18 +318,12 @@ TRAINING_JOB = register_adapter(TrainingJobAdapter())
 
 __all__ = [
     "DEFAULT_GPU_TYPE_LABEL",
-    "GROUP",
-    "IDENTITY_ENV",
-    "KIND",
-    "PLURAL",
     "TRAINING_JOB",
-    "VERSION",
+    "ServiceChanges",
     "TrainingJobAdapter",
-    "elastic_command",
     "host_selector",
-    "in_place_env",
     "pod_manifest",
     "rendezvous_service",
     "rendezvous_services",
-    "training_container",
+    "service_changes",
 ]

@@ -43,13 +43,13 @@ from dlrover_events.runtime.embedded import Broker, kafka_reachable, resolve_pos
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.settings import Settings, load_settings
-from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.local.cluster import ANN_WORKDIR, LocalCluster
+from handlers.operator.local.cluster import LocalCluster
 from handlers.operator.local.memory import available
 from handlers.operator.local.runner import node_env
 from handlers.operator.local.spares import SPARES
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.reconciler import EnvReconciler
+from handlers.operator.trainingjob import ANN_WORKDIR
 from schemas.plans import NodeGroupResource, RescaleMode, ScalePlan
 
 EXAMPLES = {
@@ -163,8 +163,7 @@ async def _measure(
         f"--step-sleep-s={step_sleep_s}",
     ]
     body["metadata"]["annotations"] = {ANN_WORKDIR: str(workdir)}
-    obj = await cluster.create_job(body)
-    job = TRAINING_JOB.parse(obj)
+    job = await cluster.submit_job(body)
     started = time.time()
     figures: list[dict[str, Any]] = []
     try:
@@ -268,14 +267,13 @@ async def _run(
     root = Path(tmp.name)
     cluster = LocalCluster(
         root,
-        TRAINING_JOB,
         runs_pods=True,
         base_env={**node_env(settings), CHECKPOINT_DIR_ENV: str(root / "checkpoints")},
         enforcement=available(),
         poll_s=0.1,
     )
     ctx = ServiceContext(settings, env, dsn)
-    reconciler = EnvReconciler(settings, env, dsn, cluster, platform="local")
+    reconciler = EnvReconciler(settings, env, dsn, cluster)
     await cluster.start()
     running = asyncio.create_task(reconciler.run(ctx.stop))
     by_mode: dict[str, list[dict[str, Any]]] = {}

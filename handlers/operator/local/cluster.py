@@ -1,12 +1,16 @@
-"""The local platform as the reconciler sees a cluster: jobs, pods, watches.
+"""The local platform as the platform port: jobs, pods, watches on this machine.
 
-``LocalCluster`` answers the same calls as ``KubeApi`` (list, get, patch, create and
-delete jobs and pods, watch them), so the one reconciler drives both platforms: plan ids
-applied once through the same ledger and job annotations, pods made to match the job,
-node and job events derived from pod states, ScaleResults. The brain cannot tell the two
-apart. What differs is underneath: job objects are files (``store.JobStore``), and a pod
-is a process on this machine, a shim (``shim.py``) around the node's command, whose pid
-file lets a restarted operator adopt it and whose ``exit.json`` says how it ended.
+``LocalCluster`` answers the port's calls (handlers.operator.platform) in its own terms,
+so the one reconciler drives it as it drives Kubernetes: plan ids applied once through
+the same ledger and job documents, pods made to match the job, node and job events
+derived from pod states, ScaleResults. The brain cannot tell the two apart. Underneath,
+a job is its TrainingJob document in a file (``store.JobStore``, read and patched by
+handlers.operator.trainingjob), and a pod is a process on this machine, a shim
+(``shim.py``) around the node's command, with a record of what it is (``pod.json``:
+its job, role, rank and resources, in numbers), whose pid file lets a restarted operator
+adopt it and whose ``exit.json`` says how it ended. What a pod runs is the reconciler's
+``launch`` (the training command, torchrun's for an elastic role, and the SDK's
+variables), meeting the job's other pods at 127.0.0.1.
 
 An in-place elastic role may ask for warm spares (``elastic.spares``): processes of the
 role started ahead, which a new pod of the role takes instead of a cold start
@@ -30,33 +34,45 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
-from kubernetes_asyncio.client.rest import ApiException
 
-from handlers.operator.kube.adapter import WorkloadAdapter
+from handlers.operator import trainingjob
 from handlers.operator.local import shim, spares
 from handlers.operator.local.memory import Enforcement
-from handlers.operator.local.store import (
-    NAMESPACE,
-    JobStore,
-    StoreConflict,
-    StoreInvalid,
-    StoreNotFound,
-    read_json,
-    write_json,
+from handlers.operator.local.store import NAMESPACE, JobStore, read_json, write_json
+from handlers.operator.platform import (
+    FAILED,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    Change,
+    Expired,
+    Invalid,
+    InvalidJob,
+    JobChange,
+    JobEntry,
+    JobStatus,
+    JobView,
+    NewPod,
+    PlanChange,
+    PodView,
+    Resources,
+    Termination,
+    UnreadableJob,
+    WatchKind,
 )
-from handlers.operator.quantity import QuantityError, Resources
-from handlers.operator.trainingjob import LABEL_JOB, LABEL_JOB_UID, LABEL_ROLE, InvalidJob
+from handlers.operator.reconcile import planning
+from handlers.operator.reconcile.launch import launch
+from schemas.plans import NotApplied, ScalePlan
 
 log = logging.getLogger(__name__)
 
-#: The directory a job's commands run in (set by `job submit`: where it was submitted).
-ANN_WORKDIR = "dlrover-events.io/workdir"
+#: A pod's record: what it is (its job, role, rank, index and resources), in numbers.
 POD = "pod.json"
 PID = "pid"
 DEFAULT_GRACE_S = 30.0
@@ -65,31 +81,42 @@ DEFAULT_GRACE_S = 30.0
 SPARE_BACKOFF_S = 10.0
 _WATCH_QUEUE = 10_000
 _OVERFLOW = object()
+#: The one "container" of a local pod, as a termination names it.
+MAIN = "main"
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _api_error(status: int, reason: str, message: str) -> ApiException:
-    """The store's refusal as the API error the reconciler already handles."""
-    err = ApiException(status=status, reason=reason)
-    err.body = json.dumps({"message": message}).encode()
-    return err
+def _resources(raw: Mapping[str, Any]) -> Resources:
+    return Resources(
+        cpu_milli=raw.get("cpu_milli"),
+        memory=raw.get("memory"),
+        gpu=raw.get("gpu"),
+        gpu_type=raw.get("gpu_type"),
+    )
 
 
-def _matches(labels: Mapping[str, str], selector: str | None) -> bool:
-    """A label selector of ``k=v`` and ``k`` (exists) terms, comma-separated."""
-    for term in (selector or "").split(","):
-        term = term.strip()
-        if not term:
-            continue
-        key, sep, value = term.partition("=")
-        if sep and labels.get(key) != value:
-            return False
-        if not sep and key not in labels:
-            return False
-    return True
+def _record(job: JobView, pod: NewPod, resources: Resources) -> dict[str, Any]:
+    """What a pod is, as its ``pod.json`` keeps it."""
+    return {
+        "name": pod.name(job.name),
+        "uid": str(uuid.uuid4()),
+        "job": job.name,
+        "job_uid": job.uid,
+        "role": pod.role,
+        "rank": pod.rank,
+        "index": pod.index,
+        "resources": {
+            "cpu_milli": resources.cpu_milli,
+            "memory": resources.memory,
+            "gpu": resources.gpu,
+            "gpu_type": resources.gpu_type,
+        },
+        "created": _now(),
+        "deleting": None,
+    }
 
 
 def _alive(record: Mapping[str, Any]) -> bool:
@@ -111,12 +138,16 @@ class LocalCluster:
     instance that only reads and writes job objects.
     """
 
-    rendezvous_host: str | None = "127.0.0.1"
+    name = "local"
+    creates_pods = True
+    #: a cluster scheduler's suspend is refused (issue 26: end the pods, keep the job)
+    suspends = False
+    #: where an elastic role's pods find their rendezvous store
+    rendezvous_host = "127.0.0.1"
 
     def __init__(
         self,
         root: Path,
-        adapter: WorkloadAdapter,
         *,
         runs_pods: bool = False,
         base_env: Mapping[str, str] | None = None,
@@ -125,7 +156,6 @@ class LocalCluster:
         python: str = sys.executable,
     ) -> None:
         self.store = JobStore(root)
-        self.adapter = adapter
         self.namespace = NAMESPACE
         self.runs_pods = runs_pods
         self.base_env = dict(base_env or {})
@@ -136,7 +166,7 @@ class LocalCluster:
         #: spares asked to end, and when a role's spare last ended on its own
         self._ending_spares: set[str] = set()
         self._spare_failed: dict[tuple[str, str], float] = {}
-        self._seen: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {"jobs": {}, "pods": {}}
+        self._seen: dict[str, dict[str, tuple[object, Any]]] = {"jobs": {}, "pods": {}}
         self._subs: dict[str, set[asyncio.Queue[Any]]] = {"jobs": set(), "pods": set()}
         self._poller: asyncio.Task[None] | None = None
 
@@ -174,42 +204,50 @@ class LocalCluster:
 
     # -- jobs -----------------------------------------------------------------------------
 
-    async def list_jobs(self) -> tuple[list[dict[str, Any]], str]:
-        return self.store.list(), "0"
-
-    async def get_job(self, name: str) -> dict[str, Any] | None:
+    @staticmethod
+    def _entry(obj: Mapping[str, Any]) -> JobEntry:
         try:
-            return self.store.get(name)
-        except StoreInvalid:
+            return trainingjob.parse_job(obj)
+        except InvalidJob as e:
+            meta = obj.get("metadata") or {}
+            return UnreadableJob(
+                name=str(meta.get("name", "")),
+                uid=str(meta.get("uid", "")),
+                resource_version=str(meta.get("resourceVersion", "")),
+                reason=str(e),
+            )
+
+    async def list_jobs(self) -> tuple[list[JobEntry], str]:
+        return [self._entry(o) for o in self.store.list()], "0"
+
+    async def get_job(self, name: str) -> JobEntry | None:
+        try:
+            obj = self.store.get(name)
+        except Invalid:  # not a name a job can have
             return None
+        return None if obj is None else self._entry(obj)
 
-    async def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
-        body = with_rendezvous_ports(body)
+    async def submit_job(self, document: Mapping[str, Any]) -> JobView:
+        """The job, stored as its document; one the decisions cannot read is refused
+        (Invalid) before it is stored."""
+        body = with_rendezvous_ports(document)
         try:
-            return self.store.create(body)
-        except StoreConflict as e:
-            raise _api_error(409, "Conflict", str(e)) from None
-        except StoreInvalid as e:
-            raise _api_error(422, "Invalid", str(e)) from None
+            trainingjob.parse_job(body)
+        except InvalidJob as e:
+            raise Invalid(f"invalid {trainingjob.KIND}: {e}") from None
+        return _readable(self._entry(self.store.create(body)))
 
-    async def patch_job(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._patch(name, body, status=False)
+    async def change_job(self, job: JobView, change: JobChange) -> JobView:
+        patched = self.store.patch(job.name, trainingjob.job_patch(job, change))
+        return _readable(self._entry(patched))
 
-    async def patch_job_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._patch(name, body, status=True)
-
-    def _patch(self, name: str, body: dict[str, Any], *, status: bool) -> dict[str, Any]:
-        try:
-            return self.store.patch(name, body, status=status)
-        except StoreConflict as e:
-            raise _api_error(409, "Conflict", str(e)) from None
-        except StoreNotFound as e:
-            raise _api_error(404, "NotFound", str(e)) from None
+    async def set_status(self, job: JobView, status: JobStatus) -> None:
+        self.store.patch(job.name, trainingjob.status_patch(status), status=True)
 
     async def delete_job(self, name: str) -> bool:
         try:
             return self.store.delete(name)
-        except StoreInvalid:
+        except Invalid:
             return False
 
     # -- pods -----------------------------------------------------------------------------
@@ -217,86 +255,81 @@ class LocalCluster:
     def _pod_dir(self, name: str) -> Path:
         return self.store.pods_dir / name
 
-    async def list_pods(self, selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
-        pods = [p for p in self._pods().values() if _matches(p["metadata"]["labels"], selector)]
-        return pods, "0"
+    async def list_pods(self, job: str | None = None) -> tuple[list[PodView], str]:
+        return [p for p in self._pods().values() if job is None or p.job == job], "0"
 
-    async def create_pod(self, manifest: dict[str, Any]) -> bool:
+    async def create_pod(self, job: JobView, pod: NewPod, env: str) -> bool:
         """False when the pod exists: names are decided, so a repeat is the same pod."""
-        meta = manifest["metadata"]
-        name = meta["name"]
+        name = pod.name(job.name)
         pod_dir = self._pod_dir(name)
         try:
             pod_dir.mkdir(parents=True)
         except FileExistsError:
             return False
-        pod = json.loads(json.dumps(manifest))
-        pod["metadata"].update(uid=str(uuid.uuid4()), namespace=NAMESPACE, creationTimestamp=_now())
-        try:
-            spec = self._shim_spec(pod)
-        except (QuantityError, ValueError, KeyError) as e:
+        role = job.roles[pod.role]
+        runs = launch(job, pod, env, self.rendezvous_host)
+        command = runs.command or role.command
+        if not command:
             shutil.rmtree(pod_dir, ignore_errors=True)
-            raise _api_error(422, "Invalid", f"pod {name}: {e}") from None
-        if self.runs_pods and self._admit_spare(name, pod, spec):
+            raise Invalid(f"pod {name}: its container has no command: nothing to run locally")
+        record = _record(job, pod, pod.resources.over(role.template_resources))
+        spec = {
+            "name": name,
+            "command": list(command),
+            "env": {**self.base_env, **role.env, **runs.env},
+            "cwd": self._workdir(job.name) or os.getcwd(),
+            "memory": record["resources"]["memory"],
+            "enforcement": self.enforcement.value,
+            "grace_s": float(DEFAULT_GRACE_S if role.grace_s is None else role.grace_s),
+        }
+        if self.runs_pods and self._admit_spare(name, record, spec):
             return True
         (pod_dir / shim.SPEC).write_text(json.dumps(spec))
-        write_json(pod_dir / POD, pod)
+        write_json(pod_dir / POD, record)
         if self.runs_pods:
             self._start(name)
         return True
 
-    async def delete_pod(self, name: str, grace_period_s: int | None = None) -> bool:
+    def _workdir(self, job: str) -> str | None:
+        """Where the job was submitted (`job submit`'s annotation on its document)."""
+        obj = self.store.get(job) or {}
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        workdir = annotations.get(trainingjob.ANN_WORKDIR)
+        return str(workdir) if workdir else None
+
+    async def delete_pod(self, name: str, grace_s: int | None = None) -> bool:
         """The node's shim gets SIGTERM and ends it within the pod's own grace period
-        (its spec's terminationGracePeriodSeconds, which is what ``grace_period_s`` is
-        made of too)."""
+        (its role's terminationGracePeriodSeconds, which is what ``grace_s`` is made of
+        too)."""
         pod_dir = self._pod_dir(name)
-        pod = read_json(pod_dir / POD)
-        if pod is None:
+        record = read_json(pod_dir / POD)
+        if record is None:
             return False
-        if not pod["metadata"].get("deletionTimestamp"):
-            pod["metadata"]["deletionTimestamp"] = _now()
-            write_json(pod_dir / POD, pod)
+        if not record.get("deleting"):
+            record["deleting"] = _now()
+            write_json(pod_dir / POD, record)
         self._terminate(name)
         return True
 
-    # -- services -------------------------------------------------------------------------
-    # Nodes here rendezvous at 127.0.0.1 (``rendezvous_host``), so the reconciler asks for
-    # no Service; these answer as a cluster without any would.
+    # Nodes here rendezvous at 127.0.0.1 (``rendezvous_host``): nothing to make for them.
 
-    async def list_services(self, selector: str) -> list[dict[str, Any]]:
-        return []
+    async def prepare(self, job: JobView) -> None:
+        return None
 
-    async def create_service(self, manifest: dict[str, Any]) -> bool:
-        return False
+    async def release(self, job: str) -> None:
+        return None
 
-    async def delete_service(self, name: str) -> bool:
-        return False
+    # -- what its jobs can express --------------------------------------------------------
 
-    def _shim_spec(self, pod: Mapping[str, Any]) -> dict[str, Any]:
-        """What the shim runs: the first container's command, its env on top of the
-        platform's, in the job's directory, with the node's memory as its limit."""
-        container = pod["spec"]["containers"][0]
-        command = [*(container.get("command") or []), *(container.get("args") or [])]
-        if not command:
-            raise ValueError("its first container has no command: nothing to run locally")
-        env = dict(self.base_env)
-        for c in pod["spec"]["containers"]:
-            for var in c.get("env") or []:
-                if "value" in var:
-                    env[var["name"]] = str(var["value"])
-        job = self.store.get(pod["metadata"]["labels"][LABEL_JOB]) or {}
-        workdir = ((job.get("metadata") or {}).get("annotations") or {}).get(ANN_WORKDIR)
-        memory = Resources.from_container(container).memory
-        grace = pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
-        return {
-            "name": pod["metadata"]["name"],
-            "command": command,
-            "env": env,
-            "cwd": workdir or os.getcwd(),
-            "memory": memory,
-            "enforcement": self.enforcement.value,
-            "grace_s": float(grace),
-        }
+    def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
+        """A TrainingJob's rules; a GPU type cannot be selected on one machine."""
+        return planning.plan_change(job, pods, plan, gpu_types=False)
+
+    def not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
+        return trainingjob.plan_not_applied(plan, gpu_types=False)
+
+    def outcome(self, job: JobView, pods: Sequence[PodView]) -> tuple[str | None, str]:
+        return planning.outcome(job, pods)
 
     def _start(self, name: str, pod_dir: Path | None = None) -> None:
         pod_dir = pod_dir or self._pod_dir(name)
@@ -359,12 +392,9 @@ class LocalCluster:
             out[spare_dir.name] = (spares.SpareKey.from_record(record), running)
         return out
 
-    def _admit_spare(self, name: str, pod: dict[str, Any], spec: dict[str, Any]) -> bool:
+    def _admit_spare(self, name: str, record: dict[str, Any], spec: dict[str, Any]) -> bool:
         """A warm spare becomes the pod ``name`` (see ``spares.py``); False when none fits."""
-        labels = pod["metadata"].get("labels") or {}
-        if LABEL_JOB_UID not in labels or LABEL_ROLE not in labels:
-            return False
-        key = spares.SpareKey.of(labels[LABEL_JOB_UID], labels[LABEL_ROLE], spec)
+        key = spares.SpareKey.of(record["job_uid"], record["role"], spec)
         ending = self._ending_spares
         running = {n: k for n, (k, alive) in self._spares().items() if alive and n not in ending}
         spare = spares.take(running, key)
@@ -376,20 +406,17 @@ class LocalCluster:
         except OSError as err:
             log.warning("local platform: spare %s not admitted as %s: %s", spare, name, err)
             return False
-        write_json(pod_dir / POD, pod)
+        write_json(pod_dir / POD, record)
         admit = self._admission_file(spare)
         admit.parent.mkdir(parents=True, exist_ok=True)
         write_json(admit, spares.admission(name, spec))
         log.info("local platform: pod %s admitted warm spare %s", name, spare)
         return True
 
-    def _keep_spares(self, jobs: list[dict[str, Any]], pods: dict[str, dict[str, Any]]) -> None:
+    def _keep_spares(self, jobs: list[JobEntry], pods: dict[str, PodView]) -> None:
         """As many running spares per in-place role as it asks for; none for a job that
         ended or is gone, nor one started for what a pod of the role no longer runs."""
-        views = []
-        for obj in jobs:
-            with contextlib.suppress(InvalidJob, KeyError, TypeError, ValueError):
-                views.append(self.adapter.parse(obj))
+        views = [j for j in jobs if isinstance(j, JobView)]
         wanted = spares.wanted(views)
         by_uid = {v.uid: v for v in views}
         current: dict[tuple[str, str], spares.SpareKey] = {}
@@ -427,14 +454,11 @@ class LocalCluster:
                 self._start_spare(by_uid[where[0]].name, current[where], template[1])
 
     def _template(
-        self, pods: dict[str, dict[str, Any]], uid: str, role: str
+        self, pods: dict[str, PodView], uid: str, role: str
     ) -> tuple[str, dict[str, Any]] | None:
         """A pod of the role to make spares of (its shim spec), None before there is one."""
         for name, pod in sorted(pods.items()):
-            labels = pod["metadata"].get("labels") or {}
-            if labels.get(LABEL_JOB_UID) != uid or labels.get(LABEL_ROLE) != role:
-                continue
-            if pod["metadata"].get("deletionTimestamp"):
+            if pod.job_uid != uid or pod.role != role or pod.deleting:
                 continue
             spec = read_json(self._pod_dir(name) / shim.SPEC)
             if spec is not None:
@@ -466,49 +490,66 @@ class LocalCluster:
                 out[pod_dir.name] = record
         return out
 
-    def _pods(self) -> dict[str, dict[str, Any]]:
-        """Every pod with its status as its process tells it now."""
-        out: dict[str, dict[str, Any]] = {}
+    def _pods(self) -> dict[str, PodView]:
+        """Every pod, its phase as its process tells it now."""
+        out: dict[str, PodView] = {}
         for pod_dir in sorted(self.store.pods_dir.iterdir()):
-            pod = read_json(pod_dir / POD)
-            if pod is not None:
-                pod["status"] = self._status(pod_dir)
-                out[pod_dir.name] = pod
+            view = self._pod_view(pod_dir)
+            if view is not None:
+                out[pod_dir.name] = view
         return out
 
-    def _status(self, pod_dir: Path) -> dict[str, Any]:
-        ended = read_json(pod_dir / shim.EXIT)
-        record = read_json(pod_dir / PID)
-        name = "main"
-        if ended is not None:
-            phase = "Succeeded" if ended["exitCode"] == 0 else "Failed"
-            state = {
-                "terminated": {"exitCode": ended["exitCode"], "reason": ended.get("reason", "")}
-            }
-            return {"phase": phase, "containerStatuses": [{"name": name, "state": state}]}
+    def _pod_view(self, pod_dir: Path) -> PodView | None:
+        record = read_json(pod_dir / POD)
         if record is None:
-            return {"phase": "Pending"}
+            return None
+        phase, termination = self._state(pod_dir)
+        return PodView(
+            name=record["name"],
+            uid=record["uid"],
+            job=record["job"],
+            job_uid=record["job_uid"],
+            role=record["role"],
+            rank=int(record["rank"]),
+            index=int(record["index"]),
+            phase=phase,
+            deleting=bool(record.get("deleting")),
+            resources=_resources(record.get("resources") or {}),
+            termination=termination,
+        )
+
+    def _state(self, pod_dir: Path) -> tuple[str, Termination | None]:
+        """The pod's phase, and how it ended (or that its node was OOM-killed once)."""
+        ended = read_json(pod_dir / shim.EXIT)
+        if ended is not None:
+            code = int(ended["exitCode"])
+            return (SUCCEEDED if code == 0 else FAILED), Termination(
+                MAIN, code, ended.get("reason") or ""
+            )
+        record = read_json(pod_dir / PID)
+        if record is None:
+            return PENDING, None
         if not _alive(record):
             # The shim itself was killed: the node's ending is unknown, and its
             # processes were ended with it or by it.
-            state = {"terminated": {"exitCode": 255, "reason": "NodeLost"}}
-            return {"phase": "Failed", "containerStatuses": [{"name": name, "state": state}]}
-        status: dict[str, Any] = {"name": name, "state": {"running": {}}}
+            return FAILED, Termination(MAIN, 255, "NodeLost")
         if (pod_dir / shim.OOM).exists():
-            status["lastState"] = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
-        return {"phase": "Running", "containerStatuses": [status]}
+            return RUNNING, Termination(MAIN, 137, "OOMKilled")
+        return RUNNING, None
 
     # -- watches --------------------------------------------------------------------------
 
     async def watch(
-        self, kind: str, resource_version: str, timeout_s: int
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        self, kind: WatchKind, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[Change]:
         """Every current object, then the changes the poller sees, until ``timeout_s``.
-        A watcher that falls too far behind gets a 410, as on a cluster: list again."""
+        A watcher that falls too far behind is told so (Expired): list again."""
         queue: asyncio.Queue[Any] = asyncio.Queue(_WATCH_QUEUE)
         self._subs[kind].add(queue)
         try:
-            current = self.store.list() if kind == "jobs" else list(self._pods().values())
+            current: Sequence[JobEntry | PodView] = (
+                (await self.list_jobs())[0] if kind == "jobs" else list(self._pods().values())
+            )
             for obj in current:
                 yield "MODIFIED", obj
             loop = asyncio.get_running_loop()
@@ -519,12 +560,12 @@ class LocalCluster:
                 except TimeoutError:
                     return
                 if item is _OVERFLOW:
-                    raise _api_error(410, "Gone", "the watch fell behind; list again")
+                    raise Expired("the watch fell behind; list again")
                 yield item
         finally:
             self._subs[kind].discard(queue)
 
-    def _emit(self, kind: str, typ: str, obj: dict[str, Any]) -> None:
+    def _emit(self, kind: str, typ: str, obj: JobEntry | PodView) -> None:
         for queue in self._subs[kind]:
             try:
                 queue.put_nowait((typ, obj))
@@ -546,24 +587,24 @@ class LocalCluster:
         for name, proc in list(self._shims.items()):
             if proc.poll() is not None:
                 del self._shims[name]
-        jobs = {o["metadata"]["name"]: o for o in self.store.list()}
-        self._diff("jobs", jobs, lambda o: str(o["metadata"]["resourceVersion"]))
+        jobs = {j.name: j for j in map(self._entry, self.store.list())}
+        self._diff("jobs", jobs, lambda j: j.resource_version)
         pods = self._pods()
         if self.runs_pods:
             self._keep_spares(list(jobs.values()), pods)
         for name, pod in list(pods.items()):
-            phase = pod["status"]["phase"]
-            deleting = bool(pod["metadata"].get("deletionTimestamp"))
-            if deleting and phase != "Running":
+            if pod.deleting and pod.phase != RUNNING:
                 self._terminate(name)  # not started yet, or already ended: nothing runs
                 self._remove(name)
                 del pods[name]
-            elif phase == "Pending" and not deleting and self.runs_pods:
+            elif pod.phase == PENDING and not pod.deleting and self.runs_pods:
                 self._start(name)
-                pods[name]["status"] = self._status(self._pod_dir(name))
-        self._diff("pods", pods, lambda o: json.dumps(o, sort_keys=True))
+                view = self._pod_view(self._pod_dir(name))
+                if view is not None:
+                    pods[name] = view
+        self._diff("pods", pods, lambda p: p)
 
-    def _diff(self, kind: str, now: dict[str, dict[str, Any]], version: Any) -> None:
+    def _diff(self, kind: str, now: Mapping[str, Any], version: Callable[[Any], object]) -> None:
         seen = self._seen[kind]
         current = {name: (version(obj), obj) for name, obj in now.items()}
         for name, (ver, obj) in current.items():
@@ -599,6 +640,12 @@ class LocalCluster:
         )
 
 
+def _readable(entry: JobEntry) -> JobView:
+    if isinstance(entry, UnreadableJob):
+        raise Invalid(f"job {entry.name} does not read as a {trainingjob.KIND}: {entry.reason}")
+    return entry
+
+
 def with_rendezvous_ports(body: Mapping[str, Any]) -> dict[str, Any]:
     """Every job shares this machine's ports: an elastic role that names no rendezvous
     port gets a free one now, kept in its spec (on a cluster each job has its own
@@ -613,4 +660,4 @@ def with_rendezvous_ports(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["ANN_WORKDIR", "LocalCluster"]
+__all__ = ["POD", "LocalCluster", "with_rendezvous_ports"]

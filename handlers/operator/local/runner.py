@@ -1,19 +1,20 @@
 """`dlrover-events operator --env E --platform local`: the real env's TrainingJobs as
 processes on this machine, and the `local` service of `dlrover-events up`.
 
-The reconciler is the Kubernetes one (plans applied once through the env's ledger and the
-job objects, node and job events, ScaleResults); only the platform under it differs. The
-local platform runs real jobs, so it serves only the real env: a virtual env's operator is
-the simulator.
+The reconciler is the one of every platform (handlers.operator.reconcile: plans applied
+once through the env's ledger and the job documents, node and job events, ScaleResults);
+only the platform under it differs. The local platform runs real jobs, so it serves only
+the real env: a virtual env's operator is the simulator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,11 @@ from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from handlers.operator.api import jobs_app
-from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.local.cluster import ANN_WORKDIR, LocalCluster
+from handlers.operator.local.cluster import LocalCluster
 from handlers.operator.local.memory import available
+from handlers.operator.platform import Platform
 from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
+from handlers.operator.trainingjob import ANN_WORKDIR
 from schemas.control import EnvMode
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,15 @@ class LocalSettings(BaseSettings):
 def platform_root(settings: Settings, env: str) -> Path:
     """Where the env's local jobs and nodes live: the data dir, shared with `job`."""
     return settings.data_dir.expanduser().resolve() / "local" / env
+
+
+@contextlib.asynccontextmanager
+async def open_jobs(
+    settings: Settings, env: str, options: Mapping[str, Any]
+) -> AsyncIterator[Platform]:
+    """The env's local jobs for the `job` commands (platform.PLATFORMS): its job store
+    only, no node agent (the operator runs the pods)."""
+    yield LocalCluster(platform_root(settings, env))
 
 
 def node_env(settings: Settings) -> dict[str, str]:
@@ -145,7 +156,6 @@ async def run(
     access[CHECKPOINT_DIR_ENV] = str(root / "checkpoints")
     cluster = LocalCluster(
         root,
-        TRAINING_JOB,
         runs_pods=True,
         base_env={**node_env(ctx.settings), **access},
         enforcement=enforcement,
@@ -166,7 +176,6 @@ async def run(
         resync_s=conf.resync_seconds,
         on_step=on_step,
         metrics=OperatorMetrics(ctx.metrics, ctx.env, "local"),
-        platform="local",
     )
     await cluster.start()
     store = await EnvStore.open(ctx.pg_dsn, ctx.env, max_size=2)
@@ -210,4 +219,4 @@ service = Service(
     run=_serve,
 )
 
-__all__ = ["LocalSettings", "node_env", "platform_root", "run", "service"]
+__all__ = ["LocalSettings", "node_env", "open_jobs", "platform_root", "run", "service"]

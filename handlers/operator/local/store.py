@@ -1,10 +1,11 @@
 """The local platform's job objects: TrainingJobs as JSON files under the data dir.
 
-The local platform's "API server": the `job` commands (another process) and the operator
+The local platform's store of jobs: the `job` commands (another process) and the operator
 share it, so every write happens under one file lock and bumps one resourceVersion
-counter, and a write that names an older resourceVersion fails with a conflict, as on
-Kubernetes. That is what lets the reconciler's plan-once logic (the applied plan ids
-written on the job in the same patch as its change) hold here unchanged.
+counter, and a write that names an older resourceVersion fails with the port's
+Conflict. That is what lets the reconciler's plan-once logic (the applied plan ids
+written on the job in the same patch as its change) hold here as everywhere. A job is
+kept as its TrainingJob document (handlers.operator.trainingjob reads and patches it).
 """
 
 from __future__ import annotations
@@ -21,21 +22,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from handlers.operator.platform import Conflict, Invalid, NotFound
+
 NAMESPACE = "default"
 #: A job object's name is a file name here: the DNS-label rule keeps it one.
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
-
-
-class StoreConflict(Exception):
-    """The object changed since the version the write named (HTTP 409 on a cluster)."""
-
-
-class StoreNotFound(Exception):
-    """No such object (HTTP 404 on a cluster)."""
-
-
-class StoreInvalid(Exception):
-    """The object cannot be stored (HTTP 422 on a cluster); the message says why."""
 
 
 def _now() -> str:
@@ -57,7 +48,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 def check_name(name: str) -> str:
     if not _NAME.match(name):
-        raise StoreInvalid(
+        raise Invalid(
             f"job name {name!r} must be a DNS label: lowercase letters, digits and '-', "
             "at most 63 characters"
         )
@@ -115,7 +106,7 @@ class JobStore:
         with self.locked():
             path = self._path(name)
             if path.exists():
-                raise StoreConflict(f"trainingjob {name} already exists")
+                raise Conflict(f"trainingjob {name} already exists")
             meta.update(
                 namespace=NAMESPACE,
                 uid=str(uuid.uuid4()),
@@ -133,11 +124,11 @@ class JobStore:
         with self.locked():
             current = self.get(name)
             if current is None:
-                raise StoreNotFound(f"trainingjob {name} not found")
+                raise NotFound(f"trainingjob {name} not found")
             meta = current["metadata"]
             wanted = (patch.get("metadata") or {}).get("resourceVersion")
             if wanted and wanted != meta["resourceVersion"]:
-                raise StoreConflict(
+                raise Conflict(
                     f"trainingjob {name} changed: version {meta['resourceVersion']}, "
                     f"the patch is for {wanted}"
                 )
@@ -183,9 +174,6 @@ def write_json(path: Path, value: Any) -> None:
 __all__ = [
     "NAMESPACE",
     "JobStore",
-    "StoreConflict",
-    "StoreInvalid",
-    "StoreNotFound",
     "check_name",
     "merge_patch",
     "read_json",

@@ -1,6 +1,7 @@
 """What a pod's state means for the brain: node and job events, with ids derived from the
 pod (uid + state) so that a re-list, a second watch or a restarted operator says the same
-thing under the same id, which consumers already treat as one event.
+thing under the same id, which consumers already treat as one event. The same on every
+platform: the brain cannot tell them apart.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from handlers.operator.trainingjob import (
+from handlers.operator.platform import (
     FAILED,
     IDENTITY_LABELS,
     RUNNING,

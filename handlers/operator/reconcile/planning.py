@@ -14,79 +14,65 @@ runs (at once when the old one was not running anyway). Ranks are node ids towar
 brain; launch_nodes add replicas at the lowest free ranks (their ids are not honoured:
 ranks stay dense), each launched node's resources going to the rank it gets.
 
-What a TrainingJob cannot express is not applied, and the result says so part by part
-(``partial``): training knobs (the job applies them and confirms, training.applied), and
-a GPU type, GPU memory size or priority (a pod asks for cpu, memory and nvidia.com/gpu).
+What a platform's jobs cannot express is not applied, and the result says so part by part
+(``partial``, the platform's ``not_applied``): training knobs (the job applies them and
+confirms, training.applied), and a GPU type, GPU memory size or priority where its pods
+cannot ask for them.
+
+Pure, and platform-neutral: jobs and pods are the port's typed views
+(handlers.operator.platform), a plan's change a ``JobChange``; each platform writes that
+in its own form.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
-from handlers.operator.quantity import GPU, Resources
-from handlers.operator.trainingjob import (
-    ANN_NODE_RESOURCES,
-    ANN_PLANS,
-    ANN_REMOVE_FIRST,
+from handlers.operator.platform import (
     FAILED,
     FINAL_PHASES,
     PENDING,
-    PLAN_MEMORY,
     RUNNING,
     SUCCEEDED,
     InvalidJob,
+    JobChange,
+    JobStatus,
     JobView,
+    NewPod,
+    PlanChange,
+    PlanRejected,
     PodView,
     RoleView,
-    check_bounds,
 )
-from schemas.plan_parts import not_applied
-from schemas.plans import NotApplied, RescaleMode, ScalePlan
+from schemas.plans import RescaleMode, ScalePlan
 
 #: A job that names no success roles (spec.successPolicy.roles) succeeds once every pod of
 #: the first of these roles it has succeeded; a job with none of them (DI-engine's
 #: coordinator, collector, learner) once every pod of every role has.
 COMPLETION_ROLES = ("worker", "chief", "master")
 
-_POD_ASKS = f"a TrainingJob's pods ask only for cpu, memory and {GPU}"
-
-#: Resource fields a plan may set that a TrainingJob's pod spec cannot express. A GPU
-#: type can be, as a node selector, where the operator knows the node label that names
-#: GPU types (DLROVER_EVENTS_OPERATOR_GPU_TYPE_LABEL); GPU memory never: Kubernetes has
-#: no resource for it, a pod asks for whole GPUs.
-UNSUPPORTED = {
-    "gpu_type": f"{_POD_ASKS}: no GPU type (the operator has no GPU type node label)",
-    "gpu_memory": (
-        f"{_POD_ASKS}: no GPU memory size (a pod cannot request GPU memory, only whole GPUs)"
-    ),
-    "priority": f"{_POD_ASKS}: no priority",
-}
-
 #: Seconds a removed pod has to stop when its template says none: Kubernetes' own
 #: default, time for an elastic agent to pass SIGTERM on and a worker to checkpoint.
 DEFAULT_GRACE_S = 30
 
 
-def unsupported(gpu_type_label: str | None) -> dict[str, str]:
-    """What a TrainingJob's pods cannot express on a cluster with this GPU type label."""
-    if gpu_type_label:
-        return {k: v for k, v in UNSUPPORTED.items() if k != "gpu_type"}
-    return dict(UNSUPPORTED)
+#: How many applied plan ids a job remembers (older ones are in the env's ledger).
+PLAN_MEMORY = 32
 
 
-def plan_not_applied(plan: ScalePlan, gpu_type_label: str | None = None) -> tuple[NotApplied, ...]:
-    """The parts of ``plan`` no TrainingJob change applies, whatever the job: a function
-    of the plan (and the operator's GPU type label) alone, so a plan finished after a
-    restart is answered the same way."""
-    return not_applied(plan, unsupported(gpu_type_label))
-
-
-class PlanRejected(ValueError):
-    """The plan cannot apply to this job; the message is the result's reason."""
+def check_bounds(job: JobView) -> None:
+    """min <= replicas <= max per role: a schema (v1.20's) cannot say it."""
+    for role in job.roles.values():
+        if role.min_replicas is not None and role.replicas < role.min_replicas:
+            raise InvalidJob(
+                f"role {role.name}: {role.replicas} replicas, below minReplicas {role.min_replicas}"
+            )
+        if role.max_replicas is not None and role.replicas > role.max_replicas:
+            raise InvalidJob(
+                f"role {role.name}: {role.replicas} replicas, above maxReplicas {role.max_replicas}"
+            )
 
 
 def cannot_suspend(platform: str) -> str:
@@ -101,31 +87,12 @@ def cannot_suspend(platform: str) -> str:
 
 
 @dataclass(frozen=True)
-class NewPod:
-    role: str
-    rank: int
-    index: int
-    resources: Resources
-
-
-@dataclass(frozen=True)
 class Actions:
     create: tuple[NewPod, ...] = ()
     delete: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.create or self.delete)
-
-
-@dataclass(frozen=True)
-class PlanChange:
-    """A plan turned into a merge patch of the job (None: nothing to change)."""
-
-    patch: dict[str, Any] | None
-    summary: str
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    #: the plan's parts the change does not apply (the result is then partial)
-    not_applied: tuple[NotApplied, ...] = field(default_factory=tuple)
 
 
 # -- plan -> job change -----------------------------------------------------------------
@@ -149,13 +116,13 @@ def _ranks(pods: Iterable[PodView]) -> dict[int, list[PodView]]:
 
 
 def plan_change(
-    job: JobView, pods: Sequence[PodView], plan: ScalePlan, *, gpu_type_label: str | None = None
+    job: JobView, pods: Sequence[PodView], plan: ScalePlan, *, gpu_types: bool = False
 ) -> PlanChange:
     """What ``plan`` changes in ``job``, given its pods as observed now; PlanRejected
-    says why it cannot apply. The patch carries the job's resourceVersion, so it fails
-    (409) rather than apply on top of a change it did not see. A GPU type is taken into
-    the job only with a ``gpu_type_label`` (else it is a part not applied)."""
-    gpu_types = bool(gpu_type_label)
+    says why it cannot apply. The change carries the job's version, so it fails
+    (Conflict) rather than apply on top of a change it did not see. A GPU type is taken
+    into the job only where the platform selects GPU types (``gpu_types``; else it is a
+    part not applied)."""
     if job.phase in FINAL_PHASES:
         raise PlanRejected(f"job {job.name} has {job.phase.lower()}")
     touched = (
@@ -187,7 +154,7 @@ def plan_change(
         new_res = role_resources[role].updated(group.node_resource, gpu_type=gpu_types)
         if new_res != role_resources[role]:
             role_resources[role] = new_res
-            done.append(f"{role} resources {new_res.to_spec()}")
+            done.append(f"{role} resources {new_res.describe()}")
         if group.count:
             replicas[role] = group.count
     # A role the plan gives a count (the brain's plans do) has that many replicas; the
@@ -228,7 +195,7 @@ def plan_change(
             raise PlanRejected(f"cannot migrate {role}-{rank}: no such node")
         base = overrides.get(role, {}).get(rank) or job.wanted(role, rank)
         overrides.setdefault(role, {})[rank] = base.updated(move.resource, gpu_type=gpu_types)
-        done.append(f"migrate {role}-{rank} to {overrides[role][rank].to_spec()}")
+        done.append(f"migrate {role}-{rank} to {overrides[role][rank].describe()}")
 
     for role, n in replicas.items():
         if n < 0:
@@ -252,36 +219,15 @@ def plan_change(
         if n != job.roles[role].replicas:
             done.insert(0, f"{role} {job.roles[role].replicas}->{n}")
 
-    roles_patch: dict[str, Any] = {}
-    for role in job.roles:
-        entry: dict[str, Any] = {}
-        if replicas[role] != job.roles[role].replicas:
-            entry["replicas"] = replicas[role]
-        if role_resources[role] != job.roles[role].resources:
-            entry["resources"] = role_resources[role].to_spec()
-        if entry:
-            roles_patch[role] = entry
-    node_res = {
-        role: {str(rank): res.to_spec() for rank, res in sorted(ranks.items())}
-        for role, ranks in sorted(overrides.items())
-        if ranks
-    }
-    plans = [*job.applied_plans, plan.plan_id][-PLAN_MEMORY:]
-    annotations = {
-        ANN_PLANS: json.dumps(plans),
-        ANN_NODE_RESOURCES: json.dumps(node_res, sort_keys=True),
-        ANN_REMOVE_FIRST: json.dumps(dict(sorted(remove_first.items())), sort_keys=True),
-    }
-    patch: dict[str, Any] = {
-        "metadata": {"resourceVersion": job.resource_version, "annotations": annotations}
-    }
-    if roles_patch:
-        patch["spec"] = {"roles": roles_patch}
-    return PlanChange(
-        patch,
-        "; ".join(done) or "nothing to change",
-        not_applied=plan_not_applied(plan, gpu_type_label),
+    change = JobChange(
+        resource_version=job.resource_version,
+        applied_plans=(*job.applied_plans, plan.plan_id)[-PLAN_MEMORY:],
+        replicas={r: n for r, n in replicas.items() if n != job.roles[r].replicas},
+        resources={r: res for r, res in role_resources.items() if res != job.roles[r].resources},
+        node_resources={role: dict(ranks) for role, ranks in overrides.items() if ranks},
+        remove_first={role: tuple(ranks) for role, ranks in remove_first.items() if ranks},
     )
+    return PlanChange(change, "; ".join(done) or "nothing to change")
 
 
 def rescale_mode(job: JobView, plan: ScalePlan) -> RescaleMode | None:
@@ -340,44 +286,9 @@ def grace_seconds(job: JobView, pod: PodView) -> int | None:
     role = job.roles.get(pod.role)
     if role is None or pod.job_uid != job.uid:
         return None
-    grace = (role.template.get("spec") or {}).get("terminationGracePeriodSeconds")
-    if isinstance(grace, int) and not isinstance(grace, bool) and grace >= 0:
-        return grace
+    if role.grace_s is not None and role.grace_s >= 0:
+        return role.grace_s
     return DEFAULT_GRACE_S
-
-
-@dataclass(frozen=True)
-class ServiceChanges:
-    create: tuple[dict[str, Any], ...] = ()
-    delete: tuple[str, ...] = ()
-
-
-def _service_key(obj: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What makes a Service the one wanted: its owner, selector and ports."""
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-    owners = tuple(o.get("uid") for o in meta.get("ownerReferences") or [])
-    ports = tuple((p.get("name"), p.get("port")) for p in spec.get("ports") or [])
-    return owners, tuple(sorted((spec.get("selector") or {}).items())), ports
-
-
-def service_changes(
-    wanted: Sequence[Mapping[str, Any]], existing: Sequence[Mapping[str, Any]]
-) -> ServiceChanges:
-    """Services to delete and create so that a job's are the ``wanted`` ones: one of an
-    earlier job of the same name (another owner), or that selects or serves otherwise,
-    is deleted and made again (a selector is not patched under pods that resolve it)."""
-    by_name = {(s.get("metadata") or {}).get("name"): s for s in existing}
-    names = {s["metadata"]["name"] for s in wanted}
-    delete = [n for n, s in by_name.items() if n not in names]
-    create = []
-    for svc in wanted:
-        have = by_name.get(svc["metadata"]["name"])
-        if have is not None and _service_key(have) == _service_key(svc):
-            continue
-        if have is not None:
-            delete.append(svc["metadata"]["name"])
-        create.append(dict(svc))
-    return ServiceChanges(tuple(create), tuple(sorted(n for n in delete if n)))
 
 
 def _removal_order(
@@ -523,51 +434,51 @@ def phase(job: JobView, pods: Sequence[PodView]) -> str:
     return PENDING
 
 
-def status_patch(
+def job_status(
     job: JobView,
     pods: Sequence[PodView],
     *,
     last_plan: str | None = None,
     last_plan_time: str | None = None,
-) -> dict[str, Any] | None:
-    """The status subresource's merge patch, None when status already says all this."""
-    wanted: dict[str, Any] = {
-        "phase": phase(job, pods),
-        "roles": counts(job, pods),
-        "observedGeneration": job.generation,
-    }
-    if last_plan is not None:
-        wanted["lastPlanId"] = last_plan
-        if last_plan_time is not None:
-            wanted["lastPlanTime"] = last_plan_time
-    current: Mapping[str, Any] = job.status
-    if all(current.get(k) == v for k, v in wanted.items() if k != "lastPlanTime"):
+) -> JobStatus | None:
+    """The status the job should show (phase, pods per role, the generation seen, the
+    last plan), None when it already says all this."""
+    current = job.status
+    if last_plan is None and current is not None:
+        last_plan, last_plan_time = current.last_plan_id, current.last_plan_time
+    wanted = JobStatus(
+        phase=phase(job, pods),
+        roles=counts(job, pods),
+        observed_generation=job.generation,
+        last_plan_id=last_plan,
+        last_plan_time=last_plan_time,
+    )
+    if (
+        current is not None
+        and (current.phase, current.roles, current.observed_generation)
+        == (wanted.phase, wanted.roles, wanted.observed_generation)
+        and current.last_plan_id == wanted.last_plan_id
+    ):
         return None
-    return {"status": wanted}
+    return wanted
 
 
 __all__ = [
     "COMPLETION_ROLES",
     "DEFAULT_GRACE_S",
-    "UNSUPPORTED",
+    "PLAN_MEMORY",
     "Actions",
-    "NewPod",
-    "PlanChange",
-    "PlanRejected",
-    "ServiceChanges",
     "cannot_suspend",
+    "check_bounds",
     "counts",
     "diff",
     "grace_seconds",
+    "job_status",
     "live",
     "outcome",
     "phase",
     "plan_change",
-    "plan_not_applied",
     "replaces",
     "rescale_mode",
-    "service_changes",
-    "status_patch",
     "success_roles",
-    "unsupported",
 ]

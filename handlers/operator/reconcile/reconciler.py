@@ -1,10 +1,12 @@
-"""The reconciler of one env on the cluster: ScalePlans in, pods made to match, results and
-node/job events out. A thin adapter around planning.py and podevents.py.
+"""The reconciler of one env on its platform: ScalePlans in, pods made to match, results
+and node/job events out. A thin adapter around planning.py and events.py, on any platform
+that answers the port (handlers.operator.platform): Kubernetes and the local platform
+alike, in the port's typed views and errors; it imports no platform.
 
-- Watches TrainingJobs and pods with the one informer (dlrover_events.kube.informer):
-  list, watch from the list's resourceVersion, list again on 410 Gone (events were lost)
-  and on any other failure after a backoff; a list re-derives every event, under the
-  same ids, so nothing is lost and nothing duplicated.
+- Watches jobs and pods with the one informer (dlrover_events.runtime.informer): list,
+  watch from the list's version, list again when the watch lost events (Expired) and on
+  any other failure after a backoff; a list re-derives every event, under the same ids,
+  so nothing is lost and nothing duplicated.
 - A plan is applied at most once: its id is written on the job object in the same patch
   as its change (a restarted operator finds the change made and only finishes the pods),
   in the env's ledger (scale_plans) and on the status (lastPlanId). A plan delivered
@@ -13,7 +15,8 @@ node/job events out. A thin adapter around planning.py and podevents.py.
   not (training knobs await the job's own confirmation; see planning.UNSUPPORTED).
 - A plan's placement (pods pinned to named nodes) is listed not applied: the cluster's
   scheduler places pods. A suspend (a cluster scheduler's preemption) is rejected, nothing
-  changed: no platform here can hold a job's place while its pods are gone.
+  changed, on a platform that cannot hold a job's place while its pods are gone (none can
+  yet: ``Platform.suspends``).
 - A plan that cannot apply gets a rejected (planning.PlanRejected, raised wherever the
   reason is found) or failed result with the reason; the consumer goes on. Pod
   decisions are re-made from a fresh list each time, never from a cache.
@@ -31,37 +34,44 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.backoff import Backoff
 from dlrover_events.bus.consumer import Consumer, Received
 from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topics import SCALE_PLANS
-from dlrover_events.kube.informer import Informer
 from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.runtime.informer import Informer, away
 from dlrover_events.runtime.logs import log_fields
 from dlrover_events.runtime.metrics import OperatorMetrics
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from handlers.operator.kube.adapter import PodCreatingAdapter, WorkloadAdapter
-from handlers.operator.kube.client import api_error
 from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
-from handlers.operator.platform import NotLeader, Platform
-from handlers.operator.reconcile import planning
-from handlers.operator.reconcile.events import SOURCE, job_events, job_meta, node_events, submitted
-from handlers.operator.reconcile.planning import PlanRejected
-from handlers.operator.trainingjob import (
-    LABEL_JOB,
-    LABEL_MANAGED_BY,
-    MANAGED_BY,
-    InvalidJob,
+from handlers.operator.platform import (
+    Conflict,
+    Expired,
+    Invalid,
+    JobEntry,
     JobView,
+    NotFound,
+    NotLeader,
+    PlanRejected,
+    Platform,
+    PlatformError,
     PodView,
+    UnreadableJob,
+    WatchKind,
+)
+from handlers.operator.reconcile import planning
+from handlers.operator.reconcile.events import (
+    SOURCE,
+    job_events,
+    job_meta,
+    node_events,
+    submitted,
 )
 from schemas.envelope import Event
 from schemas.jobs import JobMeta
@@ -101,13 +111,16 @@ def accepted(
     return ApplyResult(status, reason, observed, not_applied)
 
 
-def _owned_by(job: str) -> str:
-    """Label selector of what this operator made for a job besides its pods."""
-    return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}={job}"
-
-
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _unavailable(error: BaseException) -> str | None:
+    """The platform or the network away, in one line (anything else is a bug of ours,
+    and its traceback is the why)."""
+    if isinstance(error, PlatformError):
+        return str(error)
+    return away(error)
 
 
 class EnvReconciler:
@@ -116,37 +129,33 @@ class EnvReconciler:
         settings: Settings,
         env: str,
         dsn: str,
-        api: Platform,
+        platform: Platform,
         *,
         resync_s: float = 30.0,
         watch_timeout_s: int = 60,
         retry_s: float = 2.0,
         on_step: StepHook | None = None,
         metrics: OperatorMetrics | None = None,
-        platform: str = "Kubernetes",
     ) -> None:
         self.settings = settings
-        #: the platform's name in what a result says (a suspend it cannot do)
-        self.platform = platform
         #: plans answered by status, and how long from reading each to its result
         self.metrics = metrics
         self.env = env
         self.dsn = dsn
-        self.kube = api
-        self.adapter: WorkloadAdapter = api.adapter
+        self.platform = platform
         self.resync_s = resync_s
         self.watch_timeout_s = watch_timeout_s
         self.retry_s = retry_s
         self.on_step = on_step
         self.ready = asyncio.Event()
-        self._jobs: dict[str, dict[str, Any]] = {}
+        self._jobs: dict[str, JobEntry] = {}
         #: job -> its lock and how many hold or await it: an entry lives only while work
         #: on the job is in flight, so the map does not grow with every job ever seen
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._sent: OrderedDict[uuid.UUID, None] = OrderedDict()
-        self._informers = {
+        self._informers: dict[str, Informer[Any]] = {
             "jobs": self._informer("jobs", self._jobs_listed, self._job_event),
             "pods": self._informer("pods", self._pods_listed, self._pod_event),
         }
@@ -166,10 +175,10 @@ class EnvReconciler:
                 self._producer = producer
                 tasks = [
                     *(
-                        asyncio.create_task(i.run(), name=f"{self.env}.kube.{kind}")
+                        asyncio.create_task(i.run(), name=f"{self.env}.operator.{kind}")
                         for kind, i in self._informers.items()
                     ),
-                    asyncio.create_task(self._worker(), name=f"{self.env}.kube.reconcile"),
+                    asyncio.create_task(self._worker(), name=f"{self.env}.operator.reconcile"),
                 ]
                 try:
                     await self._until_synced(tasks)
@@ -215,17 +224,19 @@ class EnvReconciler:
 
     def _informer(
         self,
-        kind: str,
-        on_list: Callable[[list[dict[str, Any]]], Awaitable[None]],
-        on_event: Callable[[str, dict[str, Any]], Awaitable[None]],
-    ) -> Informer:
+        kind: WatchKind,
+        on_list: Callable[[list[Any]], Awaitable[None]],
+        on_event: Callable[[str, Any], Awaitable[None]],
+    ) -> Informer[Any]:
         """The informer of ``kind`` (jobs, pods) of this env's platform."""
 
-        async def list_() -> tuple[list[dict[str, Any]], str]:
-            return await (self.kube.list_jobs() if kind == "jobs" else self.kube.list_pods())
+        async def list_() -> tuple[list[Any], str]:
+            if kind == "jobs":
+                return await self.platform.list_jobs()
+            return await self.platform.list_pods()
 
-        def watch(version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-            return self.kube.watch(kind, version, self.watch_timeout_s)
+        def watch(version: str) -> AsyncIterator[tuple[str, Any]]:
+            return self.platform.watch(kind, version, self.watch_timeout_s)
 
         return Informer(
             f"env {self.env}: {kind}",
@@ -234,46 +245,39 @@ class EnvReconciler:
             on_list=on_list,
             on_event=on_event,
             backoff=Backoff(initial_s=self.retry_s),
+            expired=lambda e: isinstance(e, Expired),
+            unavailable=_unavailable,
         )
 
-    async def _jobs_listed(self, items: list[dict[str, Any]]) -> None:
-        gone = set(self._jobs) - {i["metadata"]["name"] for i in items}
-        self._jobs = {i["metadata"]["name"]: i for i in items}
+    async def _jobs_listed(self, items: list[JobEntry]) -> None:
+        gone = set(self._jobs) - {i.name for i in items}
+        self._jobs = {i.name: i for i in items}
         self._mark([*gone, *self._jobs])
 
-    async def _job_event(self, typ: str, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
+    async def _job_event(self, typ: str, job: JobEntry) -> None:
         if typ == "DELETED":
-            self._jobs.pop(name, None)
+            self._jobs.pop(job.name, None)
         else:
-            self._jobs[name] = obj
-        self._mark([name])
+            self._jobs[job.name] = job
+        self._mark([job.name])
 
-    async def _pods_listed(self, items: list[dict[str, Any]]) -> None:
+    async def _pods_listed(self, pods: list[PodView]) -> None:
         events: list[Event] = []
-        jobs: set[str] = set()
-        for obj in items:
-            pod = self.adapter.parse_pod(obj)
-            if pod is not None:
-                events.extend(node_events(self.env, self._meta_of(pod), pod))
-                jobs.add(pod.job)
+        for pod in pods:
+            events.extend(node_events(self.env, self._meta_of(pod), pod))
         await self._publish(events)
-        self._mark(jobs)
+        self._mark({pod.job for pod in pods})
 
-    async def _pod_event(self, typ: str, obj: dict[str, Any]) -> None:
-        pod = self.adapter.parse_pod(obj)
-        if pod is None:
-            return
+    async def _pod_event(self, typ: str, pod: PodView) -> None:
         if typ != "DELETED":
             await self._publish(node_events(self.env, self._meta_of(pod), pod))
         self._mark([pod.job])
 
     def _meta_of(self, pod: PodView) -> JobMeta:
-        obj = self._jobs.get(pod.job)
-        if obj is not None and obj["metadata"].get("uid") == pod.job_uid:
-            with contextlib.suppress(InvalidJob):
-                return job_meta(self.adapter.parse(obj))
-        return JobMeta(uuid=pod.job_uid or pod.job, name=pod.job, namespace=self.kube.namespace)
+        job = self._jobs.get(pod.job)
+        if isinstance(job, JobView) and job.uid == pod.job_uid:
+            return job_meta(job)
+        return JobMeta(uuid=pod.job_uid or pod.job, name=pod.job, namespace=self.platform.namespace)
 
     # -- reconcile loop -------------------------------------------------------------------
 
@@ -294,7 +298,7 @@ class EnvReconciler:
                     raise
                 except Exception as e:
                     # The next watch event or resync tries again; one job never stops others.
-                    msg = api_error(e) if isinstance(e, ApiException) else repr(e)
+                    msg = str(e) if isinstance(e, PlatformError) else repr(e)
                     log.warning("env %s: job %s not reconciled: %s", self.env, name, msg)
 
     @contextlib.asynccontextmanager
@@ -311,8 +315,8 @@ class EnvReconciler:
                 del self._locks[name]
 
     async def _pods_of(self, name: str) -> list[PodView]:
-        items, _ = await self.kube.list_pods(self.adapter.job_pod_selector(name))
-        return [p for p in map(self.adapter.parse_pod, items) if p is not None]
+        pods, _ = await self.platform.list_pods(name)
+        return pods
 
     async def reconcile(self, name: str) -> None:
         with log_fields(job=name):  # its lines ("created pod ...") say which job
@@ -320,85 +324,53 @@ class EnvReconciler:
 
     async def _reconcile(self, name: str) -> None:
         async with self._lock(name):
-            obj = await self.kube.get_job(name)
-            if obj is None:
+            job = await self.platform.get_job(name)
+            if job is None:
                 await self._clean_up(name)
                 return
-            try:
-                job = self.adapter.parse(obj)
-            except InvalidJob as e:
-                log.warning("env %s: job %s is invalid: %s", self.env, name, e)
+            if isinstance(job, UnreadableJob):
+                log.warning("env %s: job %s is invalid: %s", self.env, name, job.reason)
                 return
             await self._publish([submitted(self.env, job)])
-            await self._converge(obj, job)
+            await self._converge(job)
 
     async def _clean_up(self, name: str) -> None:
         """A deleted job's pods go too (a cluster's garbage collector would do it through
-        the owner reference; this does not wait for one). Only pods this operator made:
-        another controller's pods (a PyTorchJob's) are that controller's to delete."""
-        if not self.adapter.creates_pods:
+        the owner reference; this does not wait for one), and what the platform made for
+        them. Only pods this operator made: another controller's pods (a PyTorchJob's)
+        are that controller's to delete."""
+        if not self.platform.creates_pods:
             return
         for pod in await self._pods_of(name):
             if not pod.deleting:
-                await self.kube.delete_pod(pod.name)
-        for svc in await self.kube.list_services(_owned_by(name)):
-            if await self.kube.delete_service(svc["metadata"]["name"]):
-                log.info("env %s: deleted service %s", self.env, svc["metadata"]["name"])
+                await self.platform.delete_pod(pod.name)
+        await self.platform.release(name)
 
-    async def _services(self, obj: Mapping[str, Any], job: JobView) -> None:
-        """The job's Services, before its pods: an elastic role's pods find their
-        rendezvous host by one. Listed only for a job that needs some."""
-        wanted = self.adapter.services(obj, job, rendezvous_host=self.kube.rendezvous_host)
-        if not wanted:
-            return
-        changes = planning.service_changes(
-            wanted, await self.kube.list_services(_owned_by(job.name))
-        )
-        for name in changes.delete:
-            if await self.kube.delete_service(name):
-                log.info("env %s: deleted service %s", self.env, name)
-        for svc in changes.create:
-            if await self.kube.create_service(svc):
-                log.info("env %s: created service %s", self.env, svc["metadata"]["name"])
-
-    async def _converge(
-        self,
-        obj: Mapping[str, Any],
-        job: JobView,
-        *,
-        last_plan: str | None = None,
-    ) -> list[PodView]:
+    async def _converge(self, job: JobView, *, last_plan: str | None = None) -> list[PodView]:
         """Pods made to match the job, status and job events updated; returns the pods."""
         pods = await self._pods_of(job.name)
-        creator = self.adapter if isinstance(self.adapter, PodCreatingAdapter) else None
-        actions = planning.diff(job, pods) if creator is not None else planning.Actions()
-        if creator is not None and planning.outcome(job, pods)[0] is None:
-            await self._services(obj, job)
+        creates = self.platform.creates_pods
+        actions = planning.diff(job, pods) if creates else planning.Actions()
+        if creates and planning.outcome(job, pods)[0] is None:
+            await self.platform.prepare(job)
         for new in actions.create:
-            assert creator is not None  # only a pod creator's diff creates pods
-            manifest = creator.pod_manifest(
-                obj, job, new, self.env, rendezvous_host=self.kube.rendezvous_host
-            )
-            if await self.kube.create_pod(manifest):
-                log.info("env %s: created pod %s", self.env, manifest["metadata"]["name"])
+            if await self.platform.create_pod(job, new, self.env):
+                log.info("env %s: created pod %s", self.env, new.name(job.name))
         named = {p.name: p for p in pods}
         for name in actions.delete:
             pod = named.get(name)
             grace = planning.grace_seconds(job, pod) if pod is not None else None
-            if await self.kube.delete_pod(name, grace):
+            if await self.platform.delete_pod(name, grace):
                 log.info("env %s: deleted pod %s (grace %s s)", self.env, name, grace)
         if actions:
             pods = await self._pods_of(job.name)
-        patch = self.adapter.status_patch(
+        status = planning.job_status(
             job, pods, last_plan=last_plan, last_plan_time=_now() if last_plan else None
         )
-        if patch is not None:
-            try:
-                await self.kube.patch_job_status(job.name, patch)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-        await self._publish(job_events(self.env, job, pods, self.adapter.outcome(job, pods)))
+        if status is not None:
+            with contextlib.suppress(NotFound):  # deleted meanwhile: its pods go next
+                await self.platform.set_status(job, status)
+        await self._publish(job_events(self.env, job, pods, self.platform.outcome(job, pods)))
         return pods
 
     # -- plans ----------------------------------------------------------------------------
@@ -431,9 +403,9 @@ class EnvReconciler:
         else:
             try:
                 outcome = await self._apply(plan)
-            except (asyncio.CancelledError, ApiException, OSError, NotLeader):
-                # the cluster, the network, or the lease lost: the consumer (or the next
-                # leader's) tries the batch again; the ledger keeps no answer
+            except (asyncio.CancelledError, PlatformError, OSError):
+                # the platform, the network, or the lease lost (NotLeader): the consumer
+                # (or the next leader's) tries the batch again; the ledger keeps no answer
                 raise
             except Exception as e:
                 log.exception("env %s: plan %s", self.env, plan.plan_id)
@@ -487,98 +459,88 @@ class EnvReconciler:
         """How the job's processes take the plan (its roles' elastic mode), None when it
         resizes no elastic role or the job is gone."""
         try:
-            _, job = await self._find(plan)
+            job = await self._find(plan)
         except PlanRejected:
             return None
         return planning.rescale_mode(job, plan)
 
     async def _observed(self, plan: ScalePlan) -> dict[str, dict[str, int]]:
         try:
-            _, job = await self._find(plan)
+            job = await self._find(plan)
         except PlanRejected:
             return {}
         return planning.counts(job, await self._pods_of(job.name))
 
-    async def _find(self, plan: ScalePlan) -> tuple[dict[str, Any], JobView]:
-        """The job the plan is for (its object and view); PlanRejected says why there is
-        none."""
+    async def _find(self, plan: ScalePlan) -> JobView:
+        """The job the plan is for; PlanRejected says why there is none."""
         meta = plan.job
-        if meta.namespace != self.kube.namespace and meta.name:
+        namespace = self.platform.namespace
+        if meta.namespace != namespace and meta.name:
             raise PlanRejected(
                 f"job {meta.name} is in namespace {meta.namespace}; this operator serves "
-                f"namespace {self.kube.namespace}"
+                f"namespace {namespace}"
             )
-        name = meta.name or next(
-            (n for n, o in self._jobs.items() if o["metadata"].get("uid") == meta.uuid), ""
-        )
-        obj = await self.kube.get_job(name) if name else None
-        if obj is None:
+        name = meta.name or next((n for n, j in self._jobs.items() if j.uid == meta.uuid), "")
+        job = await self.platform.get_job(name) if name else None
+        if job is None:
             who = meta.name or meta.uuid
             raise PlanRejected(
-                f"job {who} not found in namespace {self.kube.namespace}: deleted or never "
-                "submitted"
+                f"job {who} not found in namespace {namespace}: deleted or never submitted"
             )
-        try:
-            job = self.adapter.parse(obj)
-        except InvalidJob as e:
-            raise PlanRejected(f"job {name} is invalid: {e}") from None
+        if isinstance(job, UnreadableJob):
+            raise PlanRejected(f"job {name} is invalid: {job.reason}")
         if job.uid != meta.uuid:
             raise PlanRejected(
                 f"job {name} was deleted: the plan is for uid {meta.uuid}, the job of that "
                 f"name now is uid {job.uid}"
             )
-        return obj, job
+        return job
 
     async def _apply(self, plan: ScalePlan) -> ApplyResult:
-        if plan.suspend:
-            # neither platform can hold a job's place while its pods are gone
-            return ApplyResult(ScaleStatus.REJECTED, planning.cannot_suspend(self.platform), {})
+        if plan.suspend and not self.platform.suspends:
+            # no platform here can hold a job's place while its pods are gone (issue 26)
+            reason = planning.cannot_suspend(self.platform.name)
+            return ApplyResult(ScaleStatus.REJECTED, reason, {})
         try:
-            obj, job = await self._find(plan)
+            job = await self._find(plan)
         except PlanRejected as e:
             return ApplyResult(ScaleStatus.REJECTED, str(e), {})
         async with self._lock(job.name):
             reason = RESUMED
             # what no change of the job applies; the same if the change was made before
-            left_out = self.adapter.plan_not_applied(plan)
+            left_out = self.platform.not_applied(plan)
             for _ in range(10):
                 if plan.plan_id in job.applied_plans:
                     break
                 pods = await self._pods_of(job.name)
                 try:
-                    change = self.adapter.plan_change(job, pods, plan)
+                    planned = self.platform.plan_change(job, pods, plan)
                 except PlanRejected as e:
                     return ApplyResult(ScaleStatus.REJECTED, str(e), planning.counts(job, pods))
-                assert change.patch is not None
                 try:
-                    obj = await self.kube.patch_job(job.name, change.patch)
-                except ApiException as e:
-                    if e.status == 409:  # changed meanwhile: decide again on what it is now
-                        got = await self.kube.get_job(job.name)
-                        if got is None:
-                            return ApplyResult(
-                                ScaleStatus.REJECTED, f"job {job.name} was deleted", {}
-                            )
-                        obj, job = got, self.adapter.parse(got)
-                        continue
-                    if e.status == 404:
+                    job = await self.platform.change_job(job, planned.change)
+                except Conflict:  # changed meanwhile: decide again on what it is now
+                    got = await self.platform.get_job(job.name)
+                    if got is None:
                         return ApplyResult(ScaleStatus.REJECTED, f"job {job.name} was deleted", {})
-                    if e.status in (400, 403, 422):
-                        return ApplyResult(ScaleStatus.REJECTED, api_error(e), {})
-                    raise
-                job = self.adapter.parse(obj)
-                reason = "; ".join([change.summary, *change.notes])
-                left_out = change.not_applied
+                    if isinstance(got, UnreadableJob):
+                        reason = f"job {job.name} is invalid: {got.reason}"
+                        return ApplyResult(ScaleStatus.REJECTED, reason, {})
+                    job = got
+                    continue
+                except NotFound:
+                    return ApplyResult(ScaleStatus.REJECTED, f"job {job.name} was deleted", {})
+                except Invalid as e:
+                    return ApplyResult(ScaleStatus.REJECTED, str(e), {})
+                reason = "; ".join([planned.summary, *planned.notes])
                 break
             else:
                 return ApplyResult(ScaleStatus.FAILED, "the job kept changing under the plan", {})
             await self._step("patched", plan)
             try:
-                pods = await self._converge(obj, job, last_plan=plan.plan_id)
-            except ApiException as e:
-                if e.status in (400, 403, 422):  # quota, admission, invalid pod
-                    return ApplyResult(ScaleStatus.FAILED, f"pods: {api_error(e)}", {})
-                raise
+                pods = await self._converge(job, last_plan=plan.plan_id)
+            except Invalid as e:  # quota, admission, invalid pod
+                return ApplyResult(ScaleStatus.FAILED, f"pods: {e}", {})
             await self._step("pods", plan)
             return accepted(reason, planning.counts(job, pods), left_out)
 

@@ -19,15 +19,16 @@ from kubernetes_asyncio import client
 from dlrover_events.bus.producer import Producer
 from dlrover_events.settings import Settings
 from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.pods import LABEL_RANK
 from handlers.operator.kube.trainingjob import (
     DEFAULT_GPU_TYPE_LABEL,
     TRAINING_JOB,
     rendezvous_service,
 )
+from handlers.operator.platform import JobStatus, PodView
 from handlers.operator.quantity import GPU
-from handlers.operator.reconcile.planning import UNSUPPORTED
 from handlers.operator.reconcile.reconciler import ALREADY_APPLIED
-from handlers.operator.trainingjob import LABEL_RANK, PodView
+from handlers.operator.trainingjob import UNSUPPORTED
 from schemas.jobs import JobSubmitted, NodeRef
 from schemas.plans import (
     MigrateNode,
@@ -239,13 +240,13 @@ async def test_an_elastic_job_resizes_2_4_1_around_its_rendezvous_host(
     assert job.roles["worker"].replicas == 1
     assert len(await cluster.pods(name)) == 1
 
-    async def settled() -> dict[str, Any] | None:
+    async def settled() -> JobStatus | None:
         got = await cluster.job(name)
         ok = got is not None and got.phase == "Running" and got.last_plan_id == "to-1"
-        return dict(got.status) if got is not None and ok else None
+        return got.status if got is not None and ok else None
 
     status = await until(settled, "status Running after plan to-1")
-    assert status["roles"]["worker"] == {"pending": 0, "running": 1, "succeeded": 0, "failed": 0}
+    assert status.roles["worker"] == {"pending": 0, "running": 1, "succeeded": 0, "failed": 0}
     row = await printer_row(cluster, name)
     assert (row["Phase"], row["Workers"], row["Running"], row["Last-Plan"]) == (
         "Running",

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from dlrover_events.bus.producer import Producer
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
+from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, micro_time
 from handlers.operator.kube.runner import RealOperator, kube_settings, run_elected
 from handlers.operator.trainingjob import ANN_PLANS
@@ -287,7 +288,13 @@ async def test_a_leader_that_loses_its_lease_stops_acting_at_once(
     leader = LeaseElector(api, namespace, identity="op-x", timing=conf.lease_timing())
     registry = CollectorRegistry(auto_describe=True)
     operator = RealOperator(
-        settings, pg_dsn, cluster.kube, env=real.name, conf=conf, leader=leader, metrics=registry
+        settings,
+        pg_dsn,
+        KubeCluster(cluster.kube),
+        env=real.name,
+        conf=conf,
+        leader=leader,
+        metrics=registry,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(run_elected(operator, leader, stop))

@@ -2,9 +2,10 @@
 host-OOM event, reaches the brain, comes back as a plan, and the reconciler applies it;
 the replacement's own OOM is answered in turn, from its new size.
 
-One env, its real reconciler (handlers/operator/kube) on a fresh namespace of the test
-control plane, and its brain run as `up` runs it (the `service` in this event loop), both
-on the session's broker and Postgres. The test plays the kubelet: it starts the pods, and
+One env, its real reconciler (handlers/operator/reconcile on the Kubernetes platform,
+handlers/operator/kube) on a fresh namespace of the test control plane, and its brain run
+as `up` runs it (the `service` in this event loop), both on the session's broker and
+Postgres. The test plays the kubelet: it starts the pods, and
 kills one with OOMKilled / exit 137. Waiting is bounded by generous deadlines only; no
 assertion depends on how long anything took.
 """
@@ -29,7 +30,7 @@ from dlrover_events.bus.topics import (
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from handlers.operator.trainingjob import PodView
+from handlers.operator.platform import PodView
 from schemas.envelope import Event
 from schemas.jobs import JobStarted, NodeOOM, OOMKind
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus

@@ -31,9 +31,10 @@ from handlers.operator.kube.pytorchjob import (
     PYTORCH_JOB,
     VERSION,
 )
+from handlers.operator.platform import JobView
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.reconciler import ALREADY_APPLIED
-from handlers.operator.trainingjob import ANN_PLANS, JobView
+from handlers.operator.trainingjob import ANN_PLANS
 from schemas.jobs import JobCompleted, JobStarted, JobSubmitted, NodeFailed, NodeStarted
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
 from tests.integration.tap import Tap

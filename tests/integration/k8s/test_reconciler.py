@@ -23,11 +23,11 @@ from dlrover_events.runtime.logs import JsonFormatter, log_fields
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.pods import LABEL_JOB, LABEL_RANK, LABEL_ROLE
 from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.quantity import Resources
-from handlers.operator.reconcile.planning import UNSUPPORTED
+from handlers.operator.platform import Resources
 from handlers.operator.reconcile.reconciler import ALREADY_APPLIED, RESUMED
-from handlers.operator.trainingjob import ANN_PLANS, LABEL_JOB, LABEL_RANK, LABEL_ROLE
+from handlers.operator.trainingjob import ANN_PLANS, UNSUPPORTED
 from schemas.jobs import JobSubmitted, NodeOOM, NodeRef, NodeStarted, OOMKind
 from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import (
@@ -114,7 +114,7 @@ async def test_a_job_is_created_with_its_pods(cluster: Cluster, env: str, tap: T
 
     async def status_counts() -> dict | None:  # type: ignore[type-arg]
         got = await cluster.job(name)
-        roles = dict(got.status.get("roles") or {}) if got else {}
+        roles = dict(got.status.roles) if got and got.status else {}
         ok = roles.get("worker", {}).get("running") == 2 and roles.get("ps", {}).get("running")
         return roles if ok else None
 

@@ -17,6 +17,7 @@ from dlrover_events.bus.producer import Producer
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
+from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.runner import RealOperator, connect, kube_settings
 from handlers.operator.modes import run_operator
 from schemas.control import EnvMode
@@ -135,7 +136,7 @@ async def test_an_operator_of_one_env_stands_still_while_it_is_not_real(
     registry = EnvRegistry(settings, pg_dsn)
     real = await registry.real() or await make_env(mode=EnvMode.REAL)
     standby = await make_env()
-    operator = RealOperator(settings, pg_dsn, cluster.kube, env=real.name)
+    operator = RealOperator(settings, pg_dsn, KubeCluster(cluster.kube), env=real.name)
     stop = asyncio.Event()
     task = asyncio.create_task(operator.run(stop))
     try:

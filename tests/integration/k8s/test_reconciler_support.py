@@ -19,10 +19,11 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.settings import Settings
 from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator.platform import JobView, PodView
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
-from handlers.operator.trainingjob import JobView, PodView
 from schemas.jobs import JobMeta
 from schemas.plans import ScalePlan
 
@@ -123,6 +124,8 @@ class Cluster:
     pg_dsn: str
     api: client.ApiClient
     namespace: str
+    #: the API as the tests read and write it (JSON); the reconciler gets it as the
+    #: platform port (KubeCluster)
     kube: KubeApi = field(init=False)
     running: list[Operator] = field(default_factory=list)
 
@@ -134,7 +137,7 @@ class Cluster:
             self.settings,
             env,
             self.pg_dsn,
-            self.kube,
+            KubeCluster(self.kube),
             resync_s=2.0,
             watch_timeout_s=20,
             retry_s=0.5,

@@ -77,7 +77,7 @@ async def test_a_di_engine_job_succeeds_once_every_pod_did(
     assert got is not None
     (done,) = await tap.until(lambda: tap.of(JobCompleted, got.uid), "job.completed")
     assert done.job.name == name
-    assert got.status["roles"]["collector"]["succeeded"] == 2
+    assert got.status is not None and got.status.roles["collector"]["succeeded"] == 2
 
 
 async def test_a_success_policy_ends_the_job_with_the_roles_it_names(
@@ -91,7 +91,7 @@ async def test_a_success_policy_ends_the_job_with_the_roles_it_names(
     got = await cluster.job(name)
     assert got is not None and got.success_roles == ("coordinator",)
     await tap.until(lambda: tap.of(JobCompleted, got.uid), "job.completed")
-    assert got.status["roles"]["collector"]["running"] == 2
+    assert got.status is not None and got.status.roles["collector"]["running"] == 2
 
 
 async def test_the_crd_refuses_a_success_policy_of_the_wrong_shape(cluster: Cluster) -> None:

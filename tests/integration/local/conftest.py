@@ -16,10 +16,11 @@ import pytest
 from dlrover_events.bus.producer import Producer
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.local.cluster import ANN_WORKDIR, LocalCluster
+from handlers.operator.local.cluster import LocalCluster
 from handlers.operator.local.runner import platform_root
 from handlers.operator.modes import run_operator
+from handlers.operator.platform import JobView, PodView
+from handlers.operator.trainingjob import ANN_WORKDIR
 from schemas.control import EnvMode
 from tests.conftest import EnvFactory
 from tests.integration.tap import DEADLINE_S, OPERATOR_OUTPUTS, Tap
@@ -46,14 +47,14 @@ class Local:
 
     def cluster(self) -> LocalCluster:
         """The platform as the `job` commands see it (no node agent)."""
-        return LocalCluster(self.root, TRAINING_JOB)
+        return LocalCluster(self.root)
 
-    async def submit(self, body: dict[str, Any], workdir: Path | None = None) -> dict[str, Any]:
+    async def submit(self, body: dict[str, Any], workdir: Path | None = None) -> JobView:
         if workdir is not None:
             body.setdefault("metadata", {}).setdefault("annotations", {})[ANN_WORKDIR] = str(
                 workdir
             )
-        return await self.cluster().create_job(body)
+        return await self.cluster().submit_job(body)
 
     async def start_operator(self, **options: Any) -> tuple[ServiceContext, asyncio.Task[None]]:
         ctx = ServiceContext(self.settings, self.env, self.pg_dsn)
@@ -67,8 +68,8 @@ class Local:
         assert ready.done(), "the local operator did not get ready"
         return ctx, task
 
-    async def pods(self, job: str) -> list[dict[str, Any]]:
-        items, _ = await self.cluster().list_pods(f"dlrover-events.io/job={job}")
+    async def pods(self, job: str) -> list[PodView]:
+        items, _ = await self.cluster().list_pods(job)
         return items
 
 

@@ -115,7 +115,7 @@ async def test_job_scale_resizes_a_running_elastic_job_2_3_1(local: Local, tmp_p
     ctx, task = await local.start_operator()
     try:
         job = await local.submit(example_job("elastic-a"), workdir)
-        uid = job["metadata"]["uid"]
+        uid = job.uid
         await local.tap.first(JobSubmitted, uid, lambda e: True, "job.submitted")
 
         def samples_at(n: int) -> list[RuntimeSample]:
@@ -181,7 +181,7 @@ async def test_the_brains_goodput_plans_resize_the_running_job_2_3_1(
     ctx, task = await local.start_operator()
     try:
         job = await local.submit(example_job("elastic-b"), workdir)
-        uid = job["metadata"]["uid"]
+        uid = job.uid
         for target in (3, 1):
             plan = await local.tap.first(
                 ScalePlan,

@@ -81,7 +81,7 @@ async def test_an_in_place_job_resizes_2_3_1_2_and_its_survivors_go_on(
     ctx, task = await local.start_operator()
     try:
         job = await local.submit(in_place_job("inplace-a"), workdir)
-        uid = job["metadata"]["uid"]
+        uid = job.uid
         await local.tap.first(JobSubmitted, uid, lambda e: True, "job.submitted")
 
         def samples_at(n: int) -> list[RuntimeSample]:
@@ -155,7 +155,7 @@ async def test_a_killed_worker_is_survived_in_place_on_the_platform(
     ctx, task = await local.start_operator()
     try:
         job = await local.submit(in_place_job("inplace-b", spares=0), workdir)
-        uid = job["metadata"]["uid"]
+        uid = job.uid
         await wait_for(
             "samples at world size 2",
             lambda: [s for s in local.tap.of(RuntimeSample, uid) if s.world_size == 2],

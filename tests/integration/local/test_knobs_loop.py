@@ -54,7 +54,7 @@ async def test_a_gpu_oom_plan_changes_the_micro_batch_of_the_running_job(
     ctx, task = await local.start_operator(gateway_url=gateway.url)
     try:
         job = await local.submit(example_job("knobs", replicas=2), workdir)
-        uid = job["metadata"]["uid"]
+        uid = job.uid
         submitted = await local.tap.first(JobSubmitted, uid, lambda e: True, "job.submitted")
         await wait_for(
             "samples at world size 2, batch 16",
@@ -122,7 +122,7 @@ async def test_knobs_a_job_never_confirms_stay_partial(
     try:
         # A job whose process has no SDK: nothing will ever confirm its knobs.
         job = await local.submit(sleeper_job("deaf", 1))
-        uid = job["metadata"]["uid"]
+        uid = job.uid
         submitted = await local.tap.first(JobSubmitted, uid, lambda e: True, "job.submitted")
         plan = ScalePlan(
             env=local.env,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
+from handlers.operator.platform import JobView
 from tests.conftest import cli_environ
 from tests.integration.local.conftest import Local
 from tests.integration.local.test_local_platform import sleeper_job
@@ -45,8 +46,8 @@ async def test_job_commands_on_the_local_platform(local: Local, tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     assert "trainingjob default/cmd-job created" in done.stdout
     obj = await local.cluster().get_job("cmd-job")
-    assert obj is not None
-    assert obj["metadata"]["annotations"]["dlrover-events.io/workdir"] == str(tmp_path)
+    assert isinstance(obj, JobView)
+    assert obj.document["metadata"]["annotations"]["dlrover-events.io/workdir"] == str(tmp_path)
 
     one_line_error(job_cli(local, "submit", str(spec), "--queue", cwd=tmp_path), "already exists")
 

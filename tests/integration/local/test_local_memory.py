@@ -28,7 +28,7 @@ async def test_a_node_past_its_memory_limit_is_reported(local: Local) -> None:
     ctx, task = await local.start_operator()
     try:
         job = await local.submit(hungry_job("hog"))
-        uid = job["metadata"]["uid"]
+        uid = job.uid
         await local.tap.first(JobSubmitted, uid, lambda e: True, "job.submitted")
         if how in (Enforcement.CGROUP_V1, Enforcement.CGROUP_V2):
             # The kernel kills it for the cgroup's limit, and the cgroup counts it.
@@ -51,37 +51,45 @@ async def test_a_node_past_its_memory_limit_is_reported(local: Local) -> None:
 async def test_rlimit_as_stops_a_node_where_no_cgroup_can_be_made(tmp_path: Any) -> None:
     """The fallback, forced: the allocation fails in the process (a MemoryError), the node
     ends with an error, and its exit record says which limit was in force."""
-    from handlers.operator.kube.trainingjob import TRAINING_JOB
     from handlers.operator.local.cluster import LocalCluster
+    from handlers.operator.platform import NewPod
 
-    cluster = LocalCluster(
-        tmp_path, TRAINING_JOB, runs_pods=True, enforcement=Enforcement.RLIMIT_AS, poll_s=0.1
-    )
+    cluster = LocalCluster(tmp_path, runs_pods=True, enforcement=Enforcement.RLIMIT_AS, poll_s=0.1)
     await cluster.start()
     try:
-        manifest = {
-            "metadata": {"name": "hog-0", "labels": {"dlrover-events.io/job": "hog"}},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "main",
-                        "command": [sys.executable, "-c", HOG],
-                        "resources": {"limits": {"memory": "256Mi"}},
-                    }
-                ]
-            },
+        # The memory is the template's own limit: the node's resources leave it unset.
+        container = {
+            "name": "main",
+            "command": [sys.executable, "-c", HOG],
+            "resources": {"limits": {"memory": "256Mi"}},
         }
-        assert await cluster.create_pod(manifest)
+        job = await cluster.submit_job(
+            {
+                "apiVersion": "dlrover-events.io/v1alpha1",
+                "kind": "TrainingJob",
+                "metadata": {"name": "hog"},
+                "spec": {
+                    "roles": {
+                        "worker": {
+                            "replicas": 1,
+                            "template": {"spec": {"containers": [container]}},
+                        }
+                    }
+                },
+            }
+        )
+        assert await cluster.create_pod(job, NewPod("worker", 0, 0, job.wanted("worker", 0)), "e")
         for _ in range(300):
             pods, _ = await cluster.list_pods()
-            if pods and pods[0]["status"]["phase"] in ("Succeeded", "Failed"):
+            if pods and pods[0].finished:
                 break
             await asyncio.sleep(0.1)
-        status = pods[0]["status"]
-        assert status["phase"] == "Failed", status
-        assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 1
-        exit_record = (tmp_path / "pods" / "hog-0" / "exit.json").read_text()
+        (pod,) = pods
+        assert pod.phase == "Failed", pod
+        assert pod.termination is not None and pod.termination.exit_code == 1
+        assert pod.resources.memory == 256 * 2**20
+        exit_record = (tmp_path / "pods" / "hog-worker-0" / "exit.json").read_text()
         assert '"memoryLimit": "rlimit-as"' in exit_record
-        assert "MemoryError" in (tmp_path / "pods" / "hog-0" / "log").read_text()
+        assert "MemoryError" in (tmp_path / "pods" / "hog-worker-0" / "log").read_text()
     finally:
         await cluster.stop(end_pods=True)

@@ -12,8 +12,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
+from handlers.operator.platform import JobView, PodView
 from schemas.jobs import JobSubmitted
 from schemas.plans import Node, ScalePlan, ScaleResult, ScaleStatus
 from tests.conftest import cli_environ
@@ -74,7 +74,7 @@ async def test_a_killed_local_operator_applies_nothing_twice_and_leaves_no_orpha
     op: subprocess.Popen[bytes] | subprocess.Popen[str] = start_operator(local, log)
     try:
         job = await local.submit(sleeper_job("crashy", 1, maxReplicas=len(KILLS) + 2))
-        uid = job["metadata"]["uid"]
+        uid = job.uid
         submitted = await local.tap.first(JobSubmitted, uid, lambda e: True, "job.submitted")
         await until("1 running node", lambda: _count(local, "crashy", 1))
         op.send_signal(signal.SIGTERM)
@@ -103,10 +103,10 @@ async def test_a_killed_local_operator_applies_nothing_twice_and_leaves_no_orpha
         assert sorted(nodes) == list(range(want))
         await asyncio.sleep(2)  # a duplicate launch would have made its pod by now
         pods = await local.pods("crashy")
-        assert len(pods) == want, [p["metadata"]["name"] for p in pods]
+        assert len(pods) == want, [p.name for p in pods]
         obj = await local.cluster().get_job("crashy")
-        assert obj is not None
-        assert obj["spec"]["roles"]["worker"]["replicas"] == want
+        assert isinstance(obj, JobView)
+        assert obj.roles["worker"].replicas == want
         # Each node is one process, and each process is a node's.
         assert len({p.pid for p in shims()}) == want
     finally:
@@ -119,6 +119,6 @@ async def test_a_killed_local_operator_applies_nothing_twice_and_leaves_no_orpha
     assert op.returncode == 0, log.read_text()[-2000:]
 
 
-async def _count(local: Local, job: str, n: int) -> dict[int, dict[str, Any]] | None:
+async def _count(local: Local, job: str, n: int) -> dict[int, PodView] | None:
     found = running(await local.pods(job))
     return found if len(found) == n else None

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from handlers.operator.platform import PodView
 from schemas.jobs import JobSubmitted, NodeExited, NodeStarted
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
 from tests.integration.local.conftest import Local, shims
@@ -63,19 +64,15 @@ def node_is(n: int) -> Callable[[NodeStarted], bool]:
     return lambda e: e.node.id == n
 
 
-def running(pods: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {
-        int(p["metadata"]["labels"]["dlrover-events.io/rank"]): p
-        for p in pods
-        if p["status"]["phase"] == "Running" and not p["metadata"].get("deletionTimestamp")
-    }
+def running(pods: list[PodView]) -> dict[int, PodView]:
+    return {p.rank: p for p in pods if p.running and not p.deleting}
 
 
 async def test_a_plan_resizes_a_local_job_once_and_its_nodes_are_processes(local: Local) -> None:
     ctx, task = await local.start_operator()
     try:
         job = await local.submit(sleeper_job("sleepy", 2))
-        uid = job["metadata"]["uid"]
+        uid = job.uid
         await local.tap.first(JobSubmitted, uid, lambda e: True, "job.submitted")
         pods = await until("2 running nodes", lambda: _running_count(local, "sleepy", 2))
         assert sorted(pods) == [0, 1]

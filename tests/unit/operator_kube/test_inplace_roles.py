@@ -14,13 +14,12 @@ from dlrover_events.sdk.identity import (
     ELASTIC_STORE_HOST_ENV,
 )
 from handlers.operator.kube.trainingjob import pod_manifest
-from handlers.operator.quantity import Resources
-from handlers.operator.reconcile.planning import NewPod, rescale_mode
-from handlers.operator.trainingjob import InvalidJob, JobView
+from handlers.operator.platform import InvalidJob, JobView, NewPod, Resources
+from handlers.operator.reconcile.planning import rescale_mode
 from schemas.jobs import NodeRef
 from schemas.plans import NodeGroupResource, RescaleMode
 
-from .test_planning import job, job_obj, plan
+from .test_planning import job, plan
 
 
 def elastic(mode: str | None = None, **more: Any) -> dict[str, Any]:
@@ -36,7 +35,7 @@ def env_of(manifest: dict[str, Any]) -> dict[str, str]:
 
 def manifest(j: JobView, rank: int) -> dict[str, Any]:
     new = NewPod("worker", rank, rank, Resources())
-    return pod_manifest(job_obj(), j, new, "prod", rendezvous_host="127.0.0.1")
+    return pod_manifest(j, new, "prod", rendezvous_host="127.0.0.1")
 
 
 def test_the_mode_and_spares_are_read_and_checked() -> None:

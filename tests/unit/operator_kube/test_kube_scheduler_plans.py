@@ -13,9 +13,11 @@ from kubernetes_asyncio import client
 from dlrover_events.settings import Settings
 from handlers.operator.kube import pytorchjob
 from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.reconcile.planning import cannot_suspend, plan_change, plan_not_applied
+from handlers.operator.reconcile.planning import cannot_suspend, plan_change
 from handlers.operator.reconcile.reconciler import EnvReconciler
+from handlers.operator.trainingjob import job_patch, plan_not_applied
 from schemas.plan_parts import NO_PLACEMENT
 from schemas.plans import NotApplied, ScalePlan, ScaleStatus
 
@@ -29,18 +31,18 @@ PLACED = NotApplied(part="placement", reason=NO_PLACEMENT)
 def test_a_trainingjob_plan_lists_its_placement_not_applied() -> None:
     placed = plan(node_group_resources=group(4), placement=PLACEMENT)
     assert PLACED in plan_not_applied(placed)
-    assert PLACED in plan_not_applied(placed, gpu_type_label="gpu.example/type")
+    assert PLACED in plan_not_applied(placed, gpu_types=True)
+    assert TRAINING_JOB.plan_not_applied(placed) == plan_not_applied(placed)
     change = plan_change(job(2), [pod(0), pod(1)], placed)
-    assert change.not_applied == plan_not_applied(placed)
-    assert change.patch is not None
-    assert change.patch["spec"] == {"roles": {"worker": {"replicas": 4}}}
+    assert job_patch(job(2), change.change)["spec"] == {"roles": {"worker": {"replicas": 4}}}
 
 
 def test_a_pytorchjob_plan_lists_its_placement_not_applied() -> None:
     placed = ptj.plan(node_group_resources=ptj.workers(3), placement=PLACEMENT)
     assert PLACED in pytorchjob.plan_not_applied(placed)
     change = pytorchjob.plan_change(ptj.elastic(2), ptj.pods(2), placed)
-    assert PLACED in change.not_applied
+    assert change.change.replicas == {"worker": 3}  # the rest applies
+    assert PLACED in pytorchjob.PYTORCH_JOB.plan_not_applied(placed)
 
 
 def test_a_plan_without_placement_lists_none() -> None:
@@ -54,17 +56,17 @@ def test_the_suspend_reason_is_one_line_naming_the_platform() -> None:
 
 
 @pytest.fixture
-async def unreachable_cluster() -> AsyncIterator[KubeApi]:
+async def unreachable_cluster() -> AsyncIterator[KubeCluster]:
     """A Kubernetes API nobody answers: any call the operator made would fail."""
     api = client.ApiClient(client.Configuration(host="http://127.0.0.1:1"))
     try:
-        yield KubeApi(api, TRAINING_JOB, "ns")
+        yield KubeCluster(KubeApi(api, TRAINING_JOB, "ns"))
     finally:
         await api.close()
 
 
 async def test_the_kubernetes_operator_rejects_a_suspend_without_calling_the_cluster(
-    unreachable_cluster: KubeApi,
+    unreachable_cluster: KubeCluster,
 ) -> None:
     reconciler = EnvReconciler(
         Settings(), "prod", "postgresql://127.0.0.1:1/unused", unreachable_cluster

@@ -22,9 +22,8 @@ from handlers.operator.kube.lease import (
     taken,
 )
 from handlers.operator.kube.runner import kube_settings
-from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import LocalCluster
-from handlers.operator.platform import FencedPlatform, NotLeader
+from handlers.operator.platform import FencedPlatform, JobChange, JobView, NewPod, NotLeader
 
 TIMING = Timing(lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
 AT = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
@@ -148,7 +147,7 @@ def test_the_settings_give_the_lease_timing() -> None:
 
 async def test_a_fenced_platform_refuses_writes_once_the_lease_is_lost(tmp_path: Path) -> None:
     leading = [True]
-    platform = FencedPlatform(LocalCluster(tmp_path, TRAINING_JOB), lambda: leading[0])
+    platform = FencedPlatform(LocalCluster(tmp_path), lambda: leading[0])
     body = {
         "apiVersion": "dlrover-events.io/v1alpha1",
         "kind": "TrainingJob",
@@ -162,13 +161,15 @@ async def test_a_fenced_platform_refuses_writes_once_the_lease_is_lost(tmp_path:
             }
         },
     }
-    await platform.create_job(body)
+    job = await platform.submit_job(body)
     leading[0] = False
-    with pytest.raises(NotLeader, match="patch job j refused"):
-        await platform.patch_job("j", {"spec": {"roles": {"worker": {"replicas": 2}}}})
-    with pytest.raises(NotLeader):
-        await platform.create_pod({"metadata": {"name": "j-worker-0"}})
+    change = JobChange(job.resource_version, ("p1",), replicas={"worker": 2})
+    with pytest.raises(NotLeader, match="change job j refused"):
+        await platform.change_job(job, change)
+    with pytest.raises(NotLeader, match="create pod j-worker-0 refused"):
+        await platform.create_pod(job, NewPod("worker", 0, 0, job.roles["worker"].resources), "e")
     with pytest.raises(NotLeader):
         await platform.delete_job("j")
     got = await platform.get_job("j")  # reads pass
-    assert got is not None and got["spec"]["roles"]["worker"]["replicas"] == 1
+    assert isinstance(got, JobView) and got.roles["worker"].replicas == 1
+    assert await platform.list_pods("j") == ([], "0")

@@ -11,30 +11,35 @@ import pytest
 from dlrover_events.errors import UserError
 from handlers.operator.kube.adapter import adapter_for, adapters
 from handlers.operator.kube.cli_jobs import scale_plan_id
+from handlers.operator.kube.pods import parse_pod
 from handlers.operator.kube.pytorchjob import PYTORCH_JOB
 from handlers.operator.kube.trainingjob import TRAINING_JOB, pod_manifest
-from handlers.operator.quantity import Resources, format_cpu, parse_quantity
-from handlers.operator.reconcile.events import event_id, job_events, node_events, submitted
-from handlers.operator.reconcile.planning import (
+from handlers.operator.platform import (
+    InvalidJob,
+    JobView,
     NewPod,
     PlanRejected,
+    PodView,
+    Resources,
+    Termination,
+)
+from handlers.operator.quantity import format_cpu, parse_quantity, resources_from_spec
+from handlers.operator.reconcile.events import event_id, job_events, node_events, submitted
+from handlers.operator.reconcile.planning import (
     counts,
     diff,
+    job_status,
     outcome,
     phase,
     plan_change,
-    status_patch,
 )
 from handlers.operator.trainingjob import (
     ANN_NODE_RESOURCES,
     ANN_PLANS,
     ANN_REMOVE_FIRST,
-    InvalidJob,
-    JobView,
-    PodView,
-    Termination,
+    job_patch,
     parse_job,
-    parse_pod,
+    status_patch,
 )
 from schemas.jobs import NodeExited, NodeFailed, NodeOOM, NodeRef, NodeStarted, OOMKind
 from schemas.plans import MigrateNode, Node, NodeGroupResource, NodeResource, ScalePlan
@@ -116,6 +121,12 @@ def group(count: int = 0, **res: Any) -> dict[str, NodeGroupResource]:
     return {"worker": NodeGroupResource(count=count, node_resource=NodeResource(**res))}
 
 
+def patched(job_view: JobView, plan_: ScalePlan, pods: list[PodView]) -> dict[str, Any]:
+    """The plan's change of the job as the TrainingJob's merge patch (what a platform
+    writes)."""
+    return job_patch(job_view, plan_change(job_view, pods, plan_).change)
+
+
 def applied(job_view: JobView, change_patch: dict[str, Any]) -> JobView:
     """The job as the API server returns it after the merge patch."""
     obj = job_obj(job_view.roles["worker"].replicas)
@@ -132,7 +143,7 @@ def test_quantities_compare_whatever_their_spelling() -> None:
     assert parse_quantity("500m") == parse_quantity(0.5)
     assert parse_quantity("16Gi") == 16 * GiB
     assert parse_quantity("1e3") == 1000
-    assert Resources.from_spec({"cpu": "2", "memory": "4Gi"}) == Resources.from_spec(
+    assert resources_from_spec({"cpu": "2", "memory": "4Gi"}) == resources_from_spec(
         {"cpu": 2, "memory": 4 * GiB}
     )
     assert format_cpu(2.0) == 2
@@ -146,9 +157,10 @@ def test_quantities_compare_whatever_their_spelling() -> None:
 
 def test_a_scale_plan_patches_replicas_with_its_id_and_the_version_it_saw() -> None:
     change = plan_change(job(2), [pod(0), pod(1)], plan(node_group_resources=group(4)))
-    assert change.patch is not None
-    assert change.patch["spec"] == {"roles": {"worker": {"replicas": 4}}}
-    meta = change.patch["metadata"]
+    patch = job_patch(job(2), change.change)
+    assert patch["spec"] == {"roles": {"worker": {"replicas": 4}}}
+    assert change.change.replicas == {"worker": 4}
+    meta = patch["metadata"]
     assert meta["resourceVersion"] == "7"
     assert json.loads(meta["annotations"][ANN_PLANS]) == ["p1"]
     assert "worker 2->4" in change.summary
@@ -177,11 +189,10 @@ def test_plans_outside_the_bounds_or_for_unknown_roles_are_rejected() -> None:
 def test_a_named_removal_lowers_replicas_and_marks_the_rank() -> None:
     j = job(3)
     pods = [pod(0), pod(1), pod(2)]
-    change = plan_change(j, pods, plan(remove_nodes=[NodeRef(type="worker", id=0)]))
-    assert change.patch is not None
-    assert change.patch["spec"]["roles"]["worker"]["replicas"] == 2
-    assert json.loads(change.patch["metadata"]["annotations"][ANN_REMOVE_FIRST]) == {"worker": [0]}
-    after = applied(j, change.patch)
+    patch = patched(j, plan(remove_nodes=[NodeRef(type="worker", id=0)]), pods)
+    assert patch["spec"]["roles"]["worker"]["replicas"] == 2
+    assert json.loads(patch["metadata"]["annotations"][ANN_REMOVE_FIRST]) == {"worker": [0]}
+    after = applied(j, patch)
     assert diff(after, pods).delete == ("j-worker-0",)
 
 
@@ -189,26 +200,26 @@ def test_migrate_records_the_node_resources_and_launch_gives_them_to_the_next_ra
     j = job(2)
     pods = [pod(0), pod(1)]
     move = MigrateNode(node=NodeRef(type="worker", id=1), resource=NodeResource(memory=16 * GiB))
-    change = plan_change(j, pods, plan(migrate_nodes=[move]))
-    assert change.patch is not None
-    assert "spec" not in change.patch  # replicas and role resources unchanged
-    node_res = json.loads(change.patch["metadata"]["annotations"][ANN_NODE_RESOURCES])
+    patch = patched(j, plan(migrate_nodes=[move]), pods)
+    assert "spec" not in patch  # replicas and role resources unchanged
+    node_res = json.loads(patch["metadata"]["annotations"][ANN_NODE_RESOURCES])
     assert node_res == {"worker": {"1": {"cpu": 2, "memory": 16 * GiB}}}
 
     launch = Node(type="worker", id=9, resource=NodeResource(memory=8 * GiB))
-    change = plan_change(j, pods, plan(launch_nodes=[launch]))
-    assert change.patch is not None
-    assert change.patch["spec"]["roles"]["worker"]["replicas"] == 3
-    node_res = json.loads(change.patch["metadata"]["annotations"][ANN_NODE_RESOURCES])
+    patch = patched(j, plan(launch_nodes=[launch]), pods)
+    assert patch["spec"]["roles"]["worker"]["replicas"] == 3
+    node_res = json.loads(patch["metadata"]["annotations"][ANN_NODE_RESOURCES])
     assert node_res == {"worker": {"2": {"cpu": 2, "memory": 8 * GiB}}}
 
 
 def test_the_applied_plan_ids_are_bounded() -> None:
     ids = [f"p{i}" for i in range(40)]
     j = job(2, annotations={ANN_PLANS: json.dumps(ids)})
-    change = plan_change(j, [], plan("new", node_group_resources=group(3)))
-    assert change.patch is not None
-    kept = json.loads(change.patch["metadata"]["annotations"][ANN_PLANS])
+    kept = json.loads(
+        patched(j, plan("new", node_group_resources=group(3)), [])["metadata"]["annotations"][
+            ANN_PLANS
+        ]
+    )
     assert kept[-1] == "new"
     assert len(kept) == 32
 
@@ -299,13 +310,14 @@ def test_status_counts_and_phase() -> None:
     j = job(3)
     pods = [pod(0), pod(1, "Pending"), pod(2, "Failed"), pod(3, deleting=True)]
     assert counts(j, pods) == {"worker": {"pending": 1, "running": 1, "succeeded": 0, "failed": 1}}
-    patch = status_patch(j, [pod(0), pod(1), pod(2)], last_plan="p9")
-    assert patch is not None
+    status = job_status(j, [pod(0), pod(1), pod(2)], last_plan="p9")
+    assert status is not None
+    patch = status_patch(status)
     assert patch["status"]["phase"] == "Running"
     assert patch["status"]["lastPlanId"] == "p9"
     assert phase(j, [pod(0)]) == "Scaling"
     same = job(3, status={**patch["status"]})
-    assert status_patch(same, [pod(0), pod(1), pod(2)], last_plan="p9") is None
+    assert job_status(same, [pod(0), pod(1), pod(2)], last_plan="p9") is None
 
 
 def test_invalid_jobs_are_named() -> None:
@@ -321,9 +333,7 @@ def test_invalid_jobs_are_named() -> None:
 
 
 def raw_pod(phase: str, state: dict[str, Any] | None = None) -> dict[str, Any]:
-    manifest = pod_manifest(
-        job_obj(2), job(2), NewPod("worker", 1, 4, Resources(memory=GiB)), "prod"
-    )
+    manifest = pod_manifest(job(2), NewPod("worker", 1, 4, Resources(memory=GiB)), "prod")
     manifest["metadata"]["uid"] = "pod-uid"
     manifest["status"] = {
         "phase": phase,
@@ -387,9 +397,7 @@ def test_job_events_follow_the_outcome() -> None:
 
 
 def test_the_pod_manifest_carries_identity_resources_and_owner() -> None:
-    manifest = pod_manifest(
-        job_obj(2), job(2), NewPod("worker", 1, 4, Resources(2500, GiB, 1)), "prod"
-    )
+    manifest = pod_manifest(job(2), NewPod("worker", 1, 4, Resources(2500, GiB, 1)), "prod")
     assert manifest["metadata"]["name"] == "j-worker-4"
     labels = manifest["metadata"]["labels"]
     assert (labels["dlrover-events.io/rank"], labels["dlrover-events.io/index"]) == ("1", "4")
@@ -429,13 +437,11 @@ def test_a_brains_plan_names_the_nodes_its_count_adds_or_removes_not_more() -> N
     pods = [pod(0), pod(1)]
     grow = plan(node_group_resources=group(3), launch_nodes=[Node(type="worker", id=2)])
     change = plan_change(j, pods, grow)
-    assert change.patch is not None
-    assert change.patch["spec"]["roles"]["worker"]["replicas"] == 3
+    assert job_patch(j, change.change)["spec"]["roles"]["worker"]["replicas"] == 3
     assert "worker 2->3" in change.summary
 
     j3, pods3 = job(3), [pod(0), pod(1), pod(2)]
     shrink = plan(node_group_resources=group(2), remove_nodes=[NodeRef(type="worker", id=1)])
-    change = plan_change(j3, pods3, shrink)
-    assert change.patch is not None
-    assert change.patch["spec"]["roles"]["worker"]["replicas"] == 2
-    assert diff(applied(j3, change.patch), pods3).delete == ("j-worker-1",)
+    patch = patched(j3, shrink, pods3)
+    assert patch["spec"]["roles"]["worker"]["replicas"] == 2
+    assert diff(applied(j3, patch), pods3).delete == ("j-worker-1",)

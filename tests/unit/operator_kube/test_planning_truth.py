@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.operator.reconcile.planning import PlanRejected, diff, plan_change, plan_not_applied
+from handlers.operator.kube.trainingjob import TRAINING_JOB
+from handlers.operator.platform import PlanRejected
+from handlers.operator.reconcile.planning import diff, plan_change
 from handlers.operator.reconcile.reconciler import accepted
+from handlers.operator.trainingjob import job_patch, plan_not_applied
 from schemas.jobs import NodeRef
 from schemas.plan_parts import AWAITING_JOB, UNKNOWN_KNOB, bounded
 from schemas.plans import (
@@ -34,60 +37,53 @@ def parts(change_parts: tuple[NotApplied, ...]) -> dict[str, str]:
 
 
 def test_training_knobs_are_left_to_the_job_and_said_so() -> None:
-    change = plan_change(
-        job(2),
-        [pod(0), pod(1)],
-        plan(training={"local_batch_size": 16, "accumulation_steps": 2, "lr_scale": 2}),
-    )
+    knobs = plan(training={"local_batch_size": 16, "accumulation_steps": 2, "lr_scale": 2})
+    change = plan_change(job(2), [pod(0), pod(1)], knobs)
     assert change.notes == ()  # no more "not applied by the operator" note
-    assert parts(change.not_applied) == {
+    assert parts(plan_not_applied(knobs)) == {
         "training.accumulation_steps": AWAITING_JOB,
         "training.local_batch_size": AWAITING_JOB,
         "training.lr_scale": UNKNOWN_KNOB,
     }
     assert change.summary == "nothing to change"
-    assert change.patch is not None  # the plan id is still written: it was accepted
+    assert change.change.applied_plans == ("p1",)  # the plan id is still written: accepted
 
 
 def test_gpu_type_and_memory_the_pod_spec_cannot_express_are_not_applied() -> None:
     j = job(2)
     pods = [pod(0), pod(1)]
-    change = plan_change(
-        j,
-        pods,
-        plan(
-            node_group_resources=group(3, cpu=4, gpu_type="a100", gpu_memory=40 * GiB),
-            migrate_nodes=[
-                MigrateNode(
-                    node=NodeRef(type="worker", id=1),
-                    resource=NodeResource(memory=8 * GiB, gpu_memory=80 * GiB),
-                )
-            ],
-        ),
+    asked = plan(
+        node_group_resources=group(3, cpu=4, gpu_type="a100", gpu_memory=40 * GiB),
+        migrate_nodes=[
+            MigrateNode(
+                node=NodeRef(type="worker", id=1),
+                resource=NodeResource(memory=8 * GiB, gpu_memory=80 * GiB),
+            )
+        ],
     )
-    found = parts(change.not_applied)
+    change = plan_change(j, pods, asked)
+    found = parts(plan_not_applied(asked))
     assert set(found) == {"worker.gpu_type", "worker.gpu_memory", "worker-1.gpu_memory"}
     assert "no GPU type" in found["worker.gpu_type"]
     assert "no GPU memory" in found["worker-1.gpu_memory"]
     # what it can express it applies
-    assert change.patch is not None
-    assert change.patch["spec"]["roles"]["worker"] == {
+    assert job_patch(j, change.change)["spec"]["roles"]["worker"] == {
         "replicas": 3,
         "resources": {"cpu": 4, "memory": 4 * GiB},
     }
-    launched = plan_change(
-        j,
-        pods,
-        plan(launch_nodes=[Node(type="worker", id=2, resource=NodeResource(gpu_type="h100"))]),
-    )
-    assert parts(launched.not_applied).keys() == {"worker-2.gpu_type"}
+    launch = plan(launch_nodes=[Node(type="worker", id=2, resource=NodeResource(gpu_type="h100"))])
+    launched = plan_change(j, pods, launch)
+    assert launched.change.replicas == {"worker": 3}
+    assert parts(plan_not_applied(launch)).keys() == {"worker-2.gpu_type"}
 
 
 def test_a_plan_it_applies_whole_lists_no_part_and_the_result_says_applied() -> None:
-    change = plan_change(job(2), [pod(0), pod(1)], plan(node_group_resources=group(4, cpu=3)))
-    assert change.not_applied == ()
+    whole = plan(node_group_resources=group(4, cpu=3))
+    change = plan_change(job(2), [pod(0), pod(1)], whole)
+    assert change.change.replicas == {"worker": 4}
+    assert plan_not_applied(whole) == ()
     # the reconciler's answer: applied only when nothing is left out
-    assert accepted("r", {}, change.not_applied).status is ScaleStatus.APPLIED
+    assert accepted("r", {}, plan_not_applied(whole)).status is ScaleStatus.APPLIED
     partial = accepted("r", {}, plan_not_applied(plan(training={"local_batch_size": 8})))
     assert partial.status is ScaleStatus.PARTIAL
     ScaleResult(  # the contract's validator agrees
@@ -103,7 +99,9 @@ def test_the_parts_are_a_function_of_the_plan_alone() -> None:
     """A plan finished after a restart (its id already on the job) is answered the same."""
     p = plan(training={"local_batch_size": 8}, node_group_resources=group(3, gpu_memory=GiB))
     change = plan_change(job(2), [pod(0), pod(1)], p)
-    assert change.not_applied == plan_not_applied(p)
+    assert change.change.replicas == {"worker": 3}  # the rest applies
+    # the platform says the parts from the plan only (the port's not_applied takes no job)
+    assert TRAINING_JOB.plan_not_applied(p) == plan_not_applied(p) != ()
 
 
 @settings(max_examples=60, deadline=None)
@@ -169,9 +167,10 @@ def test_a_plan_that_names_the_rendezvous_host_is_rejected() -> None:
         plan_change(j, pods, plan(migrate_nodes=[move]))
     # other ranks go as usual, and a plain role's rank 0 too
     ok = plan_change(j, pods, plan(remove_nodes=[NodeRef(type="worker", id=1)]))
-    assert ok.patch is not None and ok.patch["spec"]["roles"]["worker"]["replicas"] == 2
+    assert job_patch(j, ok.change)["spec"]["roles"]["worker"]["replicas"] == 2
     plain = plan_change(job(3), pods, plan(remove_nodes=[NodeRef(type="worker", id=0)]))
-    assert plain.patch is not None
+    assert plain.change.replicas == {"worker": 2}
+    assert plain.change.remove_first == {"worker": (0,)}
     # scaling by count never names it: fine
     down = plan_change(j, pods, plan(node_group_resources={"worker": NodeGroupResource(count=1)}))
-    assert down.patch is not None
+    assert down.change.replicas == {"worker": 1}

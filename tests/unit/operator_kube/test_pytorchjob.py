@@ -23,10 +23,20 @@ from handlers.operator.kube.pytorchjob import (
     parse_pytorchjob,
 )
 from handlers.operator.kube.runner import kube_settings
-from handlers.operator.quantity import Resources
+from handlers.operator.platform import (
+    FAILED,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    InvalidJob,
+    JobStatus,
+    JobView,
+    PlanChange,
+    PlanRejected,
+    Resources,
+)
 from handlers.operator.reconcile.events import job_meta, node_events
-from handlers.operator.reconcile.planning import PlanRejected
-from handlers.operator.trainingjob import ANN_PLANS, FAILED, PENDING, RUNNING, SUCCEEDED, InvalidJob
+from handlers.operator.trainingjob import ANN_PLANS
 from schemas.jobs import NodeFailed, NodeRef, NodeStarted
 from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import MigrateNode, Node, NodeGroupResource, NodeResource, ScalePlan
@@ -291,10 +301,15 @@ def test_the_selectors_are_the_training_operators_labels() -> None:
     )
 
 
+def patch_of(job: JobView, change: PlanChange) -> dict[str, Any]:
+    """The change as the PyTorchJob's merge patch (what KubeCluster writes)."""
+    return PYTORCH_JOB.job_patch(job, change.change)
+
+
 def test_the_training_operator_owns_the_pods_and_the_status() -> None:
     assert PYTORCH_JOB.creates_pods is False
-    job = elastic()
-    assert PYTORCH_JOB.status_patch(job, pods(2), last_plan="p1", last_plan_time="t") is None
+    status = JobStatus("Running", {"worker": {"running": 2}}, 1, last_plan_id="p1")
+    assert PYTORCH_JOB.status_patch(status) is None
     # No pod manifest at all: the operator cannot make a PyTorchJob's pods.
     assert not isinstance(PYTORCH_JOB, PodCreatingAdapter)
     assert not hasattr(PYTORCH_JOB, "pod_manifest")
@@ -306,7 +321,7 @@ def test_the_training_operator_owns_the_pods_and_the_status() -> None:
 def test_a_plan_patches_the_worker_replicas_and_records_its_id() -> None:
     job = elastic(2, annotations={ANN_PLANS: json.dumps(["old"])})
     change = PYTORCH_JOB.plan_change(job, pods(2), plan(node_group_resources=workers(3)))
-    assert change.patch == {
+    assert patch_of(job, change) == {
         "metadata": {
             "resourceVersion": "11",
             "annotations": {ANN_PLANS: json.dumps(["old", "p1"])},
@@ -314,7 +329,7 @@ def test_a_plan_patches_the_worker_replicas_and_records_its_id() -> None:
         "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 3}}},
     }
     assert change.summary == "worker 2->3"
-    assert change.not_applied == ()
+    assert PYTORCH_JOB.plan_not_applied(plan(node_group_resources=workers(3))) == ()
 
 
 def test_launched_nodes_are_replicas_the_training_operator_adds() -> None:
@@ -323,8 +338,9 @@ def test_launched_nodes_are_replicas_the_training_operator_adds() -> None:
         pods(2),
         plan(launch_nodes=[Node(type="worker", id=2), Node(type="worker", id=3)]),
     )
-    assert change.patch is not None
-    assert change.patch["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 4}}}
+    assert patch_of(elastic(2), change)["spec"] == {
+        "pytorchReplicaSpecs": {"Worker": {"replicas": 4}}
+    }
 
 
 @pytest.mark.parametrize(
@@ -354,8 +370,7 @@ def test_without_an_elastic_policy_or_for_master_the_size_is_fixed() -> None:
         PYTORCH_JOB.plan_change(job, pods(2), plan(node_group_resources=master))
     # The same count is no resize: a plan that only restates it applies.
     same = PYTORCH_JOB.plan_change(fixed, pods(2), plan(node_group_resources=workers(2)))
-    assert same.patch is not None
-    assert "spec" not in same.patch
+    assert "spec" not in patch_of(fixed, same)
 
 
 def test_new_resources_go_into_the_template_for_the_pods_made_later() -> None:
@@ -372,8 +387,8 @@ def test_new_resources_go_into_the_template_for_the_pods_made_later() -> None:
     change = PYTORCH_JOB.plan_change(
         job, pods(2), plan(node_group_resources=workers(2, memory=8 * GiB))
     )
-    assert change.patch is not None
-    (first, second) = change.patch["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+    patch = patch_of(job, change)
+    (first, second) = patch["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
         "containers"
     ]
     assert first["resources"] == {
@@ -381,7 +396,7 @@ def test_new_resources_go_into_the_template_for_the_pods_made_later() -> None:
         "limits": {"cpu": "2", "memory": str(8 * GiB)},
     }
     assert second == sidecar
-    assert "replicas" not in change.patch["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert "replicas" not in patch["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert change.notes == (LATER_PODS,)
     # the job's own template is not touched
     assert job.roles["worker"].template["spec"]["containers"][0] == main
@@ -402,9 +417,9 @@ def test_what_the_training_operator_cannot_do_is_rejected_with_why() -> None:
         PYTORCH_JOB.plan_change(job, three, plan(launch_nodes=[own]))
     # The highest index is the one the training-operator removes: that applies.
     change = PYTORCH_JOB.plan_change(job, three, plan(remove_nodes=[NodeRef(type="worker", id=2)]))
-    assert change.patch is not None
-    assert change.patch["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}
-    assert set(change.patch["metadata"]["annotations"]) == {ANN_PLANS}
+    patch = patch_of(job, change)
+    assert patch["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}
+    assert set(patch["metadata"]["annotations"]) == {ANN_PLANS}
 
 
 def test_a_finished_job_takes_no_plan() -> None:
@@ -416,13 +431,13 @@ def test_a_finished_job_takes_no_plan() -> None:
 def test_parts_a_pytorchjob_cannot_express_are_named_in_its_own_words() -> None:
     p = plan(node_group_resources=workers(3, gpu_memory=GiB), training={"local_batch_size": 8})
     change = PYTORCH_JOB.plan_change(elastic(2), pods(2), p)
-    parts = [(n.part, n.reason) for n in change.not_applied]
+    assert change.change.replicas == {"worker": 3}  # the rest applies
+    parts = [(n.part, n.reason) for n in PYTORCH_JOB.plan_not_applied(p)]
     assert parts == [
         ("worker.gpu_memory", UNSUPPORTED["gpu_memory"]),
         ("training.local_batch_size", AWAITING_JOB),
     ]
     assert "PyTorchJob" in UNSUPPORTED["gpu_memory"]
-    assert PYTORCH_JOB.plan_not_applied(p) == change.not_applied
 
 
 def test_the_operator_is_started_for_pytorchjobs_by_its_workload_setting(

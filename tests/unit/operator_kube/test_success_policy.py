@@ -16,10 +16,10 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.operator.quantity import Resources
+from handlers.operator.platform import InvalidJob, JobView, PodView, Resources, Termination
 from handlers.operator.reconcile.events import job_events
-from handlers.operator.reconcile.planning import diff, outcome, phase, status_patch, success_roles
-from handlers.operator.trainingjob import InvalidJob, JobView, PodView, Termination, parse_job
+from handlers.operator.reconcile.planning import diff, job_status, outcome, phase, success_roles
+from handlers.operator.trainingjob import parse_job, status_patch
 from schemas.jobs import JobCompleted
 
 UID = "uid-di"
@@ -85,8 +85,8 @@ def test_the_shipped_di_engine_example_succeeds_once_all_its_pods_did() -> None:
     )
     assert phase(j, pods) == "Succeeded"
     assert completed(j, pods)
-    patch = status_patch(j, pods)
-    assert patch is not None and patch["status"]["phase"] == "Succeeded"
+    status = job_status(j, pods)
+    assert status is not None and status_patch(status)["status"]["phase"] == "Succeeded"
     # one pod still running: not yet
     assert outcome(j, [*pods[:-1], pod("learner", 0)]) == (None, "")
     assert phase(j, [*pods[:-1], pod("learner", 0)]) == "Running"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from handlers.operator.kube.pods import ANN_CONTAINER, ANN_GPU_TYPE, parse_pod
 from handlers.operator.kube.trainingjob import (
     DEFAULT_GPU_TYPE_LABEL,
     TRAINING_JOB,
@@ -16,25 +17,13 @@ from handlers.operator.kube.trainingjob import (
     pod_manifest,
     rendezvous_service,
     rendezvous_services,
-)
-from handlers.operator.quantity import GPU, Resources
-from handlers.operator.reconcile.events import job_meta
-from handlers.operator.reconcile.planning import (
-    DEFAULT_GRACE_S,
-    UNSUPPORTED,
-    NewPod,
-    grace_seconds,
-    plan_change,
-    plan_not_applied,
     service_changes,
 )
-from handlers.operator.trainingjob import (
-    ANN_CONTAINER,
-    ANN_GPU_TYPE,
-    InvalidJob,
-    parse_job,
-    parse_pod,
-)
+from handlers.operator.platform import InvalidJob, NewPod, Resources
+from handlers.operator.quantity import GPU, resources_from_spec
+from handlers.operator.reconcile.events import job_meta
+from handlers.operator.reconcile.planning import DEFAULT_GRACE_S, grace_seconds, plan_change
+from handlers.operator.trainingjob import UNSUPPORTED, job_patch, parse_job, plan_not_applied
 from schemas.jobs import NodeRef
 from schemas.plans import MigrateNode, NodeResource
 
@@ -62,7 +51,7 @@ TWO_CONTAINERS = {
 def manifest(obj: dict[str, Any], rank: int = 0, **kw: Any) -> dict[str, Any]:
     j = parse_job(obj)
     res = j.roles["worker"].resources
-    return pod_manifest(obj, j, NewPod("worker", rank, rank, res), "prod", **kw)
+    return pod_manifest(j, NewPod("worker", rank, rank, res), "prod", **kw)
 
 
 # -- the rendezvous Service ---------------------------------------------------------------
@@ -71,7 +60,7 @@ def manifest(obj: dict[str, Any], rank: int = 0, **kw: Any) -> dict[str, Any]:
 def test_an_elastic_role_gets_a_headless_service_resolving_to_its_host_pod() -> None:
     obj = job_obj(3, **ELASTIC)
     j = parse_job(obj)
-    (svc,) = rendezvous_services(obj, j)
+    (svc,) = rendezvous_services(j)
     assert svc["metadata"]["name"] == "j-worker-rdzv" == rendezvous_service(j, "worker")
     assert svc["metadata"]["ownerReferences"][0]["uid"] == UID
     spec = svc["spec"]
@@ -85,8 +74,8 @@ def test_an_elastic_role_gets_a_headless_service_resolving_to_its_host_pod() -> 
     assert not selector.items() <= other["metadata"]["labels"].items()
     # the pods rendezvous there; rank 0 binds the store
     assert "--rdzv-endpoint=j-worker-rdzv:29500" in host["spec"]["containers"][0]["command"]
-    assert rendezvous_services(job_obj(2), job(2)) == []
-    assert TRAINING_JOB.services(obj, j, rendezvous_host="127.0.0.1") == []
+    assert rendezvous_services(job(2)) == []
+    assert TRAINING_JOB.services(j, rendezvous_host="127.0.0.1") == []
 
 
 @pytest.mark.parametrize("name", ["a" * 80, "team.vision.resnet", "9lives"])
@@ -102,7 +91,7 @@ def test_a_service_name_is_a_dns_label_whatever_the_jobs_name(name: str) -> None
 
 def test_services_are_replaced_when_another_job_or_selector_owns_the_name() -> None:
     obj = job_obj(2, **ELASTIC)
-    (wanted,) = rendezvous_services(obj, parse_job(obj))
+    (wanted,) = rendezvous_services(parse_job(obj))
     assert service_changes([wanted], [wanted]).create == ()
     fresh = service_changes([wanted], [])
     assert fresh.create == (wanted,) and fresh.delete == ()
@@ -160,37 +149,34 @@ def test_a_gpu_type_is_a_node_selector_on_the_configured_label_only() -> None:
 
 def test_a_plans_gpu_type_applies_with_the_label_and_gpu_memory_never() -> None:
     p = plan(node_group_resources=group(3, gpu_num=2, gpu_type="NVIDIA-H100", gpu_memory=GiB))
-    change = plan_change(job(2), [pod(0), pod(1)], p, gpu_type_label=DEFAULT_GPU_TYPE_LABEL)
-    assert change.patch is not None
-    assert change.patch["spec"]["roles"]["worker"]["resources"] == {
+    change = plan_change(job(2), [pod(0), pod(1)], p, gpu_types=True)
+    assert job_patch(job(2), change.change)["spec"]["roles"]["worker"]["resources"] == {
         "cpu": 2,
         "memory": 4 * GiB,
         GPU: 2,
         "gpuType": "NVIDIA-H100",
     }
-    assert [(n.part, n.reason) for n in change.not_applied] == [
+    adapter = TRAINING_JOB.configured(gpu_type_label=DEFAULT_GPU_TYPE_LABEL)
+    assert adapter.plan_change(job(2), [pod(0), pod(1)], p) == change
+    not_applied = adapter.plan_not_applied(p)
+    assert [(n.part, n.reason) for n in not_applied] == [
         ("worker.gpu_memory", UNSUPPORTED["gpu_memory"])
     ]
     assert "cannot request GPU memory" in UNSUPPORTED["gpu_memory"]
-    assert plan_not_applied(p, DEFAULT_GPU_TYPE_LABEL) == change.not_applied
-    adapter = TRAINING_JOB.configured(gpu_type_label=DEFAULT_GPU_TYPE_LABEL)
-    assert adapter.plan_not_applied(p) == change.not_applied
+    assert plan_not_applied(p, gpu_types=True) == not_applied
     assert {n.part for n in TRAINING_JOB.plan_not_applied(p)} == {
         "worker.gpu_type",
         "worker.gpu_memory",
     }
-    moved = plan_change(
-        job(2),
-        [pod(0), pod(1)],
-        plan(
-            migrate_nodes=[
-                MigrateNode(node=NodeRef(type="worker", id=1), resource=NodeResource(gpu_type="X"))
-            ]
-        ),
-        gpu_type_label=DEFAULT_GPU_TYPE_LABEL,
+    move = plan(
+        migrate_nodes=[
+            MigrateNode(node=NodeRef(type="worker", id=1), resource=NodeResource(gpu_type="X"))
+        ]
     )
-    assert moved.not_applied == ()
-    assert Resources.from_spec({"gpuType": "X"}).covers(Resources(gpu_type="X"))
+    moved = plan_change(job(2), [pod(0), pod(1)], move, gpu_types=True)
+    assert moved.change.node_resources["worker"][1].gpu_type == "X"
+    assert adapter.plan_not_applied(move) == ()
+    assert resources_from_spec({"gpuType": "X"}).covers(Resources(gpu_type="X"))
     assert not Resources().covers(Resources(gpu_type="X"))
 
 

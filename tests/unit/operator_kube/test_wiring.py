@@ -15,7 +15,7 @@ from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
 from handlers.operator.kube.trainingjob import pod_manifest
 from handlers.operator.kube.wiring import CA_DIR, CERT_DIR, PodWiring, pod_wiring
-from handlers.operator.reconcile.planning import NewPod
+from handlers.operator.platform import NewPod
 from handlers.operator.trainingjob import parse_job
 
 from .test_planning import job_obj
@@ -27,7 +27,7 @@ def pod_env(wiring: PodWiring | None, env: str = "prod", **role: Any) -> dict[st
     obj = job_obj(1, **role)
     j = parse_job(obj)
     res = j.roles["worker"].resources
-    return pod_manifest(obj, j, NewPod("worker", 0, 0, res), env, wiring=wiring)
+    return pod_manifest(j, NewPod("worker", 0, 0, res), env, wiring=wiring)
 
 
 def variables(manifest: dict[str, Any], container: int = 0) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_events.settings import Settings
-from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import LocalCluster
+from handlers.operator.platform import JobView
 from handlers.operator.reconcile.reconciler import EnvReconciler
 from schemas.jobs import JobMeta
 from schemas.plan_parts import NO_PLACEMENT
@@ -38,12 +38,10 @@ def _job_body() -> dict[str, Any]:
 
 
 async def _cluster_with_job(root: Path) -> tuple[LocalCluster, EnvReconciler, JobMeta]:
-    cluster = LocalCluster(root, TRAINING_JOB)
-    made = await cluster.create_job(_job_body())
-    reconciler = EnvReconciler(
-        Settings(), "prod", "postgresql://127.0.0.1:1/unused", cluster, platform="local"
-    )
-    meta = JobMeta(uuid=made["metadata"]["uid"], name="j", namespace=cluster.namespace)
+    cluster = LocalCluster(root)
+    made = await cluster.submit_job(_job_body())
+    reconciler = EnvReconciler(Settings(), "prod", "postgresql://127.0.0.1:1/unused", cluster)
+    meta = JobMeta(uuid=made.uid, name="j", namespace=cluster.namespace)
     return cluster, reconciler, meta
 
 
@@ -76,7 +74,8 @@ async def test_a_placement_is_listed_not_applied_and_the_rest_applies(tmp_path: 
     assert result.status is ScaleStatus.PARTIAL
     assert [(p.part, p.reason) for p in result.not_applied] == [("placement", NO_PLACEMENT)]
     job = await cluster.get_job("j")
-    assert job is not None and job["spec"]["roles"]["worker"]["replicas"] == 3
+    assert isinstance(job, JobView) and job.roles["worker"].replicas == 3
+    assert job.document["spec"]["roles"]["worker"]["replicas"] == 3  # the file says it too
     pods, _ = await cluster.list_pods()
     assert len(pods) == 3
-    assert cluster.adapter.plan_not_applied(plan) == result.not_applied
+    assert cluster.not_applied(plan) == result.not_applied

@@ -8,13 +8,12 @@ import asyncio
 from pathlib import Path
 
 from dlrover_events.settings import Settings
-from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.local.cluster import LocalCluster
 from handlers.operator.reconcile.reconciler import EnvReconciler
 
 
 def reconciler(root: Path) -> EnvReconciler:
-    cluster = LocalCluster(root, TRAINING_JOB)
+    cluster = LocalCluster(root)
     return EnvReconciler(Settings(), "prod", "postgresql://127.0.0.1:1/unused", cluster)
 
 

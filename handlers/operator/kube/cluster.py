@@ -1,0 +1,227 @@
+"""The platform port on a Kubernetes cluster: ``KubeCluster`` adapts the API server
+(``client.KubeApi``: JSON dicts, ApiException) and a workload adapter (TrainingJob,
+PyTorchJob) to handlers.operator.platform's typed calls and errors.
+
+Everything Kubernetes-shaped stays on this side: objects are read into the port's views
+by the workload adapter, the port's changes written back as its merge patches, a pod made
+from its manifest, and an API error said as the port's error (404 NotFound, 409
+Conflict, 400/403/422 Invalid, 410 Expired, anything else Unavailable) with the API
+server's own message. An elastic job's pods meet at a headless Service per role, which
+``prepare`` makes before them and ``release`` deletes after the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+from kubernetes_asyncio.client.rest import ApiException
+
+from dlrover_events.kube.api import api_error
+from handlers.operator.kube.adapter import PodCreatingAdapter
+from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.pods import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
+from handlers.operator.kube.trainingjob import service_changes
+from handlers.operator.platform import (
+    Bookmark,
+    Change,
+    Conflict,
+    Expired,
+    Invalid,
+    InvalidJob,
+    JobChange,
+    JobEntry,
+    JobStatus,
+    JobView,
+    NewPod,
+    NotFound,
+    PlanChange,
+    PlatformError,
+    PodView,
+    Unavailable,
+    UnreadableJob,
+    WatchKind,
+)
+from schemas.plans import NotApplied, ScalePlan
+
+log = logging.getLogger(__name__)
+
+#: The API server's answer -> the port's error; any other status is Unavailable.
+_ERRORS: Mapping[int, type[PlatformError]] = {
+    404: NotFound,
+    409: Conflict,
+    400: Invalid,
+    403: Invalid,
+    422: Invalid,
+    410: Expired,
+}
+
+
+def platform_error(e: ApiException) -> PlatformError:
+    """An API error as the port says it, with the server's own message."""
+    status = e.status if isinstance(e.status, int) else 0
+    return _ERRORS.get(status, Unavailable)(api_error(e))
+
+
+@contextlib.contextmanager
+def _said_as_port_errors() -> Iterator[None]:
+    try:
+        yield
+    except ApiException as e:
+        raise platform_error(e) from None
+
+
+def _owned_by(job: str) -> str:
+    """Label selector of what this operator made for a job besides its pods."""
+    return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}={job}"
+
+
+class KubeCluster:
+    """One namespace's jobs of one kind, and their pods."""
+
+    name = "Kubernetes"
+    #: a cluster scheduler's suspend is refused (issue 26 sets spec.suspend /
+    #: spec.runPolicy.suspend through JobChange.suspend)
+    suspends = False
+    #: where elastic pods find their rendezvous store: None, the job's headless Service
+    rendezvous_host: str | None = None
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+        self.workload = api.adapter
+        self.namespace = api.namespace
+        self.creates_pods = self.workload.creates_pods
+
+    @property
+    def host(self) -> str:
+        """The API server's address, as an error message names it."""
+        return str(self.api.api.configuration.host)
+
+    def _entry(self, obj: Mapping[str, Any]) -> JobEntry:
+        try:
+            return self.workload.parse(obj)
+        except InvalidJob as e:
+            meta = obj.get("metadata") or {}
+            return UnreadableJob(
+                name=str(meta.get("name", "")),
+                uid=str(meta.get("uid", "")),
+                resource_version=str(meta.get("resourceVersion", "")),
+                reason=str(e),
+            )
+
+    def _readable(self, obj: Mapping[str, Any], what: str) -> JobView:
+        entry = self._entry(obj)
+        if isinstance(entry, UnreadableJob):
+            raise Invalid(f"{what}, but it does not read as a {self.workload.kind}: {entry.reason}")
+        return entry
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    async def list_jobs(self) -> tuple[list[JobEntry], str]:
+        with _said_as_port_errors():
+            items, version = await self.api.list_jobs()
+        return [self._entry(o) for o in items], version
+
+    async def get_job(self, name: str) -> JobEntry | None:
+        with _said_as_port_errors():
+            obj = await self.api.get_job(name)
+        return None if obj is None else self._entry(obj)
+
+    async def submit_job(self, document: Mapping[str, Any]) -> JobView:
+        with _said_as_port_errors():
+            obj = await self.api.create_job(dict(document))
+        return self._readable(obj, f"{self.workload.kind.lower()} created")
+
+    async def change_job(self, job: JobView, change: JobChange) -> JobView:
+        with _said_as_port_errors():
+            obj = await self.api.patch_job(job.name, self.workload.job_patch(job, change))
+        return self._readable(obj, f"{self.workload.kind.lower()} {job.name} changed")
+
+    async def set_status(self, job: JobView, status: JobStatus) -> None:
+        patch = self.workload.status_patch(status)
+        if patch is not None:
+            with _said_as_port_errors():
+                await self.api.patch_job_status(job.name, patch)
+
+    async def delete_job(self, name: str) -> bool:
+        with _said_as_port_errors():
+            return await self.api.delete_job(name)
+
+    # -- pods -----------------------------------------------------------------------------
+
+    async def list_pods(self, job: str | None = None) -> tuple[list[PodView], str]:
+        selector = self.workload.job_pod_selector(job) if job is not None else None
+        with _said_as_port_errors():
+            items, version = await self.api.list_pods(selector)
+        return [p for p in map(self.workload.parse_pod, items) if p is not None], version
+
+    async def create_pod(self, job: JobView, pod: NewPod, env: str) -> bool:
+        if not isinstance(self.workload, PodCreatingAdapter):
+            raise Invalid(f"a {self.workload.kind}'s pods are its own controller's to create")
+        manifest = self.workload.pod_manifest(job, pod, env, rendezvous_host=self.rendezvous_host)
+        with _said_as_port_errors():
+            return await self.api.create_pod(manifest)
+
+    async def delete_pod(self, name: str, grace_s: int | None = None) -> bool:
+        with _said_as_port_errors():
+            return await self.api.delete_pod(name, grace_s)
+
+    async def prepare(self, job: JobView) -> None:
+        """The job's Services, before its pods: an elastic role's pods find their
+        rendezvous host by one. Listed only for a job that needs some."""
+        wanted = self.workload.services(job, rendezvous_host=self.rendezvous_host)
+        if not wanted:
+            return
+        with _said_as_port_errors():
+            changes = service_changes(wanted, await self.api.list_services(_owned_by(job.name)))
+            for name in changes.delete:
+                if await self.api.delete_service(name):
+                    log.info("deleted service %s", name)
+            for svc in changes.create:
+                if await self.api.create_service(svc):
+                    log.info("created service %s", svc["metadata"]["name"])
+
+    async def release(self, job: str) -> None:
+        with _said_as_port_errors():
+            for svc in await self.api.list_services(_owned_by(job)):
+                if await self.api.delete_service(svc["metadata"]["name"]):
+                    log.info("deleted service %s", svc["metadata"]["name"])
+
+    # -- watches --------------------------------------------------------------------------
+
+    async def watch(
+        self, kind: WatchKind, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[Change]:
+        """The API server's watch, read into views. A watch that passes the server's
+        Status through (an ERROR event) is raised: Expired for a 410 Gone. A pod that is
+        none of a job's only moves the version on."""
+        with _said_as_port_errors():
+            async for typ, obj in self.api.watch(kind, resource_version, timeout_s):
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+                if typ == "ERROR":
+                    raise platform_error(
+                        ApiException(status=obj.get("code"), reason=str(obj.get("message")))
+                    )
+                if typ == "BOOKMARK":
+                    yield typ, Bookmark(version)
+                elif kind == "jobs":
+                    yield typ, self._entry(obj)
+                else:
+                    pod = self.workload.parse_pod(obj)
+                    yield (typ, pod) if pod is not None else ("BOOKMARK", Bookmark(version))
+
+    # -- what its jobs can express --------------------------------------------------------
+
+    def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
+        return self.workload.plan_change(job, pods, plan)
+
+    def not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
+        return self.workload.plan_not_applied(plan)
+
+    def outcome(self, job: JobView, pods: Sequence[PodView]) -> tuple[str | None, str]:
+        return self.workload.outcome(job, pods)
+
+
+__all__ = ["KubeCluster", "platform_error"]
