@@ -46,6 +46,7 @@ from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import end_within
 from dlrover_events.runtime.embedded import bench_broker, resolve_postgres
 from dlrover_events.runtime.services import ServiceContext, discover_services
 from dlrover_events.settings import Settings, load_settings
@@ -53,7 +54,7 @@ from schemas.codec import CodecError, decode
 from schemas.control import EnvMode
 from schemas.lockstep import Barrier
 from streams.ab.arms import Arm, parse_arm
-from streams.ab.runner import ABTest, ArmCluster, _brain, _finish
+from streams.ab.runner import ABTest, ArmCluster, _brain
 
 #: The workload the bench takes its first jobs from (the A/B the issue measured).
 WORKLOAD = (
@@ -233,7 +234,7 @@ async def run_arms(
         ledgers = await test._until_done(expected, tasks, None)
         done, cpu = time.monotonic(), time.process_time() - cpu
         stop.set()
-        await _finish(tasks)
+        await end_within(tasks, 20)
         tasks = []
         # (the arms' services share this process's one event loop: CPU near the wall
         # means the loop, not the round trips, sets the pace)
@@ -260,7 +261,7 @@ async def run_arms(
         return out, walls
     finally:
         stop.set()
-        await _finish(tasks)
+        await end_within(tasks, 20)
         for env in created:
             with contextlib.suppress(Exception):
                 await registry.delete(env, force=True)
