@@ -13,7 +13,9 @@ from dlrover_events.settings import Settings, SettingsError, load_settings
 
 @pytest.fixture(autouse=True)
 def _no_settings_from_the_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("DLROVER_EVENTS_CONFIG", str(tmp_path / "none.toml"))
+    empty = tmp_path / "none.toml"  # (a config file named must be there)
+    empty.write_text("")
+    monkeypatch.setenv("DLROVER_EVENTS_CONFIG", str(empty))
 
 
 def _error(monkeypatch: pytest.MonkeyPatch, **env: str) -> str:

@@ -27,7 +27,9 @@ SPECS = {t.name: t for t in ENV_TOPICS}
 
 @pytest.fixture(autouse=True)
 def _no_settings_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("DLROVER_EVENTS_CONFIG", str(tmp_path / "none.toml"))
+    empty = tmp_path / "none.toml"  # (a config file named must be there)
+    empty.write_text("")
+    monkeypatch.setenv("DLROVER_EVENTS_CONFIG", str(empty))
 
 
 def test_every_deleted_topic_has_a_retention_setting_and_compacted_ones_none() -> None:
@@ -104,7 +106,7 @@ def test_env_topics_strimzi_prints_resources_to_apply(tmp_path: Path) -> None:
         "my-cluster",
         "--replicas",
         "3",
-        DLROVER_EVENTS_CONFIG=str(tmp_path / "none.toml"),
+        DLROVER_EVENTS_CONFIG=str(tmp_path / "none.toml"),  # (the fixture's empty file)
         DLROVER_EVENTS_RETENTION_METRICS_MS="86400000",
         DLROVER_EVENTS_PARTITIONS="12",
     )
@@ -123,7 +125,10 @@ def test_env_topics_strimzi_prints_resources_to_apply(tmp_path: Path) -> None:
     ("args", "line"),
     [
         (["prod", "--strimzi"], "error: --strimzi needs --cluster NAME"),
-        (["Prod", "--strimzi", "--cluster", "k"], "error: env name 'Prod' must match"),
+        (
+            ["Prod", "--strimzi", "--cluster", "k"],
+            "error: Invalid value for 'ENVS': env name 'Prod' must match",
+        ),
     ],
 )
 def test_env_topics_mistakes_are_one_line(args: list[str], line: str) -> None:

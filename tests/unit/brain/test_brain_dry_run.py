@@ -114,7 +114,7 @@ def test_command_missing_file_is_a_user_error(tmp_path: Path) -> None:
 
 
 def test_optimizers_lists_names_with_descriptions(capsys: pytest.CaptureFixture[str]) -> None:
-    optimizers()
+    optimizers(as_json=False)
     lines = capsys.readouterr().out.splitlines()
     names = [line.split()[0] for line in lines]
     assert names == sorted(names)
