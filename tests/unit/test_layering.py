@@ -8,6 +8,11 @@ pure core, which only the operator uses.
 The brain's core (`streams/brain/core/`) decides and does no I/O: nothing it imports, nor
 anything that imports in turn, may reach a broker, database, HTTP or Kubernetes client,
 a process or socket, or the brain's runtime wing (streams/brain/__init__.py).
+
+The operator's reconciler is platform-neutral (`handlers/operator/reconcile/`, with the port
+it drives and the job document every platform reads), and the local platform runs where no
+cluster is: neither may reach a Kubernetes client, nor the Kubernetes platform's modules
+(handlers/operator/kube, dlrover_events/kube), directly or through what they import.
 """
 
 from __future__ import annotations
@@ -60,6 +65,19 @@ IO_MODULES = frozenset(
 CORE = Path("streams/brain/core")
 #: project packages the core must not reach (the I/O wing and the benches)
 CORE_FORBIDDEN = ("streams.brain.runtime", "streams.brain.bench")
+
+#: The operator's parts that must not reach Kubernetes: the reconciler, the platform port,
+#: the job document and its quantities (every platform reads them), the local platform.
+OPERATOR_NEUTRAL = (
+    Path("handlers/operator/reconcile"),
+    Path("handlers/operator/platform.py"),
+    Path("handlers/operator/trainingjob.py"),
+    Path("handlers/operator/quantity.py"),
+    Path("handlers/operator/local"),
+)
+KUBERNETES_CLIENTS = frozenset({"kubernetes_asyncio", "kubernetes"})
+#: the Kubernetes platform, and the cluster plumbing it shares with the gateway
+KUBERNETES_PLATFORM = ("handlers.operator.kube", "dlrover_events.kube")
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -128,16 +146,22 @@ def _loaded(root: Path, path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def _io_reached(root: Path, module: str, cache: dict[Path, list[tuple[int, str]]]) -> str | None:
+def _io_reached(
+    root: Path,
+    module: str,
+    cache: dict[Path, list[tuple[int, str]]],
+    io: frozenset[str] = IO_MODULES,
+    forbidden: tuple[str, ...] = CORE_FORBIDDEN,
+) -> str | None:
     """The first I/O or forbidden module that importing `module` reaches, as the chain
     that leads there (`dlrover_events.bus -> aiokafka`); None if it reaches none."""
     seen = {module}
     queue: list[tuple[str, str]] = [(module, module)]
     while queue:
         current, chain = queue.pop(0)
-        if current.split(".")[0] in IO_MODULES:
+        if current.split(".")[0] in io:
             return chain
-        if current in CORE_FORBIDDEN or current.startswith(tuple(f"{m}." for m in CORE_FORBIDDEN)):
+        if current in forbidden or current.startswith(tuple(f"{m}." for m in forbidden)):
             return chain
         if current.split(".")[0] not in PACKAGES:
             continue  # the standard library or a third-party package that is not I/O
@@ -153,16 +177,26 @@ def _io_reached(root: Path, module: str, cache: dict[Path, list[tuple[int, str]]
     return None
 
 
-def _core_violations(root: Path = ROOT) -> list[str]:
+def _core_violations(
+    root: Path = ROOT,
+    parts: tuple[Path, ...] = (CORE,),
+    io: frozenset[str] = IO_MODULES,
+    forbidden: tuple[str, ...] = CORE_FORBIDDEN,
+) -> list[str]:
+    """What the modules of ``parts`` (packages or files) reach of ``io`` or
+    ``forbidden``, one finding per import statement."""
     bad: list[str] = []
     cache: dict[Path, list[tuple[int, str]]] = {}
-    for path in sorted((root / CORE).rglob("*.py")):
+    files = {
+        p for part in parts for p in ([root / part] if part.suffix else (root / part).rglob("*.py"))
+    }
+    for path in sorted(p for p in files if p.is_file()):
         rel = path.relative_to(root)
         lines: set[int] = set()
         for line, module in _loaded(root, path):
             if line in lines:
                 continue  # one finding per import statement: the first module it reaches
-            reached = _io_reached(root, module, cache)
+            reached = _io_reached(root, module, cache, io, forbidden)
             if reached is not None:
                 lines.add(line)
                 bad.append(f"{rel}:{line} imports {reached}")
@@ -175,6 +209,14 @@ def test_imports_point_one_way() -> None:
 
 def test_the_brains_core_reaches_no_io() -> None:
     assert _core_violations() == []
+
+
+def _operator_violations(root: Path = ROOT) -> list[str]:
+    return _core_violations(root, OPERATOR_NEUTRAL, KUBERNETES_CLIENTS, KUBERNETES_PLATFORM)
+
+
+def test_the_operators_reconciler_and_the_local_platform_reach_no_kubernetes() -> None:
+    assert _operator_violations() == []
 
 
 @pytest.mark.parametrize(
@@ -217,6 +259,30 @@ def test_the_core_check_finds_io(tmp_path: Path, module: str, chain: str) -> Non
     (core / "ok.py").write_text("import math\nfrom schemas import y\n", "utf-8")
     (core / "x.py").write_text(f"import {module}\n", "utf-8")
     assert _core_violations(tmp_path) == [f"{CORE / 'x.py'}:1 imports {chain}"]
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "chain"),
+    [
+        ("handlers/operator/reconcile/x.py", "kubernetes_asyncio.client", "kubernetes_asyncio"),
+        ("handlers/operator/local/x.py", "handlers.operator.kube.client", "handlers.operator.kube"),
+        ("handlers/operator/platform.py", "dlrover_events.kube.api", "dlrover_events.kube"),
+        ("handlers/operator/reconcile/x.py", "dlrover_events.x", "dlrover_events.x -> kubernetes"),
+    ],
+)
+def test_the_operator_check_finds_kubernetes(
+    tmp_path: Path, source: str, module: str, chain: str
+) -> None:
+    """The operator's rule would see a Kubernetes client or the Kubernetes platform,
+    imported directly or through a project module (a check that finds nothing proves
+    nothing)."""
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "dlrover_events" / "x.py").write_text("import kubernetes\n", "utf-8")
+    target = tmp_path / source
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(f"import math\nimport {module}\n", "utf-8")
+    assert _operator_violations(tmp_path) == [f"{source}:2 imports {chain}"]
 
 
 #: Each extension point's contract module, and what it must not import: the
