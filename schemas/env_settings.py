@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_GPUS, Document, Text
+from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_GPUS, Document, Gpus, Text
 from schemas.envelope import Model
+from schemas.jobs import GroupName
 from schemas.plans import RescaleMode
 from schemas.rescale_cost import rescale_cost_s
 
@@ -40,6 +41,7 @@ SIM_RESTART_DELAY_S = rescale_cost_s(RescaleMode.RESTART)
 SIM_IN_PLACE_DELAY_S = rescale_cost_s(RescaleMode.IN_PLACE)
 
 _CENTURY_S = 100 * 365 * 86400
+
 _GiB = 2**30
 
 
@@ -86,6 +88,23 @@ class SchedulerSettings(Model):
     interval_s: float = Field(
         default=60.0, gt=0, le=86400, description="event-time seconds between two rounds"
     )
+    quotas: dict[GroupName, Gpus] = Field(
+        default_factory=dict,
+        max_length=10_000,
+        description="group -> GPUs guaranteed to the jobs of that group (a job's `group`); "
+        "idle ones are lent to others and taken back within one round",
+    )
+
+    @model_validator(mode="after")
+    def _quotas_fit(self) -> SchedulerSettings:
+        gpus = self.nodes * self.gpus_per_node
+        promised = sum(self.quotas.values())
+        if promised > gpus:
+            raise ValueError(
+                f"the quotas promise {promised} GPUs, more than the {gpus} of the cluster "
+                f"({self.nodes} x {self.gpus_per_node})"
+            )
+        return self
 
 
 #: An optimizer for every stage, or one per stage (`{running: goodput}`).

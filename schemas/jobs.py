@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import itertools
 from enum import StrEnum
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from schemas.bounds import (
     INT64_MAX,
@@ -30,6 +30,18 @@ from schemas.bounds import (
     Text,
 )
 from schemas.envelope import Event, Model
+
+#: Whose GPU quota a job draws on: a team or a user (an env's brain.scheduler.quotas).
+GroupName = Annotated[
+    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
+]
+#: A Kueue queue's name, as a Kubernetes label value carries it.
+QueueName = Annotated[
+    str,
+    StringConstraints(
+        min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
+    ),
+]
 
 
 class JobMeta(Model):
@@ -102,6 +114,26 @@ class JobSubmitted(JobEvent):
         default=False,
         description="whether plans may change the global batch within these limits "
         "(the training keeps converging at another batch, e.g. with AdaScale)",
+    )
+    # Sharing a cluster: what a cluster scheduler admits first, whose quota a job draws
+    # on, and whether Kueue rather than the brain admits it (docs/schedulers.md).
+    priority: int = Field(
+        default=0,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="admission order under a cluster scheduler, higher first (the range of "
+        "a Kubernetes PriorityClass)",
+    )
+    group: GroupName | None = Field(
+        default=None,
+        description="the team or user whose GPU quota the job draws on "
+        "(the env's brain.scheduler.quotas); none: it only borrows idle GPUs",
+    )
+    kueue_queue: QueueName | None = Field(
+        default=None,
+        description="the Kueue LocalQueue that admits the job (its kueue.x-k8s.io/queue-name "
+        "label): Kueue admits and suspends it, a cluster scheduler only resizes it within "
+        "the GPUs Kueue gave it",
     )
 
     @model_validator(mode="after")

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from dlrover_events.domain.units import human_bytes
-from schemas.env_settings import LimitSettings
+from schemas.env_settings import LimitSettings, SchedulerSettings
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
 from streams.brain.core.folds import record_decision
@@ -28,6 +28,7 @@ from streams.brain.core.policy import Policy
 from streams.brain.core.schedulers.api import (
     ChangeKind,
     ClusterCapacity,
+    GroupQuota,
     JobChange,
     JobInput,
     Schedule,
@@ -132,7 +133,22 @@ def job_input(state: JobState) -> JobInput:
         restarts=share.restarts,
         requested_replicas=max(1, role.replicas if role is not None else 1),
         attained_gpu_s=share.attained_gpu_s,
+        priority=state.priority,
+        group=state.group,
+        kueue_managed=state.kueue_queue is not None,
     )
+
+
+def cluster_capacity(
+    settings: SchedulerSettings, nodes: ClusterCapacity | None = None
+) -> ClusterCapacity:
+    """What a round hands out: the nodes the platform reports (`nodes`), else the static
+    `nodes` x `gpus_per_node` of the settings (a virtual env's cluster), with the
+    settings' quotas."""
+    quotas = tuple(GroupQuota(group, gpus) for group, gpus in sorted(settings.quotas.items()))
+    if nodes is None:
+        return ClusterCapacity.uniform(settings.nodes, settings.gpus_per_node, quotas)
+    return replace(nodes, quotas=quotas)
 
 
 def memory_for(state: JobState, local_batch: int, limits: LimitSettings) -> int:
@@ -300,9 +316,11 @@ def run_round(
     now: datetime,
     policy: Policy,
     cause: str = "",
+    nodes: ClusterCapacity | None = None,
 ) -> RoundResult:
     """The round at `now` of the policy's scheduler over every job the brain holds:
-    which jobs it decides for is `scheduled`; the rest are left alone."""
+    which jobs it decides for is `scheduled`; the rest are left alone. `nodes` is the
+    cluster as the platform reports it (None: the settings' static cluster)."""
     spec, chosen, lim = policy.scheduler_spec, policy.scheduler, policy.limits
     if spec is None or chosen is None:
         raise ValueError("the env's policy has no cluster scheduler")
@@ -315,7 +333,7 @@ def run_round(
         if share is not state.share:
             accounted[uuid] = state.model_copy(update={"share": share})
     jobs = {**jobs, **accounted}
-    cluster = ClusterCapacity.uniform(chosen.nodes, chosen.gpus_per_node)
+    cluster = cluster_capacity(chosen, nodes)
     inputs = [job_input(jobs[u]) for u in sorted(jobs)]
     result = spec.run(now.timestamp(), cluster, inputs, policy.scheduler_params)
     changed = dict(accounted)
@@ -344,6 +362,7 @@ def run_round(
 __all__ = [
     "PRIOR",
     "RoundResult",
+    "cluster_capacity",
     "job_input",
     "job_model",
     "memory_for",

@@ -121,6 +121,9 @@ def _fold_submitted(state: JobState, event: JobSubmitted) -> JobState:
         "batch_size": event.batch_size,
         "roles": roles,
         "submitted_at": event.occurred_at,
+        "priority": event.priority,
+        "group": event.group,
+        "kueue_queue": event.kueue_queue,
         "batch_bounds": None
         if event.batch_size is None
         else BatchBounds(

@@ -291,6 +291,11 @@ class JobState(Model):
     pruned_at: datetime | None = None
     #: what a cluster scheduler needs (none of it is read without one)
     batch_bounds: BatchBounds | None = None
+    priority: int = Field(default=0, description="admission order, higher first")
+    group: str | None = Field(default=None, description="whose GPU quota it draws on")
+    kueue_queue: str | None = Field(
+        default=None, description="Kueue's queue that admits it: the scheduler only resizes it"
+    )
     profile: list[ProfilePoint] = Field(default_factory=list, max_length=MAX_PROFILE_POINTS)
     grad_stats: tuple[float, float] | None = Field(
         default=None, description="(grad_sqr, grad_var) of the latest sample that had them"

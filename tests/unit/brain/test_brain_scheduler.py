@@ -23,12 +23,19 @@ from schemas.jobs import (
 )
 from schemas.lockstep import Barrier
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
-from streams.brain.core.cluster_round import job_model, memory_for, run_round
+from streams.brain.core.cluster_round import (
+    cluster_capacity,
+    job_input,
+    job_model,
+    memory_for,
+    run_round,
+)
 from streams.brain.core.folds import fold
 from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.planner import DEFAULT_LIMITS
 from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
+from streams.brain.core.schedulers.api import ClusterCapacity, GroupQuota, NodeCapacity
 from streams.brain.core.state import PROFILE_SAMPLES, JobState
 
 from .builders import ENV, T0, Rec
@@ -383,3 +390,43 @@ def test_a_small_trace_where_the_scheduler_must_preempt_and_resume() -> None:
     assert resume.job.uuid == "big" and resume.placement == {"node-0": 4}
     share = p.states["big"].share
     assert share is not None and share.restarts == 1  # the suspend
+
+
+def test_a_submissions_priority_group_and_kueue_queue_reach_the_scheduler() -> None:
+    base = submitted("a", 0)
+    sharing = base.model_copy(update={"priority": 7, "group": "team-a", "kueue_queue": "lq"})
+    state = fold(None, sharing)
+    assert state is not None
+    got = job_input(state)
+    assert (got.priority, got.group, got.kueue_managed) == (7, "team-a", True)
+    plain = fold(None, base)
+    assert plain is not None
+    assert (job_input(plain).priority, job_input(plain).group) == (0, None)
+    assert not job_input(plain).kueue_managed
+
+
+def test_the_settings_cluster_and_quotas_or_the_platforms_nodes_are_what_a_round_hands_out() -> (
+    None
+):
+    policy = processor(scheduler={**SCHEDULER, "quotas": {"team-a": 4}}).policy
+    assert policy.scheduler is not None
+    static = cluster_capacity(policy.scheduler)
+    assert static == ClusterCapacity.uniform(2, 4, (GroupQuota("team-a", 4),))
+    reported = ClusterCapacity((NodeCapacity("gpu-1", 8, "h100"), NodeCapacity("gpu-2", 2)))
+    assert cluster_capacity(policy.scheduler, reported) == ClusterCapacity(
+        reported.nodes, 8, (GroupQuota("team-a", 4),)
+    )
+
+
+def test_a_round_on_the_platforms_nodes_places_jobs_there() -> None:
+    policy = processor(scheduler=SCHEDULER).policy
+    state = profiled(sample("a", 30, 1, 32, 0.5))
+    reported = ClusterCapacity((NodeCapacity("gpu-7", 2),))
+    result = run_round({"a": state}, T0 + timedelta(seconds=60), policy, nodes=reported)
+    (plan,) = scale_plans(list(result.plans))
+    assert set(plan.placement) == {"gpu-7"}
+
+
+def test_quotas_past_the_cluster_are_a_one_line_settings_error() -> None:
+    with pytest.raises(ValueError, match="quotas promise 9 GPUs, more than the 8 of the cluster"):
+        Policy.from_settings({"scheduler": {**SCHEDULER, "quotas": {"a": 5, "b": 4}}})

@@ -93,5 +93,5 @@ def test_steps_never_overfill_a_node_and_gangs_past_a_node_take_whole_ones(
                 used[i] += g
         assert [s - u for s, u in zip(sizes, used, strict=True)] == p.free
         assert all(f >= 0 for f in p.free)
-        for f, bucket in enumerate(p.buckets):
+        for f, bucket in enumerate(p.buckets[None]):
             assert bucket == sorted(i for i, free in enumerate(p.free) if free == f)

@@ -52,6 +52,7 @@ from streams.brain.core.schedulers.api import (
 )
 from streams.brain.core.schedulers.goodput import Grids
 from streams.brain.core.schedulers.packing import PackedJob, Packer
+from streams.brain.core.schedulers.sharing import guarantee, set_aside
 from streams.brain.core.schedulers.speedup import (
     SizeMenu,
     SpeedupTable,
@@ -103,11 +104,17 @@ class _Job:
     valid_current: bool
     running: bool
     factor: float  # restart factor if its allocation changes
-    pinned: bool
+    pinned: bool  # holds what it holds: not preemptible, or Kueue's
+    kueue: bool = False
+    floor: int = 0  # GPUs its group's quota guarantees it this round
 
 
-def _shape_ok(placement: Placement, nodes: Mapping[str, NodeCapacity], per_node: int) -> bool:
+def _shape_ok(
+    placement: Placement, nodes: Mapping[str, NodeCapacity], per_node: int, gpu_type: str | None
+) -> bool:
     if not placement or any(name not in nodes or g < 1 for name, g in placement):
+        return False
+    if gpu_type is not None and any(nodes[name].gpu_type != gpu_type for name, _ in placement):
         return False
     if len({name for name, _ in placement}) != len(placement):
         return False
@@ -117,10 +124,12 @@ def _shape_ok(placement: Placement, nodes: Mapping[str, NodeCapacity], per_node:
 
 
 def _valid_currents(jobs: Sequence[JobInput], cluster: ClusterCapacity) -> set[str]:
-    """Jobs whose placement still exists and fits, whole-node rule included; on a node
-    held past its GPUs (the cluster shrank) no job keeps its place there."""
+    """Jobs whose placement still exists and fits, whole-node rule and GPU type included;
+    on a node held past its GPUs (the cluster shrank) no job keeps its place there."""
     nodes = {n.name: n for n in cluster.nodes}
-    ok = {j.job_id for j in jobs if _shape_ok(j.placement, nodes, cluster.gpus_per_node)}
+    ok = {
+        j.job_id for j in jobs if _shape_ok(j.placement, nodes, cluster.gpus_per_node, j.gpu_type)
+    }
     used: dict[str, int] = {}
     for j in jobs:
         if j.job_id in ok:
@@ -132,6 +141,33 @@ def _valid_currents(jobs: Sequence[JobInput], cluster: ClusterCapacity) -> set[s
         for j in jobs
         if j.job_id in ok and not any(name in over for name, _ in j.placement)
     }
+
+
+def _menu(cluster: ClusterCapacity, gpu_type: str | None) -> SizeMenu:
+    """The sizes the whole-node rule allows on the cluster's nodes (of one GPU type)."""
+    nodes = [n for n in cluster.nodes if gpu_type is None or n.gpu_type == gpu_type]
+    if not sum(n.gpus for n in nodes):
+        return SizeMenu([])
+    whole = sum(1 for n in nodes if n.gpus == cluster.gpus_per_node)
+    largest = max(n.gpus for n in nodes)
+    return SizeMenu(shapes(cluster.gpus_per_node, largest, whole))
+
+
+def _within(
+    r: int, held: Mapping[str, int], full: Mapping[str, int], per_node: int
+) -> Placement | None:
+    """`r` GPUs placed inside what a Kueue job holds (node -> GPUs, in node order): one
+    node with room, the one it holds most on; past a node, whole nodes it holds whole."""
+    if r <= per_node:
+        room = [(g, name) for name, g in held.items() if g >= r]
+        if not room:
+            return None
+        most = max(g for g, _ in room)
+        return ((next(name for g, name in room if g == most), r),)
+    whole = [name for name, g in held.items() if g == per_node == full[name]]
+    if len(whole) < r // per_node:
+        return None
+    return tuple((name, per_node) for name in whole[: r // per_node])
 
 
 def _value(job: _Job, replicas: int, kept: bool, scale: float, hysteresis: float) -> float:
@@ -178,6 +214,39 @@ def _next_step(
     return None
 
 
+def _grow_within(
+    floors: Mapping[str, int],
+    room: Mapping[str, int],
+    jobs: Mapping[str, _Job],
+    term: Callable[[str, int], float],
+) -> dict[str, int]:
+    """The guaranteed sizes grown into each group's room left, the next size worth more
+    of most gain per GPU first (ties: the first job by id), as the search grows jobs."""
+    sizes = dict(floors)
+    left = dict(room)
+    heap: list[tuple[float, str, int]] = []
+
+    def push(key: str) -> None:
+        group = jobs[key].spec.group
+        assert group is not None
+        found = _next_step(key, jobs[key], sizes[key], left[group], set(), term)
+        if found is not None:
+            heapq.heappush(heap, (-found[0], key, found[1]))
+
+    for key in sorted(sizes):
+        push(key)
+    while heap:
+        _, key, r = heapq.heappop(heap)
+        group = jobs[key].spec.group
+        assert group is not None
+        if r - sizes[key] > left[group]:
+            continue
+        left[group] -= r - sizes[key]
+        sizes[key] = r
+        push(key)
+    return sizes
+
+
 def _greedy(
     jobs: Mapping[str, _Job],
     start: Mapping[str, int],
@@ -187,7 +256,9 @@ def _greedy(
 ) -> tuple[dict[str, int], dict[str, Placement]] | None:
     """Hand GPUs out from `start`, one step of one job at a time, the step of most gain
     per GPU first (ties: the first job by id), while the steps still pack; then place
-    the counts (see the module docstring)."""
+    the counts (see the module docstring). While a job waits for its first GPUs with a
+    step to take, no job of lower priority takes a step: its steps wait aside until the
+    waiting job is admitted or has no step left."""
     counts = dict(start)
     placed = packer.pack(counts)
     if placed is None:
@@ -196,25 +267,56 @@ def _greedy(
     free = total - sum(counts.values())
     banned: set[tuple[str, int]] = set()
     order = {key: i for i, key in enumerate(sorted(jobs))}
-    heap: list[tuple[float, int, str, int]] = []
+    Step = tuple[float, int, str, int]
+    heap: list[Step] = []
+    #: priority -> jobs without GPUs that have a step (in the heap or aside)
+    waiting: dict[int, int] = {}
+    aside: dict[int, list[Step]] = {}
+
+    def priority(key: str) -> int:
+        return jobs[key].spec.priority
 
     def push(key: str) -> None:
         found = _next_step(key, jobs[key], counts[key], free, banned, term)
         if found is not None:
             heapq.heappush(heap, (-found[0], order[key], key, found[1]))
+            if not counts[key]:
+                waiting[priority(key)] = waiting.get(priority(key), 0) + 1
+
+    def first_waiting() -> int | None:
+        return max((p for p, n in waiting.items() if n), default=None)
+
+    def release(every: bool = False) -> None:
+        top = None if every else first_waiting()
+        for level in [level for level in aside if top is None or level >= top]:
+            for step in aside.pop(level):
+                heapq.heappush(heap, step)
 
     for key in sorted(jobs):
         job = jobs[key]
-        if not job.pinned and job.table is not None:
+        if key in counts and not job.pinned and job.table is not None:
             push(key)
     repacks = REPACKS
     failed = total + 1  # the smallest step a repack could not fit: larger ones fit no better
-    while heap:
-        _, _, key, r = heapq.heappop(heap)
+    while heap or aside:
+        if not heap:
+            release(every=True)  # (whoever waits has a step in the heap: none waits)
+            continue
+        step = heapq.heappop(heap)
+        _, _, key, r = step
         cur = counts[key]
+        if not cur:
+            waiting[priority(key)] -= 1
         if r - cur > free:
+            release()
             continue  # (the job's step outgrew the GPUs left: it has none now)
-        fits = packing.grow(key, r)
+        top = first_waiting()
+        if top is not None and priority(key) < top:
+            aside.setdefault(priority(key), []).append(step)
+            if not cur:
+                waiting[priority(key)] += 1
+            continue
+        fits = packing.grow(key, r, jobs[key].spec.gpu_type)
         if not fits and repacks and r - cur < failed:
             repacks -= 1
             repacked = packer.pack({**counts, key: r})
@@ -228,6 +330,7 @@ def _greedy(
         else:
             banned.add((key, r))
         push(key)
+        release()
     placed = packer.pack(counts) or {
         key: packer.placement(slots) for key, slots in packing.where.items() if slots
     }
@@ -249,7 +352,7 @@ def schedule(
     jobs: Sequence[JobInput],
     params: GoodputClusterParams | None = None,
 ) -> Schedule:
-    """The allocation of this tick, as the changes to make (see the module docstring)."""
+    """The allocation of this round, as the changes to make (see the module docstring)."""
     p = params or GoodputClusterParams()
     check_jobs(jobs)
     arrived = sorted((j for j in jobs if j.submitted_at <= now), key=lambda j: j.job_id)
@@ -258,21 +361,25 @@ def schedule(
     for j in arrived:
         if j.model is None:
             raise JobInputError(f"job {j.job_id!r} has no goodput model: goodput-cluster needs one")
-    total = cluster.total_gpus
-    whole = sum(1 for n in cluster.nodes if n.gpus == cluster.gpus_per_node)
-    largest = max((n.gpus for n in cluster.nodes), default=0)
-    candidates = SizeMenu(shapes(cluster.gpus_per_node, largest, whole) if total else [])
+    # what Kueue's running jobs hold is theirs; the rest is handed out here
+    open_cluster, kueue_held = set_aside(cluster, arrived)
+    decided = [j for j in arrived if not j.kueue_managed or j.job_id in kueue_held]
+    total = open_cluster.total_gpus
+    menus = {kind: _menu(open_cluster, kind) for kind in {None, *(j.gpu_type for j in decided)}}
     grids: Grids = {}
-    fair = fair_share(total, len(arrived))
-    scale = len(cluster.nodes) / total if total else 0.0
-    valid = _valid_currents(arrived, cluster)
+    fair = fair_share(cluster.total_gpus, len(decided))
+    scale = len(cluster.nodes) / cluster.total_gpus if cluster.total_gpus else 0.0
+    valid = _valid_currents([j for j in decided if not j.kueue_managed], open_cluster)
+    full = {n.name: n.gpus for n in cluster.nodes}
 
     state: dict[str, _Job] = {}
-    for j in arrived:
-        running = bool(j.placement)
-        ok = j.job_id in valid
+    for j in decided:
         assert j.model is not None
-        table = speedup_table(j.model, candidates, fair, grids)
+        running = bool(j.placement)
+        kueue = j.kueue_managed
+        menu = _menu(cluster, j.gpu_type) if kueue else menus[j.gpu_type]
+        table = speedup_table(j.model, menu, fair, grids)
+        ok = j.job_id in valid or kueue
         current = j.replicas if ok else 0
         if table is not None and current and table.choice(current) is None:
             # its size is one it may no longer have (limits changed): not kept
@@ -284,7 +391,8 @@ def schedule(
             valid_current=ok and current > 0,
             running=running,
             factor=restart_factor(now - j.submitted_at, j.restarts, p.rescale_cost_s),
-            pinned=running and not j.preemptible and ok and current > 0,
+            pinned=kueue or (running and not j.preemptible and ok and current > 0),
+            kueue=kueue,
         )
 
     terms: dict[tuple[str, int], float] = {}
@@ -298,9 +406,73 @@ def schedule(
             got = terms[key, r] = utility(value, p.fairness_p, p.epsilon)
         return got
 
-    packer = Packer(cluster, {k: PackedJob(j.spec.placement, j.current) for k, j in state.items()})
-    keep = {k: job.current for k, job in state.items()}
-    pinned_only = {k: (job.current if job.pinned else 0) for k, job in state.items()}
+    # Kueue's jobs: the size worth most within what they hold (keeping it, on a tie)
+    fixed_counts: dict[str, int] = {}
+    fixed_placed: dict[str, Placement] = {}
+    for key, job in state.items():
+        if not job.kueue:
+            continue
+        held = kueue_held[key]
+        options: list[tuple[float, bool, int, Placement]] = []
+        if job.table is not None:
+            for r in job.table.sizes:
+                placement = _within(r, held, full, open_cluster.gpus_per_node)
+                if placement is None or job.table.choice(r) is None:
+                    continue
+                kept = job.valid_current and _same(placement, job.spec.placement)
+                value = _value(job, r, kept, scale, p.hysteresis)
+                options.append((utility(value, p.fairness_p, p.epsilon), kept, r, placement))
+        if options:
+            _, _, r, placement = max(options, key=lambda o: (o[0], o[1], o[2]))
+        else:
+            r, placement = job.spec.replicas, job.spec.placement  # (nothing to decide)
+        fixed_counts[key], fixed_placed[key] = r, placement
+
+    ours = {k: job for k, job in state.items() if not job.kueue}
+    packer = Packer(
+        open_cluster,
+        {k: PackedJob(j.spec.placement, j.current, j.spec.gpu_type) for k, j in ours.items()},
+    )
+    # quotas: each group's jobs, priority first, get their smallest size while it has room
+    held_anyway = {k: job.current for k, job in ours.items() if job.pinned}
+    need = {
+        k: next((r for r in job.table.sizes if job.table.choice(r)), 0)
+        for k, job in ours.items()
+        if job.table is not None
+    }
+    by_claim = sorted(
+        (job.spec for job in ours.values()),
+        key=lambda j: (-j.priority, not j.placement, j.submitted_at, j.job_id),
+    )
+    kueue_gpus = sum(g for held in kueue_held.values() for g in held.values())
+    owed = cluster.guaranteed(kueue_gpus)
+    least = guarantee(by_claim, need, held_anyway, owed)
+    # ... then grow, the step of most gain per GPU first, into what each quota has left:
+    # a quota is the GPUs its jobs can use, not one each
+    room = dict(owed)
+    for key, gpus in [*held_anyway.items(), *least.items()]:
+        group = ours[key].spec.group
+        if group is not None and group in room:
+            room[group] -= gpus
+    grown = _grow_within(least, room, ours, term)
+    floors: dict[str, int] = {}
+    for tried in (grown, least):
+        start = {k: (job.current if job.pinned else tried.get(k, 0)) for k, job in ours.items()}
+        if packer.pack(start) is not None:
+            floors = dict(tried)
+            break
+    else:
+        floors = dict(least)
+        for key in reversed(list(least)):  # (what cannot all be placed: the last go)
+            del floors[key]
+            start = {k: (j.current if j.pinned else floors.get(k, 0)) for k, j in ours.items()}
+            if packer.pack(start) is not None:
+                break
+    floor_start = {k: (job.current if job.pinned else floors.get(k, 0)) for k, job in ours.items()}
+    for key, size in floors.items():
+        ours[key].floor = size
+    keep = {k: job.current for k, job in ours.items()}
+    keep_start = {k: max(job.current, job.floor) for k, job in ours.items()}
 
     def objective(counts: Mapping[str, int], placed: Mapping[str, Placement]) -> float:
         values = []
@@ -310,25 +482,55 @@ def schedule(
             values.append(_value(job, r, kept, scale, p.hysteresis))
         return power_mean(values, p.fairness_p, p.epsilon)
 
+    def fair_to_quotas_and_priority(counts: Mapping[str, int]) -> bool:
+        """Every guarantee met, and no job waits while one of lower priority borrows
+        GPUs it could have (held beyond any guarantee, preemptible)."""
+        if any(counts[k] < job.floor for k, job in ours.items()):
+            return False
+        borrowed = {
+            k: counts[k]
+            for k, job in ours.items()
+            if counts[k] and not job.pinned and not job.floor
+        }
+        idle = total - sum(counts.values())
+        for key, job in ours.items():
+            if counts[key] or key not in need or job.pinned:
+                continue
+            lower = sum(g for k, g in borrowed.items() if ours[k].spec.priority < job.spec.priority)
+            if lower and need[key] <= lower + idle:
+                return False
+        return True
+
     current_placed = {k: state[k].spec.placement for k, r in keep.items() if r > 0}
-    before = objective(keep, current_placed)
-    best: tuple[float, dict[str, int], dict[str, Placement]] = (before, keep, current_placed)
-    starts = [keep] if pinned_only == keep else [keep, pinned_only]
+    before = objective({**keep, **fixed_counts}, {**current_placed, **fixed_placed})
+    best: tuple[float, dict[str, int], dict[str, Placement]] | None = None
+    if fair_to_quotas_and_priority(keep):
+        best = (before, keep, current_placed)
+    starts = [keep_start] if floor_start == keep_start else [keep_start, floor_start]
     for start in starts:
-        found = _greedy(state, start, packer, total, term)
+        found = _greedy(ours, start, packer, total, term)
         if found is None:
             continue
-        value = objective(*found)
-        if value > best[0] * (1 + 1e-12):
+        if start is keep_start and not fair_to_quotas_and_priority(found[0]):
+            continue
+        value = objective({**found[0], **fixed_counts}, {**found[1], **fixed_placed})
+        if best is None or value > best[0] * (1 + 1e-12):
             best = (value, *found)
+    if best is None:  # (nothing placeable: keep what runs)
+        best = (before, keep, current_placed)
     value, counts, placed = best
+    counts, placed = {**counts, **fixed_counts}, {**placed, **fixed_placed}
 
     decisions: list[JobChange] = []
     allocations: list[JobHolding] = []
-    for key, job in state.items():
+    for spec in arrived:
+        key = spec.job_id
+        if key not in state:  # (Kueue has not admitted it: not ours to decide)
+            allocations.append(JobHolding(key, 0, (), None, 0.0))
+            continue
+        job = state[key]
         r = counts.get(key, 0)
         placement = placed.get(key, ()) if r else ()
-        spec = job.spec
         got = job.table.choice(r) if r and job.table is not None else None
         choice = got[1] if got is not None else None
         speedup = job.table.speedup(r) if r and job.table is not None else 0.0
@@ -376,9 +578,11 @@ def schedule(
         else:
             kind = ChangeKind.MOVE
         was = job.table.speedup(job.current) if job.table is not None and job.current else 0.0
+        why = f"; {spec.group}'s quota guarantees {job.floor}" if job.floor else ""
         reason = (
             f"{old} -> {r} GPU(s) on {_nodes_text(placement)}: speedup {was:.3g} -> "
-            f"{speedup:.3g} (fair share {fair} GPUs, objective {before:.4g} -> {value:.4g})"
+            f"{speedup:.3g} (fair share {fair} GPUs, objective {before:.4g} -> {value:.4g}"
+            f"{why})"
         )
         decisions.append(
             JobChange(

@@ -31,32 +31,45 @@ Slots = tuple[tuple[int, int], ...]
 
 @dataclass(frozen=True, slots=True)
 class PackedJob:
-    """What packing needs of a job: where it is now (node names) and whether it keeps
-    its count this time (then it stays there if the stable pass can)."""
+    """What packing needs of a job: where it is now (node names), whether it keeps its
+    count this time (then it stays there if the stable pass can), and the type of GPU
+    it must run on (None: any)."""
 
     placement: Placement
     current: int
+    gpu_type: str | None = None
 
 
 class Packing:
     """Free GPUs per node and where each job sits, changed one job at a time."""
 
-    __slots__ = ("buckets", "free", "per_node", "size", "where")
+    __slots__ = ("buckets", "free", "per_node", "size", "types", "where")
 
-    def __init__(self, size: Sequence[int], per_node: int) -> None:
+    def __init__(
+        self, size: Sequence[int], per_node: int, types: Sequence[str | None] = ()
+    ) -> None:
         self.per_node = per_node
         self.size = list(size)
         self.free = list(size)
-        #: free GPUs -> the nodes with that many free, in node order
-        self.buckets: list[list[int]] = [[] for _ in range(per_node + 1)]
+        self.types: list[str | None] = list(types) or [None] * len(self.size)
+        #: GPU type (None: every node) -> free GPUs -> the nodes with that many free,
+        #: in node order
+        self.buckets: dict[str | None, list[list[int]]] = {}
+        for kind in {None, *self.types}:
+            self.buckets[kind] = [[] for _ in range(per_node + 1)]
         for i, f in enumerate(self.free):
-            self.buckets[f].append(i)
+            self.buckets[None][f].append(i)
+            if self.types[i] is not None:
+                self.buckets[self.types[i]][f].append(i)
         self.where: dict[str, Slots] = {}
 
     def _set_free(self, i: int, f: int) -> None:
-        bucket = self.buckets[self.free[i]]
-        del bucket[bisect.bisect_left(bucket, i)]
-        bisect.insort(self.buckets[f], i)
+        kinds = (None,) if self.types[i] is None else (None, self.types[i])
+        for kind in kinds:
+            buckets = self.buckets[kind]
+            bucket = buckets[self.free[i]]
+            del bucket[bisect.bisect_left(bucket, i)]
+            bisect.insort(buckets[f], i)
         self.free[i] = f
 
     def take(self, key: str, slots: Slots) -> None:
@@ -70,27 +83,44 @@ class Packing:
             self._set_free(i, self.free[i] + g)
         return slots
 
-    def tightest(self, r: int, own: Iterable[int] = ()) -> int | None:
-        """The node for a gang of r GPUs on one node: one of `own` with room (the
-        tightest, first on ties), else the tightest node with room (first on ties)."""
-        mine = [(self.free[i], i) for i in own if self.free[i] >= r]
+    def tightest(self, r: int, own: Iterable[int] = (), gpu_type: str | None = None) -> int | None:
+        """The node for a gang of r GPUs on one node (of `gpu_type`, if given): one of
+        `own` with room (the tightest, first on ties), else the tightest node with room
+        (first on ties)."""
+        buckets = self.buckets.get(gpu_type)
+        if buckets is None:
+            return None
+        mine = [
+            (self.free[i], i)
+            for i in own
+            if self.free[i] >= r and (gpu_type is None or self.types[i] == gpu_type)
+        ]
         if mine:
             return min(mine)[1]
         for f in range(r, self.per_node + 1):
-            if self.buckets[f]:
-                return self.buckets[f][0]
+            if buckets[f]:
+                return buckets[f][0]
         return None
 
     def whole(
-        self, k: int, first: Sequence[int] = (), last: Iterable[int] = ()
+        self,
+        k: int,
+        first: Sequence[int] = (),
+        last: Iterable[int] = (),
+        gpu_type: str | None = None,
     ) -> list[int] | None:
-        """k whole free nodes in node order: those of `first` first, those of `last` only
-        when no other is left; None when fewer are free."""
-        free = self.buckets[self.per_node]
-        if len(free) < k:
+        """k whole free nodes (of `gpu_type`, if given) in node order: those of `first`
+        first, those of `last` only when no other is left; None when fewer are free."""
+        buckets = self.buckets.get(gpu_type)
+        if buckets is None or len(buckets[self.per_node]) < k:
             return None
+        free = buckets[self.per_node]
         late = set(last)
-        mine = sorted((i in late, i) for i in first if self.free[i] == self.per_node)
+        mine = sorted(
+            (i in late, i)
+            for i in first
+            if self.free[i] == self.per_node and (gpu_type is None or self.types[i] == gpu_type)
+        )
         chosen = [i for _, i in mine[:k]]
         if len(chosen) < k:
             taken = set(chosen)
@@ -106,10 +136,10 @@ class Packing:
                     chosen.append(i)
         return sorted(chosen)
 
-    def grow(self, key: str, r: int) -> bool:
+    def grow(self, key: str, r: int, gpu_type: str | None = None) -> bool:
         """The job at `r` GPUs: more on its node when that has room, else on the
-        tightest node that fits it (whole nodes past one node's GPUs, its own first);
-        False, and nothing changed, when nowhere fits."""
+        tightest node that fits it (whole nodes past one node's GPUs, its own first),
+        of its GPU type; False, and nothing changed, when nowhere fits."""
         slots = self.where.get(key, ())
         held = sum(g for _, g in slots)
         if r <= self.per_node and len(slots) == 1 and self.free[slots[0][0]] >= r - held:
@@ -119,12 +149,12 @@ class Packing:
             return True
         own = [i for i, _ in self.release(key)]
         if r <= self.per_node:
-            node = self.tightest(r, own)
+            node = self.tightest(r, own, gpu_type)
             if node is not None:
                 self.take(key, ((node, r),))
                 return True
         else:
-            nodes = self.whole(r // self.per_node, own)
+            nodes = self.whole(r // self.per_node, own, (), gpu_type)
             if nodes is not None:
                 self.take(key, tuple((i, self.per_node) for i in nodes))
                 return True
@@ -141,6 +171,7 @@ class Packer:
         self.names = [n.name for n in capacity.nodes]
         self.index = {name: i for i, name in enumerate(self.names)}
         self.size = [n.gpus for n in capacity.nodes]
+        self.types = [n.gpu_type for n in capacity.nodes]
         self.jobs = jobs
         self._own = {
             key: tuple(self.index[name] for name, _ in job.placement if name in self.index)
@@ -148,7 +179,7 @@ class Packer:
         }
 
     def empty(self) -> Packing:
-        return Packing(self.size, self.per_node)
+        return Packing(self.size, self.per_node, self.types)
 
     def slots(self, placement: Placement) -> Slots:
         return tuple((self.index[name], g) for name, g in placement)
@@ -179,14 +210,14 @@ class Packer:
         rest = [k for k, r in counts.items() if r > 0 and k not in out]
         rest.sort(key=lambda k: (-counts[k], k))
         for key in rest:
-            r = counts[key]
+            r, kind = counts[key], self.jobs[key].gpu_type
             if r > self.per_node:
-                nodes = packing.whole(r // self.per_node, self._own[key], kept_nodes)
+                nodes = packing.whole(r // self.per_node, self._own[key], kept_nodes, kind)
                 if nodes is None:
                     return None
                 slots: Slots = tuple((i, self.per_node) for i in nodes)
             else:
-                node = packing.tightest(r, self._own[key])
+                node = packing.tightest(r, self._own[key], kind)
                 if node is None:
                     return None
                 slots = ((node, r),)

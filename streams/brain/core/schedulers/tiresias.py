@@ -42,7 +42,7 @@ The schedule's `objective` is the share of the cluster's GPUs held after the tic
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import Field
@@ -59,6 +59,7 @@ from streams.brain.core.schedulers.api import (
     change_order,
     check_jobs,
 )
+from streams.brain.core.schedulers.sharing import guarantee, set_aside
 
 #: The artifact's one queue threshold: 16 GPU-hours of service demote a job to queue 1.
 QUEUE_THRESHOLD_GPU_S = 3600.0 * 16
@@ -82,12 +83,13 @@ class Queued:
     since: float
 
     @property
-    def key(self) -> tuple[int, float, float, str]:
-        return (self.queue, self.since, self.job.submitted_at, self.job.job_id)
+    def key(self) -> tuple[int, int, float, float, str]:
+        return (-self.job.priority, self.queue, self.since, self.job.submitted_at, self.job.job_id)
 
 
 def queue_order(now: float, jobs: Sequence[JobInput], threshold_gpu_s: float) -> list[Queued]:
-    """The arrived jobs in the order Tiresias considers them (see the module docstring)."""
+    """The arrived jobs in the order Tiresias considers them: by priority, higher first,
+    then as the module docstring says."""
     out = []
     for job in jobs:
         if job.submitted_at > now:
@@ -105,6 +107,7 @@ def _kept_placements(running: Sequence[JobInput], cluster: ClusterCapacity) -> d
     """The running jobs that keep their GPUs: a placement on known nodes, at the requested
     size, on no node that the kept jobs together overfill."""
     capacity = {n.name: n.gpus for n in cluster.nodes}
+    types = {n.name: n.gpu_type for n in cluster.nodes}
     ok = []
     for job in running:
         names = [name for name, _ in job.placement]
@@ -113,6 +116,7 @@ def _kept_placements(running: Sequence[JobInput], cluster: ClusterCapacity) -> d
             and len(set(names)) == len(names)
             and all(name in capacity and g >= 1 for name, g in job.placement)
             and job.replicas == job.requested_replicas
+            and (job.gpu_type is None or all(types[name] == job.gpu_type for name in names))
         ):
             ok.append(job)
     used: dict[str, int] = {}
@@ -127,16 +131,19 @@ def _kept_placements(running: Sequence[JobInput], cluster: ClusterCapacity) -> d
     }
 
 
-def _place(count: int, free: dict[str, int], index: Mapping[str, int]) -> Placement:
+def _place(
+    count: int, free: dict[str, int], index: Mapping[str, int], among: Iterable[str] | None = None
+) -> Placement | None:
     """`count` GPUs, each run from the node with the most free ones (first node on ties),
-    listed in node order; the caller has checked that enough are free."""
+    of the nodes `among` (None: all), listed in node order; None when fewer are free."""
+    pool = list(free) if among is None else [name for name in among if name in free]
+    if sum(free[name] for name in pool) < count:
+        return None
     taken: dict[str, int] = {}
     left = count
     while left > 0:
-        node = min(free, key=lambda name: (-free[name], index[name]))
+        node = min(pool, key=lambda name: (-free[name], index[name]))
         take = min(free[node], left)
-        if take <= 0:
-            raise ValueError(f"cannot place {count} GPUs: {count - left} were free")
         taken[node] = take
         free[node] -= take
         left -= take
@@ -164,43 +171,78 @@ def tiresias(
     order = queue_order(now, jobs, p.queue_threshold_gpu_s)
     if not order:
         return Schedule((), (), 0.0, 0.0)
+    # Kueue's jobs are Kueue's: what its running ones hold is set aside, untouched
+    open_cluster, kueue_held = set_aside(cluster, [q.job for q in order])
+    walk = [q for q in order if not q.job.kueue_managed]
     total = cluster.total_gpus
-    index = {n.name: i for i, n in enumerate(cluster.nodes)}
+    index = {n.name: i for i, n in enumerate(open_cluster.nodes)}
+    typed: dict[str, list[str]] = {}
+    for n in open_cluster.nodes:
+        if n.gpu_type is not None:
+            typed.setdefault(n.gpu_type, []).append(n.name)
 
-    current = _kept_placements([q.job for q in order if q.job.placement], cluster)
-    free_gpus = total
+    current = _kept_placements([q.job for q in walk if q.job.placement], open_cluster)
+    free_gpus = open_cluster.total_gpus
+    free_typed = {
+        kind: sum(n.gpus for n in open_cluster.nodes if n.gpu_type == kind) for kind in typed
+    }
     runs: set[str] = set()
+
+    def fits(job: JobInput) -> bool:
+        r = job.requested_replicas
+        return r <= free_gpus and (job.gpu_type is None or r <= free_typed.get(job.gpu_type, 0))
+
+    def run(job: JobInput) -> None:
+        nonlocal free_gpus
+        runs.add(job.job_id)
+        free_gpus -= job.requested_replicas
+        if job.gpu_type is not None:
+            free_typed[job.gpu_type] -= job.requested_replicas
+
     # a running job that may not be preempted keeps its GPUs whatever its queue
-    for q in order:
-        job = q.job
-        if not job.preemptible and job.job_id in current:
-            runs.add(job.job_id)
-            free_gpus -= job.requested_replicas
-    for q in order:
-        job = q.job
-        if job.job_id in runs:
-            continue
-        if job.requested_replicas <= free_gpus:
-            runs.add(job.job_id)
-            free_gpus -= job.requested_replicas
+    for q in walk:
+        if not q.job.preemptible and q.job.job_id in current:
+            run(q.job)
+    # each group's quota: its jobs first, in the walk's order, while it has room
+    floors = guarantee(
+        [q.job for q in walk],
+        {q.job.job_id: q.job.requested_replicas for q in walk},
+        {k: q.job.requested_replicas for q in walk if (k := q.job.job_id) in runs},
+        cluster.guaranteed(sum(g for held in kueue_held.values() for g in held.values())),
+    )
+    for q in walk:
+        if q.job.job_id in floors and q.job.job_id not in runs and fits(q.job):
+            run(q.job)
+    for q in walk:
+        if q.job.job_id not in runs and fits(q.job):
+            run(q.job)
 
     kept = {k: v for k, v in current.items() if k in runs}
-    free = {n.name: n.gpus for n in cluster.nodes}
+    free = {n.name: n.gpus for n in open_cluster.nodes}
     for placement in kept.values():
         for name, g in placement:
             free[name] -= g
-    placed = dict(kept)
-    for q in order:
+    placed: dict[str, Placement] = dict(kept)
+    # the jobs of a GPU type first: the others may run anywhere
+    for q in sorted(walk, key=lambda q: q.job.gpu_type is None):
         key = q.job.job_id
         if key in runs and key not in placed:
-            placed[key] = _place(q.job.requested_replicas, free, index)
+            among = None if q.job.gpu_type is None else typed.get(q.job.gpu_type, [])
+            got = _place(q.job.requested_replicas, free, index, among)
+            if got is None:
+                runs.discard(key)  # (its type's GPUs are held by jobs kept where they run)
+            else:
+                placed[key] = got
+    for key, held in kueue_held.items():
+        placed[key] = tuple(sorted(held.items(), key=lambda item: index.get(item[0], 0)))
+        runs.add(key)
 
     decisions: list[JobChange] = []
     for q in order:
         job = q.job
         key = job.job_id
         where = _where(q, p.queue_threshold_gpu_s)
-        if key in kept:
+        if key in kept or job.kueue_managed:
             continue
         if key not in runs:
             if job.placement:
@@ -246,7 +288,7 @@ def tiresias(
     allocations = tuple(
         JobHolding(
             q.job.job_id,
-            q.job.requested_replicas if q.job.job_id in runs else 0,
+            sum(g for _, g in placed.get(q.job.job_id, ())) if q.job.job_id in runs else 0,
             placed.get(q.job.job_id, ()),
             None,
             1.0 if q.job.job_id in runs else 0.0,
