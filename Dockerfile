@@ -3,7 +3,7 @@
 #   docker build -t REGISTRY/dlrover-events:0.1.0 .
 #
 # The install itself is deploy/image/install.sh (the runtime dependencies only: no dev,
-# torch or embedded extras), which the suite runs into a fresh venv
+# torch, embedded or sim extras), which the suite runs into a fresh venv
 # (tests/integration/deploy/test_image_install.py). Training images do not use this
 # image: they add the light SDK (`pip install ./sdk`, see deploy/README.md).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

