@@ -12,11 +12,21 @@ import orjson
 
 from dlrover_events.domain.units import human_bytes, parse_duration
 from schemas.codec import CodecError, decode, encode
+from schemas.config import ConfigChange
 from schemas.dlq import DeadLetter
 from schemas.envelope import Event
-from schemas.jobs import JobEvent, NodeEvent, NodeOOM, RuntimeSample
+from schemas.evaluation import EvaluationReport
+from schemas.jobs import JobEvent, JobSubmitted, NodeEvent, NodeOOM, RuntimeSample
 from schemas.lockstep import Barrier, BarrierAck
-from schemas.plans import NodeGroupResource, OptimizePlan, ScalePlan, ScaleResult
+from schemas.plans import (
+    NodeGroupResource,
+    NodeResource,
+    OptimizePlan,
+    ScalePlan,
+    ScaleResult,
+    TrainingApplied,
+    TrainingRescaled,
+)
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
@@ -87,19 +97,49 @@ def summary(event: Event) -> str:
         )
         return f"[{event.optimizer}] {event.reason}" + (f" ({groups})" if groups else "")
     if isinstance(event, ScalePlan):
+        groups = "; ".join(
+            f"{role}: {change}"
+            for role, g in event.node_group_resources.items()
+            if (change := _group_change(g))
+        )
         return (
             f"plan={event.plan_id} launch={len(event.launch_nodes)} "
             f"remove={len(event.remove_nodes)} migrate={len(event.migrate_nodes)}"
+            + (" suspend" if event.suspend else "")
+            + (f" ({groups})" if groups else "")
         )
     if isinstance(event, ScaleResult):
         return f"plan={event.plan_id} {event.status.value} {event.reason}".strip()
     if isinstance(event, DeadLetter):
         return f"{event.original_topic}[{event.partition}]@{event.offset} {event.error}"
+    if isinstance(event, JobSubmitted):
+        return "; ".join(
+            f"{role}: {_group_change(_submitted(s.replicas, s.cpu, s.memory, s.gpu_num))}"
+            for role, s in event.roles.items()
+        )
+    if isinstance(event, TrainingApplied):
+        knobs = " ".join(f"{k}={v}" for k, v in sorted(event.training.items()))
+        return f"plan={event.plan_id} {knobs} from step {event.global_step}"
+    if isinstance(event, TrainingRescaled):
+        before = f"{event.world_size_before}->" if event.world_size_before else ""
+        took = f" in {event.phases.total_s:.3g} s" if event.phases.total_s is not None else ""
+        return f"world size {before}{event.world_size} ({event.mode.value}){took}"
+    if isinstance(event, EvaluationReport):
+        values = " ".join(f"{k}={v:.4g}" for k, v in sorted(event.metrics.items()))
+        return f"{event.evaluator}: jobs={event.jobs} {values}".rstrip()
+    if isinstance(event, ConfigChange):
+        return f"{event.op} {event.name} v{event.version}"
     if isinstance(event, Barrier):
         return f"tick={event.tick} ends {event.sim_at.isoformat()}"
     if isinstance(event, BarrierAck):
         return f"tick={event.tick} decided"
     return ""
+
+
+def _submitted(replicas: int, cpu: float, memory: int, gpus: int) -> NodeGroupResource:
+    return NodeGroupResource(
+        count=replicas, node_resource=NodeResource(cpu=cpu, memory=memory, gpu_num=gpus)
+    )
 
 
 def _group_change(group: NodeGroupResource) -> str:
