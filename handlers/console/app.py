@@ -1,13 +1,17 @@
-"""The console's HTTP face: the page, the live tail (server-sent events) and the jobs.
+"""The console's HTTP face: the page and its static files, and per env the live tail
+(server-sent events), the jobs and one job's page, the dead letters, the config documents
+and the A/B results; the actions are handlers.console.actions'.
 
-Every ``/v1`` route needs a bearer token of the env with the read scope, checked by the
-gateway's ``Tokens``: one set of tokens for a job's config and an operator's console.
+Every ``/v1/envs/{env}`` route needs a bearer token of that env with the read scope,
+checked by the env's ``Tokens`` (one set of tokens for a job's config and an operator's
+console); ``/v1/envs`` takes a token of any env. Actions need the admin scope.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -16,50 +20,83 @@ from aiohttp import web
 
 from dlrover_events.bus.tail import Filter, Line, summary
 from dlrover_events.bus.topics import ENV_TOPIC_NAMES
-from dlrover_events.envs.tokens import Scope, Tokens
-from handlers.console.hub import Hub, Subscription
-from handlers.console.page import PAGE
+from dlrover_events.envs.tokens import Scope, token_env
+from handlers.console import ab, configs
+from handlers.console.actions import Actor, action_errors, add_routes, allowed, error
+from handlers.console.envs import EnvViews, NoSuchEnv, TooManyEnvs
+from handlers.console.hub import Repeat, Subscription
+from handlers.console.page import STATIC, index_html
+from schemas.control import EnvMode
 from schemas.jobs import JobEvent
 
-HUB: web.AppKey[Hub] = web.AppKey("hub", Hub)
-TOKENS: web.AppKey[Tokens] = web.AppKey("tokens", Tokens)
-ENV: web.AppKey[str] = web.AppKey("env", str)
+VIEWS: web.AppKey[EnvViews] = web.AppKey("views", EnvViews)
+AB_FOLDERS: web.AppKey[tuple[Path, ...]] = web.AppKey("ab_folders")
 
 #: A comment line this often keeps proxies from closing an idle stream.
 KEEPALIVE_S = 15.0
 MAX_BACKLOG = 500
+#: The page and its scripts come from this console only; nothing inline, nothing else.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status, dumps=lambda v: orjson.dumps(v).decode())
 
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if not request.path.startswith("/v1/"):
-        return await handler(request)
+    if not request.path.startswith("/v1/") or request.path == "/v1/promote":
+        return await handler(request)  # the page (no data, no secret); promote checks itself
+    views = request.app[VIEWS]
+    auth = request.headers.get("Authorization")
+    env = request.match_info.get("env")
+    if env is None:
+        # the list of envs: any env's read token (its env is written in it)
+        token = (auth or "").partition(" ")[2].strip()
+        env = token_env(token) or views.home
     try:
-        verdict = await request.app[TOKENS].verify(request.headers.get("Authorization"), Scope.READ)
+        if env != views.home:
+            try:
+                await views.record(env)
+            except NoSuchEnv:
+                await views.forget(env)
+                raise
+        verdict = await (await views.tokens(env)).verify(auth, Scope.READ)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:
         return error(503, "unavailable", f"cannot check the token now: {err}")
+    except TooManyEnvs as err:
+        return error(503, "too_many_envs", str(err))
     if verdict.status != 200:
         code = "unauthorized" if verdict.status == 401 else "forbidden"
         return error(verdict.status, code, verdict.message)
-    return await handler(request)
+    try:
+        return await handler(request)
+    except TooManyEnvs as err:
+        return error(503, "too_many_envs", str(err))
 
 
 async def page(request: web.Request) -> web.Response:
-    env = request.app[ENV]
-    options = "".join(f'<option value="{t}">{t}</option>' for t in ENV_TOPIC_NAMES)
-    html = PAGE.replace("__ENV__", env).replace("__TOPICS__", options)
-    return web.Response(text=html, content_type="text/html", charset="utf-8")
+    return web.Response(
+        text=index_html(request.app[VIEWS].home, ENV_TOPIC_NAMES),
+        content_type="text/html",
+        charset="utf-8",
+        headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache"},
+    )
 
 
 def line_json(line: Line) -> dict[str, Any]:
     e = line.event
-    out: dict[str, Any] = {"topic": line.topic, "partition": line.partition, "offset": line.offset}
+    out: dict[str, Any] = {
+        "id": f"{line.topic}:{line.partition}:{line.offset}",
+        "topic": line.topic,
+        "partition": line.partition,
+        "offset": line.offset,
+    }
     if e is None:
         out["error"] = line.error
         return out
@@ -67,6 +104,7 @@ def line_json(line: Line) -> dict[str, Any]:
         type=e.type,
         job=e.job.uuid if isinstance(e, JobEvent) else e.key,
         at=e.occurred_at.isoformat(),
+        source=e.source,
         summary=summary(e),
         event=e.model_dump(mode="json"),
     )
@@ -78,38 +116,31 @@ def sse(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
     return f"{head}event: {event}\n".encode() + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
+def _bad_query(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(
+        text=orjson.dumps({"error": {"code": "bad_query", "message": message}}).decode(),
+        content_type="application/json",
+    )
+
+
 def parse_feed(query: Any) -> tuple[frozenset[str], Filter, int]:
     topics = frozenset(query.getall("topic", [])) or frozenset(ENV_TOPIC_NAMES)
     unknown = sorted(topics - set(ENV_TOPIC_NAMES))
     if unknown:
-        raise web.HTTPBadRequest(
-            text=orjson.dumps(
-                {
-                    "error": {
-                        "code": "bad_query",
-                        "message": f"unknown topics {unknown}; env topics are "
-                        f"{', '.join(ENV_TOPIC_NAMES)}",
-                    }
-                }
-            ).decode(),
-            content_type="application/json",
-        )
+        raise _bad_query(f"unknown topics {unknown}; env topics are {', '.join(ENV_TOPIC_NAMES)}")
     raw = query.get("backlog", "0")
     if not raw.isdigit() or int(raw) > MAX_BACKLOG:
-        raise web.HTTPBadRequest(
-            text=orjson.dumps(
-                {"error": {"code": "bad_query", "message": f"backlog must be 0..{MAX_BACKLOG}"}}
-            ).decode(),
-            content_type="application/json",
-        )
+        raise _bad_query(f"backlog must be 0..{MAX_BACKLOG}")
     where = Filter(job=query.get("job") or None, type_pattern=query.get("type") or None)
     return topics, where, int(raw)
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    """The live tail: ``ready`` once subscribed, then one ``line`` per matching message."""
-    hub = request.app[HUB]
+    """The live tail: ``ready`` once subscribed, then one ``line`` per matching message
+    (and a ``repeat`` when an evaluator reports the same values again)."""
+    env = request.match_info["env"]
     topics, where, backlog = parse_feed(request.query)
+    hub = await request.app[VIEWS].hub(env)
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -120,7 +151,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     await resp.prepare(request)
     sub = hub.subscribe(topics, where, backlog)
     try:
-        await resp.write(sse("ready", {"env": request.app[ENV], "topics": sorted(topics)}))
+        await resp.write(sse("ready", {"env": env, "topics": sorted(topics)}))
         await _stream(resp, sub)
     except ConnectionResetError:
         pass  # the page went away
@@ -133,48 +164,139 @@ async def _stream(resp: web.StreamResponse, sub: Subscription) -> None:
     told = 0
     while True:
         try:
-            line = await asyncio.wait_for(sub.queue.get(), KEEPALIVE_S)
+            item = await asyncio.wait_for(sub.queue.get(), KEEPALIVE_S)
         except TimeoutError:
             await resp.write(b": keepalive\n\n")
             continue
-        if line is None:
+        if item is None:
             return
         if sub.dropped != told:
             told = sub.dropped
             await resp.write(sse("dropped", {"dropped": told}))
-        await resp.write(
-            sse("line", line_json(line), f"{line.topic}:{line.partition}:{line.offset}")
-        )
+        if isinstance(item, Repeat):
+            body = {"evaluator": item.evaluator, "repeats": item.repeats, "at": item.at}
+            await resp.write(sse("repeat", body))
+            continue
+        line = line_json(item)
+        await resp.write(sse("line", line, line["id"]))
 
 
-async def jobs(request: web.Request) -> web.Response:
-    hub = request.app[HUB]
-    body = {
-        "env": request.app[ENV],
-        "caught_up": hub.ready.is_set(),
-        "jobs": hub.board.snapshot(),
-        "reports": list(hub.board.reports),
-    }
-    return web.json_response(body, dumps=lambda v: orjson.dumps(v).decode())
-
-
-async def health(request: web.Request) -> web.Response:
-    hub = request.app[HUB]
-    ready = hub.ready.is_set()
-    return web.json_response(
-        {"ready": ready, "subscribers": hub.subscribers}, status=200 if ready else 503
+async def envs(request: web.Request) -> web.Response:
+    views = request.app[VIEWS]
+    listed = await views.envs(fresh=True)
+    return _json(
+        {
+            "home": views.home,
+            "envs": [
+                {
+                    "name": e.name,
+                    "mode": e.mode.value,
+                    "partitions": e.partitions,
+                    "settings_version": e.settings_version,
+                    "updated_at": e.updated_at.isoformat(),
+                }
+                for e in listed
+            ],
+        }
     )
 
 
-def build_app(env: str, hub: Hub, tokens: Tokens) -> web.Application:
-    app = web.Application(middlewares=[authenticate])
-    app[ENV] = env
-    app[HUB] = hub
-    app[TOKENS] = tokens
+async def whoami(request: web.Request) -> web.Response:
+    """What the caller's token may do here: the page shows an action only if listed."""
+    env = request.match_info["env"]
+    views = request.app[VIEWS]
+    record = await views.record(env)
+    tokens = await views.tokens(env)
+    verdict = await tokens.verify(request.headers.get("Authorization"), Scope.READ)
+    real = record.mode == EnvMode.REAL
+    actions = await allowed(request, env, real)
+    return _json(
+        {
+            "env": env,
+            "mode": record.mode.value,
+            "token_id": verdict.token_id,
+            "admin": bool(actions),
+            "actions": actions,
+        }
+    )
+
+
+async def jobs(request: web.Request) -> web.Response:
+    env = request.match_info["env"]
+    hub = await request.app[VIEWS].hub(env)
+    return _json(
+        {
+            "env": env,
+            "caught_up": hub.ready.is_set(),
+            "jobs": hub.board.snapshot(),
+            "reports": hub.board.report_rows(),
+            "letters_seen": hub.board.letters_seen,
+        }
+    )
+
+
+async def job(request: web.Request) -> web.Response:
+    env, key = request.match_info["env"], request.match_info["job"]
+    hub = await request.app[VIEWS].hub(env)
+    row = hub.board.job(key)
+    if row is None:
+        return error(
+            404, "not_found", f"the console of env {env} knows no job {key!r} (or forgot it)"
+        )
+    return _json(row.detail())
+
+
+async def dlq(request: web.Request) -> web.Response:
+    env = request.match_info["env"]
+    board = (await request.app[VIEWS].hub(env)).board
+    return _json({"env": env, "seen": board.letters_seen, "letters": list(reversed(board.letters))})
+
+
+async def config_list(request: web.Request) -> web.Response:
+    env = request.match_info["env"]
+    pool = await request.app[VIEWS].pool(env)
+    return _json({"env": env, **await configs.list_documents(pool)})
+
+
+async def config_get(request: web.Request) -> web.Response:
+    env, name = request.match_info["env"], request.match_info["name"]
+    doc = await configs.get_document(await request.app[VIEWS].pool(env), name)
+    if doc is None:
+        return error(404, "not_found", f"no config document {name!r} in env {env}")
+    return _json({"env": env, "name": name, **doc})
+
+
+async def ab_results(request: web.Request) -> web.Response:
+    folders = request.app[AB_FOLDERS]
+    found = await asyncio.to_thread(ab.ab_runs, folders)
+    return _json({"env": request.match_info["env"], **found})
+
+
+async def health(request: web.Request) -> web.Response:
+    views = request.app[VIEWS]
+    ready = views.home_hub().ready.is_set()
+    return web.json_response(
+        {"ready": ready, "subscribers": views.subscribers}, status=200 if ready else 503
+    )
+
+
+def build_app(views: EnvViews, actor: Actor, ab_folders: tuple[Path, ...] = ()) -> web.Application:
+    app = web.Application(middlewares=[action_errors, authenticate])
+    app[VIEWS] = views
+    app[AB_FOLDERS] = ab_folders
     app.router.add_get("/", page)
+    app.router.add_static("/static/", STATIC, append_version=False)
     app.router.add_get("/healthz", health)
-    app.router.add_get("/v1/events", events)
-    app.router.add_get("/v1/jobs", jobs)
+    app.router.add_get("/v1/envs", envs)
+    app.router.add_get("/v1/envs/{env}/whoami", whoami)
+    app.router.add_get("/v1/envs/{env}/events", events)
+    app.router.add_get("/v1/envs/{env}/jobs", jobs)
+    app.router.add_get("/v1/envs/{env}/jobs/{job}", job)
+    app.router.add_get("/v1/envs/{env}/dlq", dlq)
+    app.router.add_get("/v1/envs/{env}/configs", config_list)
+    app.router.add_get("/v1/envs/{env}/configs/{name}", config_get)
+    app.router.add_get("/v1/envs/{env}/ab", ab_results)
+    add_routes(app, actor)
     return app
 
 

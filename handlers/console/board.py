@@ -1,18 +1,32 @@
-"""What the console shows about each job, folded from the env's topics.
+"""What the console shows of an env, folded from its topics: each job (its current
+resources, its timeline of plans, results and confirmations, its world size and throughput
+over time), the evaluators' latest reports and the dead letters.
 
 Pure and synchronous, like every fold in the project: the hub feeds it events in topic
 order and the page asks for a snapshot. "Current resources" are what the job asked for
 at submission, updated by every scale plan the operator reported as applied (or partial:
 then less the parts it did not apply); the usage is the last runtime sample's.
+
+Everything here is bounded, so a console that runs for months holds no more than it did
+after a day: jobs (the quietest forgotten first), each job's timeline (the oldest entries
+dropped) and its series (thinned, so a chart still spans the job's whole life), the
+evaluators, the dead letters.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import math
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from dlrover_events.bus.tail import summary
+from dlrover_events.domain.units import human_bytes
+from schemas.dlq import DeadLetter
 from schemas.envelope import Event
 from schemas.evaluation import EvaluationReport
 from schemas.jobs import (
@@ -21,19 +35,92 @@ from schemas.jobs import (
     JobFailed,
     JobStarted,
     JobSubmitted,
+    NodeFailed,
     NodeOOM,
     RuntimeSample,
 )
-from schemas.plans import NodeGroupResource, OptimizePlan, ScalePlan, ScaleResult, ScaleStatus
+from schemas.plans import (
+    NodeGroupResource,
+    OptimizePlan,
+    ScalePlan,
+    ScaleResult,
+    ScaleStatus,
+    TrainingApplied,
+    TrainingRescaled,
+)
 
 #: Scale plans (or results) waiting for their other half, per job; older ones are forgotten.
 MAX_OPEN_PLANS = 16
 STATUS_ORDER = {"seen": 0, "submitted": 1, "running": 2, "completed": 3, "failed": 3}
+#: What a job's timeline tells: its lifecycle, what was planned for it, what the operator
+#: did, and what the job itself confirmed.
+TIMELINE_TYPES = (
+    JobSubmitted,
+    JobStarted,
+    JobCompleted,
+    JobFailed,
+    NodeFailed,
+    NodeOOM,
+    OptimizePlan,
+    ScalePlan,
+    ScaleResult,
+    TrainingApplied,
+    TrainingRescaled,
+)
+#: Bytes of a dead letter's original value shown (as text) beside its reason.
+PREVIEW_BYTES = 240
+
+
+class Series:
+    """Points over a job's whole life in bounded memory: when ``size`` points are kept,
+    every other one is dropped and from then on only every ``stride``-th new one is kept
+    (the newest is always shown), so a chart of a month-long job still starts at its
+    first sample. Columns of doubles (NaN: no world size reported), not objects: a board
+    of thousands of jobs holds a few MiB of points."""
+
+    COLUMNS = ("t", "world_size", "speed", "samples_per_s")
+
+    def __init__(self, size: int) -> None:
+        self.size = max(size, 4)
+        self.stride = 1
+        self._seen = 0
+        self._kept = [array("d") for _ in self.COLUMNS]
+        self._last: tuple[float, float, float, float] | None = None
+        self._last_kept = False
+
+    def add(self, t: float, world_size: int | None, speed: float, samples_per_s: float) -> None:
+        point = (t, math.nan if world_size is None else float(world_size), speed, samples_per_s)
+        self._last, self._last_kept = point, False
+        if self._seen % self.stride == 0:
+            for column, value in zip(self._kept, point, strict=True):
+                column.append(value)
+            self._last_kept = True
+            full = len(self._kept[0])
+            if full >= self.size:
+                self._kept = [column[::2] for column in self._kept]
+                self.stride *= 2
+                self._last_kept = (full - 1) % 2 == 0  # did the newest survive the thinning?
+        self._seen += 1
+
+    def __len__(self) -> int:
+        return len(self._kept[0])
+
+    def as_json(self) -> dict[str, list[Any]]:
+        """Columns, as a chart takes them: seconds since the epoch, then one per measure."""
+        columns: list[list[Any]] = [list(c) for c in self._kept]
+        if self._last is not None and not self._last_kept:
+            for column, value in zip(columns, self._last, strict=True):
+                column.append(value)
+        columns[1] = [None if math.isnan(v) else int(v) for v in columns[1]]
+        return dict(zip(self.COLUMNS, columns, strict=True))
 
 
 @dataclass
 class JobRow:
     job: str
+    #: (at, type, source, plan_id, status, text): tuples, not dicts, to keep them small
+    timeline: deque[TimelineEntry]
+    series: Series
     name: str = ""
     status: str = "seen"
     application: str = ""
@@ -48,6 +135,7 @@ class JobRow:
     global_step: int | None = None
     speed: float | None = None
     samples_per_s: float | None = None
+    world_size: int | None = None
     ooms: int = 0
     last_oom: str | None = None
     last_plan: dict[str, Any] | None = None
@@ -67,17 +155,21 @@ class JobRow:
         return roles
 
     def as_json(self) -> dict[str, Any]:
+        resources = self.resources
         return {
             "job": self.job,
             "name": self.name,
             "status": self.status,
             "events": self.events,
             "application": self.application,
-            "resources": self.resources,
+            "resources": resources,
+            "resources_text": resources_text(resources),
             "usage": self.usage,
+            "usage_text": usage_text(self.usage),
             "global_step": self.global_step,
             "speed": self.speed,
             "samples_per_s": self.samples_per_s,
+            "world_size": self.world_size,
             "ooms": self.ooms,
             "last_oom": self.last_oom,
             "last_plan": self.last_plan,
@@ -85,20 +177,78 @@ class JobRow:
             "updated_at": self.updated_at.isoformat() if self.updated_at else None,
         }
 
+    def detail(self) -> dict[str, Any]:
+        """The job's page: the row, its timeline (oldest first) and its series."""
+        timeline = [
+            {
+                "at": at.isoformat(),
+                "type": kind,
+                "source": source,
+                "plan_id": plan_id,
+                "status": status,
+                "text": text,
+            }
+            for at, kind, source, plan_id, status, text in sorted(self.timeline, key=_at)
+        ]
+        return {**self.as_json(), "timeline": timeline, "series": self.series.as_json()}
+
+
+@dataclass
+class ReportRow:
+    """An evaluator's latest report, and how many identical ones followed it: evaluators
+    report every few seconds, mostly the same values, which would bury everything else."""
+
+    report: dict[str, Any]
+    repeats: int = 0
+    last_at: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.report, "repeats": self.repeats, "last_at": self.last_at}
+
+
+def report_key(report: EvaluationReport) -> tuple[Any, ...]:
+    """What makes a report news: its jobs and values (its window always moves on)."""
+    return (report.jobs, tuple(sorted(report.metrics.items())))
+
 
 class Board:
-    def __init__(self, max_reports: int = 50, max_jobs: int = 2000) -> None:
+    def __init__(
+        self,
+        max_reports: int = 64,
+        max_jobs: int = 2000,
+        *,
+        timeline: int = 50,
+        points: int = 240,
+        max_letters: int = 200,
+    ) -> None:
         self.jobs: dict[str, JobRow] = {}
-        self.reports: deque[dict[str, Any]] = deque(maxlen=max_reports)
+        #: per evaluator, the most recently active last; at most ``max_reports``.
+        self.reports: dict[str, ReportRow] = {}
+        self._report_keys: dict[str, tuple[Any, ...]] = {}
+        self.letters: deque[dict[str, Any]] = deque(maxlen=max_letters)
+        #: dead letters and unreadable messages seen since the console started
+        self.letters_seen = 0
+        self.max_reports = max_reports
         self.max_jobs = max_jobs
+        self.timeline_size = timeline
+        self.points = points
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event) -> bool:
+        """Fold one event; False when it only repeats what the board shows already (an
+        evaluator's report with the same values as its last), which a page need not list
+        again."""
         if isinstance(event, EvaluationReport):
-            self.reports.append(event.model_dump(mode="json"))
-            return
+            return self._report(event)
+        if isinstance(event, DeadLetter):
+            self._letter(letter_row(event))
+            return True
         if not isinstance(event, JobEvent):
-            return
-        view = self.jobs.pop(event.job.uuid, None) or JobRow(job=event.job.uuid)
+            return True
+        view = self.jobs.pop(event.job.uuid, None) or JobRow(
+            job=event.job.uuid,
+            timeline=deque(maxlen=self.timeline_size),
+            series=Series(self.points),
+        )
         # Re-inserted on every event: the dict's order is the order of last activity, and a
         # console that runs for months forgets the jobs that went quiet longest ago.
         self.jobs[event.job.uuid] = view
@@ -108,6 +258,53 @@ class Board:
         view.updated_at = event.occurred_at
         view.events += 1
         _fold(view, event)
+        if isinstance(event, TIMELINE_TYPES):
+            view.timeline.append(timeline_entry(event))
+        return True
+
+    def unreadable(self, topic: str, partition: int, offset: int, error: str | None) -> None:
+        """A message the console itself could not decode: shown with the dead letters."""
+        self._letter(
+            {
+                "at": None,
+                "original_topic": topic,
+                "partition": partition,
+                "offset": offset,
+                "kind": "unreadable",
+                "error": error or "",
+                "consumer_group": "console",
+                "size": None,
+                "truncated": False,
+                "preview": "",
+            }
+        )
+
+    def _letter(self, row: dict[str, Any]) -> None:
+        self.letters.append(row)
+        self.letters_seen += 1
+
+    def _report(self, report: EvaluationReport) -> bool:
+        key = report_key(report)
+        row = self.reports.pop(report.evaluator, None)
+        at = report.occurred_at.isoformat()
+        news = row is None or self._report_keys.get(report.evaluator) != key
+        if news:
+            row = ReportRow(report.model_dump(mode="json"), last_at=at)
+            self._report_keys[report.evaluator] = key
+        else:
+            assert row is not None
+            row.repeats += 1
+            row.last_at = at
+        self.reports[report.evaluator] = row
+        if len(self.reports) > self.max_reports:
+            gone = next(iter(self.reports))
+            self.reports.pop(gone)
+            self._report_keys.pop(gone, None)
+        return news
+
+    def report_rows(self) -> list[dict[str, Any]]:
+        """The evaluators' latest reports, by name."""
+        return [self.reports[name].as_json() for name in sorted(self.reports)]
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Jobs, the most recently active first."""
@@ -115,6 +312,79 @@ class Board:
             self.jobs.values(), key=lambda v: (v.updated_at is not None, v.updated_at), reverse=True
         )
         return [v.as_json() for v in views]
+
+    def job(self, key: str) -> JobRow | None:
+        """A job by its uuid, else by its name (the most recently active of that name)."""
+        if key in self.jobs:
+            return self.jobs[key]
+        named = [v for v in self.jobs.values() if v.name == key]
+        return named[-1] if named else None
+
+
+def letter_row(letter: DeadLetter) -> dict[str, Any]:
+    preview = ""
+    if letter.original_value:
+        # only the first bytes are decoded: a letter may hold hundreds of KiB
+        head = letter.original_value[: PREVIEW_BYTES * 4 // 3]
+        try:
+            preview = base64.b64decode(head[: len(head) // 4 * 4]).decode("utf-8", "replace")
+        except (binascii.Error, ValueError):
+            preview = ""
+    return {
+        "at": letter.occurred_at.isoformat(),
+        "original_topic": letter.original_topic,
+        "partition": letter.partition,
+        "offset": letter.offset,
+        "kind": letter.error_kind.value,
+        "error": letter.error,
+        "consumer_group": letter.consumer_group,
+        "size": letter.original_size,
+        "truncated": letter.truncated,
+        "preview": preview,
+    }
+
+
+TimelineEntry = tuple[datetime, str, str, str | None, str | None, str]
+
+
+def _at(entry: TimelineEntry) -> datetime:
+    return entry[0]
+
+
+def timeline_entry(event: JobEvent) -> TimelineEntry:
+    status = event.status.value if isinstance(event, ScaleResult) else None
+    plan_id = getattr(event, "plan_id", None)
+    return (event.occurred_at, event.type, event.source, plan_id, status, summary(event))
+
+
+def resources_text(resources: dict[str, dict[str, float]]) -> str:
+    """``worker 4x 4 cpu 16 GiB; ps 1x ...``: sizes in binary units, never raw bytes."""
+    parts = []
+    for role, r in resources.items():
+        words = [f"{role} {int(r.get('replicas', 0)) or '?'}x"]
+        if r.get("cpu"):
+            words.append(f"{r['cpu']:g} cpu")
+        if r.get("memory"):
+            words.append(human_bytes(r["memory"]))
+        if r.get("gpu_num"):
+            words.append(f"{int(r['gpu_num'])} gpu")
+        if r.get("gpu_memory"):
+            words.append(f"gpu {human_bytes(r['gpu_memory'])}")
+        parts.append(" ".join(words))
+    return "; ".join(parts)
+
+
+def usage_text(usage: dict[str, dict[str, Any]]) -> str:
+    """``worker-0 1.5 GiB gpu 20 GiB; ...``: what each node used at the last sample."""
+    parts = []
+    for node, u in usage.items():
+        words = [node]
+        if u.get("memory"):
+            words.append(human_bytes(u["memory"]))
+        if u.get("gpu_memory"):
+            words.append(f"gpu {human_bytes(u['gpu_memory'])}")
+        parts.append(" ".join(words))
+    return "; ".join(parts)
 
 
 def _fold(view: JobRow, event: JobEvent) -> None:
@@ -142,6 +412,10 @@ def _fold(view: JobRow, event: JobEvent) -> None:
             view.global_step = event.global_step
             view.speed = event.speed
             view.samples_per_s = event.samples_per_s
+            view.world_size = event.world_size or view.world_size
+            view.series.add(
+                event.occurred_at.timestamp(), event.world_size, event.speed, event.samples_per_s
+            )
             for node in event.nodes:
                 view.usage[f"{node.type}-{node.id}"] = node.model_dump(
                     mode="json", exclude={"type", "id"}

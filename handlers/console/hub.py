@@ -3,6 +3,10 @@
 A page that reads slower than its env publishes must not slow the others or grow memory
 without bound: each subscription has a bounded queue, and what overflows is counted and
 told to that page (a ``dropped`` event), never lost silently.
+
+An evaluator's report that repeats its last values is not a new line: the pages are told
+it came again (a ``repeat``), so a few evaluators reporting every 10 s do not push every
+other event out of the pages and the backlog.
 """
 
 from __future__ import annotations
@@ -19,9 +23,22 @@ from dlrover_events.bus.tailer import follow
 from dlrover_events.bus.topics import ENV_TOPIC_NAMES, split_topic
 from dlrover_events.settings import Settings
 from handlers.console.board import Board
+from schemas.evaluation import EvaluationReport
 from schemas.lockstep import Barrier, BarrierAck
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """An evaluator's report came again with the same values, ``repeats`` times so far."""
+
+    evaluator: str
+    repeats: int
+    at: str
+
+
+Item = Line | Repeat | None
 
 
 @dataclass(eq=False)
@@ -29,7 +46,7 @@ class Subscription:
     topics: frozenset[str]
     where: Filter
     #: None is the end of the feed (the console is stopping).
-    queue: asyncio.Queue[Line | None]
+    queue: asyncio.Queue[Item]
     dropped: int = 0
 
     def wants(self, line: Line) -> bool:
@@ -40,9 +57,9 @@ class Subscription:
             return self.where.job is None and self.where.type_pattern is None
         return self.where.accepts(line.event)
 
-    def offer(self, line: Line) -> None:
+    def offer(self, item: Line | Repeat) -> None:
         try:
-            self.queue.put_nowait(line)
+            self.queue.put_nowait(item)
         except asyncio.QueueFull:
             self.dropped += 1
 
@@ -68,6 +85,13 @@ class Hub:
             recent = [line for line in self._backlog if sub.wants(line)][-backlog:]
             for line in recent:
                 sub.offer(line)
+            shown = {
+                line.event.evaluator for line in recent if isinstance(line.event, EvaluationReport)
+            }
+            for name in sorted(shown):
+                row = self.board.reports.get(name)
+                if row is not None and row.repeats:
+                    sub.offer(Repeat(name, row.repeats, row.last_at))
         self._subs.add(sub)
         return sub
 
@@ -90,11 +114,20 @@ class Hub:
         return iter(self._backlog)
 
     def emit(self, line: Line) -> None:
-        if line.event is not None:
-            self.board.apply(line.event)
+        if line.event is None:
+            self.board.unreadable(line.topic, line.partition, line.offset, line.error)
+        else:
+            news = self.board.apply(line.event)
             if isinstance(line.event, Barrier | BarrierAck):
                 # a lockstep env's clock ticks on every partition: plumbing, not news,
                 # and it would push what happened out of the pages' backlog
+                return
+            if not news and isinstance(line.event, EvaluationReport):
+                row = self.board.reports[line.event.evaluator]
+                repeat = Repeat(line.event.evaluator, row.repeats, row.last_at)
+                for sub in self._subs:
+                    if sub.wants(line):
+                        sub.offer(repeat)
                 return
         self._backlog.append(line)
         for sub in self._subs:

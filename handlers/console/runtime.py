@@ -1,21 +1,22 @@
-"""Starting and stopping one console: token pool, hub, HTTP site. Shared by the command,
-the `up` service and the tests, so they all run the same thing."""
+"""Starting and stopping one console: its envs (token checks, hubs), a producer for the
+actions, the HTTP site. Shared by the command, the `up` service and the tests, so they all
+run the same thing."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+from pathlib import Path
+from typing import Literal
 
-import asyncpg
 from aiohttp import web
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dlrover_events.envs.tokens import Tokens
-from dlrover_events.lifecycle import AsyncResource, wait_for_any
+from dlrover_events.bus.producer import Producer
+from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
-from dlrover_events.store import create_pool, env_schema, prepare_env
+from handlers.console.actions import Actor, Platform
 from handlers.console.app import build_app
+from handlers.console.envs import BoardSizes, EnvViews
 from handlers.console.hub import Hub
 
 
@@ -31,6 +32,44 @@ class ConsoleSettings(BaseSettings):
     )
     backlog: int = Field(default=500, ge=0, description="recent events a new page may ask for")
     queue: int = Field(default=1000, ge=1, description="events a slow page may lag behind")
+    max_envs: int = Field(
+        default=4,
+        ge=1,
+        description="envs followed at once (the home env and those pages asked for); past "
+        "it the one asked for longest ago with no page open is let go",
+    )
+    max_jobs: int = Field(
+        default=2000, ge=1, description="jobs kept per env; the quietest are forgotten first"
+    )
+    timeline: int = Field(
+        default=50, ge=1, description="entries of a job's timeline kept (plans, results, ...)"
+    )
+    points: int = Field(
+        default=240,
+        ge=4,
+        description="points of a job's charts kept; past it they are thinned, so a chart "
+        "still spans the job's life",
+    )
+    dead_letters: int = Field(default=200, ge=1, description="dead letters kept per env")
+    platform: Literal["local", "kubernetes"] = Field(
+        default="local",
+        description="where the real env's jobs are scaled and deleted from the console: "
+        "local (the local platform `up` runs) or kubernetes (the job commands' cluster)",
+    )
+    kubeconfig: Path | None = Field(
+        default=None,
+        description="platform kubernetes: kubeconfig (default $KUBECONFIG, ~/.kube/config, "
+        "in-cluster)",
+    )
+    namespace: str | None = Field(
+        default=None, description="platform kubernetes: namespace of the TrainingJobs"
+    )
+    ab_reports: list[Path] = Field(
+        default=["ab-report"],
+        validate_default=True,
+        description='folders of `ab run --out` results (a JSON list: ["ab-report", "/runs"]); '
+        "each holds a summary.json, or folders that do",
+    )
 
 
 class ConsoleServer(AsyncResource):
@@ -41,12 +80,30 @@ class ConsoleServer(AsyncResource):
         self.env = env
         self.dsn = dsn
         self.conf = conf or ConsoleSettings()
-        self.hub = Hub(settings, env, backlog_size=self.conf.backlog, queue_size=self.conf.queue)
+        c = self.conf
+        self.views = EnvViews(
+            settings,
+            dsn,
+            env,
+            sizes=BoardSizes(
+                backlog=c.backlog,
+                queue=c.queue,
+                max_jobs=c.max_jobs,
+                timeline=c.timeline,
+                points=c.points,
+                letters=c.dead_letters,
+            ),
+            max_envs=c.max_envs,
+            token_cache_s=c.token_cache_s,
+        )
         self.port = 0
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._producer: Producer | None = None
         self._runner: web.AppRunner | None = None
-        self._pool: asyncpg.Pool | None = None
+
+    @property
+    def hub(self) -> Hub:
+        """The home env's hub."""
+        return self.views.home_hub()
 
     @property
     def url(self) -> str:
@@ -54,43 +111,39 @@ class ConsoleServer(AsyncResource):
         return f"http://{host}:{self.port}/"
 
     async def start(self) -> None:
-        await prepare_env(self.dsn, self.env)
+        c = self.conf
         try:
-            self._pool = await create_pool(self.dsn, env_schema(self.env), max_size=2)
-            tokens = Tokens(self._pool, self.env, ttl_s=self.conf.token_cache_s)
-            self._task = asyncio.create_task(self.hub.run(self._stop), name="console-hub")
-            self._runner = web.AppRunner(build_app(self.env, self.hub, tokens), access_log=None)
+            await self.views.start()
+            self._producer = Producer(self.settings)
+            await self._producer.start()
+            actor = Actor(
+                self.settings,
+                self.views,
+                self._producer,
+                Platform(c.platform, c.kubeconfig, c.namespace),
+            )
+            app = build_app(self.views, actor, tuple(c.ab_reports))
+            self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.conf.host, self.conf.port)
+            site = web.TCPSite(self._runner, c.host, c.port)
             await site.start()
             sockets = site._server.sockets if site._server is not None else []  # type: ignore[attr-defined]
-            self.port = sockets[0].getsockname()[1] if sockets else self.conf.port
+            self.port = sockets[0].getsockname()[1] if sockets else c.port
         except BaseException:
             await self.stop()
             raise
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
-        """Until the hub follows every topic of the env (it may still be replaying)."""
-        assert self._task is not None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await wait_for_any([self.hub.ready], [self._task])
-        if self._task.done():
-            self._task.result()  # the hub died: say why
-        if not self.hub.ready.is_set():
-            raise TimeoutError(f"the console of env {self.env} did not follow its topics")
+        """Until the home env's hub follows every topic of the env (it may still be
+        replaying)."""
+        await self.views.wait_ready(timeout_s)
 
     async def stop(self) -> None:
-        self._stop.set()
-        self.hub.close()
         if self._runner is not None:
+            self.views.close_feeds()  # first: the site does not wait for idle pages
             await self._runner.cleanup()
             self._runner = None
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        await self.views.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None

@@ -24,12 +24,12 @@ async def run(ctx: ServiceContext, conf: ConsoleSettings | None = None) -> None:
     """Serve until ``ctx.stop``; ``conf`` (the `console` command's flags) over the env's."""
     async with ConsoleServer(ctx.settings, ctx.env, ctx.pg_dsn, conf) as server:
         await server.wait_ready()
-        hub = server.hub
-        ConsoleMetrics(ctx.metrics, ctx.env).clients.set_function(lambda: hub.subscribers)
+        views = server.views
+        ConsoleMetrics(ctx.metrics, ctx.env).clients.set_function(lambda: views.subscribers)
         log.info("web console of env %s on %s", ctx.env, server.url)
         ctx.endpoints["web console"] = (
-            f"{server.url}#token=<read token>  (dlrover-events gateway-token create "
-            f"--env {ctx.env})"
+            f"{server.url}#token=<token>  (read, or admin for actions: dlrover-events "
+            f"gateway-token create --env {ctx.env} [--scope admin])"
         )
         ctx.ready.set()
         await ctx.stop.wait()
@@ -37,7 +37,8 @@ async def run(ctx: ServiceContext, conf: ConsoleSettings | None = None) -> None:
 
 service = Service(
     name="console",
-    description="web console: live tail per env (server-sent events), jobs and their last plan",
+    description="web console: live tail, jobs and their timelines and charts, A/B results, "
+    "dead letters, config documents; actions behind the admin token",
     run=run,
 )
 
