@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -87,6 +88,45 @@ async def _check_operator(env: str | None) -> None:
         )
 
 
+#: How long past a Lease's duration its last renewal may lie before its holder is taken for
+#: gone (the operator's clock and this one need not agree to the second).
+LEASE_SLACK_S = 30.0
+
+
+async def _check_lease(kubeconfig: Path | None, namespace: str | None) -> None:
+    """Refuse, in one line, a job that no operator would reconcile: the operators' Lease
+    (leader election, on by default) is released, or no longer renewed. Without a Lease
+    nothing can be told (an operator without leader election holds none), and a cluster
+    that does not answer is left to the submission to say so."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.rest import ApiException
+
+    from dlrover_events.kube.credentials import connect
+    from handlers.operator.kube.runner import KubeSettings
+
+    name = KubeSettings().lease_name
+    api, ns = await connect(kubeconfig, None, namespace, hint="pass --kubeconfig")
+    async with api:
+        try:
+            lease = await client.CoordinationV1Api(api).read_namespaced_lease(name, ns)
+        except (ApiException, aiohttp.ClientError, OSError, TimeoutError):
+            return
+    spec = lease.spec
+    holder = spec.holder_identity if spec is not None else None
+    renewed = spec.renew_time if spec is not None else None
+    duration = (spec.lease_duration_seconds if spec is not None else None) or 15
+    if renewed is not None and renewed.tzinfo is None:
+        renewed = renewed.replace(tzinfo=UTC)
+    age = None if renewed is None else (datetime.now(UTC) - renewed).total_seconds()
+    if holder and age is not None and age <= duration + LEASE_SLACK_S:
+        return
+    why = "was released" if not holder else f"was last renewed {age or 0:.0f}s ago"
+    raise UserError(
+        f"no operator holds the Lease {name} in namespace {ns} (it {why}), so nothing would "
+        "start the job: start the operator, or pass --queue to create it now and let it wait"
+    )
+
+
 def _run(
     kubeconfig: Path | None,
     namespace: str | None,
@@ -129,14 +169,13 @@ def submit(
     platform: str = PLATFORM,
     env: str | None = ENV,
     queue: bool = typer.Option(
-        False,
-        "--queue",
-        help="create it even when no operator runs the env (local platform): it waits",
+        False, "--queue", help="create it even when no operator runs it: it waits for one"
     ),
 ) -> None:
     """Create the TrainingJob of FILE (checked first for what the schema cannot check).
-    On the local platform its commands run in the current directory, and an operator
-    must run the env (else it says so, unless --queue)."""
+    On the local platform its commands run in the current directory. It says so when no
+    operator would start it (the local platform: none runs the env; Kubernetes: the
+    operators' Lease is released or stale), unless --queue."""
     try:
         docs = [d for d in yaml.safe_load_all(file.read_text()) if d]
     except yaml.YAMLError as e:
@@ -157,6 +196,8 @@ def submit(
 
     if platform == "local" and not queue:
         asyncio.run(_check_operator(env))
+    elif not queue:
+        asyncio.run(_check_lease(kubeconfig, namespace))
     got = _run(kubeconfig, namespace, work, platform=platform, env=env)
     typer.echo(f"trainingjob {got.namespace}/{got.name} created")
 
