@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError
 
 from dlrover_events.errors import UserError
 
@@ -36,6 +37,10 @@ def run_command(invoke: Callable[[], object]) -> None:
     except typer.Abort:
         typer.echo("aborted", err=True)
         sys.exit(130)
+    except NoArgsIsHelpError as exc:
+        # a group named without its command: its help, as `--help` prints it
+        typer.echo(exc.format_message(), err=True)
+        sys.exit(exc.exit_code)
     except typer.TyperException as exc:
         # Usage mistakes: one line that names the problem, and where to look.
         ctx = getattr(exc, "ctx", None)

@@ -258,3 +258,11 @@ def test_a_relative_data_dir_is_resolved_where_the_process_starts(tmp_path: Path
         check=True,
     )
     assert done.stdout.strip() == str(tmp_path.resolve() / "rel" / "data")
+
+
+@pytest.mark.parametrize("group", [[], ["env"], ["bench"]], ids=lambda g: " ".join(g) or "root")
+def test_a_group_without_its_command_shows_its_help(group: list[str]) -> None:
+    done = cli(*group)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("Usage: dlrover-events"), done.stderr  # not "error: Usage"
+    assert "Commands:" in done.stderr
