@@ -1,4 +1,4 @@
-"""goodput-cluster: one allocation of the env's GPUs across all its arrived jobs per tick.
+"""goodput-cluster: one allocation of the env's GPUs across all its arrived jobs per round.
 
 Per-job optimizers each see one job and so cannot trade one job's GPUs for another's; a
 cluster with more demand than GPUs needs that trade (who to admit, who to shrink or
@@ -6,15 +6,20 @@ suspend). This allocator maximises Pollux's objective, the p = -1 power mean of 
 arrived job's speedup over a fair share, with a cheap deterministic search instead of
 Pollux's genetic algorithm:
 
+0. the cluster is divided first (`sharing.py`): what Kueue's running jobs hold is set
+   aside (they may only shrink inside it), and each quota's jobs get floors, their
+   smallest sizes in priority order then grown by gain into the quota's room;
 1. per job, its best batch and speedup at every size the whole-node rule allows
-   (1..GPUs-per-node on one node, or whole nodes);
+   (1..GPUs-per-node on one node, or whole nodes; of its GPU type's nodes);
 2. greedy marginal goodput: repeatedly give the job whose objective term gains the most
    per extra GPU its next size worth more than its current one (skipping sizes worth
    less, e.g. below the size it holds and would keep without a restart), as long as the
-   sizes still pack onto the nodes;
-   run once from nothing (so preemption and shrinking are possible) and once from the
+   sizes still pack onto the nodes, and no job of lower priority than one still waiting
+   for its first GPUs takes a step;
+   run once from the floors (so preemption and shrinking are possible) and once from the
    current allocation (only growing into free GPUs); keep the better, or the current
-   allocation when neither beats it;
+   allocation when neither beats it, of those that meet every floor and leave no job
+   waiting while a lower-priority one borrows what it needs;
 3. a running job that changes its allocation has its speedup multiplied by Pollux's
    restart factor and divided by (1 + hysteresis): it moves only for a real gain; a batch
    change without a placement change costs no restart and is made only when it gains

@@ -30,7 +30,13 @@ between ticks, so the queues are derived from those inputs every time:
   does, from the node with the most free GPUs first (first node on ties), as many as that
   node has left, then the next; its placement is listed in node order.
 
-Beyond the artifact: a running job that is not preemptible keeps its GPUs before the walk;
+Beyond the artifact: jobs are walked by priority first (higher first), the two queues
+within each priority; before the walk, each quota's jobs (`sharing.guarantee`: in the
+walk's order, while the quota has room for their gang) run, so a borrower gives the GPUs
+back in the round after an owner asks; Kueue's jobs are not walked (what a running one
+holds is set aside, untouched; a waiting one waits for Kueue); a job of a GPU type runs
+only on nodes of that type; a running job that is not preemptible keeps its GPUs before
+the walk;
 a running job whose placement no longer exists, overfills a node or is not its requested
 size is placed again (a move). Only jobs submitted at or before `now` exist. The same
 inputs give the same schedule whatever their order.
