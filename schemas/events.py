@@ -6,6 +6,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from schemas.cluster import CapacityReported
 from schemas.config import ConfigChange
 from schemas.control import EnvAnnouncement
 from schemas.dlq import DeadLetter
@@ -53,7 +54,8 @@ AnyEvent = Annotated[
     | DeadLetter
     | EnvAnnouncement
     | Barrier
-    | BarrierAck,
+    | BarrierAck
+    | CapacityReported,
     Field(discriminator="type"),
 ]
 
@@ -79,6 +81,7 @@ EVENT_CLASSES: tuple[type[Event], ...] = (
     EnvAnnouncement,
     Barrier,
     BarrierAck,
+    CapacityReported,
 )
 
 

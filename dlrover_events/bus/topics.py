@@ -32,6 +32,7 @@ SCALE_RESULTS = "scale.results"
 CONFIG_CHANGES = "config.changes"
 EVAL_REPORTS = "eval.reports"
 DLQ = "dlq"
+CLUSTER_CAPACITY = "cluster.capacity"
 
 ENV_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(JOB_METRICS, False, "runtime samples from training jobs", "metrics"),
@@ -42,6 +43,7 @@ ENV_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(CONFIG_CHANGES, True, "config document changes (compacted)"),
     TopicSpec(EVAL_REPORTS, False, "evaluator KPIs", "eval"),
     TopicSpec(DLQ, False, "messages that could not be processed, with the reason", "dlq"),
+    TopicSpec(CLUSTER_CAPACITY, True, "the real cluster's hosts and GPUs (compacted)"),
 )
 #: the env registry's announcements: one for the whole bus, one partition, compacted
 CONTROL_SPEC = TopicSpec(CONTROL_TOPIC, True, "env announcements (compacted)")
@@ -102,6 +104,7 @@ def split_topic(full: str) -> tuple[str, str]:
 
 __all__ = [
     "BRAIN_PLANS",
+    "CLUSTER_CAPACITY",
     "CONFIG_CHANGES",
     "CONTROL_SPEC",
     "CONTROL_TOPIC",
