@@ -110,24 +110,26 @@ def trigger(
     """Whether `event`, folded from `before` into `after`, calls for a decision."""
     if after.status in FINISHED:
         return None
-    at, cause = event.occurred_at, str(event.event_id)
+    at = event.occurred_at
     if isinstance(event, OptimizeRequest):
+        cause = str(event.event_id)
         return Trigger("optimize request", at, cause, event.optimizer, config_given=True)
     if isinstance(event, JobSubmitted):
-        return Trigger("job submitted", at, cause, config_given=True)
+        return Trigger("job submitted", at, str(event.event_id), config_given=True)
     if isinstance(event, NodeOOM):
         # a replayed OOM folds to the same records: it must not be decided twice
         if _oom_count(after) > _oom_count(before):
-            return Trigger("node out of memory", at, cause)
+            return Trigger("node out of memory", at, str(event.event_id))
         return None
     if before is None or before.stage != after.stage:
-        return Trigger(f"stage {after.stage}", at, cause)
+        return Trigger(f"stage {after.stage}", at, str(event.event_id))
     if isinstance(event, SampleRead | RuntimeSample) and after.stage_samples > 0:
         running = after.stage == Stage.RUNNING
         brain = policy.settings
         every = brain.running_every if running else brain.sample_every
         if after.stage_samples % max(every, 1) == 0:
-            return Trigger(f"{after.stage_samples} samples in stage {after.stage}", at, cause)
+            why = f"{after.stage_samples} samples in stage {after.stage}"
+            return Trigger(why, at, str(event.event_id))
     return None
 
 
