@@ -34,7 +34,8 @@ class CompactedFollower(AsyncResource):
     each fetch to ``handle``; ``caught_up`` is set after the fetch that reached the end
     offsets of the start, once ``handle`` has taken it.
 
-    ``missing`` says, when the topic does not exist, what the user should check.
+    ``missing`` says, when the topic does not exist, what the user should check; with
+    ``require`` off a missing topic is no error (``exists`` is then false: nothing to follow).
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class CompactedFollower(AsyncResource):
         poll_ms: int = 100,
         missing: str = "",
         caught_up: asyncio.Event | None = None,
+        require: bool = True,
     ) -> None:
         self.topic = topic_name
         self.caught_up = caught_up if caught_up is not None else asyncio.Event()
@@ -57,6 +59,7 @@ class CompactedFollower(AsyncResource):
             [topic_name],
             client_id=client_id,
             missing=missing,
+            require=require,
             # A change should reach its readers in well under a second.
             fetch_max_wait_ms=poll_ms,
         )
@@ -71,6 +74,11 @@ class CompactedFollower(AsyncResource):
 
     async def stop(self) -> None:
         await self._reader.stop()
+
+    @property
+    def exists(self) -> bool:
+        """Whether the topic had partitions when the follower started."""
+        return bool(self._reader.partitions)
 
     async def poll(self) -> int:
         """Hand one fetch to ``handle``; returns how many records it held."""

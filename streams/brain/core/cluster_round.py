@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from dlrover_events.domain.units import human_bytes
+from schemas.cluster import CapacityReported
 from schemas.env_settings import LimitSettings, SchedulerSettings
 from schemas.jobs import OOMKind
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
@@ -31,6 +32,7 @@ from streams.brain.core.schedulers.api import (
     GroupQuota,
     JobChange,
     JobInput,
+    NodeCapacity,
     Schedule,
 )
 from streams.brain.core.schedulers.goodput import (
@@ -149,6 +151,19 @@ def cluster_capacity(
     if nodes is None:
         return ClusterCapacity.uniform(settings.nodes, settings.gpus_per_node, quotas)
     return replace(nodes, quotas=quotas)
+
+
+def platform_capacity(report: CapacityReported) -> ClusterCapacity:
+    """The nodes a platform reported, as a round hands them out: only those taking new
+    pods (a cordoned or NotReady node's GPUs are not the scheduler's to give), a
+    multi-node job taking whole nodes of the largest size."""
+    return ClusterCapacity(
+        tuple(
+            NodeCapacity(host.name, host.gpus, host.gpu_type)
+            for host in sorted(report.hosts, key=lambda h: _node_order(h.name))
+            if host.schedulable and host.gpus > 0
+        )
+    )
 
 
 def memory_for(state: JobState, local_batch: int, limits: LimitSettings) -> int:
@@ -366,6 +381,7 @@ __all__ = [
     "job_input",
     "job_model",
     "memory_for",
+    "platform_capacity",
     "run_round",
     "scheduled",
 ]

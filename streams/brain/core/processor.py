@@ -23,18 +23,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from schemas.cluster import CapacityReported
 from schemas.codec import CodecError, check_env
 from schemas.dlq import DeadLetter, FailureKind, fitting_letter
 from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.core import inputs
-from streams.brain.core.cluster_round import run_round
+from streams.brain.core.cluster_round import platform_capacity, run_round
 from streams.brain.core.config_index import ConfigIndex
 from streams.brain.core.inputs import Input, SampleDecode, input_reader
 from streams.brain.core.memo import SampleMemo
 from streams.brain.core.policy import Policy
 from streams.brain.core.samples import SampleRead
+from streams.brain.core.schedulers.api import ClusterCapacity
 from streams.brain.core.snapshot import Loaded, Offsets, Snapshot, merge_offsets
 from streams.brain.core.state import FINISHED, JobState, JobStatus, gpus_claimed
 from streams.brain.core.triggers import JobContext, StepOutcome, arrive, step
@@ -261,6 +263,9 @@ class BrainProcessor:
         #: the cluster scheduler's last round (event time; lockstep: its tick)
         self.last_round: datetime | None = None
         self.rounds = 0
+        #: the real cluster as its platform last reported it (`set_capacity`); None: the
+        #: scheduler settings' static cluster (a virtual env's, or before the first report)
+        self.capacity: ClusterCapacity | None = None
 
     @property
     def inputs(self) -> set[tuple[str, int]]:
@@ -450,7 +455,7 @@ class BrainProcessor:
         self.last_round = now
         self.rounds += 1
         try:
-            result = run_round(self.states, now, self.policy, cause)
+            result = run_round(self.states, now, self.policy, cause, nodes=self.capacity)
         except Exception:  # a bug of the scheduler must not stop the brain for all
             log.exception("cluster scheduler %s failed at %s", scheduler.name, now)
             self.counters.errors += 1
@@ -586,14 +591,22 @@ class BrainProcessor:
             out.plans.extend(plans)
             self._unsaved_plans.extend(plans)
 
+    def set_capacity(self, report: CapacityReported) -> None:
+        """Schedule from now on the cluster the platform reported (its latest word)."""
+        self.capacity = platform_capacity(report)
+
     def free_gpus(self) -> int | None:
         """The cluster's GPUs that no job holds or waits for; None when the cluster is
-        unknown.
+        unknown (neither reported by the platform nor set in the brain's settings).
 
         Counted over the jobs of this instance: with the job topics split across several
         brains, each sees only its share of the cluster's use.
         """
-        gpus = self.policy.settings.cluster_gpus
+        gpus = (
+            self.capacity.total_gpus
+            if self.capacity is not None
+            else self.policy.settings.cluster_gpus
+        )
         if gpus is None:
             return None
         return max(0, gpus - self._held_total)

@@ -79,6 +79,7 @@ from streams.brain.core.merge import Fetch, Merge, event_time
 from streams.brain.core.policy import Policy
 from streams.brain.core.processor import HISTORY_PER_SCENARIO, BrainProcessor, Output
 from streams.brain.core.snapshot import Offsets, Snapshot
+from streams.brain.runtime.capacity import CAPACITY_WAIT_S, CapacityFollower
 from streams.brain.runtime.checkpoint import BrainStore
 from streams.brain.runtime.configs import ConfigFollower
 from streams.brain.runtime.courier import OUTBOX_BATCHES, Courier
@@ -170,6 +171,8 @@ class Brain(AsyncResource):
             configs=self.configs.index,
             sample_decode=sample_decode or load_brain_settings().sample_decode,
         )
+        #: the platform's word on the cluster a scheduler gives out (real envs)
+        self.capacity = CapacityFollower(settings, env, self.processor.set_capacity)
         #: without a policy given, the env's settings (`brain` in the registry) say
         self._policy_given = policy is not None
         self.checkpoint_every_s = checkpoint_every_s
@@ -254,6 +257,8 @@ class Brain(AsyncResource):
         try:
             # decide with the documents that exist, not with none while they load
             await self.configs.caught_up(CONFIGS_WAIT_S)
+            await self.capacity.start()
+            await self.capacity.caught_up(CAPACITY_WAIT_S)
             env_store = await EnvStore.open(self.pg_dsn, self.env, max_size=4)
             self._store = BrainStore(env_store)
             self._pruner = Pruner(env_store, self.processor)
@@ -261,6 +266,7 @@ class Brain(AsyncResource):
             await self.app.start()
         except BaseException as exc:
             await self.courier.stop()
+            await self.capacity.stop()
             await self.configs.stop()
             if isinstance(exc, TimeoutError) and self._store is None:
                 raise UserError(
@@ -320,6 +326,7 @@ class Brain(AsyncResource):
             await self.courier.stop()
             if self._store is not None:
                 await self._store.store.close()
+            await self.capacity.stop()
             await self.configs.stop()
             if self._tmp is not None:
                 self._tmp.cleanup()
