@@ -121,17 +121,47 @@ def job_model(state: JobState) -> JobModel:
     return JobModel(perf, grad, limits)
 
 
+def batch_in_force(state: JobState) -> tuple[int | None, int]:
+    """The (local batch, accumulation) a round takes the job to train with.
+
+    Training knobs are the job's to apply: a round's plan asks for them, the job confirms
+    them (training.applied) at a step boundary, and only that confirmation makes them the
+    job's (as for the per-job optimizers). So once the job confirmed what it trains with
+    and no plan's knobs await it, its own word counts, whatever the share planned (a job
+    that clamped or kept its batch is scheduled at the batch it runs). While a plan is
+    unanswered or its knobs await the job, the planned ones count, so that the next round
+    does not ask for them again."""
+    share = state.share or Share()
+    awaited = state.awaiting_training
+    if state.pending_scale_plan is not None or (
+        awaited is not None and awaited.training.keys() & _KNOBS
+    ):
+        return share.local_batch, share.accumulation
+    local, accumulation = (
+        state.training.get("local_batch_size"),
+        state.training.get("accumulation_steps", 1),
+    )
+    if isinstance(local, int) and local >= 1:
+        return local, accumulation if isinstance(accumulation, int) and accumulation >= 1 else 1
+    return share.local_batch, share.accumulation
+
+
+#: The training knobs a round's plan sets.
+_KNOBS = frozenset({"local_batch_size", "accumulation_steps"})
+
+
 def job_input(state: JobState) -> JobInput:
     share = state.share or Share()
     role = state.roles.get(WORKER)
     assert state.submitted_at is not None
+    local_batch, accumulation = batch_in_force(state)
     return JobInput(
         job_id=state.job.uuid,
         submitted_at=state.submitted_at.timestamp(),
         model=job_model(state),
         placement=tuple(sorted(share.placement.items(), key=lambda kv: _node_order(kv[0]))),
-        local_batch=share.local_batch,
-        accumulation=share.accumulation,
+        local_batch=local_batch,
+        accumulation=accumulation,
         restarts=share.restarts,
         requested_replicas=max(1, role.replicas if role is not None else 1),
         attained_gpu_s=share.attained_gpu_s,
@@ -377,6 +407,7 @@ def run_round(
 __all__ = [
     "PRIOR",
     "RoundResult",
+    "batch_in_force",
     "cluster_capacity",
     "job_input",
     "job_model",

@@ -430,3 +430,64 @@ def test_a_round_on_the_platforms_nodes_places_jobs_there() -> None:
 def test_quotas_past_the_cluster_are_a_one_line_settings_error() -> None:
     with pytest.raises(ValueError, match="quotas promise 9 GPUs, more than the 8 of the cluster"):
         Policy.from_settings({"scheduler": {**SCHEDULER, "quotas": {"a": 5, "b": 4}}})
+
+
+def test_a_rounds_knobs_count_for_the_job_only_once_it_confirms_them() -> None:
+    """A round's batch reaches the job as training knobs; the job's own training.applied
+    makes them its batch (issue 26, item 6): before it the planned knobs count (so the next
+    round does not ask again), after it the job's word, even where it differs."""
+    from schemas.jobs import NodeRef
+    from schemas.plans import NotApplied, TrainingApplied
+    from streams.brain.core.cluster_round import batch_in_force
+
+    policy = processor(scheduler=SCHEDULER).policy
+    state = profiled(sample("a", 30, 1, 32, 0.5))
+    result = run_round({"a": state}, T0 + timedelta(seconds=60), policy)
+    (plan,) = scale_plans(list(result.plans))
+    assert plan.training  # the round chose the job's batch
+    asked = (plan.training["local_batch_size"], plan.training.get("accumulation_steps", 1))
+    # the job runs another batch than the one asked for (its samples say so)
+    running = {"local_batch_size": asked[0] * 2, "accumulation_steps": 1}
+    planned = result.states["a"].model_copy(update={"training": running})
+    assert batch_in_force(planned) == asked  # unanswered: as planned
+    partial = fold(
+        planned,
+        ScaleResult(
+            env=ENV,
+            job=planned.job,
+            occurred_at=T0 + timedelta(seconds=61),
+            plan_id=plan.plan_id,
+            status=ScaleStatus.PARTIAL,
+            reason="knobs await the job",
+            not_applied=[
+                NotApplied(part=f"training.{knob}", reason="awaiting the job's confirmation")
+                for knob in plan.training
+            ],
+        ),
+    )
+    assert partial is not None and partial.awaiting_training is not None
+    assert partial.training == running  # nothing folded before the job's word
+    assert batch_in_force(partial) == asked  # awaited: as planned, not asked again
+
+    def confirmed(local: int) -> JobState:
+        out = fold(
+            partial,
+            TrainingApplied(
+                env=ENV,
+                job=planned.job,
+                occurred_at=T0 + timedelta(seconds=62),
+                plan_id=plan.plan_id,
+                node=NodeRef(type="worker", id=0),
+                training={"local_batch_size": local, "accumulation_steps": 1},
+                global_step=31,
+            ),
+        )
+        assert out is not None
+        return out
+
+    assert batch_in_force(confirmed(asked[0])) == (asked[0], 1)
+    # A job that trains with another batch than asked (it clamped it) is scheduled at
+    # the batch it runs, not the planned one.
+    other = asked[0] // 2
+    assert batch_in_force(confirmed(other)) == (other, 1)
+    assert job_input(confirmed(other)).local_batch == other
