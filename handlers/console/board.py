@@ -41,6 +41,7 @@ from schemas.jobs import (
 )
 from schemas.plans import (
     NodeGroupResource,
+    NodeResource,
     OptimizePlan,
     ScalePlan,
     ScaleResult,
@@ -118,7 +119,8 @@ class Series:
 @dataclass
 class JobRow:
     job: str
-    #: (at, type, source, plan_id, status, text): tuples, not dicts, to keep them small
+    #: (at, type, source, plan_id, status, text, again, last_at): tuples, not dicts, to
+    #: keep them small
     timeline: deque[TimelineEntry]
     series: Series
     name: str = ""
@@ -141,6 +143,9 @@ class JobRow:
     last_plan: dict[str, Any] | None = None
     last_scale: dict[str, Any] | None = None
     updated_at: datetime | None = None
+    #: what the newest timeline entry planned, when it is the brain's plan: the same plan
+    #: again (the brain re-plans as usage moves) counts on that entry, not a new one
+    repeating: tuple[Any, ...] | None = None
     open_plans: dict[str, dict[str, NodeGroupResource]] = field(default_factory=dict)
     #: plans reported applied (or partial) before the plan itself was read, with the parts
     #: the result did not apply.
@@ -154,8 +159,21 @@ class JobRow:
             roles.setdefault(role, {}).update(changed)
         return roles
 
+    def current_usage(self, resources: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+        """The last usage of the nodes the job has now: a scale-down removes a role's
+        highest ranks, whose last samples would otherwise be shown for ever."""
+        out = {}
+        for node, use in self.usage.items():
+            role, _, rank = node.rpartition("-")
+            replicas = resources.get(role, {}).get("replicas")
+            if replicas and rank.isdigit() and int(rank) >= replicas:
+                continue
+            out[node] = use
+        return out
+
     def as_json(self) -> dict[str, Any]:
         resources = self.resources
+        usage = self.current_usage(resources)
         return {
             "job": self.job,
             "name": self.name,
@@ -164,8 +182,8 @@ class JobRow:
             "application": self.application,
             "resources": resources,
             "resources_text": resources_text(resources),
-            "usage": self.usage,
-            "usage_text": usage_text(self.usage),
+            "usage": usage,
+            "usage_text": usage_text(dict(sorted(usage.items()))),
             "global_step": self.global_step,
             "speed": self.speed,
             "samples_per_s": self.samples_per_s,
@@ -187,8 +205,12 @@ class JobRow:
                 "plan_id": plan_id,
                 "status": status,
                 "text": text,
+                "again": again,
+                "last_at": last_at.isoformat() if last_at else None,
             }
-            for at, kind, source, plan_id, status, text in sorted(self.timeline, key=_at)
+            for at, kind, source, plan_id, status, text, again, last_at in sorted(
+                self.timeline, key=_at
+            )
         ]
         return {**self.as_json(), "timeline": timeline, "series": self.series.as_json()}
 
@@ -259,7 +281,7 @@ class Board:
         view.events += 1
         _fold(view, event)
         if isinstance(event, TIMELINE_TYPES):
-            view.timeline.append(timeline_entry(event))
+            _note(view, event)
         return True
 
     def unreadable(self, topic: str, partition: int, offset: int, error: str | None) -> None:
@@ -344,7 +366,7 @@ def letter_row(letter: DeadLetter) -> dict[str, Any]:
     }
 
 
-TimelineEntry = tuple[datetime, str, str, str | None, str | None, str]
+TimelineEntry = tuple[datetime, str, str, str | None, str | None, str, int, datetime | None]
 
 
 def _at(entry: TimelineEntry) -> datetime:
@@ -354,7 +376,44 @@ def _at(entry: TimelineEntry) -> datetime:
 def timeline_entry(event: JobEvent) -> TimelineEntry:
     status = event.status.value if isinstance(event, ScaleResult) else None
     plan_id = getattr(event, "plan_id", None)
-    return (event.occurred_at, event.type, event.source, plan_id, status, summary(event))
+    return (event.occurred_at, event.type, event.source, plan_id, status, summary(event), 0, None)
+
+
+def plan_ask(plan: OptimizePlan) -> tuple[Any, ...]:
+    """What a plan asks for, as the page says it (sizes in binary units, three digits): a
+    plan whose ask reads the same as the one before is the same plan again."""
+
+    def resource(r: NodeResource) -> tuple[Any, ...]:
+        return (
+            round(r.cpu, 3),
+            human_bytes(r.memory),
+            r.gpu_num,
+            r.gpu_type,
+            human_bytes(r.gpu_memory),
+            r.priority,
+        )
+
+    res = plan.resource
+    groups = res.node_group_resources.items()
+    return (
+        plan.optimizer,
+        tuple(sorted((k, g.count, resource(g.node_resource)) for k, g in groups)),
+        tuple(sorted((k, resource(r)) for k, r in res.node_resources.items())),
+        tuple(sorted((k, repr(v)) for k, v in res.training.items())),
+    )
+
+
+def _note(view: JobRow, event: JobEvent) -> None:
+    """Add the event to the job's timeline; a brain's plan that asks for what its plan
+    just before asked for is counted on that one (its reason's numbers moved, nothing
+    else), so a few minutes of re-planning do not push the job's history out."""
+    plan = plan_ask(event) if isinstance(event, OptimizePlan) else None
+    if plan is not None and view.timeline and view.repeating == plan:
+        first = view.timeline[-1]
+        view.timeline[-1] = (*first[:6], first[6] + 1, event.occurred_at)
+        return
+    view.timeline.append(timeline_entry(event))
+    view.repeating = plan
 
 
 def resources_text(resources: dict[str, dict[str, float]]) -> str:

@@ -334,7 +334,11 @@ async function refreshJob() {
     cell(tr, hhmmss(e.at), "muted", e.at);
     cell(tr, e.type + (e.status ? " " + e.status : ""), e.status || "", e.type);
     cell(tr, e.source || "", "", e.source);
-    cell(tr, e.text, "summary", e.plan_id || "");
+    const what = cell(tr, e.text, "summary", e.plan_id || "");
+    if (e.again) {
+      tr.dataset.again = e.again;
+      what.append(el("span", "the same plan " + e.again + "\u00d7 more, last " + hhmmss(e.last_at), "repeat"));
+    }
     return tr;
   }));
 }

@@ -12,7 +12,15 @@ from handlers.console.board import Board, Series
 from schemas.dlq import FailureKind, fitting_letter
 from schemas.evaluation import EvaluationReport
 from schemas.jobs import JobMeta, JobSubmitted, NodeUsage, RoleSpec, RuntimeSample
-from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
+from schemas.plans import (
+    NodeGroupResource,
+    NodeResource,
+    OptimizePlan,
+    ResourcePlan,
+    ScalePlan,
+    ScaleResult,
+    ScaleStatus,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 JOB = JobMeta(uuid="j1", name="resnet")
@@ -132,3 +140,64 @@ def test_reports_and_letters_are_bounded() -> None:
     assert board.letters_seen == 5
     assert [row["offset"] for row in board.letters] == [3, 4]
     assert all(len(row["preview"]) <= 240 for row in board.letters)
+
+
+def plan(i: int, cpu: float, reason: str, memory: int = 0) -> OptimizePlan:
+    group = NodeGroupResource(node_resource=NodeResource(cpu=cpu, memory=memory))
+    return OptimizePlan(
+        env="e",
+        job=JOB,
+        plan_id=f"b{i}",
+        stage="running",
+        optimizer="worker-resource",
+        reason=reason,
+        resource=ResourcePlan(node_group_resources={"worker": group}),
+        occurred_at=T0 + timedelta(seconds=i),
+    )
+
+
+def test_the_same_plan_again_counts_on_its_entry_and_keeps_the_history_in_sight() -> None:
+    """Seen after `make run`: the brain re-planned the same resources every 4 s (the
+    usage in its reason moved), and the timeline held nothing else."""
+    board = Board(timeline=5)
+    for i in range(20):  # the memory it asks for moves by bytes: 404 MiB all the same
+        board.apply(plan(i, 2, f"cpu 2 from use 0.04{i}", memory=404 * 2**20 + 997 * i))
+    rejected = T0 + timedelta(seconds=25)
+    board.apply(
+        ScaleResult(
+            env="e", job=JOB, plan_id="s", status=ScaleStatus.REJECTED, occurred_at=rejected
+        )
+    )
+    board.apply(plan(30, 2, "use 0.05", memory=404 * 2**20))  # after the result: its own entry
+    board.apply(plan(31, 2, "more memory", memory=500 * 2**20))  # another plan
+    entries = board.jobs["j1"].detail()["timeline"]
+    assert [(e["type"], e["plan_id"], e["again"]) for e in entries] == [
+        ("brain.plan", "b0", 19),
+        ("scale.result", "s", 0),
+        ("brain.plan", "b30", 0),
+        ("brain.plan", "b31", 0),
+    ]
+    assert entries[0]["last_at"] == (T0 + timedelta(seconds=19)).isoformat()
+
+
+def test_the_usage_shown_is_of_the_nodes_the_job_has_now() -> None:
+    """Seen after `make run`: scaled from 4 workers to 2, the job's row still listed the
+    last usage of worker-2 and worker-3."""
+    board = Board()
+    board.apply(JobSubmitted(env="e", job=JOB, roles={"worker": RoleSpec(replicas=4)}))
+    for n in range(4):
+        board.apply(
+            RuntimeSample(
+                env="e",
+                job=JOB,
+                global_step=1,
+                nodes=[NodeUsage(type="worker", id=n, memory=2**30)],
+            )
+        )
+    assert len(board.snapshot()[0]["usage"]) == 4
+    shrink = {"worker": NodeGroupResource(count=2)}
+    board.apply(ScalePlan(env="e", job=JOB, plan_id="s", node_group_resources=shrink))
+    board.apply(ScaleResult(env="e", job=JOB, plan_id="s", status=ScaleStatus.APPLIED))
+    (row,) = board.snapshot()
+    assert sorted(row["usage"]) == ["worker-0", "worker-1"]
+    assert row["usage_text"] == "worker-0 1 GiB; worker-1 1 GiB"
