@@ -1,4 +1,6 @@
-"""The web console: one page per env that tails its topics live (server-sent events),
-filters by job and type, and shows the jobs with their current resources and last plan,
-and the evaluators' reports. Authenticated with the gateway's bearer tokens (read scope).
+"""The web console: per env the live events, the jobs and each job's timeline and charts,
+the evaluators' reports, the A/B results, the dead letters and the config documents; an
+env switcher over the registry; actions (scale, delete, promote, revoke) behind the env's
+admin token, each the CLI's way. Authenticated with the gateway's bearer tokens
+(docs/console.md).
 """

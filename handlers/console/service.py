@@ -44,7 +44,13 @@ service = Service(
 
 
 def console(
-    env: str = typer.Option(..., "--env", "-e", parser=env_name, help="The env to show."),
+    env: str = typer.Option(
+        ...,
+        "--env",
+        "-e",
+        parser=env_name,
+        help="The env shown first (a page shows any other env with that env's token).",
+    ),
     host: str | None = typer.Option(
         None, help="Listen address (default DLROVER_EVENTS_CONSOLE_HOST, 127.0.0.1)."
     ),
@@ -52,7 +58,8 @@ def console(
         None, help="Port (default DLROVER_EVENTS_CONSOLE_PORT, 8480; 0: any free one)."
     ),
 ) -> None:
-    """Serve the web console of one env until Ctrl-C (tokens: `gateway-token create`)."""
+    """Serve the web console until Ctrl-C: envs, jobs, A/B results, dead letters, configs;
+    actions with an admin token (tokens: `gateway-token create`)."""
     settings = load_settings()
     conf = ConsoleSettings()
     conf = conf.model_copy(
