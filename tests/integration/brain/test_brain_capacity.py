@@ -5,6 +5,8 @@ is taken by the running brain. Real broker, real Postgres."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 import pytest
@@ -16,13 +18,18 @@ from dlrover_events.settings import Settings
 from schemas.cluster import CapacityReported, HostCapacity
 from schemas.env_settings import BrainSettings, SchedulerSettings
 from schemas.envelope import Event
-from schemas.jobs import JobMeta, NodeUsage, RuntimeSample
+from schemas.jobs import JobMeta
 from schemas.plans import ScalePlan
-from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.policy import Policy
 from streams.brain.runtime.app import Brain
 from tests.conftest import unique_env
-from tests.integration.brain.workload import T0, plans_on, scheduled_job, wait_for
+from tests.integration.brain.workload import (
+    T0,
+    plans_on,
+    scheduled_job,
+    scheduled_sample,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -44,24 +51,7 @@ def _report(env: str, *, b_schedulable: bool, at: datetime) -> CapacityReported:
 def _later_samples(env: str, uuid: str, from_s: float) -> list[Event]:
     """Reports that move the env's event time past two more scheduling intervals."""
     job = JobMeta(uuid=uuid, name=uuid)
-    return [
-        RuntimeSample(
-            env=env,
-            job=job,
-            occurred_at=T0 + timedelta(seconds=from_s + s),
-            global_step=int(from_s + s),
-            speed=2.0,
-            batch_size=64,
-            local_batch_size=64,
-            world_size=1,
-            num_nodes=1,
-            allreduce_s=0.0,
-            grad_sqr=1.0,
-            grad_var=64.0,
-            nodes=[NodeUsage(type="worker", id=0, memory=3 * GiB)],
-        )
-        for s in (30, 61, 121)
-    ]
+    return [scheduled_sample(env, job, from_s + s) for s in (30, 61, 121)]
 
 
 def _held_by_round(plans: list[ScalePlan]) -> dict[datetime, dict[str, dict[str, int]]]:
@@ -154,10 +144,9 @@ async def test_rounds_give_out_the_reported_hosts_and_follow_a_new_report(
         await registry.delete(env, force=True)
 
 
-async def _wait_async(check: object, what: str, timeout_s: float = 60.0) -> None:
-    import asyncio
-
-    assert callable(check)
+async def _wait_async(
+    check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 60.0
+) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not await check():

@@ -142,25 +142,27 @@ def scheduled_job(env: str, uuid: str, at_s: float) -> list[Event]:
             roles={"worker": RoleSpec(replicas=1, gpu_num=1, memory=4 * GiB)},
         )
     ]
-    for after_s in (29, 60):
-        out.append(
-            RuntimeSample(
-                env=env,
-                job=job,
-                occurred_at=T0 + timedelta(seconds=at_s + after_s),
-                global_step=int(after_s),
-                speed=2.0,
-                batch_size=64,
-                local_batch_size=64,
-                world_size=1,
-                num_nodes=1,
-                allreduce_s=0.0,
-                grad_sqr=1.0,
-                grad_var=64.0,
-                nodes=[NodeUsage(type="worker", id=0, memory=3 * GiB)],
-            )
-        )
+    out.extend(scheduled_sample(env, job, at_s + after_s) for after_s in (29, 60))
     return out
+
+
+def scheduled_sample(env: str, job: JobMeta, at_s: float) -> RuntimeSample:
+    """A report of a scheduled job on one worker at `at_s` of the workload's time."""
+    return RuntimeSample(
+        env=env,
+        job=job,
+        occurred_at=T0 + timedelta(seconds=at_s),
+        global_step=int(at_s),
+        speed=2.0,
+        batch_size=64,
+        local_batch_size=64,
+        world_size=1,
+        num_nodes=1,
+        allreduce_s=0.0,
+        grad_sqr=1.0,
+        grad_var=64.0,
+        nodes=[NodeUsage(type="worker", id=0, memory=3 * GiB)],
+    )
 
 
 async def scheduler_leaders(pg_dsn: str, env: str) -> list[str]:
