@@ -149,8 +149,10 @@ JOB_ACTIONS: tuple[JobAction, ...] = (
         confirm="Delete job {job}? Its nodes are stopped.",
         run=_delete,
     ),
-    # issue 26: suspend and resume, each a JobAction (POST "/suspend", "/resume") whose
-    # run calls the job_actions function the `job suspend|resume` commands call.
+    # issue 26: suspend and resume, each a JobAction (POST "/suspend", "/resume", no
+    # fields) whose run opens the platform as _scale does and calls the job_actions
+    # function the `job suspend|resume` commands call, returning {"plan_id", "env", "job"}:
+    # the page shows a button for it and says which plan went out, nothing else to change.
 )
 
 
