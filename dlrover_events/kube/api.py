@@ -34,7 +34,14 @@ async def list_raw(func: ListCall, *args: Any, **kwargs: Any) -> dict[str, Any]:
     what the callers read)."""
     resp = await func(*args, _preload_content=False, **kwargs)
     try:
-        got: dict[str, Any] = json.loads(await resp.read())
+        body = await resp.read()
+        if not 200 <= resp.status <= 299:
+            # unread, the client does not check the status: a refusal (403, ...) would
+            # pass as a list without items
+            refused = ApiException(status=resp.status, reason=resp.reason)
+            refused.body = body.decode(errors="replace")  # the server's Status: api_error
+            raise refused
+        got: dict[str, Any] = json.loads(body)
     finally:
         resp.release()
     return got

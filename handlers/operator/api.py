@@ -1,7 +1,8 @@
 """The platform over HTTP (admin token): what `dlrover-events job` does, for a notebook
 or a CI pipeline: ``POST /v1/jobs`` (a TrainingJob as JSON), ``GET /v1/jobs``,
 ``GET /v1/jobs/{job}``, ``POST /v1/jobs/{job}/scale`` (``{"role", "replicas"}``: published
-to the env's scale.plans, as the brain's plans are) and ``DELETE /v1/jobs/{job}``.
+to the env's scale.plans, as the brain's plans are), ``POST /v1/jobs/{job}/suspend`` and
+``/resume`` (plans too) and ``DELETE /v1/jobs/{job}``.
 
 Served by the operator that owns the platform, on 127.0.0.1 unless configured; the
 decisions are handlers.operator.jobs', shared with the commands. Every answer that is not
@@ -23,7 +24,9 @@ from handlers.operator.job_actions import (
     JobUnreadable,
     delete_job,
     job_of,
+    resume_job,
     scale_job,
+    suspend_job,
 )
 from handlers.operator.jobs import JobRequestError, scale_request, submission, summary
 from handlers.operator.platform import Conflict, Invalid, NotFound, Platform, PlatformError
@@ -132,6 +135,22 @@ async def _scale(request: web.Request) -> web.StreamResponse:
     return web.json_response({"plan_id": plan.plan_id, "env": plan.env}, status=202)
 
 
+async def _suspend(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    plan = await suspend_job(
+        app[PLATFORM_KEY], app[PRODUCER_KEY], app[ENV_KEY], request.match_info["job"], source="api"
+    )
+    return web.json_response({"plan_id": plan.plan_id, "env": plan.env}, status=202)
+
+
+async def _resume(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    plan = await resume_job(
+        app[PLATFORM_KEY], app[PRODUCER_KEY], app[ENV_KEY], request.match_info["job"], source="api"
+    )
+    return web.json_response({"plan_id": plan.plan_id, "env": plan.env}, status=202)
+
+
 async def _delete(request: web.Request) -> web.StreamResponse:
     name = request.match_info["job"]
     await delete_job(request.app[PLATFORM_KEY], name)
@@ -155,6 +174,8 @@ def jobs_app(
     app.router.add_get("/v1/jobs", _guarded(_list))
     app.router.add_get("/v1/jobs/{job}", _guarded(_get))
     app.router.add_post("/v1/jobs/{job}/scale", _guarded(_scale))
+    app.router.add_post("/v1/jobs/{job}/suspend", _guarded(_suspend))
+    app.router.add_post("/v1/jobs/{job}/resume", _guarded(_resume))
     app.router.add_delete("/v1/jobs/{job}", _guarded(_delete))
     return app
 

@@ -96,6 +96,13 @@ def operator(
         help="real env: where its TrainingJobs run, kubernetes (default) or local "
         "(processes on this machine)",
     ),
+    slots: int = typer.Option(
+        None,
+        "--slots",
+        min=0,
+        help="local platform: what this machine has for jobs, as GPUs (a pod takes the GPUs "
+        "it names, else one); published as the env's capacity",
+    ),
 ) -> None:
     """Apply an env's ScalePlans: on the cluster when the env is real (only that operator
     loads cluster credentials), on the simulated cluster when it is virtual."""
@@ -114,6 +121,7 @@ def operator(
         "restart_delay": restart_delay,
         "rescale_mode": rescale_mode,
         "admission": None if admission is None else admission.value,
+        "slots": slots,
     }
     asyncio.run(_run(load_settings(), env, {k: v for k, v in given.items() if v is not None}))
 

@@ -20,7 +20,7 @@ from typing import Any
 from dlrover_events.bus.producer import Producer
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
-from handlers.operator.jobs import JobRequestError, scale_plan
+from handlers.operator.jobs import JobRequestError, resume_plan, scale_plan, suspend_plan
 from handlers.operator.platform import PLATFORMS, JobView, Platform, UnreadableJob
 from schemas.plans import ScalePlan
 
@@ -87,6 +87,26 @@ async def scale_job(
     return plan
 
 
+async def suspend_job(
+    platform: Platform, producer: Producer, env: str, name: str, *, source: str
+) -> ScalePlan:
+    """Publish the plan that suspends job ``name``: its pods stop after their checkpoint
+    (SIGTERM, then their grace period), the job and its progress are kept."""
+    plan = suspend_plan(env, await job_of(platform, name), source=source)
+    await producer.publish(plan)
+    return plan
+
+
+async def resume_job(
+    platform: Platform, producer: Producer, env: str, name: str, *, source: str
+) -> ScalePlan:
+    """Publish the plan that resumes (or admits) the suspended job ``name`` at the size it
+    had; its training goes on from its checkpoint."""
+    plan = resume_plan(env, await job_of(platform, name), source=source)
+    await producer.publish(plan)
+    return plan
+
+
 async def delete_job(platform: Platform, name: str) -> None:
     """Delete the job; the env's operator deletes its nodes."""
     if not await platform.delete_job(name):
@@ -101,5 +121,7 @@ __all__ = [
     "delete_job",
     "job_of",
     "open_platform",
+    "resume_job",
     "scale_job",
+    "suspend_job",
 ]

@@ -15,7 +15,11 @@ from typing import Any
 from handlers.operator import trainingjob
 from handlers.operator.platform import PENDING, InvalidJob, JobEntry, JobView, UnreadableJob
 from handlers.operator.reconcile.events import job_meta
-from handlers.operator.reconcile.planning import check_bounds
+from handlers.operator.reconcile.planning import (
+    COMPLETION_ROLES,
+    check_bounds,
+    effective_admission,
+)
 from schemas.plans import NodeGroupResource, ScalePlan
 
 _PLAN_NAMESPACE = uuid.UUID("7a2d9e4b-1c3f-4b6a-8d0e-5f7a9c1b3d2e")
@@ -55,9 +59,18 @@ def submission(body: Any, *, workdir: str | None = None, annotation: str = "") -
     return out
 
 
+def admission(job: JobView) -> dict[str, str] | None:
+    """Whether the job is queued, admitted or suspended, and why (None: it runs as
+    submitted, no one ever suspended it)."""
+    state = effective_admission(job)
+    if state is None:
+        return None
+    return {"state": state.state, "reason": state.reason, "message": state.message}
+
+
 def summary(job: JobEntry) -> dict[str, Any]:
-    """A job as a row: name, uid, phase, pods running / wanted per role, last plan (a job
-    that does not read: phase Invalid, and why)."""
+    """A job as a row: name, uid, phase, pods running / wanted per role, last plan,
+    admission (a job that does not read: phase Invalid, and why)."""
     if isinstance(job, UnreadableJob):
         return {
             "name": job.name,
@@ -77,6 +90,7 @@ def summary(job: JobEntry) -> dict[str, Any]:
             for name, role in sorted(job.roles.items())
         },
         "last_plan": job.last_plan_id,
+        "admission": admission(job),
     }
 
 
@@ -113,11 +127,63 @@ def scale_plan(env: str, job: JobView, role: str, replicas: int, source: str) ->
     )
 
 
+def _action_plan_id(job: JobView, action: str) -> str:
+    """The same action on the same version of the job: the same plan."""
+    return f"cli-{action}-" + str(
+        uuid.uuid5(_PLAN_NAMESPACE, f"{job.uid}/{job.generation}/{action}")
+    )
+
+
+def _kueue_refusal(job: JobView, action: str) -> None:
+    if job.kueue_queue:
+        raise JobRequestError(
+            f"trainingjob {job.name} is managed by Kueue (queue {job.kueue_queue}): Kueue "
+            f"admits and suspends it; {action} it through Kueue"
+        )
+
+
+def suspend_plan(env: str, job: JobView, source: str) -> ScalePlan:
+    """The plan that suspends the job: its pods stop (each saving its checkpoint in its
+    grace period), its place is kept, and a resume starts them again."""
+    _kueue_refusal(job, "suspend")
+    if job.suspended:
+        raise JobRequestError(f"trainingjob {job.name} is suspended already")
+    return ScalePlan(
+        env=env,
+        source=source,
+        job=job_meta(job),
+        plan_id=_action_plan_id(job, "suspend"),
+        suspend=True,
+    )
+
+
+def resume_plan(env: str, job: JobView, source: str) -> ScalePlan:
+    """The plan that resumes (or admits) a suspended job at the size it had: a count for
+    its first training role (worker, chief, master, else its first role with replicas)."""
+    _kueue_refusal(job, "resume")
+    if not job.suspended:
+        raise JobRequestError(f"trainingjob {job.name} is not suspended")
+    sized = [r for r in job.roles.values() if r.replicas > 0]
+    if not sized:
+        raise JobRequestError(f"trainingjob {job.name} has no replicas to resume")
+    role = next((r for r in sized if r.name in COMPLETION_ROLES), sized[0])
+    return ScalePlan(
+        env=env,
+        source=source,
+        job=job_meta(job),
+        plan_id=_action_plan_id(job, "resume"),
+        node_group_resources={role.name: NodeGroupResource(count=role.replicas)},
+    )
+
+
 __all__ = [
     "JobRequestError",
+    "admission",
+    "resume_plan",
     "scale_plan",
     "scale_plan_id",
     "scale_request",
     "submission",
     "summary",
+    "suspend_plan",
 ]

@@ -18,12 +18,13 @@ events, ``Unavailable`` for a platform that cannot answer now).
 A job's *pods* are its nodes (the brain's NodeRef: role and rank) as the platform runs
 them: a Kubernetes Pod, or a process tree under a shim on the local platform.
 
-Ready for the cluster scheduler of issue 26, unused until then: a job's suspend state
-(``JobView.suspended``, written by ``JobChange.suspend`` on a platform whose ``suspends``
-is true: TrainingJob ``spec.suspend``, PyTorchJob ``spec.runPolicy.suspend``, the local
-platform's job file), and the cluster's capacity (``Capacity``: the ``Host``s and their
-allocatable GPUs, schedulable or not; the local platform's slots), from a platform that
-is also a ``CapacitySource``.
+For a cluster scheduler (issue 26): a job's suspend state (``JobView.suspended``, written
+by ``JobChange.suspend`` on a platform whose ``suspends`` is true: TrainingJob
+``spec.suspend``, PyTorchJob ``spec.runPolicy.suspend``, the field Kueue uses), who admitted
+or suspended it and why (``Admission``, kept on the job in the same write as the suspend),
+and the cluster's capacity (``Host``s and their allocatable GPUs, schedulable or not: a
+Kubernetes cluster's Nodes, the local platform's slots), listed and watched from a
+``CapacitySource``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,20 @@ IN_PLACE = "inPlace"
 ELASTIC_MODES = (RESTART, IN_PLACE)
 #: Warm spares per role at most: each is a process holding its model in memory.
 MAX_SPARES = 16
+
+#: Kueue's label naming the LocalQueue that admits a job: such a job is Kueue's to admit
+#: and suspend, never this operator's nor the brain's.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: A job's priority under a cluster scheduler (an integer, higher first): a label, since a
+#: Kubernetes PriorityClass is a name, not a number, and a PyTorchJob's schema is not ours.
+PRIORITY_LABEL = f"{DOMAIN}/priority"
+
+#: A job's admission states, as `job list` shows them: created suspended, waiting for the
+#: cluster scheduler; admitted (or resumed) by a plan; suspended (by a plan, its user, or
+#: Kueue).
+QUEUED, ADMITTED, SUSPENDED = "queued", "admitted", "suspended"
+#: The type of the job status condition that says whether it is suspended, and why.
+SUSPENDED_CONDITION = "Suspended"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +179,37 @@ class RoleView:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """Who let a job run or stopped it, and why: written on the job in the same change as
+    its suspend (so a restarted operator finds both or neither), shown as the job's
+    ``Suspended`` condition."""
+
+    #: QUEUED, ADMITTED or SUSPENDED
+    state: str
+    #: the condition's reason, one CamelCase word (Queued, Admitted, Resumed, Preempted)
+    reason: str
+    message: str
+    #: the plan that admitted, resumed or suspended it (None: the operator itself)
+    plan_id: str | None = None
+
+    @property
+    def suspended(self) -> bool:
+        return self.state != ADMITTED
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A condition of a job's status, as Kubernetes writes them (``Suspended``)."""
+
+    type: str
+    status: bool
+    reason: str
+    message: str
+    #: when ``status`` last changed (None: not said)
+    since: str | None = None
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """What this operator says of a job on the job itself (the `job` commands show it)."""
 
@@ -174,6 +220,8 @@ class JobStatus:
     observed_generation: int | None
     last_plan_id: str | None = None
     last_plan_time: str | None = None
+    #: the job's ``Suspended`` condition (None: it never was, nor was it queued)
+    suspended: Condition | None = None
 
 
 @dataclass(frozen=True)
@@ -203,8 +251,12 @@ class JobView:
     success_roles: tuple[str, ...] = ()
     #: why the job's own controller gave it its phase (a PyTorchJob's condition)
     phase_message: str = ""
-    #: whether the job is suspended: its pods gone, its place kept (issue 26)
+    #: whether the job is suspended: no pods, its place and progress kept (its spec says
+    #: so: TrainingJob spec.suspend, PyTorchJob spec.runPolicy.suspend)
     suspended: bool = False
+    #: who admitted or suspended it last, and why (None: no one: it runs as submitted,
+    #: or its user or Kueue set its suspend)
+    admission: Admission | None = None
     #: the job as its platform keeps it (a TrainingJob document), for the doors that show
     #: it to a user; no decision reads it
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -216,6 +268,17 @@ class JobView:
     def identity(self) -> dict[str, str]:
         """user, group, cluster, scenario, app from the job's labels (absent: not set)."""
         return {a: self.labels[k] for a, k in IDENTITY_LABELS.items() if self.labels.get(k)}
+
+    @property
+    def kueue_queue(self) -> str | None:
+        """The Kueue LocalQueue that admits the job (None: Kueue does not manage it)."""
+        return self.labels.get(KUEUE_QUEUE_LABEL) or None
+
+    @property
+    def priority(self) -> int:
+        """Its priority label's number (0 unsaid); the job's parser refuses a bad one."""
+        text = self.labels.get(PRIORITY_LABEL)
+        return int(text) if text else 0
 
 
 @dataclass(frozen=True)
@@ -304,8 +367,10 @@ class JobChange:
     node_resources: Mapping[str, Mapping[int, Resources]] = field(default_factory=dict)
     #: every rank a plan removed by name, per role, after the plan
     remove_first: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    #: suspend (True) or resume (False) the job; None: as it is (issue 26)
+    #: suspend (True) or resume (False) the job; None: as it is
     suspend: bool | None = None
+    #: who admits or suspends it now, and why (None: as it is)
+    admission: Admission | None = None
 
 
 @dataclass(frozen=True)
@@ -334,6 +399,8 @@ class Host:
     #: False: cordoned, NotReady, or otherwise taking no new pods
     schedulable: bool = True
     gpu_type: str | None = None
+    #: the version it was read at (a watch of hosts goes on from it)
+    resource_version: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -414,7 +481,9 @@ class Platform(Protocol):
     #: whether the reconciler creates and deletes the jobs' pods (False: another
     #: controller does, from the replicas a change sets: a PyTorchJob's training-operator)
     creates_pods: bool
-    #: whether a JobChange's ``suspend`` is honoured (issue 26; none is yet)
+    #: whether a JobChange's ``suspend`` is honoured: a suspended job's pods are deleted
+    #: (with their grace period) and its place kept, for a cluster scheduler's queue and
+    #: preemption
     suspends: bool
 
     # -- jobs -----------------------------------------------------------------------------
@@ -480,12 +549,21 @@ class Platform(Protocol):
         reconciler's rules, or as its own controller says."""
 
 
-class CapacitySource(Protocol):
-    """A platform that says what its cluster has (issue 26): Kubernetes from its Nodes'
-    allocatable GPUs (cordoned and NotReady ones unschedulable), the local platform from
-    its slots."""
+#: What a watch of hosts yields: ADDED, MODIFIED or DELETED with the Host, BOOKMARK.
+HostChange = tuple[str, Host | Bookmark]
 
-    async def capacity(self) -> Capacity: ...
+
+class CapacitySource(Protocol):
+    """A platform that says what its cluster has: Kubernetes from its Nodes' allocatable
+    GPUs (cordoned and NotReady ones unschedulable), the local platform from its slots.
+    Listed and watched with the one informer, as jobs and pods are."""
+
+    async def list_hosts(self) -> tuple[list[Host], str]:
+        """Every host jobs may run on, and the version a watch goes on from."""
+
+    def watch_hosts(self, resource_version: str, timeout_s: int) -> AsyncIterator[HostChange]:
+        """Changes of hosts from ``resource_version`` on, until ``timeout_s``; Expired
+        when events were lost."""
 
 
 class FencedPlatform:
@@ -592,6 +670,7 @@ DEFAULT_PLATFORM = "kubernetes"
 
 
 __all__ = [
+    "ADMITTED",
     "DEFAULT_PLATFORM",
     "DEFAULT_RENDEZVOUS_PORT",
     "DOMAIN",
@@ -600,21 +679,29 @@ __all__ = [
     "FINAL_PHASES",
     "IDENTITY_LABELS",
     "IN_PLACE",
+    "KUEUE_QUEUE_LABEL",
     "MAX_SPARES",
     "PENDING",
     "PLATFORMS",
+    "PRIORITY_LABEL",
+    "QUEUED",
     "RESTART",
     "RUNNING",
     "SUCCEEDED",
+    "SUSPENDED",
+    "SUSPENDED_CONDITION",
+    "Admission",
     "Bookmark",
     "Capacity",
     "CapacitySource",
     "Change",
+    "Condition",
     "Conflict",
     "ElasticPolicy",
     "Expired",
     "FencedPlatform",
     "Host",
+    "HostChange",
     "Invalid",
     "InvalidJob",
     "JobChange",

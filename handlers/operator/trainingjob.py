@@ -9,8 +9,9 @@ same patch as the change they made, so a plan delivered again after a crash find
 change already made.
 
 Per-node state the schema has no field for lives in annotations of the job, as JSON:
-the plans applied, the resources a plan gave one node, the ranks a plan removed by name.
-Its resources are quantities ("500m", "16Gi"), read by ``quantity``.
+the plans applied, the resources a plan gave one node, the ranks a plan removed by name,
+who admitted or suspended the job (beside ``spec.suspend``, in the same patch). Its
+resources are quantities ("500m", "16Gi"), read by ``quantity``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from handlers.operator.platform import (
+    ADMITTED,
     DEFAULT_RENDEZVOUS_PORT,
     DOMAIN,
     ELASTIC_MODES,
+    IDENTITY_LABELS,
     IN_PLACE,
+    KUEUE_QUEUE_LABEL,
     MAX_SPARES,
+    PRIORITY_LABEL,
+    QUEUED,
     RESTART,
+    SUSPENDED,
+    SUSPENDED_CONDITION,
+    Admission,
+    Condition,
     ElasticPolicy,
     InvalidJob,
     JobChange,
@@ -62,6 +72,9 @@ ANN_REMOVE_FIRST = f"{DOMAIN}/remove-first"
 #: The directory a job's commands run in on the local platform (set by `job submit`:
 #: where it was submitted).
 ANN_WORKDIR = f"{DOMAIN}/workdir"
+#: JSON {state, reason, message, plan}: who admitted or suspended the job last, and why
+#: (platform.Admission), written in the same patch as spec.suspend.
+ANN_ADMISSION = f"{DOMAIN}/admission"
 
 ROLE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 
@@ -112,15 +125,75 @@ def _annotation(meta: Mapping[str, Any], key: str, default: Any) -> Any:
         raise InvalidJob(f"annotation {key} is not JSON: {e}") from None
 
 
+_PRIORITY = re.compile(r"^-?[0-9]{1,10}\Z")
+_GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,252}\Z")
+_QUEUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?\Z")
+
+
+def check_sharing_labels(labels: Mapping[str, Any]) -> None:
+    """The labels a cluster scheduler reads (priority, group or user, Kueue's queue) must
+    say what its job.submitted can carry; InvalidJob names the label and the rule."""
+    priority = labels.get(PRIORITY_LABEL)
+    if priority is not None:
+        text = str(priority)
+        if not _PRIORITY.match(text) or not -(2**31) <= int(text) <= 2**31 - 1:
+            raise InvalidJob(
+                f"label {PRIORITY_LABEL}={text!r} must be an integer from -2147483648 to "
+                "2147483647 (higher is admitted first)"
+            )
+    for attr in ("group", "user"):
+        value = labels.get(IDENTITY_LABELS[attr])
+        if value and not _GROUP.match(str(value)):
+            raise InvalidJob(
+                f"label {IDENTITY_LABELS[attr]}={value!r}: a {attr} is letters, digits and "
+                "'._@-', starting with a letter or digit"
+            )
+    queue = labels.get(KUEUE_QUEUE_LABEL)
+    if queue is not None and not _QUEUE.match(str(queue)):
+        raise InvalidJob(f"label {KUEUE_QUEUE_LABEL}={queue!r} is not a queue name")
+
+
+def parse_admission(meta: Mapping[str, Any]) -> Admission | None:
+    """Who admitted or suspended the job last (ANN_ADMISSION), None when no one did."""
+    raw = _annotation(meta, ANN_ADMISSION, None)
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or raw.get("state") not in (QUEUED, ADMITTED, SUSPENDED):
+        raise InvalidJob(
+            f"annotation {ANN_ADMISSION} must say a state: queued, admitted or suspended"
+        )
+    plan = raw.get("plan")
+    return Admission(
+        state=str(raw["state"]),
+        reason=str(raw.get("reason") or ""),
+        message=str(raw.get("message") or ""),
+        plan_id=str(plan) if plan else None,
+    )
+
+
+def admission_annotation(admission: Admission) -> dict[str, str]:
+    body = {
+        "state": admission.state,
+        "reason": admission.reason,
+        "message": admission.message,
+        "plan": admission.plan_id,
+    }
+    return {ANN_ADMISSION: json.dumps(body, sort_keys=True)}
+
+
 def object_fields(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """What a JobView of any kind takes from its object's metadata."""
+    """What a JobView of any kind takes from its object's metadata: who it is, and who
+    admitted or suspended it."""
+    labels = dict(meta.get("labels") or {})
+    check_sharing_labels(labels)
     return {
         "name": meta.get("name", ""),
         "namespace": meta.get("namespace", ""),
         "uid": meta.get("uid", ""),
         "resource_version": str(meta.get("resourceVersion", "")),
         "generation": int(meta.get("generation") or 0),
-        "labels": dict(meta.get("labels") or {}),
+        "labels": labels,
+        "admission": parse_admission(meta),
     }
 
 
@@ -160,6 +233,20 @@ def _template_fields(template: Mapping[str, Any], container: str | None) -> dict
     }
 
 
+def parse_condition(raw: Any, kind: str) -> Condition | None:
+    """The status's condition of type ``kind`` (None: it has none)."""
+    for cond in raw.get("conditions") or [] if isinstance(raw, Mapping) else []:
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return Condition(
+                type=kind,
+                status=cond.get("status") == "True",
+                reason=str(cond.get("reason") or ""),
+                message=str(cond.get("message") or ""),
+                since=cond.get("lastTransitionTime"),
+            )
+    return None
+
+
 def parse_status(raw: Any) -> JobStatus | None:
     """What the operator wrote on the job's status (None: nothing yet)."""
     if not isinstance(raw, Mapping) or not raw:
@@ -171,6 +258,7 @@ def parse_status(raw: Any) -> JobStatus | None:
         observed_generation=generation if isinstance(generation, int) else None,
         last_plan_id=raw.get("lastPlanId"),
         last_plan_time=raw.get("lastPlanTime"),
+        suspended=parse_condition(raw, SUSPENDED_CONDITION),
     )
 
 
@@ -227,6 +315,9 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
         }
     except (AttributeError, TypeError, ValueError) as e:
         raise InvalidJob(f"per-node annotations: {e}") from None
+    suspend = spec.get("suspend", False)
+    if not isinstance(suspend, bool):
+        raise InvalidJob("spec.suspend must be true or false")
     return JobView(
         **object_fields(meta),
         roles=roles,
@@ -237,6 +328,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
         last_plan_id=status.get("lastPlanId"),
         status=parse_status(status),
         success_roles=success_roles,
+        suspended=suspend,
         document=obj,
     )
 
@@ -302,8 +394,12 @@ def _elastic(role: str, raw: Any) -> ElasticPolicy | None:
 
 
 def plans_annotation(change: JobChange) -> dict[str, str]:
-    """The applied plans, as every kind of job records them (a PyTorchJob too)."""
-    return {ANN_PLANS: json.dumps(list(change.applied_plans))}
+    """The applied plans, and who admits or suspends the job when the change says it, as
+    every kind of job records them (a PyTorchJob too)."""
+    out = {ANN_PLANS: json.dumps(list(change.applied_plans))}
+    if change.admission is not None:
+        out.update(admission_annotation(change.admission))
+    return out
 
 
 def job_patch(job: JobView, change: JobChange) -> dict[str, Any]:
@@ -333,13 +429,32 @@ def job_patch(job: JobView, change: JobChange) -> dict[str, Any]:
             entry["resources"] = resources_to_spec(change.resources[role])
         if entry:
             roles[role] = entry
+    spec: dict[str, Any] = {}
     if roles:
-        patch["spec"] = {"roles": roles}
+        spec["roles"] = roles
+    if change.suspend is not None:
+        spec["suspend"] = change.suspend
+    if spec:
+        patch["spec"] = spec
     return patch
 
 
+def condition_body(cond: Condition) -> dict[str, Any]:
+    """A condition as Kubernetes writes it."""
+    body = {
+        "type": cond.type,
+        "status": "True" if cond.status else "False",
+        "reason": cond.reason,
+        "message": cond.message,
+    }
+    if cond.since is not None:
+        body["lastTransitionTime"] = cond.since
+    return body
+
+
 def status_patch(status: JobStatus) -> dict[str, Any]:
-    """The status subresource's merge patch that says ``status``."""
+    """The status subresource's merge patch that says ``status`` (a merge patch replaces
+    a list whole: the conditions are the operator's only)."""
     out: dict[str, Any] = {
         "phase": status.phase,
         "roles": {role: dict(counts) for role, counts in status.roles.items()},
@@ -349,10 +464,13 @@ def status_patch(status: JobStatus) -> dict[str, Any]:
         out["lastPlanId"] = status.last_plan_id
     if status.last_plan_time is not None:
         out["lastPlanTime"] = status.last_plan_time
+    if status.suspended is not None:
+        out["conditions"] = [condition_body(status.suspended)]
     return {"status": out}
 
 
 __all__ = [
+    "ANN_ADMISSION",
     "ANN_NODE_RESOURCES",
     "ANN_PLANS",
     "ANN_REMOVE_FIRST",
@@ -364,8 +482,13 @@ __all__ = [
     "ROLE_NAME",
     "UNSUPPORTED",
     "VERSION",
+    "admission_annotation",
+    "check_sharing_labels",
+    "condition_body",
     "job_patch",
     "object_fields",
+    "parse_admission",
+    "parse_condition",
     "parse_job",
     "parse_status",
     "plan_not_applied",

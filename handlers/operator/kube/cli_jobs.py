@@ -1,4 +1,5 @@
-"""`dlrover-events job submit|list|describe|scale|delete`: TrainingJobs from a terminal.
+"""`dlrover-events job submit|list|describe|scale|suspend|resume|delete`: TrainingJobs from a
+terminal.
 
 submit/list/describe/delete talk to the cluster with the user's own kubeconfig, as kubectl
 does (scale and delete through handlers.operator.job_actions, as the console's actions and
@@ -29,8 +30,15 @@ from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.runtime.fence import serving
 from dlrover_events.settings import load_settings
 from dlrover_events.store.database import connect
-from handlers.operator.job_actions import delete_job, job_of, open_platform, scale_job
-from handlers.operator.jobs import JobRequestError, scale_plan_id, submission
+from handlers.operator.job_actions import (
+    delete_job,
+    job_of,
+    open_platform,
+    resume_job,
+    scale_job,
+    suspend_job,
+)
+from handlers.operator.jobs import JobRequestError, admission, scale_plan_id, submission
 from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.platform import JobEntry, JobView, Platform, PlatformError, PodView
 from handlers.operator.trainingjob import ANN_WORKDIR, KIND
@@ -210,7 +218,8 @@ def list_jobs(
     env: str | None = ENV,
     as_json: bool = JSON,
 ) -> None:
-    """The TrainingJobs of the namespace: phase, replicas per role, last plan."""
+    """The TrainingJobs of the namespace: phase, replicas per role, last plan, and whether
+    each is queued, admitted or suspended (with why)."""
 
     async def work(kube: Platform) -> list[JobEntry]:
         return (await kube.list_jobs())[0]
@@ -230,8 +239,11 @@ def list_jobs(
             f"{name}={(seen.get(name) or {}).get('running', 0)}/{role.replicas}"
             for name, role in sorted(job.roles.items())
         )
+        state = admission(job)
+        said = f"  {state['state']} ({state['reason']}: {state['message']})" if state else ""
         typer.echo(
             f"{job.name:30} {job.phase or '-':10} {roles}  last-plan={job.last_plan_id or '-'}"
+            + said
         )
 
 
@@ -266,6 +278,9 @@ def describe(
     status = job.status
     typer.echo(f"name:      {job.namespace}/{job.name} (uid {job.uid})")
     typer.echo(f"phase:     {job.phase or '-'}")
+    state = admission(job)
+    if state is not None:
+        typer.echo(f"admission: {state['state']} ({state['reason']}): {state['message']}")
     last, at = (status.last_plan_id, status.last_plan_time) if status else (None, None)
     typer.echo(f"last plan: {last or '-'} at {at or '-'}")
     for role_name, role in sorted(job.roles.items()):
@@ -302,6 +317,49 @@ def scale(
 
     plan = _run(kubeconfig, namespace, work, platform=platform, env=env)
     typer.echo(f"plan {plan.plan_id} published to {plan.env}.scale.plans: {name} {role}={replicas}")
+
+
+def _act(
+    action: Callable[..., Awaitable[ScalePlan]],
+    name: str,
+    env: str | None,
+    kubeconfig: Path | None,
+    namespace: str | None,
+    platform: str,
+) -> ScalePlan:
+    async def work(kube: Platform) -> ScalePlan:
+        async with Producer(load_settings()) as producer:
+            return await action(kube, producer, await _real_env(env), name, source="cli")
+
+    return _run(kubeconfig, namespace, work, platform=platform, env=env)
+
+
+@job_app.command("suspend")
+def suspend(
+    name: str,
+    env: str | None = ENV,
+    kubeconfig: Path | None = KUBECONFIG,
+    namespace: str | None = NAMESPACE,
+    platform: str = PLATFORM,
+) -> None:
+    """Publish the ScalePlan that suspends the job: its pods stop after their checkpoint
+    (SIGTERM, then their grace period); the job and its progress are kept."""
+    plan = _act(suspend_job, name, env, kubeconfig, namespace, platform)
+    typer.echo(f"plan {plan.plan_id} published to {plan.env}.scale.plans: suspend {name}")
+
+
+@job_app.command("resume")
+def resume(
+    name: str,
+    env: str | None = ENV,
+    kubeconfig: Path | None = KUBECONFIG,
+    namespace: str | None = NAMESPACE,
+    platform: str = PLATFORM,
+) -> None:
+    """Publish the ScalePlan that resumes (or admits) a suspended job at its size; its
+    training goes on from its checkpoint."""
+    plan = _act(resume_job, name, env, kubeconfig, namespace, platform)
+    typer.echo(f"plan {plan.plan_id} published to {plan.env}.scale.plans: resume {name}")
 
 
 @job_app.command("delete")

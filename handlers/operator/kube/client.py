@@ -127,11 +127,21 @@ class KubeApi:
     async def delete_service(self, name: str) -> bool:
         return await _done_unless(404, self.core.delete_namespaced_service, name, self.namespace)
 
+    # -- nodes (cluster-wide: the operator's nodes ClusterRole) ---------------------------
+
+    async def list_nodes(self, selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        kwargs = {"label_selector": selector} if selector else {}
+        return await list_objects(self.core.list_node, **kwargs)
+
     # -- watches --------------------------------------------------------------------------
 
-    def _watchable(self, kind: str) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    def _watchable(
+        self, kind: str, selector: str | None = None
+    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         if kind == "jobs":
             return self.custom.list_namespaced_custom_object, self._crd(), {}
+        if kind == "nodes":
+            return self.core.list_node, (), ({"label_selector": selector} if selector else {})
         return (
             self.core.list_namespaced_pod,
             (self.namespace,),
@@ -139,11 +149,11 @@ class KubeApi:
         )
 
     async def watch(
-        self, kind: str, resource_version: str, timeout_s: int
+        self, kind: str, resource_version: str, timeout_s: int, selector: str | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) from ``resource_version`` on, until the server ends the watch
-        (a 410 Gone raised: the caller lists again)."""
-        func, args, kwargs = self._watchable(kind)
+        (a 410 Gone raised: the caller lists again); ``selector``: of nodes."""
+        func, args, kwargs = self._watchable(kind, selector)
         async for event in watch_objects(
             func, *args, resource_version=resource_version, timeout_s=timeout_s, **kwargs
         ):

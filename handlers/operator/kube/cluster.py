@@ -8,6 +8,11 @@ from its manifest, and an API error said as the port's error (404 NotFound, 409
 Conflict, 400/403/422 Invalid, 410 Expired, anything else Unavailable) with the API
 server's own message. An elastic job's pods meet at a headless Service per role, which
 ``prepare`` makes before them and ``release`` deletes after the job.
+
+It suspends a job through its workload's field (TrainingJob ``spec.suspend``, PyTorchJob
+``spec.runPolicy.suspend``), and is a ``CapacitySource``: the cluster's Nodes as hosts
+(``nodes.parse_node``: allocatable GPUs, cordoned or NotReady ones not schedulable),
+those of ``node_selector`` only when one is given.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from kubernetes_asyncio.client.rest import ApiException
 from dlrover_events.kube.api import api_error
 from handlers.operator.kube.adapter import PodCreatingAdapter
 from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.nodes import DEFAULT_GPU_RESOURCE, parse_node
 from handlers.operator.kube.pods import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 from handlers.operator.kube.trainingjob import service_changes
 from handlers.operator.platform import (
@@ -29,6 +35,8 @@ from handlers.operator.platform import (
     Change,
     Conflict,
     Expired,
+    Host,
+    HostChange,
     Invalid,
     InvalidJob,
     JobChange,
@@ -82,17 +90,28 @@ class KubeCluster:
     """One namespace's jobs of one kind, and their pods."""
 
     name = "Kubernetes"
-    #: a cluster scheduler's suspend is refused (issue 26 sets spec.suspend /
-    #: spec.runPolicy.suspend through JobChange.suspend)
-    suspends = False
+    #: a job's suspend is its workload's field (spec.suspend, spec.runPolicy.suspend)
+    suspends = True
     #: where elastic pods find their rendezvous store: None, the job's headless Service
     rendezvous_host: str | None = None
 
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        gpu_resource: str = DEFAULT_GPU_RESOURCE,
+        gpu_type_label: str | None = None,
+        node_selector: str | None = None,
+    ) -> None:
         self.api = api
         self.workload = api.adapter
         self.namespace = api.namespace
         self.creates_pods = self.workload.creates_pods
+        #: how Nodes read as hosts: the resource GPUs are counted in, the label naming
+        #: their type, and which Nodes are the env's (a label selector; None: all)
+        self.gpu_resource = gpu_resource
+        self.gpu_type_label = gpu_type_label
+        self.node_selector = node_selector or None
 
     @property
     def host(self) -> str:
@@ -211,6 +230,39 @@ class KubeCluster:
                 else:
                     pod = self.workload.parse_pod(obj)
                     yield (typ, pod) if pod is not None else ("BOOKMARK", Bookmark(version))
+
+    # -- hosts (CapacitySource) ----------------------------------------------------------
+
+    def _host(self, obj: Mapping[str, Any]) -> Host | None:
+        return parse_node(obj, gpu_resource=self.gpu_resource, gpu_type_label=self.gpu_type_label)
+
+    async def list_hosts(self) -> tuple[list[Host], str]:
+        with _said_as_port_errors():
+            items, version = await self.api.list_nodes(self.node_selector)
+        return [h for h in map(self._host, items) if h is not None], version
+
+    async def watch_hosts(self, resource_version: str, timeout_s: int) -> AsyncIterator[HostChange]:
+        """The Nodes' changes as hosts'; a Node that has no GPUs (any more) is said
+        DELETED, so a host that lost them leaves the picture."""
+        with _said_as_port_errors():
+            async for typ, obj in self.api.watch(
+                "nodes", resource_version, timeout_s, self.node_selector
+            ):
+                meta = obj.get("metadata") or {}
+                version = str(meta.get("resourceVersion") or "")
+                if typ == "ERROR":
+                    raise platform_error(
+                        ApiException(status=obj.get("code"), reason=str(obj.get("message")))
+                    )
+                if typ == "BOOKMARK":
+                    yield typ, Bookmark(version)
+                    continue
+                host = self._host(obj)
+                if host is None:
+                    name = str(meta.get("name", ""))
+                    yield "DELETED", Host(name, 0, False, resource_version=version)
+                else:
+                    yield typ, host
 
     # -- what its jobs can express --------------------------------------------------------
 

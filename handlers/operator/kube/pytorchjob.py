@@ -20,6 +20,8 @@ What differs from a TrainingJob, and why:
   pods it creates later; nothing here deletes its pods).
 - The job's end is the training-operator's to say (``status.conditions``): the operator
   writes no status and reads Succeeded / Failed from there.
+- Suspend: ``spec.runPolicy.suspend`` (the field Kueue uses); the training-operator
+  deletes the pods of a suspended job and creates them again when it is resumed.
 """
 
 from __future__ import annotations
@@ -195,6 +197,9 @@ def parse_pytorchjob(obj: Mapping[str, Any]) -> JobView:
     except (TypeError, ValueError) as e:
         raise InvalidJob(f"annotation {ANN_PLANS} is not a JSON list: {e}") from None
     phase, message = conditions_phase(status)
+    suspend = (spec.get("runPolicy") or {}).get("suspend", False)
+    if not isinstance(suspend, bool):
+        raise InvalidJob("spec.runPolicy.suspend must be true or false")
     return JobView(
         **object_fields(meta),
         roles=roles,
@@ -202,6 +207,7 @@ def parse_pytorchjob(obj: Mapping[str, Any]) -> JobView:
         phase=phase,
         last_plan_id=plans[-1] if plans else None,
         phase_message=message,
+        suspended=suspend,
         document=obj,
     )
 
@@ -334,8 +340,13 @@ def job_patch(job: JobView, change: JobChange) -> dict[str, Any]:
             "annotations": plans_annotation(change),
         }
     }
+    spec: dict[str, Any] = {}
     if specs:
-        patch["spec"] = {"pytorchReplicaSpecs": specs}
+        spec["pytorchReplicaSpecs"] = specs
+    if change.suspend is not None:
+        spec["runPolicy"] = {"suspend": change.suspend}
+    if spec:
+        patch["spec"] = spec
     return patch
 
 

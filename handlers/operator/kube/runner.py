@@ -40,6 +40,7 @@ from handlers.operator.kube.adapter import adapter_for
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, Timing
+from handlers.operator.kube.nodes import DEFAULT_GPU_RESOURCE
 from handlers.operator.kube.trainingjob import DEFAULT_GPU_TYPE_LABEL, TRAINING_JOB
 from handlers.operator.kube.wiring import pod_wiring
 from handlers.operator.platform import FencedPlatform, Platform
@@ -69,7 +70,24 @@ class KubeSettings(BaseSettings):
     gpu_type_label: str = Field(
         default=DEFAULT_GPU_TYPE_LABEL,
         description="node label whose value is a node's GPU type: a plan's GPU type "
-        "becomes a node selector on it; empty: GPU types are not applied (said so)",
+        "becomes a node selector on it, and the capacity reports it; empty: GPU types are "
+        "not applied (said so)",
+    )
+    gpu_resource: str = Field(
+        default=DEFAULT_GPU_RESOURCE,
+        min_length=1,
+        description="the extended resource a Node's allocatable counts GPUs in (the "
+        "capacity the operator reports on <env>.cluster.capacity)",
+    )
+    node_selector: str | None = Field(
+        default=None,
+        description="label selector of the Nodes whose GPUs the env's jobs may use "
+        "(e.g. pool=training); unset: every Node with GPUs",
+    )
+    report_capacity: bool = Field(
+        default=True,
+        description="watch Nodes and publish the cluster's capacity on "
+        "<env>.cluster.capacity (needs the operator's nodes ClusterRole)",
     )
     resync_seconds: float = Field(
         default=30.0, gt=0, description="every job is reconciled at least this often"
@@ -146,6 +164,11 @@ REAL_OPTIONS = frozenset(KubeSettings.model_fields)
 
 def kube_settings(options: Mapping[str, Any]) -> KubeSettings:
     unknown = sorted(set(options) - REAL_OPTIONS)
+    if "slots" in unknown:
+        raise UserError(
+            "--slots is the local platform's (--platform local): a cluster's "
+            "capacity is its Nodes' GPUs"
+        )
     if unknown:
         raise UserError(
             f"option(s) {', '.join(unknown)} are for the virtual operator; the real env's "
@@ -302,6 +325,7 @@ class RealOperator:
                             watch_timeout_s=self.conf.watch_timeout_seconds,
                             on_step=self.on_step,
                             metrics=self.metrics.of(want) if self.metrics is not None else None,
+                            capacity=self.kube if self.conf.report_capacity else None,
                         )
                         task = asyncio.create_task(
                             self.current.run(inner_stop), name=f"{want}.operator.real"
@@ -391,7 +415,12 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     )
     api, namespace = await connect(conf)
     async with api:
-        kube = KubeCluster(KubeApi(api, adapter, namespace))
+        kube = KubeCluster(
+            KubeApi(api, adapter, namespace),
+            gpu_resource=conf.gpu_resource,
+            gpu_type_label=conf.gpu_type_label or None,
+            node_selector=conf.node_selector,
+        )
         leader = None
         if conf.leader_elect:
             leader = LeaseElector(

@@ -16,6 +16,16 @@ An in-place elastic role may ask for warm spares (``elastic.spares``): processes
 role started ahead, which a new pod of the role takes instead of a cold start
 (``spares.py``).
 
+Slots (``slots``: the operator's ``--slots N``): what this machine has for jobs, as a
+cluster has GPUs. A pod takes as many slots as the GPUs its resources name, one when it
+names none (so a TrainingJob takes its replicas x its GPUs per pod, or one per pod); a
+pending pod starts only once that many are free, as a cluster's scheduler keeps a pod
+Pending until a node has room, and a pod holds its slots until its processes are gone
+(a stopping pod too). The slots are the platform's capacity (one host: this machine).
+Without ``slots`` nothing is counted and nothing waits. A suspended job's pods are ended
+(SIGTERM, then the grace period) and its document kept; resumed, its pods start again
+and its training resumes from its checkpoint.
+
 A watch here starts with every current object (as MODIFIED) and then follows changes a
 poller sees; the reconciler's handling is level-triggered and its events keyed by facts,
 so a repeated object costs a look, never a duplicate effect.
@@ -50,8 +60,11 @@ from handlers.operator.platform import (
     PENDING,
     RUNNING,
     SUCCEEDED,
+    Bookmark,
     Change,
     Expired,
+    Host,
+    HostChange,
     Invalid,
     InvalidJob,
     JobChange,
@@ -130,18 +143,29 @@ def _alive(record: Mapping[str, Any]) -> bool:
         return False
 
 
+def host_name() -> str:
+    """This machine, as a capacity report names it."""
+    return socket.gethostname() or "local"
+
+
+def slots_of(pod: PodView) -> int:
+    """The slots a pod takes: the GPUs its resources name, else one."""
+    return pod.resources.gpu or 1
+
+
 class LocalCluster:
     """One env's TrainingJobs on this machine.
 
     ``runs_pods``: this instance is the platform's node agent (the operator): it starts
     pending pods, follows their processes and feeds watches. The `job` commands use an
-    instance that only reads and writes job objects.
+    instance that only reads and writes job objects. ``slots``: what the machine has for
+    pods (None: not counted).
     """
 
     name = "local"
     creates_pods = True
-    #: a cluster scheduler's suspend is refused (issue 26: end the pods, keep the job)
-    suspends = False
+    #: a suspended job's pods are ended and its document kept
+    suspends = True
     #: where an elastic role's pods find their rendezvous store
     rendezvous_host = "127.0.0.1"
 
@@ -154,8 +178,10 @@ class LocalCluster:
         enforcement: Enforcement = Enforcement.NONE,
         poll_s: float = 0.25,
         python: str = sys.executable,
+        slots: int | None = None,
     ) -> None:
         self.store = JobStore(root)
+        self.slots = slots
         self.namespace = NAMESPACE
         self.runs_pods = runs_pods
         self.base_env = dict(base_env or {})
@@ -318,6 +344,19 @@ class LocalCluster:
 
     async def release(self, job: str) -> None:
         return None
+
+    # -- hosts (CapacitySource): this machine and its slots --------------------------------
+
+    async def list_hosts(self) -> tuple[list[Host], str]:
+        if self.slots is None:
+            return [], "0"
+        return [Host(host_name(), self.slots, True, resource_version="0")], "0"
+
+    async def watch_hosts(self, resource_version: str, timeout_s: int) -> AsyncIterator[HostChange]:
+        """The slots change only with the operator's settings: a watch says nothing new
+        until its timeout (a bookmark keeps the informer's version)."""
+        await asyncio.sleep(timeout_s)
+        yield "BOOKMARK", Bookmark(resource_version)
 
     # -- what its jobs can express --------------------------------------------------------
 
@@ -597,12 +636,40 @@ class LocalCluster:
                 self._terminate(name)  # not started yet, or already ended: nothing runs
                 self._remove(name)
                 del pods[name]
-            elif pod.phase == PENDING and not pod.deleting and self.runs_pods:
+        if self.runs_pods:
+            for name in self._startable(pods):
                 self._start(name)
                 view = self._pod_view(self._pod_dir(name))
                 if view is not None:
                     pods[name] = view
         self._diff("pods", pods, lambda p: p)
+
+    def _startable(self, pods: Mapping[str, PodView]) -> list[str]:
+        """The pending pods to start now, oldest first: every one without slots, else as
+        many as the slots that running pods leave free (a pod that does not fit waits,
+        and so does every pod after it: no small job overtakes a waiting large one; one
+        larger than the machine waits for ever, holding up no one)."""
+        pending = sorted(
+            (p for p in pods.values() if p.phase == PENDING and not p.deleting),
+            key=lambda p: (self._created(p.name), p.name),
+        )
+        if self.slots is None:
+            return [p.name for p in pending]
+        free = self.slots - sum(slots_of(p) for p in pods.values() if p.phase == RUNNING)
+        out = []
+        for pod in pending:
+            need = slots_of(pod)
+            if need > self.slots:
+                continue  # it never fits: it must not hold up the others
+            if need > free:
+                break
+            free -= need
+            out.append(pod.name)
+        return out
+
+    def _created(self, name: str) -> str:
+        record = read_json(self._pod_dir(name) / POD) or {}
+        return str(record.get("created") or "")
 
     def _diff(self, kind: str, now: Mapping[str, Any], version: Callable[[Any], object]) -> None:
         seen = self._seen[kind]

@@ -76,6 +76,14 @@ class LocalSettings(BaseSettings):
     api_port: int | None = Field(
         default=8490, ge=0, le=65535, description="the jobs API's port; unset: no API"
     )
+    slots: int | None = Field(
+        default=None,
+        ge=0,
+        le=4096,
+        description="what this machine has for jobs, as GPUs (`--slots N`): a pod takes the "
+        "GPUs it names, else one, and waits for them; published as the env's capacity "
+        "(one host); unset: not counted, nothing waits, no capacity published",
+    )
 
 
 def platform_root(settings: Settings, env: str) -> Path:
@@ -160,12 +168,14 @@ async def run(
         base_env={**node_env(ctx.settings), **access},
         enforcement=enforcement,
         poll_s=conf.poll_s,
+        slots=conf.slots,
     )
     log.warning(
-        "local platform of env %s: jobs under %s; node memory limits by %s",
+        "local platform of env %s: jobs under %s; node memory limits by %s; %s",
         ctx.env,
         root,
         enforcement.value,
+        "slots not counted" if conf.slots is None else f"{conf.slots} slots",
     )
     ctx.endpoints["local platform"] = f"{root} (memory limits: {enforcement.value})"
     reconciler = EnvReconciler(
@@ -176,6 +186,7 @@ async def run(
         resync_s=conf.resync_seconds,
         on_step=on_step,
         metrics=OperatorMetrics(ctx.metrics, ctx.env, "local"),
+        capacity=cluster if conf.slots is not None else None,
     )
     await cluster.start()
     store = await EnvStore.open(ctx.pg_dsn, ctx.env, max_size=2)

@@ -62,6 +62,11 @@ def job_meta(job: JobView) -> JobMeta:
 
 
 def submitted(env: str, job: JobView, at: datetime | None = None) -> JobSubmitted:
+    """The job as a cluster scheduler takes it: its roles, and how it shares the cluster:
+    its priority (the ``dlrover-events.io/priority`` label), whose quota it draws on (its
+    group label, else its user label) and the Kueue queue that admits it (Kueue's
+    ``kueue.x-k8s.io/queue-name`` label)."""
+    who = job.identity()
     roles = {
         name: RoleSpec(
             replicas=role.replicas,
@@ -83,6 +88,9 @@ def submitted(env: str, job: JobView, at: datetime | None = None) -> JobSubmitte
         roles=roles,
         application=job.labels.get(APP_LABEL, ""),
         distribution=distribution,
+        priority=job.priority,
+        group=who.get("group") or who.get("user"),
+        kueue_queue=job.kueue_queue,
         **extra,
     )
 

@@ -19,6 +19,15 @@ What a platform's jobs cannot express is not applied, and the result says so par
 confirms, training.applied), and a GPU type, GPU memory size or priority where its pods
 cannot ask for them.
 
+Suspend (a cluster scheduler's queue and preemption, issue 26): a suspended job has no
+pods (each deleted with its grace period, so its training checkpoints on SIGTERM) and
+keeps its replicas, its plans and its progress. A ``suspend`` plan suspends it; a plan
+with a count (and no suspend) admits a queued job or resumes a suspended one. With a
+cluster scheduler on, a new job is suspended before its first pod (``admission_change``:
+queued) and runs once a plan admits it. A job Kueue manages (its queue label) is Kueue's
+to suspend and admit: a plan that would is rejected, and a plan may shrink it, never grow
+it past what Kueue admitted.
+
 Pure, and platform-neutral: jobs and pods are the port's typed views
 (handlers.operator.platform), a plan's change a ``JobChange``; each platform writes that
 in its own form.
@@ -31,11 +40,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from handlers.operator.platform import (
+    ADMITTED,
     FAILED,
     FINAL_PHASES,
     PENDING,
+    QUEUED,
     RUNNING,
     SUCCEEDED,
+    SUSPENDED,
+    SUSPENDED_CONDITION,
+    Admission,
+    Condition,
     InvalidJob,
     JobChange,
     JobStatus,
@@ -61,6 +76,10 @@ DEFAULT_GRACE_S = 30
 #: How many applied plan ids a job remembers (older ones are in the env's ledger).
 PLAN_MEMORY = 32
 
+#: The phases of a job that has no pods because it is suspended: queued since its
+#: submission (never admitted), or suspended after it ran (or by its user, or Kueue).
+QUEUED_PHASE, SUSPENDED_PHASE = "Queued", "Suspended"
+
 
 def check_bounds(job: JobView) -> None:
     """min <= replicas <= max per role: a schema (v1.20's) cannot say it."""
@@ -84,6 +103,133 @@ def cannot_suspend(platform: str) -> str:
         "scheduler's preemption needs a platform that suspends, such as a virtual env's "
         "simulated cluster)"
     )
+
+
+# -- admission: queue, suspend, resume ------------------------------------------------
+
+
+def gives_count(plan: ScalePlan) -> bool:
+    """Whether the plan gives the job replicas: what admits or resumes a suspended job
+    (a plan of knobs or resources alone leaves it as it is)."""
+    return any(g.count for g in plan.node_group_resources.values()) or bool(plan.launch_nodes)
+
+
+def resumes(job: JobView, plan: ScalePlan) -> bool:
+    """Whether ``plan`` admits or resumes the suspended ``job``."""
+    return job.suspended and not plan.suspend and gives_count(plan)
+
+
+def _kueue_refusal(job: JobView, what: str) -> str:
+    return (
+        f"job {job.name} is managed by Kueue (queue {job.kueue_queue}): Kueue admits and "
+        f"suspends it, so no plan may {what} it; nothing was changed"
+    )
+
+
+def admitted_by(job: JobView, plan_id: str) -> Admission:
+    """What a plan that admits (a queued job) or resumes (a suspended one) records."""
+    if job.admission is None or job.admission.state == QUEUED:
+        return Admission(ADMITTED, "Admitted", f"admitted by plan {plan_id}", plan_id)
+    return Admission(ADMITTED, "Resumed", f"resumed by plan {plan_id}", plan_id)
+
+
+def suspended_by(plan_id: str) -> Admission:
+    return Admission(
+        SUSPENDED,
+        "Preempted",
+        f"suspended by plan {plan_id}: its pods were stopped, its progress is kept; a plan "
+        "with a count resumes it",
+        plan_id,
+    )
+
+
+def queued(scheduler: str) -> Admission:
+    return Admission(
+        QUEUED,
+        "Queued",
+        f"waiting for the env's cluster scheduler ({scheduler}) to admit it",
+    )
+
+
+def _admission_only(job: JobView, suspend: bool, admission: Admission) -> JobChange:
+    """A change of the job's suspend alone (its per-node state carried as it is)."""
+    return JobChange(
+        resource_version=job.resource_version,
+        applied_plans=job.applied_plans,
+        node_resources={role: dict(ranks) for role, ranks in job.node_resources.items()},
+        remove_first=dict(job.remove_first),
+        suspend=suspend,
+        admission=admission,
+    )
+
+
+def admission_change(
+    job: JobView, pods: Sequence[PodView], scheduler: str | None
+) -> JobChange | None:
+    """What the operator itself changes in a job's admission before its pods, None for
+    nothing. With a cluster scheduler on (``scheduler``, the env's brain.scheduler), a
+    new job is suspended before its first pod runs: queued until a plan admits it. New
+    means no admission yet, no plan applied, not suspended already (by its user: it
+    stays so), no pod running. Without one, a job it queued is admitted (nothing else
+    would). A job Kueue manages is never touched: Kueue suspends and admits it."""
+    if job.phase in FINAL_PHASES or job.kueue_queue:
+        return None
+    if scheduler is not None:
+        if job.suspended or job.admission is not None or job.applied_plans:
+            return None
+        if any(p.running for p in live(pods, job)):
+            return None
+        return _admission_only(job, True, queued(scheduler))
+    if job.suspended and job.admission is not None and job.admission.state == QUEUED:
+        admitted = Admission(
+            ADMITTED,
+            "Admitted",
+            "admitted by the operator: the env's settings name no cluster scheduler now",
+        )
+        return _admission_only(job, False, admitted)
+    return None
+
+
+def effective_admission(job: JobView) -> Admission | None:
+    """Whether the job is queued, admitted or suspended, and why, as `job list` and the
+    ``Suspended`` condition say it; None for a job no one ever suspended."""
+    recorded, queue = job.admission, job.kueue_queue
+    if job.suspended:
+        if recorded is not None and recorded.suspended:
+            return recorded
+        if queue:
+            return Admission(
+                SUSPENDED, "Kueue", f"suspended by Kueue (queue {queue}): Kueue admits it"
+            )
+        return Admission(
+            SUSPENDED,
+            "Suspended",
+            "spec.suspend is set: it runs once a plan resumes it or spec.suspend is cleared",
+        )
+    if recorded is not None and not recorded.suspended:
+        return recorded
+    if queue:
+        return Admission(ADMITTED, "Kueue", f"admitted by Kueue (queue {queue})")
+    if recorded is not None:
+        return Admission(ADMITTED, "Resumed", "spec.suspend was cleared by hand")
+    return None
+
+
+def remaining(job: JobView, pods: Sequence[PodView]) -> list[str]:
+    """The job's pods that are still there (being deleted included): a suspend is done
+    once there are none."""
+    return sorted(p.name for p in pods if p.job_uid == job.uid)
+
+
+def missing(job: JobView, pods: Sequence[PodView]) -> dict[str, int]:
+    """Per role, how many replicas have no pod yet (created, not being deleted): a resume
+    is done once none is missing."""
+    by_role = {name: len(_ranks(live(pods, job, name))) for name in job.roles}
+    return {
+        name: role.replicas - by_role[name]
+        for name, role in job.roles.items()
+        if by_role[name] < role.replicas
+    }
 
 
 @dataclass(frozen=True)
@@ -125,6 +271,11 @@ def plan_change(
     part not applied)."""
     if job.phase in FINAL_PHASES:
         raise PlanRejected(f"job {job.name} has {job.phase.lower()}")
+    if job.kueue_queue and plan.suspend:
+        raise PlanRejected(_kueue_refusal(job, "suspend"))
+    resume = resumes(job, plan)
+    if job.kueue_queue and resume:
+        raise PlanRejected(_kueue_refusal(job, "admit or resume"))
     touched = (
         set(plan.node_group_resources)
         | {n.type for n in plan.launch_nodes}
@@ -218,7 +369,24 @@ def plan_change(
     for role, n in replicas.items():
         if n != job.roles[role].replicas:
             done.insert(0, f"{role} {job.roles[role].replicas}->{n}")
+    if job.kueue_queue:
+        grown = sorted(r for r, n in replicas.items() if n > job.roles[r].replicas)
+        if grown:
+            sizes = ", ".join(f"{r} {job.roles[r].replicas}->{replicas[r]}" for r in grown)
+            raise PlanRejected(
+                f"job {job.name} is managed by Kueue (queue {job.kueue_queue}): a plan may "
+                f"resize it within what Kueue admitted, not grow it ({sizes}); nothing was "
+                "changed"
+            )
 
+    suspend: bool | None = None
+    admission: Admission | None = None
+    if plan.suspend:
+        suspend, admission = True, suspended_by(plan.plan_id)
+        done.insert(0, "suspended" if not job.suspended else "suspended already")
+    elif resume:
+        suspend, admission = False, admitted_by(job, plan.plan_id)
+        done.insert(0, admission.reason.lower())
     change = JobChange(
         resource_version=job.resource_version,
         applied_plans=(*job.applied_plans, plan.plan_id)[-PLAN_MEMORY:],
@@ -226,6 +394,8 @@ def plan_change(
         resources={r: res for r, res in role_resources.items() if res != job.roles[r].resources},
         node_resources={role: dict(ranks) for role, ranks in overrides.items() if ranks},
         remove_first={role: tuple(ranks) for role, ranks in remove_first.items() if ranks},
+        suspend=suspend,
+        admission=admission,
     )
     return PlanChange(change, "; ".join(done) or "nothing to change")
 
@@ -316,6 +486,10 @@ def diff(job: JobView, pods: Sequence[PodView]) -> Actions:
     stale = [p.name for p in pods if not p.deleting and p.job_uid != job.uid]
     delete.extend(sorted(stale))
     if outcome(job, pods)[0] is not None:
+        return Actions((), tuple(delete))
+    if job.suspended:
+        # no pods while suspended: each goes with its grace period, and none is made
+        delete.extend(sorted(p.name for p in live(pods, job)))
         return Actions((), tuple(delete))
     for name, role in job.roles.items():
         mine = [p for p in pods if p.job_uid == job.uid and p.role == name]
@@ -427,11 +601,28 @@ def phase(job: JobView, pods: Sequence[PodView]) -> str:
     ended, _ = outcome(job, pods)
     if ended is not None:
         return ended
+    if job.suspended:
+        state = effective_admission(job)
+        return QUEUED_PHASE if state is not None and state.state == QUEUED else SUSPENDED_PHASE
     if diff(job, pods):
         return "Scaling"
     if any(p.running for p in live(pods, job)):
         return RUNNING
     return PENDING
+
+
+def suspended_condition(
+    job: JobView, current: Condition | None, now: str | None = None
+) -> Condition | None:
+    """The job's ``Suspended`` condition: True while it is queued or suspended, False
+    once admitted or resumed, with the reason and message; None for a job never
+    suspended. Its time moves only when its status does."""
+    state = effective_admission(job)
+    if state is None:
+        return None
+    status = state.suspended
+    since = current.since if current is not None and current.status == status else now
+    return Condition(SUSPENDED_CONDITION, status, state.reason, state.message, since)
 
 
 def job_status(
@@ -440,9 +631,10 @@ def job_status(
     *,
     last_plan: str | None = None,
     last_plan_time: str | None = None,
+    now: str | None = None,
 ) -> JobStatus | None:
     """The status the job should show (phase, pods per role, the generation seen, the
-    last plan), None when it already says all this."""
+    last plan, whether it is suspended and why), None when it already says all this."""
     current = job.status
     if last_plan is None and current is not None:
         last_plan, last_plan_time = current.last_plan_id, current.last_plan_time
@@ -452,33 +644,56 @@ def job_status(
         observed_generation=job.generation,
         last_plan_id=last_plan,
         last_plan_time=last_plan_time,
+        suspended=suspended_condition(
+            job, current.suspended if current is not None else None, now or last_plan_time
+        ),
     )
     if (
         current is not None
         and (current.phase, current.roles, current.observed_generation)
         == (wanted.phase, wanted.roles, wanted.observed_generation)
         and current.last_plan_id == wanted.last_plan_id
+        and _same(current.suspended, wanted.suspended)
     ):
         return None
     return wanted
+
+
+def _same(a: Condition | None, b: Condition | None) -> bool:
+    """Two conditions that say the same (their times aside)."""
+    if a is None or b is None:
+        return a is b
+    return (a.status, a.reason, a.message) == (b.status, b.reason, b.message)
 
 
 __all__ = [
     "COMPLETION_ROLES",
     "DEFAULT_GRACE_S",
     "PLAN_MEMORY",
+    "QUEUED_PHASE",
+    "SUSPENDED_PHASE",
     "Actions",
+    "admission_change",
+    "admitted_by",
     "cannot_suspend",
     "check_bounds",
     "counts",
     "diff",
+    "effective_admission",
+    "gives_count",
     "grace_seconds",
     "job_status",
     "live",
+    "missing",
     "outcome",
     "phase",
     "plan_change",
+    "queued",
+    "remaining",
     "replaces",
     "rescale_mode",
+    "resumes",
     "success_roles",
+    "suspended_by",
+    "suspended_condition",
 ]

@@ -14,9 +14,17 @@ alike, in the port's typed views and errors; it imports no platform.
 - ``applied`` only when every part of the plan was; ``partial`` lists the parts that were
   not (training knobs await the job's own confirmation; see planning.UNSUPPORTED).
 - A plan's placement (pods pinned to named nodes) is listed not applied: the cluster's
-  scheduler places pods. A suspend (a cluster scheduler's preemption) is rejected, nothing
-  changed, on a platform that cannot hold a job's place while its pods are gone (none can
-  yet: ``Platform.suspends``).
+  scheduler places pods. A suspend (a cluster scheduler's preemption) suspends the job:
+  its pods are deleted with their grace period (the training checkpoints on SIGTERM) and
+  the plan is answered ``applied`` only once they are gone; a plan with a count resumes a
+  suspended job (or admits a queued one), answered once its pods are back (created, as
+  the platform says). A platform that cannot suspend (``Platform.suspends`` false) rejects
+  a suspend, nothing changed.
+- With a cluster scheduler in the env's settings (brain.scheduler, followed live on
+  dlrover.control), a new job is suspended before its first pod: queued until a plan
+  admits it (planning.admission_change). A job Kueue manages is left to Kueue.
+- Where the platform says what its cluster has (a ``CapacitySource``), its hosts are
+  watched and the capacity published on the env's cluster.capacity (capacity.py).
 - A plan that cannot apply gets a rejected (planning.PlanRejected, raised wherever the
   reason is found) or failed result with the reason; the consumer goes on. Pod
   decisions are re-made from a fresh list each time, never from a cache.
@@ -43,6 +51,9 @@ from dlrover_events.backoff import Backoff
 from dlrover_events.bus.consumer import Consumer, Received
 from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topics import SCALE_PLANS
+from dlrover_events.envs.control import SettingsFollower
+from dlrover_events.envs.env_settings import EnvSettingsError, parse_settings
+from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.runtime.informer import Informer, away
 from dlrover_events.runtime.logs import log_fields
@@ -51,6 +62,7 @@ from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
 from handlers.operator.platform import (
+    CapacitySource,
     Conflict,
     Expired,
     Invalid,
@@ -66,6 +78,7 @@ from handlers.operator.platform import (
     WatchKind,
 )
 from handlers.operator.reconcile import planning
+from handlers.operator.reconcile.capacity import CapacityReporter
 from handlers.operator.reconcile.events import (
     SOURCE,
     job_events,
@@ -73,6 +86,7 @@ from handlers.operator.reconcile.events import (
     node_events,
     submitted,
 )
+from schemas.control import EnvAnnouncement
 from schemas.envelope import Event
 from schemas.jobs import JobMeta
 from schemas.plans import NotApplied, RescaleMode, ScalePlan, ScaleResult, ScaleStatus
@@ -84,9 +98,17 @@ RESUMED = "finished after a restart: the job already had the plan's change"
 _RESULT_NAMESPACE = uuid.UUID("0d6f2a8c-5b1e-4c3a-9f7d-2e4b6a8c0e1f")
 _SENT_MEMORY = 20000
 
-#: Called at the named points of a plan (after "patched"; after "pods"): how a test stops
-#: the operator at an exact point, the way a crash would.
+#: Called at the named points of a plan (after "patched"; after "pods": its pods made,
+#: gone for a suspend, back for a resume): how a test stops the operator at an exact
+#: point, the way a crash would.
 StepHook = Callable[[str, ScalePlan], Awaitable[None]]
+
+#: Seconds past a suspended job's grace period (or a resumed job's first look) that a plan
+#: waits for its pods to be gone (or back) before it is answered failed, with the pods
+#: that were not.
+SETTLE_MARGIN_S = 30.0
+#: Seconds between two looks at a job's pods while a plan waits for them.
+SETTLE_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -115,6 +137,18 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def scheduler_of(stored: dict[str, Any]) -> str | None:
+    """The cluster scheduler an env's stored settings name (brain.scheduler), None for
+    none; settings that do not read name none (the brain says why)."""
+    try:
+        brain = parse_settings(stored).brain
+    except EnvSettingsError:
+        return None
+    if brain is False or brain.scheduler is None:
+        return None
+    return brain.scheduler.name
+
+
 def _unavailable(error: BaseException) -> str | None:
     """The platform or the network away, in one line (anything else is a bug of ours,
     and its traceback is the why)."""
@@ -136,6 +170,8 @@ class EnvReconciler:
         retry_s: float = 2.0,
         on_step: StepHook | None = None,
         metrics: OperatorMetrics | None = None,
+        capacity: CapacitySource | None = None,
+        settle_margin_s: float = SETTLE_MARGIN_S,
     ) -> None:
         self.settings = settings
         #: plans answered by status, and how long from reading each to its result
@@ -147,6 +183,22 @@ class EnvReconciler:
         self.watch_timeout_s = watch_timeout_s
         self.retry_s = retry_s
         self.on_step = on_step
+        self.settle_margin_s = settle_margin_s
+        #: the env's cluster scheduler (brain.scheduler), as its settings say now: while
+        #: one is named, new jobs are queued (created suspended) for it to admit
+        self.scheduler: str | None = None
+        self.capacity = (
+            CapacityReporter(
+                env,
+                platform.name.lower(),
+                capacity,
+                self._publish_one,
+                watch_timeout_s=watch_timeout_s,
+                retry_s=retry_s,
+            )
+            if capacity is not None
+            else None
+        )
         self.ready = asyncio.Event()
         self._jobs: dict[str, JobEntry] = {}
         #: job -> its lock and how many hold or await it: an entry lives only while work
@@ -170,6 +222,7 @@ class EnvReconciler:
         store = await EnvStore.open(self.dsn, self.env, max_size=2)
         try:
             self._ledger = PlanLedger(store.pool)
+            follower = await self._settings_follower()
             consumer = Consumer(self.settings, self.env, [SCALE_PLANS], GROUP, self._handle)
             async with Producer(self.settings) as producer:
                 self._producer = producer
@@ -180,6 +233,18 @@ class EnvReconciler:
                     ),
                     asyncio.create_task(self._worker(), name=f"{self.env}.operator.reconcile"),
                 ]
+                if follower is not None:
+                    tasks.append(
+                        asyncio.create_task(
+                            follower.run(stop), name=f"{self.env}.operator.settings"
+                        )
+                    )
+                if self.capacity is not None:
+                    tasks.append(
+                        asyncio.create_task(
+                            self.capacity.run(), name=f"{self.env}.operator.capacity"
+                        )
+                    )
                 try:
                     await self._until_synced(tasks)
                     async with consumer:
@@ -197,6 +262,37 @@ class EnvReconciler:
                     await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             await store.close()
+
+    async def _settings_follower(self) -> SettingsFollower | None:
+        """The env's settings now (whether a cluster scheduler is named), and a follower
+        of their changes; None for an env the registry does not hold."""
+        record = await EnvRegistry(self.settings, self.dsn).get(self.env)
+        if record is None:
+            return None
+        self._take_settings(record.settings)
+        return SettingsFollower(
+            self.settings,
+            self.env,
+            record.settings_version,
+            lambda announced: self._announced(announced),
+        )
+
+    def _announced(self, announced: EnvAnnouncement) -> None:
+        self._take_settings(announced.settings)
+
+    def _take_settings(self, stored: dict[str, Any]) -> None:
+        scheduler = scheduler_of(dict(stored))
+        if scheduler == self.scheduler:
+            return
+        self.scheduler = scheduler
+        log.warning(
+            "env %s: %s",
+            self.env,
+            f"cluster scheduler {scheduler}: new jobs are queued until a plan admits them"
+            if scheduler
+            else "no cluster scheduler: jobs start as submitted",
+        )
+        self._mark(self._jobs)  # queued jobs are let go when none is named any more
 
     async def _until_synced(self, tasks: list[asyncio.Task[None]]) -> None:
         synced: list[asyncio.Task[Any]] = [
@@ -349,6 +445,17 @@ class EnvReconciler:
     async def _converge(self, job: JobView, *, last_plan: str | None = None) -> list[PodView]:
         """Pods made to match the job, status and job events updated; returns the pods."""
         pods = await self._pods_of(job.name)
+        if self.platform.suspends:
+            admission = planning.admission_change(job, pods, self.scheduler)
+            if admission is not None and admission.admission is not None:
+                job = await self.platform.change_job(job, admission)
+                log.info(
+                    "env %s: job %s %s: %s",
+                    self.env,
+                    job.name,
+                    admission.admission.state,
+                    admission.admission.message,
+                )
         creates = self.platform.creates_pods
         actions = planning.diff(job, pods) if creates else planning.Actions()
         if creates and planning.outcome(job, pods)[0] is None:
@@ -364,8 +471,9 @@ class EnvReconciler:
                 log.info("env %s: deleted pod %s (grace %s s)", self.env, name, grace)
         if actions:
             pods = await self._pods_of(job.name)
+        now = _now()
         status = planning.job_status(
-            job, pods, last_plan=last_plan, last_plan_time=_now() if last_plan else None
+            job, pods, last_plan=last_plan, last_plan_time=now if last_plan else None, now=now
         )
         if status is not None:
             with contextlib.suppress(NotFound):  # deleted meanwhile: its pods go next
@@ -376,18 +484,28 @@ class EnvReconciler:
     # -- plans ----------------------------------------------------------------------------
 
     async def _handle(self, batch: list[Received]) -> None:
+        """Each job's plans in order, the jobs side by side: a suspend waits for its pods
+        to be gone (their grace period), and must not hold up another job's plans."""
         read_at = time.monotonic()
+        by_job: dict[str, list[ScalePlan]] = {}
         for item in batch:
             if isinstance(item.event, ScalePlan):
-                try:
-                    await self._answer(item.event, read_at)
-                except NotLeader as e:
-                    # Neither answered nor dead-lettered: this replica's reconciler is
-                    # being stopped, and the new leader's consumer gets the plan again.
-                    log.warning(
-                        "env %s: plan %s left to the leader (%s)", self.env, item.event.plan_id, e
-                    )
-                    await asyncio.Future()  # parked until the operator cancels us
+                by_job.setdefault(item.event.job.uuid, []).append(item.event)
+
+        async def in_order(plans: list[ScalePlan]) -> None:
+            for plan in plans:
+                await self._answer(plan, read_at)
+
+        done = await asyncio.gather(*map(in_order, by_job.values()), return_exceptions=True)
+        lost = [e for e in done if isinstance(e, NotLeader)]
+        if lost:
+            # Neither answered nor dead-lettered: this replica's reconciler is being
+            # stopped, and the new leader's consumer gets the plans again.
+            log.warning("env %s: plans left to the leader (%s)", self.env, lost[0])
+            await asyncio.Future()  # parked until the operator cancels us
+        for error in done:
+            if isinstance(error, BaseException):
+                raise error
 
     async def _answer(self, plan: ScalePlan, read_at: float) -> None:
         """Apply the plan once (or answer it as the first time), then publish its result;
@@ -498,13 +616,31 @@ class EnvReconciler:
 
     async def _apply(self, plan: ScalePlan) -> ApplyResult:
         if plan.suspend and not self.platform.suspends:
-            # no platform here can hold a job's place while its pods are gone (issue 26)
+            # this platform cannot hold a job's place while its pods are gone
             reason = planning.cannot_suspend(self.platform.name)
             return ApplyResult(ScaleStatus.REJECTED, reason, {})
         try:
             job = await self._find(plan)
         except PlanRejected as e:
             return ApplyResult(ScaleStatus.REJECTED, str(e), {})
+        changed = await self._change(plan, job)
+        if isinstance(changed, ApplyResult):
+            return changed
+        job, reason, left_out, pods = changed
+        # Outside the job's lock: its pods go (or come) in their own time, and the
+        # reconcile loop must not wait for them meanwhile.
+        settled = await self._settle(plan, job, pods)
+        if isinstance(settled, ApplyResult):
+            return settled
+        await self._step("pods", plan)
+        return accepted(reason, planning.counts(job, settled), left_out)
+
+    async def _change(
+        self, plan: ScalePlan, job: JobView
+    ) -> ApplyResult | tuple[JobView, str, tuple[NotApplied, ...], list[PodView]]:
+        """The plan's change of the job, written once, and its pods made to match: the
+        job, the result's reason, the parts not applied and the pods; or the answer
+        when the plan cannot apply."""
         async with self._lock(job.name):
             reason = RESUMED
             # what no change of the job applies; the same if the change was made before
@@ -541,8 +677,56 @@ class EnvReconciler:
                 pods = await self._converge(job, last_plan=plan.plan_id)
             except Invalid as e:  # quota, admission, invalid pod
                 return ApplyResult(ScaleStatus.FAILED, f"pods: {e}", {})
-            await self._step("pods", plan)
-            return accepted(reason, planning.counts(job, pods), left_out)
+            return job, reason, left_out, pods
+
+    async def _settle(
+        self, plan: ScalePlan, job: JobView, pods: list[PodView]
+    ) -> ApplyResult | list[PodView]:
+        """A suspended job's pods gone, a resumed one's back (each created, as the
+        platform says), before the plan is answered; the pods then. A plan that neither
+        suspends nor resumes does not wait. Failed, naming the pods, when they are not
+        within the grace period and SETTLE_MARGIN_S."""
+        if not self.platform.suspends:
+            return pods
+        suspending = plan.suspend and job.suspended
+        admission = job.admission
+        resuming = (
+            not job.suspended
+            and admission is not None
+            and admission.plan_id == plan.plan_id
+            and not admission.suspended
+        )
+        if not (suspending or resuming):
+            return pods
+        graces = [g for p in pods if (g := planning.grace_seconds(job, p)) is not None]
+        budget = (max(graces) if suspending and graces else 0) + self.settle_margin_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        while True:
+            if suspending:
+                left = planning.remaining(job, pods)
+                if not left:
+                    return pods
+                what = f"pods {', '.join(left)} still there"
+            else:
+                lacking = planning.missing(job, pods)
+                if not lacking:
+                    return pods
+                what = "no pod yet for " + ", ".join(
+                    f"{n} {role} replica{'s' if n > 1 else ''}" for role, n in lacking.items()
+                )
+            if loop.time() >= deadline:
+                verb = "suspended" if suspending else "resumed"
+                return ApplyResult(
+                    ScaleStatus.FAILED,
+                    f"job {job.name} is {verb}, but {budget:.0f} s later {what}",
+                    planning.counts(job, pods),
+                )
+            await asyncio.sleep(SETTLE_POLL_S)
+            pods = await self._pods_of(job.name)
+
+    async def _publish_one(self, event: Event) -> None:
+        await self._publish([event], dedupe=False)
 
     async def _step(self, name: str, plan: ScalePlan) -> None:
         if self.on_step is not None:
@@ -567,9 +751,11 @@ __all__ = [
     "ALREADY_APPLIED",
     "GROUP",
     "RESUMED",
+    "SETTLE_MARGIN_S",
     "ApplyResult",
     "EnvReconciler",
     "StepHook",
     "accepted",
     "answered_again",
+    "scheduler_of",
 ]

@@ -1,28 +1,18 @@
 """A cluster scheduler's plans on Kubernetes: a placement on named nodes is listed not
-applied by every workload (the cluster's scheduler places pods), and a suspend is
-rejected before the operator touches the cluster (nothing can hold a job's place while
-its pods are gone)."""
+applied by every workload (the cluster's scheduler places pods); a platform that cannot
+suspend says why in one line (suspend itself: test_suspend_planning.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-from kubernetes_asyncio import client
-
-from dlrover_events.settings import Settings
 from handlers.operator.kube import pytorchjob
-from handlers.operator.kube.client import KubeApi
-from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.reconcile.planning import cannot_suspend, plan_change
-from handlers.operator.reconcile.reconciler import EnvReconciler
 from handlers.operator.trainingjob import job_patch, plan_not_applied
 from schemas.plan_parts import NO_PLACEMENT
-from schemas.plans import NotApplied, ScalePlan, ScaleStatus
+from schemas.plans import NotApplied
 
 from . import test_pytorchjob as ptj
-from .test_planning import UID, group, job, plan, pod
+from .test_planning import group, job, plan, pod
 
 PLACEMENT = {"node-a": 4, "node-b": 4}
 PLACED = NotApplied(part="placement", reason=NO_PLACEMENT)
@@ -53,30 +43,3 @@ def test_the_suspend_reason_is_one_line_naming_the_platform() -> None:
     reason = cannot_suspend("Kubernetes")
     assert reason.startswith("the Kubernetes platform cannot suspend a job; ")
     assert "\n" not in reason
-
-
-@pytest.fixture
-async def unreachable_cluster() -> AsyncIterator[KubeCluster]:
-    """A Kubernetes API nobody answers: any call the operator made would fail."""
-    api = client.ApiClient(client.Configuration(host="http://127.0.0.1:1"))
-    try:
-        yield KubeCluster(KubeApi(api, TRAINING_JOB, "ns"))
-    finally:
-        await api.close()
-
-
-async def test_the_kubernetes_operator_rejects_a_suspend_without_calling_the_cluster(
-    unreachable_cluster: KubeCluster,
-) -> None:
-    reconciler = EnvReconciler(
-        Settings(), "prod", "postgresql://127.0.0.1:1/unused", unreachable_cluster
-    )
-    suspend = ScalePlan(
-        env="prod", job={"uuid": UID, "name": "j", "namespace": "ns"}, plan_id="s1", suspend=True
-    )
-
-    result = await reconciler._apply(suspend)
-
-    assert result.status is ScaleStatus.REJECTED
-    assert result.reason == cannot_suspend("Kubernetes")
-    assert result.observed == {} and result.not_applied == ()

@@ -1,8 +1,8 @@
 """A cluster scheduler's plans on the local platform: a placement on named nodes is listed
-not applied (processes on this machine go where the OS puts them), and a suspend is
-rejected with nothing changed (the platform cannot hold a job's place without its
-processes). The reconciler drives a real local cluster, unstarted: job objects and pods
-are files, no process runs."""
+not applied (processes on this machine go where the OS puts them), a suspend suspends the
+job and keeps it, a plan with a count resumes it, and a platform that cannot suspend
+rejects a suspend with nothing changed. The reconciler drives a real local cluster,
+unstarted: job objects and pods are files, no process runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from dlrover_events.settings import Settings
 from handlers.operator.local.cluster import LocalCluster
-from handlers.operator.platform import JobView
+from handlers.operator.platform import ADMITTED, SUSPENDED, Admission, JobView
 from handlers.operator.reconcile.reconciler import EnvReconciler
 from schemas.jobs import JobMeta
 from schemas.plan_parts import NO_PLACEMENT
@@ -45,8 +45,57 @@ async def _cluster_with_job(root: Path) -> tuple[LocalCluster, EnvReconciler, Jo
     return cluster, reconciler, meta
 
 
-async def test_a_suspend_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
+async def test_a_suspend_keeps_the_job_and_a_count_resumes_it(tmp_path: Path) -> None:
     cluster, reconciler, meta = await _cluster_with_job(tmp_path)
+    suspend = ScalePlan(env="prod", job=meta, plan_id="suspend-1", suspend=True)
+
+    result = await reconciler._apply(suspend)
+
+    assert result.status is ScaleStatus.APPLIED, result
+    assert result.reason.startswith("suspended")
+    job = await cluster.get_job("j")
+    assert isinstance(job, JobView) and job.suspended
+    assert job.document["spec"]["suspend"] is True
+    assert job.roles["worker"].replicas == 2  # its size is kept for the resume
+    assert job.admission == Admission(
+        SUSPENDED, "Preempted", job.admission.message if job.admission else "", "suspend-1"
+    )
+    assert job.document["status"]["phase"] == "Suspended"
+    (condition,) = job.document["status"]["conditions"]
+    assert (condition["type"], condition["status"], condition["reason"]) == (
+        "Suspended",
+        "True",
+        "Preempted",
+    )
+    assert await cluster.list_pods() == ([], "0")
+
+    resume = ScalePlan(
+        env="prod",
+        job=meta,
+        plan_id="resume-1",
+        node_group_resources={"worker": NodeGroupResource(count=2)},
+    )
+    result = await reconciler._apply(resume)
+
+    assert result.status is ScaleStatus.APPLIED, result
+    assert result.reason.startswith("resumed")
+    job = await cluster.get_job("j")
+    assert isinstance(job, JobView) and not job.suspended
+    assert job.admission is not None and (job.admission.state, job.admission.reason) == (
+        ADMITTED,
+        "Resumed",
+    )
+    pods, _ = await cluster.list_pods("j")
+    assert sorted(p.rank for p in pods) == [0, 1]  # back, as the platform made them
+    (condition,) = job.document["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("False", "Resumed")
+
+
+async def test_a_platform_that_cannot_suspend_rejects_a_suspend_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    cluster, reconciler, meta = await _cluster_with_job(tmp_path)
+    cluster.suspends = False  # as a platform without a suspend field would be
     before = copy.deepcopy(await cluster.get_job("j"))
     plan = ScalePlan(env="prod", job=meta, plan_id="suspend-1", suspend=True)
 
