@@ -71,6 +71,9 @@ class KubeletLoop:
     kubelet: FakeKubelet
     namespace: str
     hold: set[str] = field(default_factory=set)
+    #: pods whose deletion is not confirmed while named here (their containers "still
+    #: stopping"): they stay, being deleted
+    hold_deletion: set[str] = field(default_factory=set)
     #: pod -> the grace period its deletion asked for (metadata.deletionGracePeriodSeconds)
     graces: dict[str, int | None] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
@@ -93,7 +96,8 @@ class KubeletLoop:
                 with contextlib.suppress(ApiException):  # gone meanwhile
                     if pod.metadata.deletion_timestamp is not None:
                         self.graces[name] = pod.metadata.deletion_grace_period_seconds
-                        await self.kubelet.force_delete(self.namespace, name)
+                        if name not in self.hold_deletion:
+                            await self.kubelet.force_delete(self.namespace, name)
                     elif pod.spec.node_name is None:
                         await self.kubelet.bind(self.namespace, name)
                     elif pod.status.phase == "Pending" and name not in self.hold:
@@ -132,16 +136,27 @@ class Cluster:
     def __post_init__(self) -> None:
         self.kube = KubeApi(self.api, TRAINING_JOB, self.namespace)
 
-    async def start(self, env: str, on_step: StepHook | None = None) -> Operator:
+    async def start(
+        self,
+        env: str,
+        on_step: StepHook | None = None,
+        *,
+        platform: KubeCluster | None = None,
+        capacity: bool = False,
+    ) -> Operator:
+        """A reconciler of ``env`` on this namespace (``platform``: the cluster as given,
+        e.g. with a node selector; ``capacity``: it reports the cluster's capacity too)."""
+        kube = platform or KubeCluster(self.kube)
         reconciler = EnvReconciler(
             self.settings,
             env,
             self.pg_dsn,
-            KubeCluster(self.kube),
+            kube,
             resync_s=2.0,
             watch_timeout_s=20,
             retry_s=0.5,
             on_step=on_step,
+            capacity=kube if capacity else None,
         )
         stop = asyncio.Event()
         task = asyncio.create_task(reconciler.run(stop))
