@@ -43,7 +43,7 @@ from streams.brain.core.schedulers.goodput import (
     StepSample,
     fit_perf_params,
 )
-from streams.brain.core.state import WORKER, JobState, JobStatus, Share
+from streams.brain.core.state import WORKER, BatchBounds, JobState, JobStatus, Share
 
 #: A job never measured: one second per micro-step whatever its batch. Its exploration
 #: bound (one replica) keeps this guess from deciding anything but its admission.
@@ -69,15 +69,21 @@ def _node_order(name: str) -> tuple[int, str]:
 
 
 def scheduled(state: JobState) -> bool:
-    """Whether the scheduler decides for the job: a live data-parallel job that said its
-    batch (the scheduler chooses batches per allocation; without one it could not)."""
+    """Whether the scheduler decides for the job: a live data-parallel job. One that did
+    not say its batch (a TrainingJob without `spec.batch`) is scheduled as a gang of the
+    replicas it asked for, whose batch is its own business (see `job_model`)."""
     return (
         state.status in (JobStatus.SUBMITTED, JobStatus.RUNNING)
         and not state.awaiting_arrival
         and state.submitted_at is not None
-        and state.batch_bounds is not None
         and state.distribution == "allreduce"
     )
+
+
+def _gang(state: JobState) -> int:
+    """The workers a job asked for."""
+    role = state.roles.get(WORKER)
+    return max(1, role.replicas if role is not None else 1)
 
 
 def job_model(state: JobState) -> JobModel:
@@ -85,17 +91,28 @@ def job_model(state: JobState) -> JobModel:
     efficiency from its latest gradient statistics, limits from its submission and how
     far it has been measured."""
     bounds = state.batch_bounds
-    assert bounds is not None
+    if bounds is None:
+        # A job that did not say its batch: a gang of what it asked for or nothing, at one
+        # sample per replica (the scheduler never changes its batch, so that batch is
+        # only a unit: what counts is how its step time grows with the workers).
+        gang = _gang(state)
+        bounds = BatchBounds(init_batch=gang, max_batch=gang, min_local=1, max_local=1)
+        role = state.roles.get(WORKER)
+        if role is not None:
+            role = role.model_copy(update={"min_replicas": gang, "max_replicas": gang})
+    else:
+        role = state.roles.get(WORKER)
     samples = [
         StepSample(p.nodes, p.replicas, p.local_batch, p.accumulation, p.step_time, p.sync_time)
         for p in state.profile
     ]
     perf = fit_perf_params(samples) or PRIOR
-    role = state.roles.get(WORKER)
     measured = max((p.replicas for p in state.profile), default=0)
     explore = max(1, 2 * measured)
     if role is not None and role.max_replicas:
         explore = min(explore, role.max_replicas)
+    if state.batch_bounds is None:
+        explore = _gang(state)  # (never explored: it runs what it asked for)
     min_replicas = min(role.min_replicas or 1, explore) if role is not None else 1
     max_local = bounds.max_local
     min_local = min(bounds.min_local or 1, max_local) if max_local else (bounds.min_local or 1)
@@ -262,12 +279,15 @@ def _plans(
     optimize_id = plan_id(state.job.uuid, cause, "optimize")
     scale_id = plan_id(state.job.uuid, cause, "scale")
     training: dict[str, object] = {}
-    if change.local_batch is not None:
+    declared = state.batch_bounds is not None  # (else its batch is not the brain's)
+    if change.local_batch is not None and declared:
         training["local_batch_size"] = change.local_batch
-    if change.accumulation is not None:
+    if change.accumulation is not None and declared:
         training["accumulation_steps"] = change.accumulation
     groups: dict[str, NodeGroupResource] = {}
     if change.kind is not ChangeKind.SUSPEND and change.kind is not ChangeKind.REBATCH:
+        if memory is None and not declared:
+            memory = 0  # (its memory was sized by whoever sized its batch)
         if memory is None:
             local = _largest_local(state, change)
             memory = memory_for(state, local, limits) if local else 0
@@ -386,6 +406,8 @@ def run_round(
     decided = {c.job_id for c in result.changes}
     for change in result.changes:
         state = jobs[change.job_id]
+        if change.kind is ChangeKind.REBATCH and state.batch_bounds is None:
+            continue  # (a batch the job did not say is not the brain's to change)
         optimize, scale = _plans(state, change, now, spec.name, lim, cause)
         held = state.share or Share()
         share = _shared(held, change, now).planned(scale.plan_id, held)

@@ -491,3 +491,33 @@ def test_a_rounds_knobs_count_for_the_job_only_once_it_confirms_them() -> None:
     other = asked[0] // 2
     assert batch_in_force(confirmed(other)) == (other, 1)
     assert job_input(confirmed(other)).local_batch == other
+
+
+@pytest.mark.parametrize("name", ["goodput-cluster", "tiresias"])
+def test_a_job_that_did_not_say_its_batch_runs_as_the_gang_it_asked_for(name: str) -> None:
+    """A TrainingJob without `spec.batch` is still scheduled (a queued job would wait for
+    ever otherwise): its requested workers or none, never a batch of the brain's choice."""
+    policy = processor(scheduler={**SCHEDULER, "name": name, "nodes": 1}).policy
+
+    def no_batch(uuid: str, at_s: float) -> JobState:
+        event = submitted(uuid, at_s, replicas=2).model_copy(
+            update={
+                "batch_size": None,
+                "max_batch_size": None,
+                "min_local_batch_size": None,
+                "max_local_batch_size": None,
+                "adaptive_batch_size": False,
+            }
+        )
+        state = fold(None, event)
+        assert state is not None and state.batch_bounds is None
+        return state
+
+    jobs = {u: no_batch(u, i) for i, u in enumerate(("a", "b", "c"))}
+    result = run_round(jobs, T0 + timedelta(seconds=60), policy)
+    plans = scale_plans(list(result.plans))
+    assert {p.job.uuid for p in plans} == {"a", "b"}  # 4 GPUs: two gangs of 2, c waits
+    for plan in plans:
+        assert plan.node_group_resources["worker"].count == 2
+        assert plan.training == {}  # its batch is its own
+        assert not plan.suspend
