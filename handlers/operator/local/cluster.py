@@ -312,8 +312,8 @@ class LocalCluster:
             return True
         (pod_dir / shim.SPEC).write_text(json.dumps(spec))
         write_json(pod_dir / POD, record)
-        if self.runs_pods:
-            self._start(name)
+        if self.runs_pods and self.slots is None:
+            self._start(name)  # counted slots: the next scan starts it once they are free
         return True
 
     def _workdir(self, job: str) -> str | None:

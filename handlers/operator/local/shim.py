@@ -5,8 +5,9 @@ that a node outlives the operator (a restarted operator re-adopts it from its pi
 and still leaves its ending behind: the shim waits for the command, and writes how it
 ended (exit code, signal, OOM kill) to ``exit.json``, which any later operator reads.
 It also owns the node's memory limit and its grace period: SIGTERM is passed on to the
-command (torchrun's agent then stops its workers), and whatever of the node still runs
-after the grace period is killed, so no process of a node survives its pod.
+command alone (torchrun's agent then stops its workers, each with one SIGTERM, in which
+they save their checkpoint), and whatever of the node still runs after the grace period
+is killed, so no process of a node survives its pod.
 """
 
 from __future__ import annotations
@@ -102,9 +103,13 @@ def main(pod_dir: Path) -> int:
         if stopping.is_set():
             return
         stopping.set()
-        # The agent stops its workers on SIGTERM; whatever is left after the grace
-        # period is killed, the whole tree.
-        _signal_all(_tree(child.pid), signal.SIGTERM)
+        # SIGTERM to the command alone, as Kubernetes signals a container's first
+        # process: torchrun's agent then stops its workers with one SIGTERM each, and
+        # each saves its checkpoint (a second SIGTERM, had the shim sent its own too,
+        # kills a worker before it saves). Whatever is left after the grace period is
+        # killed, the whole tree.
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGTERM)
 
         def kill_late() -> None:
             if child.poll() is None:
