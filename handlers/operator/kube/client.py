@@ -133,15 +133,21 @@ class KubeApi:
         kwargs = {"label_selector": selector} if selector else {}
         return await list_objects(self.core.list_node, **kwargs)
 
+    async def watch_nodes(
+        self, resource_version: str, timeout_s: int, selector: str | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The Nodes' changes (of ``selector``) from ``resource_version`` on, as ``watch``."""
+        kwargs = {"label_selector": selector} if selector else {}
+        async for event in watch_objects(
+            self.core.list_node, resource_version=resource_version, timeout_s=timeout_s, **kwargs
+        ):
+            yield event
+
     # -- watches --------------------------------------------------------------------------
 
-    def _watchable(
-        self, kind: str, selector: str | None = None
-    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    def _watchable(self, kind: str) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         if kind == "jobs":
             return self.custom.list_namespaced_custom_object, self._crd(), {}
-        if kind == "nodes":
-            return self.core.list_node, (), ({"label_selector": selector} if selector else {})
         return (
             self.core.list_namespaced_pod,
             (self.namespace,),
@@ -149,11 +155,11 @@ class KubeApi:
         )
 
     async def watch(
-        self, kind: str, resource_version: str, timeout_s: int, selector: str | None = None
+        self, kind: str, resource_version: str, timeout_s: int
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) from ``resource_version`` on, until the server ends the watch
-        (a 410 Gone raised: the caller lists again); ``selector``: of nodes."""
-        func, args, kwargs = self._watchable(kind, selector)
+        (a 410 Gone raised: the caller lists again)."""
+        func, args, kwargs = self._watchable(kind)
         async for event in watch_objects(
             func, *args, resource_version=resource_version, timeout_s=timeout_s, **kwargs
         ):

@@ -245,8 +245,8 @@ class KubeCluster:
         """The Nodes' changes as hosts'; a Node that has no GPUs (any more) is said
         DELETED, so a host that lost them leaves the picture."""
         with _said_as_port_errors():
-            async for typ, obj in self.api.watch(
-                "nodes", resource_version, timeout_s, self.node_selector
+            async for typ, obj in self.api.watch_nodes(
+                resource_version, timeout_s, self.node_selector
             ):
                 meta = obj.get("metadata") or {}
                 version = str(meta.get("resourceVersion") or "")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
 from tests.integration.tap import Tap
 
 from .kube import GROUP, PLURAL, VERSION, create_node, merge_patch, unique_name
+from .test_job_commands import JobCli, one_line_error
 from .test_reconciler_support import Cluster, KubeletLoop, role, until
 
 pytestmark = pytest.mark.integration
@@ -348,3 +350,50 @@ async def test_capacity_follows_nodes_added_cordoned_not_ready_and_deleted(
     assert hosts(got) == {b: (4, False, None)}
     # nothing of other tests' nodes (outside the selector) was ever reported
     assert all(set(hosts(r)) <= {a, b} for r in reports(tap))
+
+
+# -- by hand: the job commands ------------------------------------------------------------
+
+
+async def test_job_suspend_resume_and_list_say_it_as_a_user_runs_them(
+    settings: Settings,
+    pg_dsn: str,
+    kube: Path,
+    cluster: Cluster,
+    env: str,
+    tap: Tap,
+) -> None:
+    await cluster.start(env)
+    job = JobCli(settings, pg_dsn, kube, cluster.namespace)
+    name = await create(cluster, {"worker": graced(1)})
+    kueue = await create(cluster, {"worker": graced(1)}, labels={KUEUE_QUEUE_LABEL: "lq"})
+    await until(lambda: cluster.workers_running(name, 1), "the job's worker")
+    uid = (await job_of(cluster, name)).uid
+
+    done = await job("suspend", name, "--env", env)
+    assert done.returncode == 0, done.stderr
+    plan_id = done.stdout.split()[1]
+    assert f"published to {env}.scale.plans: suspend {name}" in done.stdout
+    answer = await tap.first(ScaleResult, uid, lambda r: r.plan_id == plan_id, "its result")
+    assert answer.status is ScaleStatus.APPLIED, answer.reason
+    await until(lambda: said(cluster, name, "True", "Preempted"), "Suspended=True")
+    listed = await job("list")
+    (line,) = [ln for ln in listed.stdout.splitlines() if ln.startswith(name)]
+    assert "Suspended" in line and f"suspended (Preempted: suspended by plan {plan_id}" in line
+    described = await job("describe", name)
+    assert "admission: suspended (Preempted)" in described.stdout, described.stdout
+    one_line_error(await job("suspend", name, "--env", env), "is suspended already")
+    one_line_error(await job("suspend", kueue, "--env", env), "managed by Kueue (queue lq)")
+
+    done = await job("resume", name, "--env", env)
+    assert done.returncode == 0, done.stderr
+    plan_id = done.stdout.split()[1]
+    answer = await tap.first(ScaleResult, uid, lambda r: r.plan_id == plan_id, "its result")
+    assert answer.status is ScaleStatus.APPLIED, answer.reason
+    await until(lambda: cluster.workers_running(name, 1), "the job's worker again")
+    await until(lambda: said(cluster, name, "False", "Resumed"), "Suspended=False")
+    as_json = await job("list", "--json")
+    (doc,) = [d for d in json.loads(as_json.stdout) if d["metadata"]["name"] == name]
+    (cond,) = doc["status"]["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Suspended", "False", "Resumed")
+    one_line_error(await job("resume", name, "--env", env), "is not suspended")
