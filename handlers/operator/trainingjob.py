@@ -101,11 +101,16 @@ def unsupported(gpu_types: bool) -> dict[str, str]:
     return dict(UNSUPPORTED)
 
 
-def plan_not_applied(plan: ScalePlan, gpu_types: bool = False) -> tuple[NotApplied, ...]:
+def plan_not_applied(
+    plan: ScalePlan, gpu_types: bool = False, only_host: str | None = None
+) -> tuple[NotApplied, ...]:
     """The parts of ``plan`` no TrainingJob change applies, whatever the job: a function
-    of the plan (and whether GPU types are selected) alone, so a plan finished after a
-    restart is answered the same way."""
-    return not_applied(plan, unsupported(gpu_types))
+    of the plan (and whether GPU types are selected, and the platform's one host if it
+    has one) alone, so a plan finished after a restart is answered the same way. On a
+    platform of one host (``only_host``) a placement that names only it is what happens
+    anyway: applied."""
+    pinned = only_host is not None and set(plan.placement) <= {only_host}
+    return not_applied(plan, unsupported(gpu_types), pins_nodes=pinned)
 
 
 # -- document -> JobView --------------------------------------------------------------------

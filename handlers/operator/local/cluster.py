@@ -365,7 +365,7 @@ class LocalCluster:
         return planning.plan_change(job, pods, plan, gpu_types=False)
 
     def not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
-        return trainingjob.plan_not_applied(plan, gpu_types=False)
+        return trainingjob.plan_not_applied(plan, gpu_types=False, only_host=host_name())
 
     def outcome(self, job: JobView, pods: Sequence[PodView]) -> tuple[str | None, str]:
         return planning.outcome(job, pods)
