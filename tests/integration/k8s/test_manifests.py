@@ -38,7 +38,7 @@ from tests.integration.deploy.manifests import (
     with_component,
 )
 
-from .kube import create_namespace, service_account_client
+from .kube import create_namespace, create_node, service_account_client
 from .test_kube_testenv import eventually_allowed, expect_forbidden
 
 pytestmark = pytest.mark.integration
@@ -78,8 +78,15 @@ def apply(kubeconfig: Path, docs: list[Doc]) -> list[str]:
 
 def withdraw_cluster_rights(kubeconfig: Path, docs: list[Doc]) -> None:
     """Delete the cluster-wide RBAC a test applied: the grants of one test must not make
-    another's denials pass or fail."""
-    cluster_wide = [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    another's denials pass or fail. What the install itself grants cluster-wide (the
+    operator's read-only nodes ClusterRole) stays: the install stays."""
+    kinds = ("ClusterRole", "ClusterRoleBinding")
+    installed = {(d["kind"], d["metadata"]["name"]) for d in overlay(INSTALL) if d["kind"] in kinds}
+    cluster_wide = [
+        d
+        for d in docs
+        if d["kind"] in kinds and (d["kind"], d["metadata"]["name"]) not in installed
+    ]
     if cluster_wide:
         done = subprocess.run(
             [kubectl(), "--kubeconfig", str(kubeconfig), "delete", "-f", "-"],
@@ -252,6 +259,21 @@ async def test_the_operator_acts_in_its_namespace_only_without_cluster_rbac(
         core = client.CoreV1Api(sa)
         await eventually_allowed(lambda: core.list_namespaced_pod(NAMESPACE))
         await expect_forbidden(core.list_namespaced_pod(other), NAMESPACE, account)
+
+
+async def test_the_operator_reads_the_nodes_and_writes_none(
+    api: client.ApiClient, install: list[Doc]
+) -> None:
+    """The nodes ClusterRole (rbac/operator-nodes.yaml): the operator lists and watches
+    Nodes (the real env's capacity), and changes none."""
+    account = "dlrover-events-operator"
+    async with await service_account_client(api, NAMESPACE, account) as sa:
+        core = client.CoreV1Api(sa)
+        await eventually_allowed(lambda: core.list_node())
+        name = await create_node(api)
+        body = {"metadata": {"labels": {"touched": "yes"}}}
+        await expect_forbidden(core.patch_node(name, body), NAMESPACE, account)
+        await expect_forbidden(core.delete_node(name), NAMESPACE, account)
 
 
 async def test_cluster_rbac_lets_the_operator_act_in_any_namespace(

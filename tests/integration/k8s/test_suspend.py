@@ -23,7 +23,9 @@ from dlrover_events.bus.producer import Producer
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
+from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.cluster import KubeCluster
+from handlers.operator.kube.pytorchjob import PYTORCH_JOB
 from handlers.operator.platform import KUEUE_QUEUE_LABEL, PRIORITY_LABEL, JobView
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.reconciler import RESUMED
@@ -33,6 +35,7 @@ from schemas.jobs import JobSubmitted
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
 from tests.integration.tap import Tap
 
+from . import test_pytorchjob as ptj
 from .kube import GROUP, PLURAL, VERSION, create_node, merge_patch, unique_name
 from .test_job_commands import JobCli, one_line_error
 from .test_reconciler_support import Cluster, KubeletLoop, role, until
@@ -397,3 +400,66 @@ async def test_job_suspend_resume_and_list_say_it_as_a_user_runs_them(
     (cond,) = doc["status"]["conditions"]
     assert (cond["type"], cond["status"], cond["reason"]) == ("Suspended", "False", "Resumed")
     one_line_error(await job("resume", name, "--env", env), "is not suspended")
+
+
+# -- PyTorchJob: the training-operator's pods ----------------------------------------------
+
+
+@pytest.fixture
+async def pytorch_cluster(cluster: Cluster, pytorchjob_crd: str) -> Cluster:
+    """The test's cluster, its reconcilers driving PyTorchJobs."""
+    cluster.kube = KubeApi(cluster.api, PYTORCH_JOB, cluster.namespace)
+    return cluster
+
+
+async def test_a_pytorchjob_suspends_by_its_run_policy_and_its_pods_are_waited_for(
+    pytorch_cluster: Cluster, env: str, tap: Tap, producer: Producer
+) -> None:
+    """The test plays the training-operator (v1.7+): it deletes a suspended job's pods and
+    makes them again once resumed. The operator only patches runPolicy.suspend, and
+    answers each plan once the training-operator did its part."""
+    cluster = pytorch_cluster
+    await cluster.start(env)
+    name = unique_name("ptj")
+    body = await ptj.create_job(cluster, ptj.pytorchjob(name, replicas=2))
+    core = client.CoreV1Api(cluster.api)
+    for i in range(2):
+        await core.create_namespaced_pod(cluster.namespace, ptj.operator_pod(body, i))
+    await until(lambda: _pods_running(cluster, name, 2), "the training-operator's 2 pods")
+    job = PYTORCH_JOB.parse(await ptj.get_job(cluster, name))
+
+    await producer.publish(suspend("ptj-s", env, job))
+
+    async def suspended() -> bool:
+        got = await ptj.get_job(cluster, name)
+        return bool((got["spec"].get("runPolicy") or {}).get("suspend"))
+
+    await until(suspended, "spec.runPolicy.suspend set")
+    await asyncio.sleep(2)  # answered while its pods run, it would be out by now
+    assert results(tap, "ptj-s") == []
+    for i in range(2):  # the training-operator's part
+        await core.delete_namespaced_pod(f"{name}-worker-{i}", cluster.namespace)
+    answer = await result_of(tap, "ptj-s")
+    assert answer.status is ScaleStatus.APPLIED, answer.reason
+    assert await ptj.pod_names(cluster) == []
+
+    await producer.publish(count("ptj-r", 2, env, job))
+
+    async def resumed() -> bool:
+        got = await ptj.get_job(cluster, name)
+        return (got["spec"].get("runPolicy") or {}).get("suspend") is False
+
+    await until(resumed, "spec.runPolicy.suspend cleared")
+    await asyncio.sleep(2)
+    assert results(tap, "ptj-r") == []  # no pod yet: not answered
+    body = await ptj.get_job(cluster, name)
+    for i in range(2):
+        await core.create_namespaced_pod(cluster.namespace, ptj.operator_pod(body, i))
+    answer = await result_of(tap, "ptj-r")
+    assert answer.status is ScaleStatus.APPLIED, answer.reason
+
+
+async def _pods_running(cluster: Cluster, name: str, n: int) -> bool:
+    pods = await client.CoreV1Api(cluster.api).list_namespaced_pod(cluster.namespace)
+    mine = [p for p in pods.items if p.metadata.name.startswith(f"{name}-worker-")]
+    return len(mine) == n and all(p.status.phase == "Running" for p in mine)
