@@ -48,7 +48,7 @@ from schemas.jobs import JobSubmitted
 from streams.ab.arms import Arm
 from streams.ab.report import ArmResult
 from streams.ab.summary import RunInfo
-from streams.brain.core.schedulers import SCHEDULERS
+from streams.brain.core.schedulers.registry import SCHEDULERS
 from streams.evaluators.ledger import Ledger, gpu_use
 from streams.evaluators.registry import evaluate
 from streams.evaluators.service import ledger_of

@@ -302,6 +302,11 @@ CONTRACTS: dict[str, tuple[str, ...]] = {
         "streams.brain.core.optimizers.gpu",
     ),
     "streams/evaluators/api.py": ("streams.evaluators.registry", "streams.evaluators.kpis"),
+    "streams/brain/core/schedulers/api.py": (
+        "streams.brain.core.schedulers.registry",
+        "streams.brain.core.schedulers.goodput_cluster",
+        "streams.brain.core.schedulers.tiresias",
+    ),
     "dlrover_events/domain/workloads.py": ("handlers",),
 }
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 import typer
 
 from dlrover_events.errors import UserError
-from streams.brain.core.schedulers import get_scheduler
 from streams.brain.core.schedulers.api import (
     ClusterCapacity,
     JobInput,
@@ -36,6 +35,7 @@ from streams.brain.core.schedulers.api import (
     SchedulerSpec,
 )
 from streams.brain.core.schedulers.goodput import BatchLimits, GradStats, JobModel, PerfParams
+from streams.brain.core.schedulers.registry import get_scheduler
 
 #: The sizes the issue asks about: GPUs as nodes x GPUs per node, and the jobs on them.
 SIZES = ("16x4:160", "64x8:160", "128x8:250", "256x8:500")

@@ -29,8 +29,8 @@ from schemas.env_settings import (
 from schemas.envelope import Model
 from streams.brain.core.optimizers import REGISTRY, Registry
 from streams.brain.core.planner import DEFAULT_LIMITS
-from streams.brain.core.schedulers import get_scheduler
 from streams.brain.core.schedulers.api import SchedulerSpec
+from streams.brain.core.schedulers.registry import get_scheduler
 from streams.brain.core.state import Stage
 
 

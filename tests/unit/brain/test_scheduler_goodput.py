@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.brain.core.schedulers import SCHEDULERS, get_scheduler
 from streams.brain.core.schedulers.goodput import (
     BatchChoice,
     BatchLimits,
@@ -19,6 +18,7 @@ from streams.brain.core.schedulers.goodput import (
     fit_perf_params,
 )
 from streams.brain.core.schedulers.goodput_cluster import GoodputClusterParams
+from streams.brain.core.schedulers.registry import SCHEDULERS, get_scheduler
 from streams.brain.core.schedulers.speedup import (
     Shape,
     fair_share,

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from streams.brain.core.schedulers import SCHEDULERS, get_scheduler
 from streams.brain.core.schedulers.api import (
     ChangeKind,
     ClusterCapacity,
@@ -22,6 +21,7 @@ from streams.brain.core.schedulers.api import (
     used_gpus,
 )
 from streams.brain.core.schedulers.goodput import BatchLimits, JobModel
+from streams.brain.core.schedulers.registry import SCHEDULERS, get_scheduler
 from streams.brain.core.schedulers.tiresias import (
     QUEUE_THRESHOLD_GPU_S,
     TiresiasParams,
