@@ -15,9 +15,12 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import psutil
 
+from dlrover_events.envs.tokens import Scope
 from dlrover_events.store import EnvStore
 from handlers.operator.local.bench import memberships as worker_lines
 from handlers.operator.platform import JobView, PodView
@@ -33,6 +36,7 @@ from tests.integration.local.test_elastic_loop import (
     of_plan,
     wait_for,
 )
+from tests.integration.local.test_local_jobs_api import mint
 from tests.integration.local.test_local_operator_crash import (
     paused,
     start_operator,
@@ -233,3 +237,53 @@ async def test_an_operator_killed_during_a_suspend_and_a_resume_applies_each_onc
         except subprocess.TimeoutExpired:
             op.kill()
     assert op.returncode == 0, log.read_text()[-2000:]
+
+
+async def test_suspend_and_resume_over_the_jobs_api(local: Local) -> None:
+    """POST /v1/jobs/{job}/suspend and /resume publish the plans (202), the rows say
+    suspended and why, and a mistake is a 4xx with a message."""
+    ctx, task = await local.start_operator()
+    base = ctx.endpoints["local jobs API"].split()[0].removesuffix("/v1/jobs")
+    admin = {"Authorization": f"Bearer {await mint(local, Scope.ADMIN)}"}
+    try:
+        async with aiohttp.ClientSession(base) as http:
+
+            async def call(method: str, path: str) -> tuple[int, Any]:
+                async with http.request(method, path, headers=admin) as r:
+                    return r.status, await r.json()
+
+            job = await local.submit(sleeper_job("api-s", 1))
+            await until("its node", lambda: _running(local, "api-s", 1))
+            status, body = await call("POST", "/v1/jobs/api-s/resume")
+            assert status == 422 and "is not suspended" in body["error"]
+            status, body = await call("POST", "/v1/jobs/api-s/suspend")
+            assert status == 202, body
+            answer = await local.tap.first(
+                ScaleResult, job.uid, of_plan(body["plan_id"]), "the suspend's result"
+            )
+            assert answer.status == ScaleStatus.APPLIED, answer
+            status, body = await call("GET", "/v1/jobs/api-s")
+            assert status == 200 and body["phase"] == "Suspended", body
+            assert body["admission"]["state"] == "suspended"
+            assert body["admission"]["reason"] == "Preempted"
+            assert body["nodes"] == []
+            status, body = await call("POST", "/v1/jobs/api-s/suspend")
+            assert status == 422 and "is suspended already" in body["error"]
+            status, body = await call("POST", "/v1/jobs/nope/suspend")
+            assert status == 404
+
+            status, body = await call("POST", "/v1/jobs/api-s/resume")
+            assert status == 202, body
+            answer = await local.tap.first(
+                ScaleResult, job.uid, of_plan(body["plan_id"]), "the resume's result"
+            )
+            assert answer.status == ScaleStatus.APPLIED, answer
+            await until("its node again", lambda: _running(local, "api-s", 1))
+            status, body = await call("GET", "/v1/jobs")
+            (row,) = body["jobs"]
+            assert row["admission"]["state"] == "admitted" and row["admission"]["reason"] == (
+                "Resumed"
+            )
+    finally:
+        ctx.stop.set()
+        await asyncio.wait_for(task, 120)
