@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from dlrover_events.config.matching import MAX_KEY, Job, make_job, problems
 from dlrover_events.envs.tokens import Scope, Tokens
 from dlrover_events.errors import BusUnavailable, StoreUnavailable
+from dlrover_events.lifecycle import Stopping
 from dlrover_events.runtime.metrics import GatewayMetrics
 from handlers.gateway.http_rules import (
     INT32,
@@ -637,16 +638,26 @@ async def optimize(request: web.Request) -> web.StreamResponse:
     except ValidationError as err:
         raise ApiError(422, "invalid_request", f"the request does not validate: {err}") from None
     request_id = str(event.event_id)
+    published = False
     try:
         with plans.admit():
             future = plans.expect(request_id)
             try:
                 await gw.publish(event)
+                published = True
                 plan = await asyncio.wait_for(future, timeout)
             finally:
                 plans.forget(request_id)
     except Busy as err:
         raise ApiError(503, "too_many_waiters", f"{err}; nothing was published") from None
+    except Stopping as err:
+        told = (
+            f"the request stays published and the brain may answer it (GET {API}/jobs/{job}/plan)"
+            if published
+            else "nothing was published"
+        )
+        details = {"event_id": request_id}
+        raise ApiError(503, "stopping", f"{err}; {told}", details, **{"Retry-After": "1"}) from None
     except TimeoutError:
         raise ApiError(
             504,
@@ -662,6 +673,16 @@ async def optimize(request: web.Request) -> web.StreamResponse:
     return json_response(
         plan.model_dump(mode="json", by_alias=True), headers={"X-Request-Event-Id": request_id}
     )
+
+
+async def _answer_waiters(app: web.Application) -> None:
+    """On the server's shutdown (the sites closed already): long-polls and optimize
+    requests are answered now rather than waited for. A job's SDK holds a long-poll at all
+    times, and aiohttp would wait for them up to its shutdown timeout, longer than a stop
+    may take."""
+    gateway = app[GATEWAY]
+    gateway.state.close()
+    gateway.plans.close()
 
 
 def build_app(
@@ -681,6 +702,7 @@ def build_app(
     )
     app[GATEWAY] = gateway
     app[METRICS] = gateway_metrics(gateway.registry, gateway)
+    app.on_shutdown.append(_answer_waiters)
     r = app.router
     r.add_get("/healthz", healthz, allow_head=False)
     r.add_get("/readyz", readyz, allow_head=False)

@@ -55,8 +55,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         413: "body too large",
         422: "the document does not validate",
         428: "the version being changed was not given",
-        503: "a dependency (bus, Postgres) is unavailable, the index is not ready, or too"
-        " many long-polls are waiting (Retry-After)",
+        503: "a dependency (bus, Postgres) is unavailable, the index is not ready, too"
+        " many long-polls are waiting, or the gateway is stopping (Retry-After)",
         504: "no answer in time",
     }
     return {str(c): {**_json(_ref("Error"), why[c])} for c in codes}

@@ -13,6 +13,7 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator
 
+from dlrover_events.lifecycle import Stopping
 from handlers.gateway.plans import JobPlans, PlanAnswer, fold, render
 from schemas.jobs import JobEvent
 from schemas.plans import OptimizePlan
@@ -53,6 +54,8 @@ class PlanBook:
         self._answers: dict[str, PlanAnswer] = {}
         self._ticks: dict[str, _Tick] = {}
         self._pending: dict[str, asyncio.Future[OptimizePlan]] = {}
+        #: set by ``close``: waiters are answered at once
+        self.closing = False
 
     def __len__(self) -> int:
         return len(self._active) + len(self._finished)
@@ -93,6 +96,18 @@ class PlanBook:
         found = self._answers[job] = render(view)
         return found
 
+    def close(self) -> None:
+        """The gateway stops: plan long-polls are answered now with the job's answer as it
+        is, and optimize requests still waiting for their plan end with ``Stopping`` (the
+        request stays published; the brain may answer it, and the job's plan shows it),
+        so that the HTTP server's shutdown does not sit out their waits."""
+        self.closing = True
+        for job in list(self._ticks):
+            self._wake(job)
+        for request_id, future in list(self._pending.items()):
+            if not future.done():
+                future.set_exception(Stopping(f"the gateway stopped before {request_id}'s plan"))
+
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
         """A place among the waiters, or Busy."""
@@ -108,13 +123,14 @@ class PlanBook:
         self, job: str, seen: Collection[str], wait_s: float
     ) -> PlanAnswer | None:
         """The job's answer once its tag is not in ``seen`` (None: the job was evicted),
-        or the same answer after ``wait_s``. Call within ``admit``."""
+        or the same answer after ``wait_s`` or once the gateway is closing. Call within
+        ``admit``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
             current = self.answer(job)
             remaining = deadline - loop.time()
-            if current is None or current.etag not in seen or remaining <= 0:
+            if current is None or current.etag not in seen or remaining <= 0 or self.closing:
                 return current
             tick = self._ticks.get(job)
             if tick is None:
@@ -131,8 +147,10 @@ class PlanBook:
 
     def expect(self, request_id: str) -> asyncio.Future[OptimizePlan]:
         """A future for the OptimizePlan caused by ``request_id``: register it before
-        publishing the request, so a fast answer cannot be missed. Call within ``admit``
-        and ``forget`` it after."""
+        publishing the request, so a fast answer cannot be missed (``Stopping`` once the
+        gateway is closing). Call within ``admit`` and ``forget`` it after."""
+        if self.closing:
+            raise Stopping("the gateway is stopping")
         future: asyncio.Future[OptimizePlan] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         return future

@@ -7,6 +7,7 @@ all run the same thing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from dlrover_events.bus.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCAL
 from dlrover_events.config.feed import ConfigFeed
 from dlrover_events.envs.tokens import Scope, Tokens, hash_token
 from dlrover_events.lifecycle import AsyncResource, cancel_and_wait
+from dlrover_events.runtime.supervisor import STOP_GRACE_S
 from dlrover_events.settings import Settings
 from dlrover_events.store import create_pool, env_schema, prepare_env
 from handlers.gateway.app import (
@@ -44,6 +46,10 @@ if TYPE_CHECKING:
     from handlers.gateway.configmaps_runner import ConfigMapWatcher
 
 log = logging.getLogger(__name__)
+
+#: How long in-flight requests may take once the gateway stops (waiting ones are answered
+#: at once), well within the grace `up` gives a stopping service.
+SHUTDOWN_S = STOP_GRACE_S / 4
 
 #: What a job's plan view is folded from, each read whole from the beginning.
 PLAN_TOPICS = (JOB_EVENTS, BRAIN_PLANS, SCALE_PLANS, SCALE_RESULTS)
@@ -126,6 +132,7 @@ class GatewayServer(AsyncResource):
         self._follower: ConfigFeed | None = None
         self._plan_feeds: list[CompactedFollower] = []
         self._pool: asyncpg.Pool | None = None
+        self._exits = contextlib.AsyncExitStack()
         self.gateway: Gateway | None = None
         #: the ConfigMap watch, when ``configmaps`` is on
         self.configmaps: ConfigMapWatcher | None = None
@@ -138,26 +145,32 @@ class GatewayServer(AsyncResource):
 
     async def start(self) -> None:
         await prepare_env(self.dsn, self.env)
+        # each part's stop is pushed as the part starts: `stop` ends them in reverse, all
+        # of them, even when one fails or the stop is cancelled midway (a supervisor's
+        # grace ran out), so no consumer, producer or connection is left open
+        exits = self._exits = contextlib.AsyncExitStack()
         try:
             pool = self._pool = await create_pool(
                 self.dsn, env_schema(self.env), max_size=self.conf.pool_max
             )
-            self._producer = Producer(self.settings, linger_ms=0)
-            await self._producer.start()
-            self._follower = ConfigFeed(
+            exits.push_async_callback(pool.close)
+            producer = self._producer = Producer(self.settings, linger_ms=0)
+            await producer.start()
+            exits.push_async_callback(producer.stop)
+            follower = self._follower = ConfigFeed(
                 self.settings,
                 self.env,
                 self.state.apply,
                 client_id="gateway",
                 caught_up=self.state.ready,
             )
-            await self._follower.start()
-            await self._start_plan_feeds()
+            await follower.start()
+            exits.push_async_callback(follower.stop)
+            await self._start_plan_feeds(exits)
             tokens = Tokens(pool, self.env, ttl_s=self.conf.token_cache_s)
             if self.settings.admin_token is not None:
                 await self._bootstrap_admin(tokens, self.settings.admin_token.get_secret_value())
-            store = ConfigStore(pool, self.env, self._producer)
-            producer = self._producer
+            store = ConfigStore(pool, self.env, producer)
             self.gateway = Gateway(
                 self.env,
                 self.state,
@@ -173,6 +186,7 @@ class GatewayServer(AsyncResource):
                 ),
                 bus=self.bus,
             )
+            exits.push_async_callback(self._end_tasks)
             self._tasks.append(asyncio.create_task(self._follow(), name="gateway-follow"))
             for feed in self._plan_feeds:
                 self._tasks.append(
@@ -181,10 +195,15 @@ class GatewayServer(AsyncResource):
             self._tasks.append(asyncio.create_task(self._plans_caught_up(), name="gateway-plans"))
             self._tasks.append(asyncio.create_task(self._reconcile(store), name="gateway-sync"))
             if self.conf.configmaps:
-                await self._start_configmaps(store)
-            self._runner = web.AppRunner(build_app(self.gateway), access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.conf.host, self.conf.port, backlog=1024)
+                await self._start_configmaps(store, exits)
+            # in-flight requests get a part of the supervisor's grace (long-polls and
+            # optimize requests are answered at once: `build_app`'s shutdown hook)
+            runner = self._runner = web.AppRunner(
+                build_app(self.gateway), access_log=None, shutdown_timeout=SHUTDOWN_S
+            )
+            await runner.setup()
+            exits.push_async_callback(runner.cleanup)
+            site = web.TCPSite(runner, self.conf.host, self.conf.port, backlog=1024)
             await site.start()
             sockets = site._server.sockets if site._server is not None else []  # type: ignore[attr-defined]
             self.port = sockets[0].getsockname()[1] if sockets else self.conf.port
@@ -199,28 +218,18 @@ class GatewayServer(AsyncResource):
 
     async def stop(self) -> None:
         self._stop.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        exits, self._exits = self._exits, contextlib.AsyncExitStack()
+        try:
+            await exits.aclose()
+        finally:
+            self._runner = self._kube = self._follower = self._producer = self._pool = None
+            self._plan_feeds.clear()
+
+    async def _end_tasks(self) -> None:
         await cancel_and_wait(*self._tasks)
         self._tasks.clear()
-        if self._kube is not None:
-            await self._kube.close()
-            self._kube = None
-        if self._follower is not None:
-            await self._follower.stop()
-            self._follower = None
-        for feed in self._plan_feeds:
-            await feed.stop()
-        self._plan_feeds.clear()
-        if self._producer is not None:
-            await self._producer.stop()
-            self._producer = None
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
 
-    async def _start_plan_feeds(self) -> None:
+    async def _start_plan_feeds(self, exits: contextlib.AsyncExitStack) -> None:
         """One reader per topic (the config feed's plumbing): each caught up at the end
         offsets of the start, so /readyz can wait for all four."""
         for name in PLAN_TOPICS:
@@ -233,6 +242,7 @@ class GatewayServer(AsyncResource):
                 missing=f"is env {self.env!r} created? (`dlrover-events env list`)",
             )
             await feed.start()
+            exits.push_async_callback(feed.stop)
             self._plan_feeds.append(feed)
 
     def _take(self, records: list[ConsumerRecord]) -> None:
@@ -265,7 +275,7 @@ class GatewayServer(AsyncResource):
         except Exception:
             log.exception("could not reconcile the config topic with Postgres")
 
-    async def _start_configmaps(self, store: ConfigStore) -> None:
+    async def _start_configmaps(self, store: ConfigStore, exits: contextlib.AsyncExitStack) -> None:
         """Credentials are checked here, so a wrong kubeconfig fails the start, loudly;
         the cluster being away later is only retried."""
         from handlers.gateway.configmaps import ConfigMapSync
@@ -273,13 +283,14 @@ class GatewayServer(AsyncResource):
 
         api, namespace = await connect(self.conf.kubeconfig, self.conf.context, self.conf.namespace)
         self._kube = api
+        exits.push_async_callback(api.close)
         sync = ConfigMapSync(store, namespace, self.env, self.conf.configmap_key)
         self.configmaps = ConfigMapWatcher(
             api, namespace, sync, watch_timeout_s=self.conf.watch_timeout_s
         )
-        self._tasks.append(
-            asyncio.create_task(self.configmaps.run(self._stop), name="gateway-configmaps")
-        )
+        watch = asyncio.create_task(self.configmaps.run(self._stop), name="gateway-configmaps")
+        self._tasks.append(watch)
+        exits.push_async_callback(cancel_and_wait, watch)  # (ends before its client closes)
         log.info("config gateway of env %s syncs ConfigMaps of namespace %s", self.env, namespace)
 
     async def _bootstrap_admin(self, tokens: Tokens, token: str) -> None:

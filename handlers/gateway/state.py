@@ -44,6 +44,8 @@ class GatewayState:
         self.ignored = 0
         self._tick = asyncio.Event()
         self._cache: dict[JobKey, ConfigAnswer] = {}
+        #: set by ``close``: long-polls answer at once instead of waiting
+        self.closing = False
 
     @property
     def versions(self) -> Mapping[str, int]:
@@ -80,14 +82,22 @@ class GatewayState:
         self._cache[key] = found
         return found
 
+    def close(self) -> None:
+        """The gateway stops: every long-poll is answered now, with what it has (a job's
+        SDK asks again, of this gateway once it is back or of another), so that the HTTP
+        server's shutdown does not sit out their waits."""
+        self.closing = True
+        self._tick.set()
+
     async def wait_for_change(self, job: Job, seen: Collection[str], wait_s: float) -> ConfigAnswer:
-        """The answer once its ETag is not in ``seen``, or the same answer after ``wait_s``."""
+        """The answer once its ETag is not in ``seen``, or the same answer after ``wait_s``
+        or once the gateway is closing."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
             tick = self._tick
             current = self.answer(job)
-            if current.etag not in seen:
+            if current.etag not in seen or self.closing:
                 return current
             remaining = deadline - loop.time()
             if remaining <= 0:

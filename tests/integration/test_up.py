@@ -173,6 +173,9 @@ async def test_up_runs_the_stack_and_stops_on_sigterm(pg_dsn: str, tmp_path: Pat
         rc = await up.stop()
     assert rc == 0, up.stderr
     assert "stopped cleanly" in up.stderr
+    # every service stopped within its grace, and closed its bus clients
+    assert "did not stop within" not in up.stderr, up.stderr
+    assert "Unclosed" not in up.stderr, up.stderr
     assert not port_open("127.0.0.1", port), "the broker stopped with the stack"
 
 

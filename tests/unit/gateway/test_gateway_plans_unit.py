@@ -8,6 +8,7 @@ import orjson
 import pytest
 from aiokafka import ConsumerRecord
 
+from dlrover_events.lifecycle import Stopping
 from handlers.gateway.plan_state import Busy, PlanBook
 from handlers.gateway.plans import RESULTS_KEPT, JobPlans, fold, has_nul, read_record, render
 from schemas.codec import encode
@@ -206,3 +207,25 @@ async def test_an_optimize_request_is_answered_by_the_plan_it_caused() -> None:
     book.apply([optimize_plan("o2", caused_by="req-1")])
     assert future.done() and future.result().plan_id == "o2"
     assert book._pending == {}
+
+
+async def test_closing_answers_every_waiter_at_once() -> None:
+    """The gateway stops: long-polls get the answer they have, optimize requests still
+    waiting end with Stopping, and no new one is taken."""
+    book = PlanBook(ENV)
+    book.apply([submitted(job(1))])
+    first = book.answer("j1")
+    assert first is not None
+    asked = book.expect("req-1")
+    with book.admit():
+        waiting = asyncio.create_task(book.wait_for_change("j1", {first.etag}, 60))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        book.close()
+        assert await asyncio.wait_for(waiting, 1) == first
+    with pytest.raises(Stopping):
+        asked.result()
+    with pytest.raises(Stopping):
+        book.expect("req-2")
+    with book.admit():  # a long-poll that comes while the server closes does not wait
+        assert await asyncio.wait_for(book.wait_for_change("j1", {first.etag}, 60), 1) == first

@@ -67,6 +67,20 @@ async def test_wait_for_change_wakes_on_change_or_times_out() -> None:
     assert changed.etag != etag
 
 
+async def test_closing_answers_config_long_polls_at_once() -> None:
+    """The gateway stops: a long-poll gets the answer it has, now, and a new one does not
+    wait (the HTTP server's shutdown would otherwise sit out their waits)."""
+    state = GatewayState("e")
+    state.apply([upsert("a", 1, x=1)])
+    etag = state.answer(JOB).etag
+    waiting = asyncio.create_task(state.wait_for_change(JOB, {etag}, 60))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    state.close()
+    assert (await asyncio.wait_for(waiting, 1)).etag == etag
+    assert (await asyncio.wait_for(state.wait_for_change(JOB, {etag}, 60), 1)).etag == etag
+
+
 def test_tokens_name_their_env_and_hash() -> None:
     token_id, token = new_token("prod-2")
     assert token.startswith(f"dle.prod-2.{token_id}.")
