@@ -112,7 +112,7 @@ async def test_crd_applies_and_is_structural(api: client.ApiClient, trainingjob_
     assert version.name == VERSION
     assert version.subresources.status is not None
     columns = [c.name for c in version.additional_printer_columns]
-    assert columns == ["Phase", "Workers", "Running", "PS", "Last-Plan", "Age"]
+    assert columns == ["Phase", "Workers", "Running", "PS", "Last-Plan", "Suspended", "Age"]
     # Applying again is a replace, not an error.
     await apply_crd(api)
     assert trainingjob_crd == CRD_NAME
