@@ -52,7 +52,10 @@ SHORT_HELP: Mapping[str, str] = {
     "bootstrap": "Set up an install: migrations, the real and standby envs (settings, "
     "topics), and the gateway tokens (Kubernetes Secrets in a pod, else files).",
     "brain": "Run the brain of one env: job topics in, OptimizePlans and ScalePlans out.",
-    "console": "Serve the web console of one env until Ctrl-C (tokens: `gateway-token create`).",
+    "console": (
+        "Serve the web console until Ctrl-C: envs, jobs, A/B results, dead letters, "
+        "configs; actions with an admin token (tokens: `gateway-token create`)."
+    ),
     "docs": "The reference tables of docs/, written from the code.",
     "env": "Create, list and delete envs (each a topic prefix and a schema).",
     "evaluate": "Print the KPIs of an env from everything its topics hold now.",
