@@ -41,7 +41,7 @@ class Received:
     timestamp_ms: int
 
 
-Handler = Callable[[list[Received]], Awaitable[None]]
+BatchHandler = Callable[[list[Received]], Awaitable[None]]
 
 
 class Consumer(AsyncResource):
@@ -60,7 +60,7 @@ class Consumer(AsyncResource):
         env: str,
         topics: Sequence[str],
         group: str,
-        handler: Handler,
+        handler: BatchHandler,
         *,
         from_beginning: bool = True,
         max_records: int | None = None,

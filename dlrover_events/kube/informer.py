@@ -56,7 +56,9 @@ def _error_event(typ: str, obj: Object) -> BaseException | None:
 
 
 @dataclass(eq=False)
-class Informer(informer.Informer[Object]):
+class KubeInformer(informer.Informer[Object]):
+    """The runtime informer with Kubernetes' versions, 410 Gone and errors filled in."""
+
     version_of: Callable[[Object], str | None] = field(default=_version, kw_only=True)
     expired: Callable[[BaseException], bool] = field(default=_gone, kw_only=True)
     expired_says: str = field(default="410 Gone: events lost", kw_only=True)
@@ -67,4 +69,4 @@ class Informer(informer.Informer[Object]):
     logger: logging.Logger = field(default=log, repr=False, kw_only=True)
 
 
-__all__ = ["UNAVAILABLE", "Informer"]
+__all__ = ["UNAVAILABLE", "KubeInformer"]

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from dlrover_events.bus.producer import Producer
 from dlrover_events.envs.tokens import Scope, Tokens, Verdict
@@ -34,7 +35,7 @@ SOURCE = "console"
 
 
 @dataclass(frozen=True)
-class Platform:
+class PlatformOptions:
     """Where the real env's jobs are acted on (the console's settings)."""
 
     name: str = "local"
@@ -49,7 +50,7 @@ class Actor:
     settings: Settings
     views: EnvViews
     producer: Producer
-    platform: Platform
+    platform: PlatformOptions
 
 
 ACTOR: web.AppKey[Actor] = web.AppKey("actor", Actor)
@@ -193,7 +194,7 @@ async def _real(actor: Actor, env: str) -> None:
         )
 
 
-def _job_route(action: JobAction) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def _job_route(action: JobAction) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         from handlers.operator.job_actions import JobNotFound, JobUnreadable
         from handlers.operator.jobs import JobRequestError
@@ -289,9 +290,7 @@ async def allowed(request: web.Request, env: str, real: bool) -> list[dict[str, 
 
 
 @web.middleware
-async def action_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
+async def action_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ActionError as e:
@@ -317,7 +316,7 @@ __all__ = [
     "ActionError",
     "Actor",
     "JobAction",
-    "Platform",
+    "PlatformOptions",
     "action_errors",
     "add_routes",
     "allowed",

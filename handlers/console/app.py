@@ -10,13 +10,13 @@ console); ``/v1/envs`` takes a token of any env. Actions need the admin scope.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from dlrover_events.bus.tail import Filter, Line, summary
 from dlrover_events.bus.topics import ENV_TOPIC_NAMES
@@ -40,8 +40,6 @@ CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json(body: Any, status: int = 200) -> web.Response:

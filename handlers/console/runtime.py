@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from dlrover_events.bus.producer import Producer
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
-from handlers.console.actions import Actor, Platform
+from handlers.console.actions import Actor, PlatformOptions
 from handlers.console.app import build_app
 from handlers.console.envs import BoardSizes, EnvViews
 from handlers.console.hub import Hub
@@ -120,7 +120,7 @@ class ConsoleServer(AsyncResource):
                 self.settings,
                 self.views,
                 self._producer,
-                Platform(c.platform, c.kubeconfig, c.namespace),
+                PlatformOptions(c.platform, c.kubeconfig, c.namespace),
             )
             app = build_app(self.views, actor, tuple(c.ab_reports))
             self._runner = web.AppRunner(app, access_log=None)

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from aiokafka.errors import KafkaError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
@@ -67,7 +68,6 @@ _DATE_TIME = re.compile(
     r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
 )
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Publishes an event and returns once the broker has it.
 Publish = Callable[[Event], Awaitable[None]]
 

@@ -25,7 +25,7 @@ from kubernetes_asyncio import client
 from dlrover_events.backoff import Backoff
 from dlrover_events.kube import credentials
 from dlrover_events.kube.api import list_objects, watch_objects
-from dlrover_events.kube.informer import Informer
+from dlrover_events.kube.informer import KubeInformer
 from handlers.gateway.configmaps import ConfigMapSync, SyncReport, selector
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class ConfigMapWatcher:
         self.namespace = namespace
         self.sync = sync
         self.watch_timeout_s = watch_timeout_s
-        self.informer = Informer(
+        self.informer = KubeInformer(
             f"ConfigMaps of {namespace}",
             self._list,
             self._watch,

@@ -12,10 +12,10 @@ a 2xx is JSON with a message; nothing a client sends reaches a traceback.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from dlrover_events.bus.producer import Producer
 from dlrover_events.envs.tokens import Scope, Tokens
@@ -29,7 +29,7 @@ from handlers.operator.job_actions import (
     suspend_job,
 )
 from handlers.operator.jobs import JobRequestError, scale_request, submission, summary
-from handlers.operator.platform import Conflict, Invalid, NotFound, Platform, PlatformError
+from handlers.operator.platform import Conflict, Invalid, ObjectNotFound, Platform, PlatformError
 
 #: A job spec is a few KiB; a body past this is refused before it is read whole.
 MAX_BODY = 256 * 1024
@@ -40,10 +40,9 @@ ENV_KEY = web.AppKey("env", str)
 #: (annotation, directory): where a platform that runs commands here runs a job's
 WORKDIR_KEY = web.AppKey("workdir", tuple[str, str | None])
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: a platform's refusal -> the answer's status (any other failure of the platform: 502)
 _REFUSALS: tuple[tuple[type[PlatformError], int], ...] = (
-    (NotFound, 404),
+    (ObjectNotFound, 404),
     (Conflict, 409),
     (Invalid, 422),
 )

@@ -12,18 +12,18 @@ port. The brain cannot tell the platforms apart: both give the same events and r
 Bodies are typed values with numbers (a node's resources in millicores, bytes and
 GPUs), never a platform's own forms: no Kubernetes object, quantity string or HTTP code
 crosses the port. Each platform converts at its own edge, and says a refusal with this
-module's errors (``NotFound``, ``Conflict``, ``Invalid``; ``Expired`` for a watch that lost
-events, ``Unavailable`` for a platform that cannot answer now).
+module's errors (``ObjectNotFound``, ``Conflict``, ``Invalid``; ``Expired`` for a watch
+that lost events, ``Unavailable`` for a platform that cannot answer now).
 
 A job's *pods* are its nodes (the brain's NodeRef: role and rank) as the platform runs
 them: a Kubernetes Pod, or a process tree under a shim on the local platform.
 
 For a cluster scheduler (issue 26): a job's suspend state (``JobView.suspended``, written
-by ``JobChange.suspend`` on a platform whose ``suspends`` is true: TrainingJob
+by ``JobSpecChange.suspend`` on a platform whose ``suspends`` is true: TrainingJob
 ``spec.suspend``, PyTorchJob ``spec.runPolicy.suspend``, the field Kueue uses), who admitted
-or suspended it and why (``Admission``, kept on the job in the same write as the suspend),
-and the cluster's capacity (``Host``s and their allocatable GPUs, schedulable or not: a
-Kubernetes cluster's Nodes, the local platform's slots), listed and watched from a
+or suspended it and why (``JobAdmission``, kept on the job in the same write as the
+suspend), and the cluster's capacity (``Host``s and their allocatable GPUs, schedulable or
+not: a Kubernetes cluster's Nodes, the local platform's slots), listed and watched from a
 ``CapacitySource``.
 """
 
@@ -179,7 +179,7 @@ class RoleView:
 
 
 @dataclass(frozen=True)
-class Admission:
+class JobAdmission:
     """Who let a job run or stopped it, and why: written on the job in the same change as
     its suspend (so a restarted operator finds both or neither), shown as the job's
     ``Suspended`` condition."""
@@ -198,7 +198,7 @@ class Admission:
 
 
 @dataclass(frozen=True)
-class Condition:
+class JobCondition:
     """A condition of a job's status, as Kubernetes writes them (``Suspended``)."""
 
     type: str
@@ -210,7 +210,7 @@ class Condition:
 
 
 @dataclass(frozen=True)
-class JobStatus:
+class OperatorJobStatus:
     """What this operator says of a job on the job itself (the `job` commands show it)."""
 
     phase: str
@@ -221,7 +221,7 @@ class JobStatus:
     last_plan_id: str | None = None
     last_plan_time: str | None = None
     #: the job's ``Suspended`` condition (None: it never was, nor was it queued)
-    suspended: Condition | None = None
+    suspended: JobCondition | None = None
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ class JobView:
     last_plan_id: str | None = None
     #: what this operator last wrote on the job (None: nothing yet, or the job's status
     #: is its own controller's, as a PyTorchJob's)
-    status: JobStatus | None = None
+    status: OperatorJobStatus | None = None
     #: the roles whose pods all succeeding ends the job (empty: the default, see
     #: planning.success_roles)
     success_roles: tuple[str, ...] = ()
@@ -256,7 +256,7 @@ class JobView:
     suspended: bool = False
     #: who admitted or suspended it last, and why (None: no one: it runs as submitted,
     #: or its user or Kueue set its suspend)
-    admission: Admission | None = None
+    admission: JobAdmission | None = None
     #: the job as its platform keeps it (a TrainingJob document), for the doors that show
     #: it to a user; no decision reads it
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -350,7 +350,7 @@ class NewPod:
 
 
 @dataclass(frozen=True)
-class JobChange:
+class JobSpecChange:
     """What a plan changes in a job's desired state, written in one step with the plan's
     id, so a plan delivered again after a crash finds its change made. Written only on the
     version it was decided on (``resource_version``): else Conflict, and the reconciler
@@ -370,14 +370,14 @@ class JobChange:
     #: suspend (True) or resume (False) the job; None: as it is
     suspend: bool | None = None
     #: who admits or suspends it now, and why (None: as it is)
-    admission: Admission | None = None
+    admission: JobAdmission | None = None
 
 
 @dataclass(frozen=True)
 class PlanChange:
     """A plan as a change of the job, and what the result says of it."""
 
-    change: JobChange
+    change: JobSpecChange
     summary: str
     notes: tuple[str, ...] = ()
 
@@ -421,7 +421,7 @@ class PlatformError(Exception):
     """A platform refused a call or could not make it; the message says why, in one line."""
 
 
-class NotFound(PlatformError):
+class ObjectNotFound(PlatformError):
     """No such job or pod (any more)."""
 
 
@@ -464,7 +464,7 @@ WatchKind = Literal["jobs", "pods"]
 #: A job as a platform lists it: readable, or not (and why).
 JobEntry = JobView | UnreadableJob
 #: What a watch yields: ADDED, MODIFIED or DELETED with the object, BOOKMARK with a Bookmark.
-Change = tuple[str, JobEntry | PodView | Bookmark]
+WatchEvent = tuple[str, JobEntry | PodView | Bookmark]
 
 
 class Platform(Protocol):
@@ -481,7 +481,7 @@ class Platform(Protocol):
     #: whether the reconciler creates and deletes the jobs' pods (False: another
     #: controller does, from the replicas a change sets: a PyTorchJob's training-operator)
     creates_pods: bool
-    #: whether a JobChange's ``suspend`` is honoured: a suspended job's pods are deleted
+    #: whether a JobSpecChange's ``suspend`` is honoured: a suspended job's pods are deleted
     #: (with their grace period) and its place kept, for a cluster scheduler's queue and
     #: preemption
     suspends: bool
@@ -497,13 +497,13 @@ class Platform(Protocol):
         """A new job from its document (a TrainingJob, as `job submit` reads it);
         Conflict when the name is taken, Invalid when the platform refuses it."""
 
-    async def change_job(self, job: JobView, change: JobChange) -> JobView:
+    async def change_job(self, job: JobView, change: JobSpecChange) -> JobView:
         """The job after ``change``; Conflict when it changed since ``job`` was read,
-        NotFound when it is gone."""
+        ObjectNotFound when it is gone."""
 
-    async def set_status(self, job: JobView, status: JobStatus) -> None:
+    async def set_status(self, job: JobView, status: OperatorJobStatus) -> None:
         """Say ``status`` on the job (a no-op where its own controller keeps it);
-        NotFound when it is gone."""
+        ObjectNotFound when it is gone."""
 
     async def delete_job(self, name: str) -> bool: ...
 
@@ -530,7 +530,7 @@ class Platform(Protocol):
 
     def watch(
         self, kind: WatchKind, resource_version: str, timeout_s: int
-    ) -> AsyncIterator[Change]:
+    ) -> AsyncIterator[WatchEvent]:
         """Changes from ``resource_version`` on, until ``timeout_s`` or the platform ends
         the watch; Expired when events were lost (the caller lists again)."""
 
@@ -593,11 +593,11 @@ class FencedPlatform:
         self._check("submit job")
         return await self.platform.submit_job(document)
 
-    async def change_job(self, job: JobView, change: JobChange) -> JobView:
+    async def change_job(self, job: JobView, change: JobSpecChange) -> JobView:
         self._check(f"change job {job.name}")
         return await self.platform.change_job(job, change)
 
-    async def set_status(self, job: JobView, status: JobStatus) -> None:
+    async def set_status(self, job: JobView, status: OperatorJobStatus) -> None:
         self._check(f"status of job {job.name}")
         await self.platform.set_status(job, status)
 
@@ -626,7 +626,7 @@ class FencedPlatform:
 
     def watch(
         self, kind: WatchKind, resource_version: str, timeout_s: int
-    ) -> AsyncIterator[Change]:
+    ) -> AsyncIterator[WatchEvent]:
         return self.platform.watch(kind, resource_version, timeout_s)
 
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
@@ -690,12 +690,9 @@ __all__ = [
     "SUCCEEDED",
     "SUSPENDED",
     "SUSPENDED_CONDITION",
-    "Admission",
     "Bookmark",
     "Capacity",
     "CapacitySource",
-    "Change",
-    "Condition",
     "Conflict",
     "ElasticPolicy",
     "Expired",
@@ -704,13 +701,15 @@ __all__ = [
     "HostChange",
     "Invalid",
     "InvalidJob",
-    "JobChange",
+    "JobAdmission",
+    "JobCondition",
     "JobEntry",
-    "JobStatus",
+    "JobSpecChange",
     "JobView",
     "NewPod",
-    "NotFound",
     "NotLeader",
+    "ObjectNotFound",
+    "OperatorJobStatus",
     "PlanChange",
     "PlanRejected",
     "Platform",
@@ -722,6 +721,7 @@ __all__ = [
     "Termination",
     "Unavailable",
     "UnreadableJob",
+    "WatchEvent",
     "WatchKind",
     "pod_name",
 ]

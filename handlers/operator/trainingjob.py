@@ -3,10 +3,10 @@
 A user writes one TrainingJob and submits it to Kubernetes or to the local platform alike
 (`job submit`, the jobs API); each platform keeps it as it came and reads it here into the
 port's ``JobView``, once, at its edge. What the reconciler decides comes back as a
-``JobChange`` and a ``JobStatus``, written into the document as merge patches (RFC 7386:
-a custom resource's patch on Kubernetes, the local job store's own): the plan ids in the
-same patch as the change they made, so a plan delivered again after a crash finds its
-change already made.
+``JobSpecChange`` and an ``OperatorJobStatus``, written into the document as merge patches
+(RFC 7386: a custom resource's patch on Kubernetes, the local job store's own): the plan
+ids in the same patch as the change they made, so a plan delivered again after a crash
+finds its change already made.
 
 Per-node state the schema has no field for lives in annotations of the job, as JSON:
 the plans applied, the resources a plan gave one node, the ranks a plan removed by name,
@@ -35,13 +35,13 @@ from handlers.operator.platform import (
     RESTART,
     SUSPENDED,
     SUSPENDED_CONDITION,
-    Admission,
-    Condition,
     ElasticPolicy,
     InvalidJob,
-    JobChange,
-    JobStatus,
+    JobAdmission,
+    JobCondition,
+    JobSpecChange,
     JobView,
+    OperatorJobStatus,
     Resources,
     RoleView,
 )
@@ -73,7 +73,7 @@ ANN_REMOVE_FIRST = f"{DOMAIN}/remove-first"
 #: where it was submitted).
 ANN_WORKDIR = f"{DOMAIN}/workdir"
 #: JSON {state, reason, message, plan}: who admitted or suspended the job last, and why
-#: (platform.Admission), written in the same patch as spec.suspend.
+#: (platform.JobAdmission), written in the same patch as spec.suspend.
 ANN_ADMISSION = f"{DOMAIN}/admission"
 
 ROLE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -158,7 +158,7 @@ def check_sharing_labels(labels: Mapping[str, Any]) -> None:
         raise InvalidJob(f"label {KUEUE_QUEUE_LABEL}={queue!r} is not a queue name")
 
 
-def parse_admission(meta: Mapping[str, Any]) -> Admission | None:
+def parse_admission(meta: Mapping[str, Any]) -> JobAdmission | None:
     """Who admitted or suspended the job last (ANN_ADMISSION), None when no one did."""
     raw = _annotation(meta, ANN_ADMISSION, None)
     if raw is None:
@@ -168,7 +168,7 @@ def parse_admission(meta: Mapping[str, Any]) -> Admission | None:
             f"annotation {ANN_ADMISSION} must say a state: queued, admitted or suspended"
         )
     plan = raw.get("plan")
-    return Admission(
+    return JobAdmission(
         state=str(raw["state"]),
         reason=str(raw.get("reason") or ""),
         message=str(raw.get("message") or ""),
@@ -176,7 +176,7 @@ def parse_admission(meta: Mapping[str, Any]) -> Admission | None:
     )
 
 
-def admission_annotation(admission: Admission) -> dict[str, str]:
+def admission_annotation(admission: JobAdmission) -> dict[str, str]:
     body = {
         "state": admission.state,
         "reason": admission.reason,
@@ -238,11 +238,11 @@ def _template_fields(template: Mapping[str, Any], container: str | None) -> dict
     }
 
 
-def parse_condition(raw: Any, kind: str) -> Condition | None:
+def parse_condition(raw: Any, kind: str) -> JobCondition | None:
     """The status's condition of type ``kind`` (None: it has none)."""
     for cond in raw.get("conditions") or [] if isinstance(raw, Mapping) else []:
         if isinstance(cond, Mapping) and cond.get("type") == kind:
-            return Condition(
+            return JobCondition(
                 type=kind,
                 status=cond.get("status") == "True",
                 reason=str(cond.get("reason") or ""),
@@ -252,12 +252,12 @@ def parse_condition(raw: Any, kind: str) -> Condition | None:
     return None
 
 
-def parse_status(raw: Any) -> JobStatus | None:
+def parse_status(raw: Any) -> OperatorJobStatus | None:
     """What the operator wrote on the job's status (None: nothing yet)."""
     if not isinstance(raw, Mapping) or not raw:
         return None
     generation = raw.get("observedGeneration")
-    return JobStatus(
+    return OperatorJobStatus(
         phase=str(raw.get("phase") or ""),
         roles=dict(raw.get("roles") or {}),
         observed_generation=generation if isinstance(generation, int) else None,
@@ -395,10 +395,10 @@ def _elastic(role: str, raw: Any) -> ElasticPolicy | None:
     return policy
 
 
-# -- JobChange, JobStatus -> merge patches --------------------------------------------------
+# -- JobSpecChange, OperatorJobStatus -> merge patches ------------------------------------
 
 
-def plans_annotation(change: JobChange) -> dict[str, str]:
+def plans_annotation(change: JobSpecChange) -> dict[str, str]:
     """The applied plans, and who admits or suspends the job when the change says it, as
     every kind of job records them (a PyTorchJob too)."""
     out = {ANN_PLANS: json.dumps(list(change.applied_plans))}
@@ -407,7 +407,7 @@ def plans_annotation(change: JobChange) -> dict[str, str]:
     return out
 
 
-def job_patch(job: JobView, change: JobChange) -> dict[str, Any]:
+def job_patch(job: JobView, change: JobSpecChange) -> dict[str, Any]:
     """``change`` as one merge patch of the TrainingJob: the plan ids, per-node resources
     and removals in annotations, replicas and role resources in the spec, and the version
     it was decided on (a write on any other version is a conflict)."""
@@ -444,7 +444,7 @@ def job_patch(job: JobView, change: JobChange) -> dict[str, Any]:
     return patch
 
 
-def condition_body(cond: Condition) -> dict[str, Any]:
+def condition_body(cond: JobCondition) -> dict[str, Any]:
     """A condition as Kubernetes writes it."""
     body = {
         "type": cond.type,
@@ -457,7 +457,7 @@ def condition_body(cond: Condition) -> dict[str, Any]:
     return body
 
 
-def status_patch(status: JobStatus) -> dict[str, Any]:
+def status_patch(status: OperatorJobStatus) -> dict[str, Any]:
     """The status subresource's merge patch that says ``status`` (a merge patch replaces
     a list whole: the conditions are the operator's only)."""
     out: dict[str, Any] = {

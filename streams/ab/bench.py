@@ -80,7 +80,7 @@ OPERATOR_PHASES = (
     "input_mark_published",
 )
 
-Progress = Callable[[str], None]
+ProgressLine = Callable[[str], None]
 
 
 def first_jobs(workload: Path, jobs: int) -> str:
@@ -204,7 +204,7 @@ async def bus_delay(settings: Settings, env: str, samples: int = PROBE_SAMPLES) 
 
 
 async def run_arms(
-    test: ABTest, progress: Progress
+    test: ABTest, progress: ProgressLine
 ) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
     """One A/B of `test`'s arms, as `ABTest.run` runs it, with each service's metrics in a
     registry of ours; per arm what it measured, and the run's walls."""
@@ -327,7 +327,7 @@ async def run_bench(
     nodes: int,
     gpus: int,
     workload: Path,
-    progress: Progress,
+    progress: ProgressLine,
 ) -> dict[str, Any]:
     pg = await resolve_postgres(settings)
     registry = EnvRegistry(settings, pg.dsn)

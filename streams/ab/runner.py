@@ -58,7 +58,7 @@ from streams.replay.trace import replay_trace
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str, int, int], None]  # (arm, finished jobs, expected jobs)
+ArmProgress = Callable[[str, int, int], None]  # (arm, finished jobs, expected jobs)
 
 #: What a paced arm gets of `--from` before its services start: the virtual operator reads
 #: the runtime samples once, at its start, to simulate jobs of untraced applications.
@@ -149,7 +149,7 @@ class ABTest:
         }
         return {**arm.settings, "brain": brain, "operator": operator}
 
-    async def run(self, progress: Progress | None = None) -> list[ArmResult]:
+    async def run(self, progress: ArmProgress | None = None) -> list[ArmResult]:
         if (self.trace is None) == (self.source is None):
             raise UserError("an A/B test takes its input from exactly one of --trace and --from")
         services = discover_services()
@@ -287,7 +287,7 @@ class ABTest:
         self,
         expected: int,
         tasks: list[asyncio.Task[None]],
-        progress: Progress | None,
+        progress: ArmProgress | None,
         *,
         feeds: Sequence[asyncio.Task[None]] = (),
     ) -> dict[str, Ledger]:

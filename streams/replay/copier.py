@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 COPIED = (JOB_EVENTS, JOB_METRICS)
 OBSERVED = (SCALE_PLANS,)
 
-Progress = Callable[[int, int], None]  # (records handled so far, total in range)
+CopyProgress = Callable[[int, int], None]  # (records handled so far, total in range)
 
 
 @dataclass
@@ -72,7 +72,7 @@ class Replay:
         return f"{self.target}.replay.{self.source}"
 
     async def run(
-        self, progress: Progress | None = None, stop: asyncio.Event | None = None
+        self, progress: CopyProgress | None = None, stop: asyncio.Event | None = None
     ) -> ReplayReport:
         if self.source == self.target:
             raise UserError("replay needs two different envs (--from and --to are the same)")
@@ -183,7 +183,7 @@ class _Copier:
         end_hint: dict[TopicPartition, int],
         cutoff_ms: int,
         total: int,
-        progress: Progress | None,
+        progress: CopyProgress | None,
         stop: asyncio.Event | None,
     ) -> None:
         """Copy what existed when the replay started (or up to --until), in time order.

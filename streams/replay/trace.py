@@ -10,7 +10,7 @@ from dlrover_events.bus.topics import topic_of
 from dlrover_events.domain.workloads import read_trace
 from dlrover_events.settings import Settings
 from schemas.codec import encode
-from streams.replay.copier import Progress, ReplayReport
+from streams.replay.copier import CopyProgress, ReplayReport
 from streams.replay.core import Pacer
 
 
@@ -21,7 +21,7 @@ async def replay_trace(
     *,
     adapter: str = "pollux",
     pacer: Pacer = Pacer(None),
-    progress: Progress | None = None,
+    progress: CopyProgress | None = None,
     stop: asyncio.Event | None = None,
 ) -> ReplayReport:
     """Publish the trace's events at their (scaled) times; the caller checked the file."""

@@ -19,7 +19,14 @@ from dlrover_events.errors import UserError
 from handlers.operator import trainingjob
 from handlers.operator.kube.pods import LABEL_JOB
 from handlers.operator.kube.wiring import PodWiring
-from handlers.operator.platform import JobChange, JobStatus, JobView, NewPod, PlanChange, PodView
+from handlers.operator.platform import (
+    JobSpecChange,
+    JobView,
+    NewPod,
+    OperatorJobStatus,
+    PlanChange,
+    PodView,
+)
 from handlers.operator.reconcile import planning
 from schemas.plans import NotApplied, ScalePlan
 
@@ -88,12 +95,12 @@ class WorkloadAdapter(ABC):
         take it)."""
 
     @abstractmethod
-    def job_patch(self, job: JobView, change: JobChange) -> dict[str, Any]:
+    def job_patch(self, job: JobView, change: JobSpecChange) -> dict[str, Any]:
         """``change`` as one merge patch of the job object, on the version it was decided
         on."""
 
     @abstractmethod
-    def status_patch(self, status: JobStatus) -> dict[str, Any] | None:
+    def status_patch(self, status: OperatorJobStatus) -> dict[str, Any] | None:
         """``status`` as a merge patch of the status subresource; None for a kind whose
         status is its own controller's."""
 

@@ -4,7 +4,7 @@ PyTorchJob) to handlers.operator.platform's typed calls and errors.
 
 Everything Kubernetes-shaped stays on this side: objects are read into the port's views
 by the workload adapter, the port's changes written back as its merge patches, a pod made
-from its manifest, and an API error said as the port's error (404 NotFound, 409
+from its manifest, and an API error said as the port's error (404 ObjectNotFound, 409
 Conflict, 400/403/422 Invalid, 410 Expired, anything else Unavailable) with the API
 server's own message. An elastic job's pods meet at a headless Service per role, which
 ``prepare`` makes before them and ``release`` deletes after the job.
@@ -32,24 +32,24 @@ from handlers.operator.kube.pods import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 from handlers.operator.kube.trainingjob import service_changes
 from handlers.operator.platform import (
     Bookmark,
-    Change,
     Conflict,
     Expired,
     Host,
     HostChange,
     Invalid,
     InvalidJob,
-    JobChange,
     JobEntry,
-    JobStatus,
+    JobSpecChange,
     JobView,
     NewPod,
-    NotFound,
+    ObjectNotFound,
+    OperatorJobStatus,
     PlanChange,
     PlatformError,
     PodView,
     Unavailable,
     UnreadableJob,
+    WatchEvent,
     WatchKind,
 )
 from schemas.plans import NotApplied, ScalePlan
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 #: The API server's answer -> the port's error; any other status is Unavailable.
 _ERRORS: Mapping[int, type[PlatformError]] = {
-    404: NotFound,
+    404: ObjectNotFound,
     409: Conflict,
     400: Invalid,
     403: Invalid,
@@ -153,12 +153,12 @@ class KubeCluster:
             obj = await self.api.create_job(dict(document))
         return self._readable(obj, f"{self.workload.kind.lower()} created")
 
-    async def change_job(self, job: JobView, change: JobChange) -> JobView:
+    async def change_job(self, job: JobView, change: JobSpecChange) -> JobView:
         with _said_as_port_errors():
             obj = await self.api.patch_job(job.name, self.workload.job_patch(job, change))
         return self._readable(obj, f"{self.workload.kind.lower()} {job.name} changed")
 
-    async def set_status(self, job: JobView, status: JobStatus) -> None:
+    async def set_status(self, job: JobView, status: OperatorJobStatus) -> None:
         patch = self.workload.status_patch(status)
         if patch is not None:
             with _said_as_port_errors():
@@ -212,7 +212,7 @@ class KubeCluster:
 
     async def watch(
         self, kind: WatchKind, resource_version: str, timeout_s: int
-    ) -> AsyncIterator[Change]:
+    ) -> AsyncIterator[WatchEvent]:
         """The API server's watch, read into views. A watch that passes the server's
         Status through (an ERROR event) is raised: Expired for a 410 Gone. A pod that is
         none of a job's only moves the version on."""

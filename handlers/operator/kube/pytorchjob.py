@@ -48,9 +48,9 @@ from handlers.operator.platform import (
     SUCCEEDED,
     ElasticPolicy,
     InvalidJob,
-    JobChange,
-    JobStatus,
+    JobSpecChange,
     JobView,
+    OperatorJobStatus,
     PlanChange,
     PlanRejected,
     PodView,
@@ -320,7 +320,7 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
     return PlanChange(change, planned.summary, notes=notes)
 
 
-def job_patch(job: JobView, change: JobChange) -> dict[str, Any]:
+def job_patch(job: JobView, change: JobSpecChange) -> dict[str, Any]:
     """``change`` as one merge patch of the PyTorchJob: the replicas and the first
     container's resources of each replica type it changes, the plan ids in the same
     annotation as a TrainingJob's, on the version it was decided on."""
@@ -382,10 +382,10 @@ class PyTorchJobAdapter(WorkloadAdapter):
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
         return plan_change(job, pods, plan)
 
-    def job_patch(self, job: JobView, change: JobChange) -> dict[str, Any]:
+    def job_patch(self, job: JobView, change: JobSpecChange) -> dict[str, Any]:
         return job_patch(job, change)
 
-    def status_patch(self, status: JobStatus) -> dict[str, Any] | None:
+    def status_patch(self, status: OperatorJobStatus) -> dict[str, Any] | None:
         """None: the status is the training-operator's; the plan id is in the annotation."""
         return None
 

@@ -39,10 +39,10 @@ from handlers.operator.kube.pods import (
 )
 from handlers.operator.kube.wiring import PodWiring
 from handlers.operator.platform import (
-    JobChange,
-    JobStatus,
+    JobSpecChange,
     JobView,
     NewPod,
+    OperatorJobStatus,
     PlanChange,
     PodView,
     RoleView,
@@ -93,10 +93,10 @@ class TrainingJobAdapter(PodCreatingAdapter):
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
         return planning.plan_change(job, pods, plan, gpu_types=self.gpu_type_label is not None)
 
-    def job_patch(self, job: JobView, change: JobChange) -> dict[str, Any]:
+    def job_patch(self, job: JobView, change: JobSpecChange) -> dict[str, Any]:
         return trainingjob.job_patch(job, change)
 
-    def status_patch(self, status: JobStatus) -> dict[str, Any] | None:
+    def status_patch(self, status: OperatorJobStatus) -> dict[str, Any] | None:
         return trainingjob.status_patch(status)
 
     def pod_manifest(

@@ -61,22 +61,22 @@ from handlers.operator.platform import (
     RUNNING,
     SUCCEEDED,
     Bookmark,
-    Change,
     Expired,
     Host,
     HostChange,
     Invalid,
     InvalidJob,
-    JobChange,
     JobEntry,
-    JobStatus,
+    JobSpecChange,
     JobView,
     NewPod,
+    OperatorJobStatus,
     PlanChange,
     PodView,
     Resources,
     Termination,
     UnreadableJob,
+    WatchEvent,
     WatchKind,
 )
 from handlers.operator.reconcile import planning
@@ -263,11 +263,11 @@ class LocalCluster:
             raise Invalid(f"invalid {trainingjob.KIND}: {e}") from None
         return _readable(self._entry(self.store.create(body)))
 
-    async def change_job(self, job: JobView, change: JobChange) -> JobView:
+    async def change_job(self, job: JobView, change: JobSpecChange) -> JobView:
         patched = self.store.patch(job.name, trainingjob.job_patch(job, change))
         return _readable(self._entry(patched))
 
-    async def set_status(self, job: JobView, status: JobStatus) -> None:
+    async def set_status(self, job: JobView, status: OperatorJobStatus) -> None:
         self.store.patch(job.name, trainingjob.status_patch(status), status=True)
 
     async def delete_job(self, name: str) -> bool:
@@ -580,7 +580,7 @@ class LocalCluster:
 
     async def watch(
         self, kind: WatchKind, resource_version: str, timeout_s: int
-    ) -> AsyncIterator[Change]:
+    ) -> AsyncIterator[WatchEvent]:
         """Every current object, then the changes the poller sees, until ``timeout_s``.
         A watcher that falls too far behind is told so (Expired): list again."""
         queue: asyncio.Queue[Any] = asyncio.Queue(_WATCH_QUEUE)

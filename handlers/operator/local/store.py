@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from handlers.operator.platform import Conflict, Invalid, NotFound
+from handlers.operator.platform import Conflict, Invalid, ObjectNotFound
 
 NAMESPACE = "default"
 #: A job object's name is a file name here: the DNS-label rule keeps it one.
@@ -124,7 +124,7 @@ class JobStore:
         with self.locked():
             current = self.get(name)
             if current is None:
-                raise NotFound(f"trainingjob {name} not found")
+                raise ObjectNotFound(f"trainingjob {name} not found")
             meta = current["metadata"]
             wanted = (patch.get("metadata") or {}).get("resourceVersion")
             if wanted and wanted != meta["resourceVersion"]:

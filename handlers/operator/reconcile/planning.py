@@ -29,7 +29,7 @@ to suspend and admit: a plan that would is rejected, and a plan may shrink it, n
 it past what Kueue admitted.
 
 Pure, and platform-neutral: jobs and pods are the port's typed views
-(handlers.operator.platform), a plan's change a ``JobChange``; each platform writes that
+(handlers.operator.platform), a plan's change a ``JobSpecChange``; each platform writes that
 in its own form.
 """
 
@@ -49,13 +49,13 @@ from handlers.operator.platform import (
     SUCCEEDED,
     SUSPENDED,
     SUSPENDED_CONDITION,
-    Admission,
-    Condition,
     InvalidJob,
-    JobChange,
-    JobStatus,
+    JobAdmission,
+    JobCondition,
+    JobSpecChange,
     JobView,
     NewPod,
+    OperatorJobStatus,
     PlanChange,
     PlanRejected,
     PodView,
@@ -126,15 +126,15 @@ def _kueue_refusal(job: JobView, what: str) -> str:
     )
 
 
-def admitted_by(job: JobView, plan_id: str) -> Admission:
+def admitted_by(job: JobView, plan_id: str) -> JobAdmission:
     """What a plan that admits (a queued job) or resumes (a suspended one) records."""
     if job.admission is None or job.admission.state == QUEUED:
-        return Admission(ADMITTED, "Admitted", f"admitted by plan {plan_id}", plan_id)
-    return Admission(ADMITTED, "Resumed", f"resumed by plan {plan_id}", plan_id)
+        return JobAdmission(ADMITTED, "Admitted", f"admitted by plan {plan_id}", plan_id)
+    return JobAdmission(ADMITTED, "Resumed", f"resumed by plan {plan_id}", plan_id)
 
 
-def suspended_by(plan_id: str) -> Admission:
-    return Admission(
+def suspended_by(plan_id: str) -> JobAdmission:
+    return JobAdmission(
         SUSPENDED,
         "Preempted",
         f"suspended by plan {plan_id}: its pods were stopped, its progress is kept; a plan "
@@ -143,17 +143,17 @@ def suspended_by(plan_id: str) -> Admission:
     )
 
 
-def queued(scheduler: str) -> Admission:
-    return Admission(
+def queued(scheduler: str) -> JobAdmission:
+    return JobAdmission(
         QUEUED,
         "Queued",
         f"waiting for the env's cluster scheduler ({scheduler}) to admit it",
     )
 
 
-def _admission_only(job: JobView, suspend: bool, admission: Admission) -> JobChange:
+def _admission_only(job: JobView, suspend: bool, admission: JobAdmission) -> JobSpecChange:
     """A change of the job's suspend alone (its per-node state carried as it is)."""
-    return JobChange(
+    return JobSpecChange(
         resource_version=job.resource_version,
         applied_plans=job.applied_plans,
         node_resources={role: dict(ranks) for role, ranks in job.node_resources.items()},
@@ -165,7 +165,7 @@ def _admission_only(job: JobView, suspend: bool, admission: Admission) -> JobCha
 
 def admission_change(
     job: JobView, pods: Sequence[PodView], scheduler: str | None
-) -> JobChange | None:
+) -> JobSpecChange | None:
     """What the operator itself changes in a job's admission before its pods, None for
     nothing. With a cluster scheduler on (``scheduler``, the env's brain.scheduler), a
     new job is suspended before its first pod runs: queued until a plan admits it. New
@@ -181,7 +181,7 @@ def admission_change(
             return None
         return _admission_only(job, True, queued(scheduler))
     if job.suspended and job.admission is not None and job.admission.state == QUEUED:
-        admitted = Admission(
+        admitted = JobAdmission(
             ADMITTED,
             "Admitted",
             "admitted by the operator: the env's settings name no cluster scheduler now",
@@ -190,7 +190,7 @@ def admission_change(
     return None
 
 
-def effective_admission(job: JobView) -> Admission | None:
+def effective_admission(job: JobView) -> JobAdmission | None:
     """Whether the job is queued, admitted or suspended, and why, as `job list` and the
     ``Suspended`` condition say it; None for a job no one ever suspended."""
     recorded, queue = job.admission, job.kueue_queue
@@ -198,10 +198,10 @@ def effective_admission(job: JobView) -> Admission | None:
         if recorded is not None and recorded.suspended:
             return recorded
         if queue:
-            return Admission(
+            return JobAdmission(
                 SUSPENDED, "Kueue", f"suspended by Kueue (queue {queue}): Kueue admits it"
             )
-        return Admission(
+        return JobAdmission(
             SUSPENDED,
             "Suspended",
             "spec.suspend is set: it runs once a plan resumes it or spec.suspend is cleared",
@@ -209,9 +209,9 @@ def effective_admission(job: JobView) -> Admission | None:
     if recorded is not None and not recorded.suspended:
         return recorded
     if queue:
-        return Admission(ADMITTED, "Kueue", f"admitted by Kueue (queue {queue})")
+        return JobAdmission(ADMITTED, "Kueue", f"admitted by Kueue (queue {queue})")
     if recorded is not None:
-        return Admission(ADMITTED, "Resumed", "spec.suspend was cleared by hand")
+        return JobAdmission(ADMITTED, "Resumed", "spec.suspend was cleared by hand")
     return None
 
 
@@ -380,14 +380,14 @@ def plan_change(
             )
 
     suspend: bool | None = None
-    admission: Admission | None = None
+    admission: JobAdmission | None = None
     if plan.suspend:
         suspend, admission = True, suspended_by(plan.plan_id)
         done.insert(0, "suspended" if not job.suspended else "suspended already")
     elif resume:
         suspend, admission = False, admitted_by(job, plan.plan_id)
         done.insert(0, admission.reason.lower())
-    change = JobChange(
+    change = JobSpecChange(
         resource_version=job.resource_version,
         applied_plans=(*job.applied_plans, plan.plan_id)[-PLAN_MEMORY:],
         replicas={r: n for r, n in replicas.items() if n != job.roles[r].replicas},
@@ -612,8 +612,8 @@ def phase(job: JobView, pods: Sequence[PodView]) -> str:
 
 
 def suspended_condition(
-    job: JobView, current: Condition | None, now: str | None = None
-) -> Condition | None:
+    job: JobView, current: JobCondition | None, now: str | None = None
+) -> JobCondition | None:
     """The job's ``Suspended`` condition: True while it is queued or suspended, False
     once admitted or resumed, with the reason and message; None for a job never
     suspended. Its time moves only when its status does."""
@@ -622,7 +622,7 @@ def suspended_condition(
         return None
     status = state.suspended
     since = current.since if current is not None and current.status == status else now
-    return Condition(SUSPENDED_CONDITION, status, state.reason, state.message, since)
+    return JobCondition(SUSPENDED_CONDITION, status, state.reason, state.message, since)
 
 
 def job_status(
@@ -632,13 +632,13 @@ def job_status(
     last_plan: str | None = None,
     last_plan_time: str | None = None,
     now: str | None = None,
-) -> JobStatus | None:
+) -> OperatorJobStatus | None:
     """The status the job should show (phase, pods per role, the generation seen, the
     last plan, whether it is suspended and why), None when it already says all this."""
     current = job.status
     if last_plan is None and current is not None:
         last_plan, last_plan_time = current.last_plan_id, current.last_plan_time
-    wanted = JobStatus(
+    wanted = OperatorJobStatus(
         phase=phase(job, pods),
         roles=counts(job, pods),
         observed_generation=job.generation,
@@ -659,7 +659,7 @@ def job_status(
     return wanted
 
 
-def _same(a: Condition | None, b: Condition | None) -> bool:
+def _same(a: JobCondition | None, b: JobCondition | None) -> bool:
     """Two conditions that say the same (their times aside)."""
     if a is None or b is None:
         return a is b

@@ -68,8 +68,8 @@ from handlers.operator.platform import (
     Invalid,
     JobEntry,
     JobView,
-    NotFound,
     NotLeader,
+    ObjectNotFound,
     PlanRejected,
     Platform,
     PlatformError,
@@ -476,7 +476,7 @@ class EnvReconciler:
             job, pods, last_plan=last_plan, last_plan_time=now if last_plan else None, now=now
         )
         if status is not None:
-            with contextlib.suppress(NotFound):  # deleted meanwhile: its pods go next
+            with contextlib.suppress(ObjectNotFound):  # deleted meanwhile: its pods go next
                 await self.platform.set_status(job, status)
         await self._publish(job_events(self.env, job, pods, self.platform.outcome(job, pods)))
         return pods
@@ -664,7 +664,7 @@ class EnvReconciler:
                         return ApplyResult(ScaleStatus.REJECTED, reason, {})
                     job = got
                     continue
-                except NotFound:
+                except ObjectNotFound:
                     return ApplyResult(ScaleStatus.REJECTED, f"job {job.name} was deleted", {})
                 except Invalid as e:
                     return ApplyResult(ScaleStatus.REJECTED, str(e), {})

@@ -25,7 +25,7 @@ from handlers.operator.kube.trainingjob import (
     TRAINING_JOB,
     rendezvous_service,
 )
-from handlers.operator.platform import JobStatus, PodView
+from handlers.operator.platform import OperatorJobStatus, PodView
 from handlers.operator.quantity import GPU
 from handlers.operator.reconcile.reconciler import ALREADY_APPLIED
 from handlers.operator.trainingjob import UNSUPPORTED
@@ -240,7 +240,7 @@ async def test_an_elastic_job_resizes_2_4_1_around_its_rendezvous_host(
     assert job.roles["worker"].replicas == 1
     assert len(await cluster.pods(name)) == 1
 
-    async def settled() -> JobStatus | None:
+    async def settled() -> OperatorJobStatus | None:
         got = await cluster.job(name)
         ok = got is not None and got.phase == "Running" and got.last_plan_id == "to-1"
         return got.status if got is not None and ok else None

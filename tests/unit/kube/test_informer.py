@@ -15,7 +15,7 @@ import pytest
 from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.backoff import Backoff
-from dlrover_events.kube.informer import Informer
+from dlrover_events.kube.informer import KubeInformer
 
 #: bound of every wait here; each should take milliseconds
 DEADLINE_S = 10.0
@@ -63,8 +63,8 @@ class Script:
     async def on_event(self, typ: str, o: dict[str, Any]) -> None:
         self.events.append((typ, o["metadata"]["name"]))
 
-    def informer(self, retry_s: float = 60.0, max_retry_s: float = 60.0) -> Informer:
-        return Informer(
+    def informer(self, retry_s: float = 60.0, max_retry_s: float = 60.0) -> KubeInformer:
+        return KubeInformer(
             "things of test",
             self.list_,
             self.watch,
@@ -80,7 +80,7 @@ class Script:
                 await self.changed.wait()
 
 
-async def run_until_calls(script: Script, informer: Informer, n: int) -> None:
+async def run_until_calls(script: Script, informer: KubeInformer, n: int) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(informer.run(stop))
     try:
@@ -168,7 +168,7 @@ async def test_a_bug_in_the_callers_handler_is_logged_with_its_traceback(
             raise KeyError("spec")
         await script.on_list(items)
 
-    informer = Informer(
+    informer = KubeInformer(
         "things",
         script.list_,
         script.watch,

@@ -23,7 +23,7 @@ from handlers.operator.kube.lease import (
 )
 from handlers.operator.kube.runner import kube_settings
 from handlers.operator.local.cluster import LocalCluster
-from handlers.operator.platform import FencedPlatform, JobChange, JobView, NewPod, NotLeader
+from handlers.operator.platform import FencedPlatform, JobSpecChange, JobView, NewPod, NotLeader
 
 TIMING = Timing(lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
 AT = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
@@ -163,7 +163,7 @@ async def test_a_fenced_platform_refuses_writes_once_the_lease_is_lost(tmp_path:
     }
     job = await platform.submit_job(body)
     leading[0] = False
-    change = JobChange(job.resource_version, ("p1",), replicas={"worker": 2})
+    change = JobSpecChange(job.resource_version, ("p1",), replicas={"worker": 2})
     with pytest.raises(NotLeader, match="change job j refused"):
         await platform.change_job(job, change)
     with pytest.raises(NotLeader, match="create pod j-worker-0 refused"):

@@ -29,8 +29,8 @@ from handlers.operator.platform import (
     RUNNING,
     SUCCEEDED,
     InvalidJob,
-    JobStatus,
     JobView,
+    OperatorJobStatus,
     PlanChange,
     PlanRejected,
     Resources,
@@ -308,7 +308,7 @@ def patch_of(job: JobView, change: PlanChange) -> dict[str, Any]:
 
 def test_the_training_operator_owns_the_pods_and_the_status() -> None:
     assert PYTORCH_JOB.creates_pods is False
-    status = JobStatus("Running", {"worker": {"running": 2}}, 1, last_plan_id="p1")
+    status = OperatorJobStatus("Running", {"worker": {"running": 2}}, 1, last_plan_id="p1")
     assert PYTORCH_JOB.status_patch(status) is None
     # No pod manifest at all: the operator cannot make a PyTorchJob's pods.
     assert not isinstance(PYTORCH_JOB, PodCreatingAdapter)

@@ -12,7 +12,7 @@ from typing import Any
 
 from dlrover_events.settings import Settings
 from handlers.operator.local.cluster import LocalCluster
-from handlers.operator.platform import ADMITTED, SUSPENDED, Admission, JobView
+from handlers.operator.platform import ADMITTED, SUSPENDED, JobAdmission, JobView
 from handlers.operator.reconcile.reconciler import EnvReconciler
 from schemas.jobs import JobMeta
 from schemas.plan_parts import NO_PLACEMENT
@@ -57,7 +57,7 @@ async def test_a_suspend_keeps_the_job_and_a_count_resumes_it(tmp_path: Path) ->
     assert isinstance(job, JobView) and job.suspended
     assert job.document["spec"]["suspend"] is True
     assert job.roles["worker"].replicas == 2  # its size is kept for the resume
-    assert job.admission == Admission(
+    assert job.admission == JobAdmission(
         SUSPENDED, "Preempted", job.admission.message if job.admission else "", "suspend-1"
     )
     assert job.document["status"]["phase"] == "Suspended"
