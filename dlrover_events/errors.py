@@ -24,9 +24,7 @@ class MissingExtra(UserError):
     """A part of the install that this needs is an extra that was not installed."""
 
     def __init__(self, extra: str, what: str) -> None:
-        super().__init__(
-            f"{what} needs the `{extra}` extra: pip install 'dlrover-events[{extra}]'"
-        )
+        super().__init__(f"{what} needs the `{extra}` extra: pip install 'dlrover-events[{extra}]'")
         self.extra = extra
 
 

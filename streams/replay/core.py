@@ -178,4 +178,3 @@ def retarget(event: Event, env: str) -> Event:
     fed the same replay, which is what makes arms comparable and re-runs idempotent.
     """
     return event if event.env == env else event.model_copy(update={"env": env})
-
