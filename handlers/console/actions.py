@@ -1,22 +1,23 @@
-"""What an operator does from the console, behind the env's admin token: scale and delete
-a job, promote an env, revoke a token. Each goes the way the CLI goes: a job through
-handlers/operator/job_actions.py (a scale is a ScalePlan on the env's scale.plans, applied
-once by the env's operator and answered with a ScaleResult, as `job scale` and the jobs
-API do), an env through the registry (`env promote`), a token through the env's tokens
-(`gateway-token revoke`).
+"""What an operator does from the console, behind the env's admin token: scale, suspend,
+resume and delete a job, promote an env, revoke a token. Each goes the way the CLI goes: a
+job through handlers/operator/job_actions.py (a scale, a suspend and a resume are each a
+ScalePlan on the env's scale.plans, applied once by the env's operator and answered with a
+ScaleResult, as `job scale|suspend|resume` and the jobs API do), an env through the
+registry (`env promote`), a token through the env's tokens (`gateway-token revoke`).
 
 The page shows a button for each action ``whoami`` lists for the caller, so a read-only
 token sees none, and every route checks the token again (403 without the admin scope).
-A job action is one row of JOB_ACTIONS; suspend and resume (issue 26) come as two more.
+A job action is one row of JOB_ACTIONS.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -28,6 +29,9 @@ from dlrover_events.errors import EnvError, UserError
 from dlrover_events.settings import Settings
 from handlers.console.envs import EnvViews, NoSuchEnv
 from schemas.control import EnvMode
+
+if TYPE_CHECKING:
+    from handlers.operator.platform import Platform as OperatorPlatform
 
 #: What a scale or promote body may be: a few fields.
 MAX_BODY = 16 * 1024
@@ -98,15 +102,22 @@ class JobAction:
 # the platforms' modules.
 
 
+def _open(actor: Actor, env: str) -> AbstractAsyncContextManager[OperatorPlatform]:
+    """The env's jobs on the console's platform, as the `job` commands open them."""
+    from handlers.operator.job_actions import open_platform
+
+    p = actor.platform
+    return open_platform(
+        actor.settings, env, p.name, kubeconfig=p.kubeconfig, namespace=p.namespace
+    )
+
+
 async def _scale(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
-    from handlers.operator.job_actions import open_platform, scale_job
+    from handlers.operator.job_actions import scale_job
     from handlers.operator.jobs import scale_request
 
     role, replicas = scale_request(body)
-    p = actor.platform
-    async with open_platform(
-        actor.settings, env, p.name, kubeconfig=p.kubeconfig, namespace=p.namespace
-    ) as platform:
+    async with _open(actor, env) as platform:
         plan = await scale_job(platform, actor.producer, env, job, role, replicas, source=SOURCE)
     return {
         "plan_id": plan.plan_id,
@@ -117,13 +128,26 @@ async def _scale(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
     }
 
 
-async def _delete(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
-    from handlers.operator.job_actions import delete_job, open_platform
+async def _suspend(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
+    from handlers.operator.job_actions import suspend_job
 
-    p = actor.platform
-    async with open_platform(
-        actor.settings, env, p.name, kubeconfig=p.kubeconfig, namespace=p.namespace
-    ) as platform:
+    async with _open(actor, env) as platform:
+        plan = await suspend_job(platform, actor.producer, env, job, source=SOURCE)
+    return {"plan_id": plan.plan_id, "env": plan.env, "job": job}
+
+
+async def _resume(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
+    from handlers.operator.job_actions import resume_job
+
+    async with _open(actor, env) as platform:
+        plan = await resume_job(platform, actor.producer, env, job, source=SOURCE)
+    return {"plan_id": plan.plan_id, "env": plan.env, "job": job}
+
+
+async def _delete(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
+    from handlers.operator.job_actions import delete_job
+
+    async with _open(actor, env) as platform:
         await delete_job(platform, job)
     return {"deleted": job, "env": env}
 
@@ -142,6 +166,24 @@ JOB_ACTIONS: tuple[JobAction, ...] = (
         run=_scale,
     ),
     JobAction(
+        name="suspend",
+        method="POST",
+        path="/suspend",
+        label="Suspend",
+        fields=(),
+        confirm="Suspend job {job}? Its nodes stop after their checkpoint; a resume goes on.",
+        run=_suspend,
+    ),
+    JobAction(
+        name="resume",
+        method="POST",
+        path="/resume",
+        label="Resume",
+        fields=(),
+        confirm="",
+        run=_resume,
+    ),
+    JobAction(
         name="delete",
         method="DELETE",
         path="",
@@ -150,10 +192,6 @@ JOB_ACTIONS: tuple[JobAction, ...] = (
         confirm="Delete job {job}? Its nodes are stopped.",
         run=_delete,
     ),
-    # issue 26: suspend and resume, each a JobAction (POST "/suspend", "/resume", no
-    # fields) whose run opens the platform as _scale does and calls the job_actions
-    # function the `job suspend|resume` commands call, returning {"plan_id", "env", "job"}:
-    # the page shows a button for it and says which plan went out, nothing else to change.
 )
 
 
@@ -189,8 +227,7 @@ async def _real(actor: Actor, env: str) -> None:
         raise ActionError(
             409,
             "virtual_env",
-            f"env {env} is virtual: its jobs are simulated; jobs are scaled and deleted "
-            "in the real env",
+            f"env {env} is virtual: its jobs are simulated; jobs are acted on in the real env",
         )
 
 
@@ -221,7 +258,8 @@ def _job_route(action: JobAction) -> Handler:
                 "platform_unavailable",
                 f"cannot reach the {actor.platform.name} platform: {why}",
             ) from None
-        return web.json_response(done, status=202 if action.name == "scale" else 200)
+        # a plan published is accepted, not done: the operator's result says how it went
+        return web.json_response(done, status=202 if "plan_id" in done else 200)
 
     return handle
 

@@ -52,6 +52,8 @@ from schemas.plans import (
 
 #: Scale plans (or results) waiting for their other half, per job; older ones are forgotten.
 MAX_OPEN_PLANS = 16
+#: What a job's row says while an applied plan has it suspended (ended jobs say how).
+SUSPENDED = "suspended"
 STATUS_ORDER = {"seen": 0, "submitted": 1, "running": 2, "completed": 3, "failed": 3}
 #: What a job's timeline tells: its lifecycle, what was planned for it, what the operator
 #: did, and what the job itself confirmed.
@@ -116,6 +118,17 @@ class Series:
         return dict(zip(self.COLUMNS, columns, strict=True))
 
 
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A scale plan of the job read and not answered yet: what its result would change."""
+
+    groups: dict[str, NodeGroupResource]
+    suspend: bool = False
+    #: it gives the job replicas (a count or nodes to launch): applied, it resumes a
+    #: suspended job
+    gives_count: bool = False
+
+
 @dataclass
 class JobRow:
     job: str
@@ -143,10 +156,14 @@ class JobRow:
     last_plan: dict[str, Any] | None = None
     last_scale: dict[str, Any] | None = None
     updated_at: datetime | None = None
+    #: an applied plan suspended it (its nodes stopped, the job kept) and no plan that
+    #: gives it a count resumed it since
+    suspended: bool = False
     #: what the newest timeline entry planned, when it is the brain's plan: the same plan
     #: again (the brain re-plans as usage moves) counts on that entry, not a new one
     repeating: tuple[Any, ...] | None = None
-    open_plans: dict[str, dict[str, NodeGroupResource]] = field(default_factory=dict)
+    #: plans read but not answered yet
+    open_plans: dict[str, Planned] = field(default_factory=dict)
     #: plans reported applied (or partial) before the plan itself was read, with the parts
     #: the result did not apply.
     applied: dict[str, frozenset[str]] = field(default_factory=dict)
@@ -174,10 +191,12 @@ class JobRow:
     def as_json(self) -> dict[str, Any]:
         resources = self.resources
         usage = self.current_usage(resources)
+        ended = STATUS_ORDER[self.status] >= STATUS_ORDER["completed"]
         return {
             "job": self.job,
             "name": self.name,
-            "status": self.status,
+            "status": SUSPENDED if self.suspended and not ended else self.status,
+            "suspended": self.suspended,
             "events": self.events,
             "application": self.application,
             "resources": resources,
@@ -496,11 +515,16 @@ def _fold(view: JobRow, event: JobEvent) -> None:
         case ScalePlan():
             groups = dict(event.node_group_resources)
             left_out = view.applied.pop(event.plan_id, None)
+            planned = Planned(
+                groups,
+                suspend=event.suspend,
+                gives_count=any(g.count for g in groups.values()) or bool(event.launch_nodes),
+            )
             if left_out is not None:
                 # Plans and results are on two topics: the result may be read first.
-                _apply_groups(view, groups, left_out)
+                _applied(view, planned, left_out)
                 return
-            view.open_plans[event.plan_id] = groups
+            view.open_plans[event.plan_id] = planned
             _bound(view.open_plans)
         case ScaleResult():
             view.last_scale = {
@@ -510,22 +534,34 @@ def _fold(view: JobRow, event: JobEvent) -> None:
                 "not_applied": [p.model_dump() for p in event.not_applied],
                 "at": event.occurred_at.isoformat(),
             }
-            planned = view.open_plans.pop(event.plan_id, None)
+            answered = view.open_plans.pop(event.plan_id, None)
             if event.status not in (ScaleStatus.APPLIED, ScaleStatus.PARTIAL):
                 return
             # partial: accepted and applied but for the parts it names
             left_out = frozenset(p.part for p in event.not_applied)
-            if planned is None:
+            if answered is None:
                 view.applied[event.plan_id] = left_out
                 _bound(view.applied)
             else:
-                _apply_groups(view, planned, left_out)
+                _applied(view, answered, left_out)
 
 
 def _advance(view: JobRow, status: str) -> None:
     """Status only moves on: events of one job come on several topics, in any order."""
     if STATUS_ORDER[status] > STATUS_ORDER[view.status]:
         view.status = status
+
+
+def _applied(view: JobRow, plan: Planned, left_out: frozenset[str]) -> None:
+    """A plan the operator applied: a suspend stops the job (it keeps its resources); a
+    plan that gives it a count resumes it, as the platforms read a plan
+    (handlers.operator.reconcile.planning.resumes)."""
+    if plan.suspend:
+        view.suspended = True
+        return
+    _apply_groups(view, plan.groups, left_out)
+    if plan.gives_count:
+        view.suspended = False
 
 
 def _bound(plans: dict[str, Any]) -> None:

@@ -379,7 +379,7 @@ async function runAction(a, values) {
     const body = a.method === "DELETE" ? undefined : values;
     const done = await call(a.method, envPath("/jobs/" + enc(name) + a.path), body);
     out.className = "applied";
-    // an action that publishes a plan (scale; suspend and resume to come) says which
+    // an action that publishes a plan (scale, suspend, resume) says which
     out.textContent = done.plan_id
       ? "plan " + done.plan_id + " published" +
         (done.replicas ? ": " + done.role + " \u2192 " + done.replicas + " replicas" : "") +

@@ -1,8 +1,9 @@
 """The console's actions in headless Chromium, on real parts: a scale clicked in the console
 is a ScalePlan on the env's scale.plans that the local platform's operator applies (its
 nodes are processes on this machine) and answers, and the answer shows in the job's
-timeline; a delete removes the job; a promote and a revoke go through the registry and the
-env's tokens. A read-only token sees no action, and the API refuses it one (403)."""
+timeline; a suspend stops the job's nodes and the job shows suspended, a resume starts
+them again; a delete removes the job; a promote and a revoke go through the registry and
+the env's tokens. A read-only token sees no action, and the API refuses it one (403)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.envs.tokens import Scope
 from dlrover_events.settings import Settings
 from handlers.console.runtime import ConsoleServer
+from handlers.operator.platform import JobView
 from schemas.control import EnvMode
 from schemas.jobs import JobSubmitted
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
 from tests.conftest import ARTIFACTS, EnvFactory
-from tests.integration.console.conftest import BrowserFactory, console_settings
+from tests.integration.console.conftest import Browser, BrowserFactory, console_settings
 from tests.integration.gateway.conftest import mint
 from tests.integration.local.conftest import Local
 from tests.integration.local.conftest import no_orphans as no_orphans  # autouse here too
@@ -90,6 +92,49 @@ async def test_a_scale_from_the_console_reaches_the_operator_and_shows_in_the_ti
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             await b.do("shot", path=str(ARTIFACTS / "console-scale.png"))
 
+            # suspend, confirmed in a dialog: the operator stops the job's nodes and keeps
+            # the job, and the console says it is suspended
+            await b.do("dialogs", accept=True)
+            suspended = await _act(b, "suspend")
+            plan = await local.tap.first(ScalePlan, uid, lambda p: p.plan_id == suspended, "plan")
+            assert (plan.source, plan.suspend) == ("console", True)
+            result = await local.tap.first(
+                ScaleResult, uid, lambda r: r.plan_id == suspended, "its result"
+            )
+            assert result.status == ScaleStatus.APPLIED, result
+            await until("no node left", lambda: _no_pods(local, "console-job"))
+            kept = await local.cluster().get_job("console-job")
+            assert isinstance(kept, JobView) and kept.suspended
+            assert kept.document["status"]["phase"] == "Suspended"
+            await b.until(_facts_start("suspended"))
+            await b.wait(
+                f'#timeline tr[data-type="scale.result"][data-plan="{suspended}"]'
+                '[data-status="applied"]'
+            )
+            await b.do("click", sel='#tabs a[data-view="overview"]')
+            row = f'#jobs tr[data-job="{uid}"]'
+            await b.until(
+                f"() => document.querySelector('{row}')?.textContent.includes('suspended')"
+            )
+            await b.do("click", sel=link)
+
+            # resume: the job's two nodes run again, and it is shown running
+            resumed = await _act(b, "resume")
+            result = await local.tap.first(
+                ScaleResult, uid, lambda r: r.plan_id == resumed, "its result"
+            )
+            assert result.status == ScaleStatus.APPLIED, result
+            await until("2 running nodes again", lambda: running_count(local, "console-job", 2))
+            back = await local.cluster().get_job("console-job")
+            assert isinstance(back, JobView) and not back.suspended
+            await b.until(_facts_start("running"))
+            # a resume of a job that runs is a mistake the page says, and nothing goes out
+            await b.do("click", sel='#job-actions button.action[data-action="resume"]')
+            await b.wait("#action-result.error")
+            assert "is not suspended" in await b.do("text", sel="#action-result")
+            (refused,) = await b.do("errors")  # the browser logs the 422, nothing else
+            assert "422" in refused, refused
+
             # a read-only token: the same pages, no action anywhere, and the API says 403
             await b.do("goto", url=f"{console.url}#token={reader}")
             await b.until("() => document.getElementById('scope').textContent === 'read only'")
@@ -99,6 +144,10 @@ async def test_a_scale_from_the_console_reaches_the_operator_and_shows_in_the_ti
             await b.do("click", sel='#tabs a[data-view="envs"]')
             await b.wait(f'#envs tr[data-env="{local.env}"]')
             assert await b.do("count", sel="button.action") == 0
+            await b.do("click", sel='#tabs a[data-view="overview"]')
+            await b.do("click", sel=link)
+            await b.wait('#timeline tr[data-type="scale.result"]')
+            assert await b.do("count", sel="#job-actions button") == 0
             base = f"{console.url}v1/envs/{local.env}/jobs/console-job"
             async with aiohttp.ClientSession() as http:
                 read = {"Authorization": f"Bearer {reader}"}
@@ -107,6 +156,9 @@ async def test_a_scale_from_the_console_reaches_the_operator_and_shows_in_the_ti
                 assert "admin" in (await r.json())["error"]["message"]
                 r = await http.delete(base, headers=read)
                 assert r.status == 403
+                for action in ("suspend", "resume"):
+                    r = await http.post(f"{base}/{action}", headers=read)
+                    assert r.status == 403, action
                 # an admin's mistakes: a 4xx that says what, nothing published
                 write = {"Authorization": f"Bearer {admin}"}
                 ps = {"role": "ps", "replicas": 2}
@@ -121,7 +173,8 @@ async def test_a_scale_from_the_console_reaches_the_operator_and_shows_in_the_ti
                     headers=write,
                 )
                 assert r.status == 404
-            assert [p.plan_id for p in local.tap.of(ScalePlan, uid)] == [plan_id]
+            published = [p.plan_id for p in local.tap.of(ScalePlan, uid)]
+            assert published == [plan_id, suspended, resumed]
 
             # delete, as the admin: confirmed in a dialog, then the job is gone
             await b.do("goto", url=f"{console.url}#token={admin}")
@@ -137,6 +190,21 @@ async def test_a_scale_from_the_console_reaches_the_operator_and_shows_in_the_ti
     finally:
         ctx.stop.set()
         await asyncio.wait_for(task, 120)
+
+
+async def _act(b: Browser, action: str) -> str:
+    """Click the job's ``action`` button; the id of the plan the page says went out."""
+    await b.do("click", sel=f'#job-actions button.action[data-action="{action}"]')
+    await b.until(
+        "() => { const o = document.getElementById('action-result');"
+        f" return o.className === 'applied' && o.textContent.includes('-{action}-'); }}"
+    )
+    said = await b.do("text", sel="#action-result")
+    return str(said.split()[1])
+
+
+def _facts_start(status: str) -> str:
+    return f"() => document.getElementById('job-facts').textContent.startsWith('{status}')"
 
 
 async def _gone(local: Local, name: str) -> bool:
