@@ -194,7 +194,9 @@ def _fill(obj: Any, tensors: Mapping[int, torch.Tensor]) -> Any:
 def wait_admitted(path: str | os.PathLike[str] | None = None, *, poll_s: float = POLL_S) -> bool:
     """A warm spare waits here (torch imported, model built) until the platform admits it:
     the file ``path`` (default: $DLROVER_EVENTS_ELASTIC_ADMIT) appears with the pod's
-    variables, which this process takes on. True when admitted (or not a spare), False
+    variables, which this process takes on. An empty file is not an admission yet: on
+    Kubernetes the file is a downward-API view of the pod's admission annotation, which
+    the kubelet writes empty while it is unset. True when admitted (or not a spare), False
     when told to stop first (SIGTERM: the spare is not needed any more)."""
     raw = path if path is not None else os.environ.get(ELASTIC_ADMIT_ENV)
     if not raw:
@@ -206,12 +208,14 @@ def wait_admitted(path: str | os.PathLike[str] | None = None, *, poll_s: float =
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         while not stop.is_set():
-            if file.exists():
-                try:
-                    admission = json.loads(file.read_text())
-                except ValueError:  # being written: look again
-                    time.sleep(poll_s)
-                    continue
+            try:
+                text = file.read_text().strip()
+                # empty: not yet (on Kubernetes, the annotation is unset); half a JSON
+                # document: being written, look again
+                admission = json.loads(text) if text else None
+            except (FileNotFoundError, ValueError):
+                admission = None
+            if admission is not None:
                 os.environ.update({str(k): str(v) for k, v in admission["env"].items()})
                 os.environ.pop(ELASTIC_ADMIT_ENV, None)
                 log.info("admitted as %s", admission.get("pod", "a pod"))

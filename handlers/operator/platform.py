@@ -526,7 +526,13 @@ class Platform(Protocol):
         elastic roles rendezvous at; the local platform's pods meet at 127.0.0.1)."""
 
     async def release(self, job: str) -> None:
-        """Remove what ``prepare`` made, once the job is gone."""
+        """Remove what ``prepare`` made, and the job's warm spares, once it is gone."""
+
+    async def keep_spares(self, job: JobView, pods: Sequence[PodView], env: str) -> None:
+        """Keep the warm spares the job's in-place roles ask for (``elastic.spares``),
+        given its pods as observed now: started while it runs, ended once it ended or is
+        suspended. ``create_pod`` admits one instead of a cold start where one fits. A
+        no-op where the platform keeps them by itself (the local platform's node agent)."""
 
     def watch(
         self, kind: WatchKind, resource_version: str, timeout_s: int
@@ -623,6 +629,10 @@ class FencedPlatform:
     async def release(self, job: str) -> None:
         self._check(f"release job {job}")
         await self.platform.release(job)
+
+    async def keep_spares(self, job: JobView, pods: Sequence[PodView], env: str) -> None:
+        self._check(f"warm spares of job {job.name}")
+        await self.platform.keep_spares(job, pods, env)
 
     def watch(
         self, kind: WatchKind, resource_version: str, timeout_s: int

@@ -100,6 +100,11 @@ class KubeApi:
         a repeated create is the same pod, not a second one."""
         return await _done_unless(409, self.core.create_namespaced_pod, self.namespace, manifest)
 
+    async def patch_pod(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of the pod's metadata (a warm spare's admission: its labels and
+        annotation); a ``metadata.resourceVersion`` in ``body`` makes it conditional."""
+        return await _merge_patch(self.core.patch_namespaced_pod, name, self.namespace, body)
+
     async def delete_pod(self, name: str, grace_period_s: int | None = None) -> bool:
         """``grace_period_s``: how long its containers have after SIGTERM (None: the
         pod's own terminationGracePeriodSeconds)."""

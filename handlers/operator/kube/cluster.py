@@ -9,6 +9,10 @@ Conflict, 400/403/422 Invalid, 410 Expired, anything else Unavailable) with the 
 server's own message. An elastic job's pods meet at a headless Service per role, which
 ``prepare`` makes before them and ``release`` deletes after the job.
 
+An in-place role's warm spares (``elastic.spares``) are pods of the role kept waiting,
+which a new pod of the role admits instead of starting cold (``spares.py``); they are not
+the job's nodes, and go with the job.
+
 It suspends a job through its workload's field (TrainingJob ``spec.suspend``, PyTorchJob
 ``spec.runPolicy.suspend``), and is a ``CapacitySource``: the cluster's Nodes as hosts
 (``nodes.parse_node``: allocatable GPUs, cordoned or NotReady ones not schedulable),
@@ -19,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from kubernetes_asyncio.client.rest import ApiException
 
 from dlrover_events.kube.api import api_error
+from handlers.operator.kube import spares
 from handlers.operator.kube.adapter import PodCreatingAdapter
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.nodes import DEFAULT_GPU_RESOURCE, parse_node
@@ -112,6 +118,8 @@ class KubeCluster:
         self.gpu_resource = gpu_resource
         self.gpu_type_label = gpu_type_label
         self.node_selector = node_selector or None
+        #: (job uid, role) -> when a warm spare of it last ended on its own (monotonic)
+        self._spare_ended: dict[tuple[str, str], float] = {}
 
     @property
     def host(self) -> str:
@@ -177,11 +185,93 @@ class KubeCluster:
         return [p for p in map(self.workload.parse_pod, items) if p is not None], version
 
     async def create_pod(self, job: JobView, pod: NewPod, env: str) -> bool:
+        """The node's pod: a warm spare of its role admitted (``spares.py``), else a new
+        pod of its decided name (False when that exists)."""
         if not isinstance(self.workload, PodCreatingAdapter):
             raise Invalid(f"a {self.workload.kind}'s pods are its own controller's to create")
         manifest = self.workload.pod_manifest(job, pod, env, rendezvous_host=self.rendezvous_host)
         with _said_as_port_errors():
+            takes_spare = pod.role in spares.wanted(job, ended=False)
+            if takes_spare and await self._admit(job, pod, manifest):
+                return True
             return await self.api.create_pod(manifest)
+
+    async def _admit(self, job: JobView, pod: NewPod, manifest: Mapping[str, Any]) -> bool:
+        """A warm spare made as ``manifest`` becomes the node's pod; False when none fits
+        (or each that did changed meanwhile: another look admitted or deleted it)."""
+        items, _ = await self.api.list_pods(spares.selector(job.name))
+        found = [s for s in map(spares.parse_spare, items) if s is not None]
+        for spare in spares.candidates(found, job, pod.role, spares.spare_key(manifest)):
+            try:
+                await self.api.patch_pod(spare.name, spares.admission_patch(spare, pod, manifest))
+            except ApiException as e:
+                if e.status in (404, 409):
+                    continue
+                raise
+            log.info(
+                "pod %s (%s rank %d) is warm spare %s, admitted",
+                pod.name(job.name),
+                pod.role,
+                pod.rank,
+                spare.name,
+            )
+            return True
+        return False
+
+    async def keep_spares(self, job: JobView, pods: Sequence[PodView], env: str) -> None:
+        """As many spares per in-place role as it asks for (``spares.keep``), made as a pod
+        of the role is made now; none once the job ended or is suspended. A role whose
+        spare ended on its own gets the next one SPARE_BACKOFF_S later at the earliest."""
+        roles = spares.in_place_roles(job)
+        if not roles or not isinstance(self.workload, PodCreatingAdapter):
+            return
+        want = spares.wanted(job, ended=self.outcome(job, pods)[0] is not None)
+        protos = {
+            role: self.workload.pod_manifest(
+                job, spares.prototype(job, role), env, rendezvous_host=self.rendezvous_host
+            )
+            for role in want
+        }
+        keys = {role: spares.spare_key(m) for role, m in protos.items()}
+        with _said_as_port_errors():
+            items, _ = await self.api.list_pods(spares.selector(job.name))
+            found = [s for s in map(spares.parse_spare, items) if s is not None]
+            actions = spares.keep(job, found, want, keys)
+            now = time.monotonic()
+            self._spare_ended = {
+                k: t for k, t in self._spare_ended.items() if now - t < spares.SPARE_BACKOFF_S
+            }
+            for spare in actions.ended:
+                log.warning(
+                    "warm spare %s of job %s ended on its own: %s",
+                    spare.name,
+                    job.name,
+                    spare.ended or spare.phase,
+                )
+                self._spare_ended[(job.uid, spare.role)] = now
+            for name in actions.delete:
+                if await self.api.delete_pod(name):
+                    log.info("deleted warm spare %s", name)
+            taken = {p.name for p in pods} | {s.name for s in found}
+            for role, count in sorted(actions.create.items()):
+                ended = self._spare_ended.get((job.uid, role))
+                if ended is not None and now - ended < spares.SPARE_BACKOFF_S:
+                    continue
+                for _ in range(count):
+                    name = spares.spare_name(job.name, role, taken)
+                    taken.add(name)
+                    try:
+                        made = await self.api.create_pod(spares.spare_manifest(protos[role], name))
+                    except ApiException as e:
+                        error = platform_error(e)
+                        if not isinstance(error, Invalid):
+                            raise
+                        # a quota or an admission refuses it: the job goes on without
+                        log.warning("warm spare %s of job %s refused: %s", name, job.name, error)
+                        self._spare_ended[(job.uid, role)] = now
+                        break
+                    if made:
+                        log.info("started warm spare %s of job %s (%s)", name, job.name, role)
 
     async def delete_pod(self, name: str, grace_s: int | None = None) -> bool:
         with _said_as_port_errors():
@@ -203,7 +293,12 @@ class KubeCluster:
                     log.info("created service %s", svc["metadata"]["name"])
 
     async def release(self, job: str) -> None:
+        """The job's Services and warm spares, once it is gone."""
         with _said_as_port_errors():
+            items, _ = await self.api.list_pods(spares.selector(job))
+            for spare in filter(None, map(spares.parse_spare, items)):
+                if not spare.deleting and await self.api.delete_pod(spare.name):
+                    log.info("deleted warm spare %s", spare.name)
             for svc in await self.api.list_services(_owned_by(job)):
                 if await self.api.delete_service(svc["metadata"]["name"]):
                     log.info("deleted service %s", svc["metadata"]["name"])

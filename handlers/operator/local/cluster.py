@@ -345,6 +345,11 @@ class LocalCluster:
     async def release(self, job: str) -> None:
         return None
 
+    async def keep_spares(self, job: JobView, pods: Sequence[PodView], env: str) -> None:
+        """Nothing: the node agent keeps each job's spares at every scan (``_keep_spares``),
+        where it sees its processes."""
+        return None
+
     # -- hosts (CapacitySource): this machine and its slots --------------------------------
 
     async def list_hosts(self) -> tuple[list[Host], str]:

@@ -23,6 +23,8 @@ alike, in the port's typed views and errors; it imports no platform.
 - With a cluster scheduler in the env's settings (brain.scheduler, followed live on
   dlrover.control), a new job is suspended before its first pod: queued until a plan
   admits it (planning.admission_change). A job Kueue manages is left to Kueue.
+- A job's in-place roles keep the warm spares they ask for (``Platform.keep_spares``, at
+  each look at the job); a new pod takes one where the platform has one that fits.
 - Where the platform says what its cluster has (a ``CapacitySource``), its hosts are
   watched and the capacity published on the env's cluster.capacity (capacity.py).
 - A plan that cannot apply gets a rejected (planning.PlanRejected, raised wherever the
@@ -471,6 +473,8 @@ class EnvReconciler:
                 log.info("env %s: deleted pod %s (grace %s s)", self.env, name, grace)
         if actions:
             pods = await self._pods_of(job.name)
+        if creates:
+            await self.platform.keep_spares(job, pods, self.env)
         now = _now()
         status = planning.job_status(
             job, pods, last_plan=last_plan, last_plan_time=now if last_plan else None, now=now
