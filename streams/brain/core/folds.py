@@ -20,6 +20,7 @@ from schemas.jobs import (
     JobFailed,
     JobStarted,
     JobSubmitted,
+    NodeEvent,
     NodeExited,
     NodeFailed,
     NodeOOM,
@@ -55,6 +56,7 @@ from streams.brain.core.state import (
     OOMRecord,
     Pinned,
     ProfilePoint,
+    RejectedPlan,
     RoleResources,
     Stage,
     node_key,
@@ -369,7 +371,12 @@ def _fold_result(state: JobState, event: ScaleResult) -> JobState:
     if state.share is not None:
         update["share"] = state.share.answered(event.plan_id, accepted)
     if not accepted:
+        # a refusal is remembered (the planner does not ask the same again while the job
+        # is as it was); a failure to apply is not: it may go through when asked again
+        if event.status == ScaleStatus.REJECTED:
+            update["rejected"] = RejectedPlan(plan=pending, reason=event.reason)
         return state.model_copy(update=update)
+    update["rejected"] = None  # the job changed: what was refused may be asked again
     skipped = [part.part for part in event.not_applied]
     applied = apply_scale_plan(state, pending, not_applied=skipped)
     if pending.training:
@@ -464,6 +471,12 @@ def apply_scale_plan(
     return state.model_copy(update={"roles": roles, "nodes": nodes})
 
 
+#: Events that say the job is no longer as it was when the platform rejected a plan (its
+#: nodes came or went, it started again, it has another config): the planner may ask for
+#: the refused change again. Samples, and results of other plans, change nothing of it.
+CHANGES_THE_JOB = (JobSubmitted, JobStarted, NodeEvent, OptimizeRequest)
+
+
 def fold(
     state: JobState | None, event: Event | SampleRead, memo: SampleMemo | None = None
 ) -> JobState | None:
@@ -518,7 +531,10 @@ def fold(
             )
         case _:
             pass
-    return state.model_copy(update={"last_event_id": str(event.event_id)})
+    update: dict[str, Any] = {"last_event_id": str(event.event_id)}
+    if state.rejected is not None and isinstance(event, CHANGES_THE_JOB):
+        update["rejected"] = None
+    return state.model_copy(update=update)
 
 
 def fold_all(state: JobState | None, events: Iterable[Event | SampleRead]) -> JobState | None:

@@ -3,7 +3,9 @@
 The planner is where the limits live (DLRover's master applied them, not its Brain), so
 no optimizer, built-in or a user's, can ask the operator for more than the cluster rules
 allow: per-node cpu and memory bounds, replica caps, the job's min/max, cooldowns, and
-the values a user pinned. When nothing is left to change, there is no ScalePlan at all.
+the values a user pinned. When nothing is left to change, there is no ScalePlan at all;
+nor when the change is the one still pending, or the one the platform last rejected while
+the job is as it was (`JobState.rejected`).
 
 A node named in `ResourcePlan.node_resources` is relaunched with the resources given
 (fields at 0 keep the node's own); a node named with all fields at 0 is relaunched as it
@@ -328,16 +330,19 @@ def plan_scale(
         notes.append("nothing changes")
         return Planned(None, tuple(notes))
     migrating = [migrate[k] for k in sorted(migrate)]
+    change = (groups, launch, remove, migrating, training)
     pending = state.pending_scale_plan
-    if pending is not None and (groups, launch, remove, migrating, training) == (
-        pending.node_group_resources,
-        pending.launch_nodes,
-        pending.remove_nodes,
-        pending.migrate_nodes,
-        pending.training,
-    ):
+    if pending is not None and change == _change_of(pending):
         # the operator has not answered the same change yet: asking again adds nothing
         notes.append(f"the same change is pending (plan {pending.plan_id})")
+        return Planned(None, tuple(notes))
+    rejected = state.rejected
+    if rejected is not None and change == _change_of(rejected.plan):
+        # the platform would refuse it again: the job is as it was when it did
+        notes.append(
+            f"the platform rejected the same change (plan {rejected.plan.plan_id}): "
+            f"{rejected.reason or 'no reason given'}"
+        )
         return Planned(None, tuple(notes))
     caused_by = plan.caused_by or state.last_event_id or plan.plan_id
     scale_id = plan_id(state.job.uuid, caused_by, "scale")
@@ -351,3 +356,14 @@ def plan_scale(
         training=training,
     )
     return Planned(scale, tuple(notes))
+
+
+def _change_of(plan: ScalePlan) -> tuple[Any, ...]:
+    """What a ScalePlan changes, as `plan_scale` builds it, to compare a new one with."""
+    return (
+        plan.node_group_resources,
+        plan.launch_nodes,
+        plan.remove_nodes,
+        plan.migrate_nodes,
+        plan.training,
+    )

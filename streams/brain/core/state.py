@@ -175,6 +175,17 @@ class AwaitedTraining(Model):
     training: dict[str, Any] = Field(default_factory=dict)
 
 
+class RejectedPlan(Model):
+    """The brain's last ScalePlan the platform rejected, and why. The planner does not ask
+    for the same change again while the job is as it was: a refusal such as "it hosts the
+    job's rendezvous" is given again for as long as nothing about the job changed, and
+    asking every few samples only floods the topics (`streams.brain.core.folds` forgets it
+    once the job changes)."""
+
+    plan: ScalePlan
+    reason: str = ""
+
+
 #: Step-time profile points kept per job: one per configuration it ran at (Pollux keeps
 #: every configuration; a job that tried more than this forgets its oldest ones).
 MAX_PROFILE_POINTS = 48
@@ -282,6 +293,9 @@ class JobState(Model):
     last_running_plan_at: datetime | None = None
     last_ps_change_at: datetime | None = None
     pending_scale_plan: ScalePlan | None = None
+    rejected: RejectedPlan | None = Field(
+        default=None, description="the last plan the platform rejected, while the job is as it was"
+    )
     awaiting_training: AwaitedTraining | None = Field(
         default=None, description="knobs an accepted plan asked for, not confirmed by the job"
     )

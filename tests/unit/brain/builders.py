@@ -13,7 +13,7 @@ from schemas.env_settings import LimitSettings
 from schemas.jobs import JobMeta, NodeUsage, OOMKind
 from schemas.plans import OptimizePlan
 from streams.brain.core.optimizers import REGISTRY, OptimizeContext, Proposal
-from streams.brain.core.optimizers.numeric import GiB
+from streams.brain.core.optimizers.numeric import GiB, MiB
 from streams.brain.core.planner import DEFAULT_LIMITS, Planned, plan_scale
 from streams.brain.core.sample_structs import NodeUse
 from streams.brain.core.samples import Sample
@@ -48,7 +48,7 @@ def plan_one(
     return plan_scale(state, plan, now, limits, optimizers=(plan.optimizer,))
 
 
-__all__ = ["ENV", "T0", "GiB"]
+__all__ = ["ENV", "T0", "GiB", "MiB"]
 
 
 def meta(uuid: str = "job-1", scenario: str = "ctr") -> JobMeta:

@@ -15,6 +15,7 @@ from streams.brain.core.state import PS, WORKER, JobState, NodeStatus, RoleResou
 from .builders import (
     T0,
     GiB,
+    MiB,
     completed,
     meta,
     node,
@@ -186,7 +187,11 @@ def test_ps_init_adjust_long_job_targets_32_workers() -> None:
     # ps_cpu = max(ceil(0.08 x 100) + 4, ceil(8) + 4) = 12; balanced PS: free rate
     # 12 / (8 x 2 / 15) = 11.25 caps nothing (45 >= 32); replicas ceil(32/4 x 16/12) = 11
     assert (group.count, group.node_resource.cpu) == (11, 12)
-    assert group.node_resource.memory == math.ceil(12 * GiB * 1.2)
+    # 12 GiB x 1.2 = 14.4 GiB, rounded up to a whole memory unit (256 MiB): 14.5 GiB
+    assert group.node_resource.memory == 14.5 * GiB
+    exact = run("ps-init-adjust", _ps_init_job(10**9, recv_ops=200), memory_unit=1)
+    assert exact is not None
+    assert exact.resource.node_group_resources[PS].node_resource.memory == math.ceil(12 * GiB * 1.2)
     assert "capped" not in proposal.reason
 
 
@@ -364,6 +369,30 @@ def test_worker_resource_allreduce_sets_cpu_and_memory_only() -> None:
     assert proposal.resource.node_group_resources[WORKER] == NodeGroupResource(
         count=0, node_resource=NodeResource(cpu=7, memory=12 * GiB)
     )
+
+
+def test_worker_resource_memory_moving_by_a_few_bytes_is_the_same_wish() -> None:
+    """The example job's workers, as the brain saw them 1 s apart: the peak moved by a
+    few hundred KiB, the target did not (memory rounded up to a whole 256 MiB)."""
+
+    def wish(peak: int, **params: int) -> NodeResource:
+        job = state(samples=samples([[use(WORKER, 0, cpu=0.06, memory=peak)]] * 3))
+        proposal = run("worker-resource", job, **params)
+        assert proposal is not None
+        return proposal.resource.node_group_resources[WORKER].node_resource
+
+    first, then = wish(351_772_672), wish(352_313_344)
+    assert first == then == NodeResource(cpu=2, memory=512 * MiB)
+    # a real rise still is one: past 512 MiB / 1.2 of peak, the next unit
+    assert wish(450 * MiB).memory == 768 * MiB
+    # unit 1: the spec's exact bytes (peak + 20 %), which noise moves
+    assert wish(351_772_672, memory_unit=1) != wish(352_313_344, memory_unit=1)
+
+
+def test_ps_util_rounds_its_memory_up_to_the_unit_too() -> None:
+    proposal = run("ps-util", _util_job(total_steps=100 + 7200), memory_unit=4 * GiB)
+    assert proposal is not None
+    assert proposal.resource.node_resources["ps-1"].memory == 8 * GiB  # 5 GiB x 1.2 = 6
 
 
 def test_worker_resource_memory_margin_is_capped_at_8_gib() -> None:

@@ -5,6 +5,13 @@ them (the tests cite each rule). Where the original had known
 defects, these differ on purpose: zero workers never divide, OOM optimizers act only on
 OOM events not yet answered (never twice for one OOM), and parameters are typed values
 rather than config keys looked up as values.
+
+A memory taken from the samples' use (worker-resource, PS-init-adjust, PS-util) is rounded
+up to a whole `memory_unit` (256 MiB by default), as the spec rounds cpu up to whole cores:
+a process's memory moves by a few pages from one sample to the next, and a target that
+followed it would be a new wish, so a new plan, every time the brain decides (seen with the
+example job: worker-resource's target 422,127,207 then 422,776,013 bytes, 1 s apart). Unit 1
+keeps the spec's exact bytes.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from streams.brain.core.optimizers.api import (
     group_plan,
     node_resource,
 )
-from streams.brain.core.optimizers.numeric import GiB, ceil_int, mean, median
+from streams.brain.core.optimizers.numeric import GiB, MiB, ceil_int, ceil_to, mean, median
 from streams.brain.core.optimizers.usage import (
     avg_cpu,
     major_cluster,
@@ -40,6 +47,9 @@ from streams.brain.core.optimizers.usage import (
 )
 from streams.brain.core.samples import Sample
 from streams.brain.core.state import PS, WORKER, JobState, Stage, parse_node_key
+
+#: What a memory taken from the samples' use is rounded up to (see the module's docstring).
+MEMORY_UNIT = 256 * MiB
 
 
 def _open_ooms(state: JobState, role: str) -> list[str]:
@@ -270,6 +280,9 @@ class PSInitAdjustParams(Model):
     window: int = Field(default=3, ge=1, description="samples of the recent PS averages")
     max_replicas: int = Field(default=15, ge=1, description="the most PS a job may have")
     memory_factor: float = Field(default=1.2, ge=1)
+    memory_unit: int = Field(
+        default=MEMORY_UNIT, ge=1, le=MAX_BYTES, description="memory rounded up to it"
+    )
 
 
 def free_rate(ps_cpu: int, averages: Sequence[float], max_replicas: int) -> float | None:
@@ -324,7 +337,8 @@ def ps_init_adjust(ctx: OptimizeContext, p: PSInitAdjustParams) -> Proposal | No
     if ps_cpu <= 0:  # no recv ops, idle PS and no margin: nothing to size the PS by
         return None
     replicas = min(max(ceil_int(target / workers * max_sum_cpu / ps_cpu), 1), p.max_replicas)
-    memory = ceil_int(max(u.memory for u in samples[-1].usage(PS)) * p.memory_factor)
+    peak = max(u.memory for u in samples[-1].usage(PS))
+    memory = ceil_to(ceil_int(peak * p.memory_factor), p.memory_unit)
     return Proposal(
         reason=(
             f"PS for {target} workers{capped} (now {workers}): PS cpu {ps_cpu}, "
@@ -408,6 +422,9 @@ class PSUtilParams(Model):
     low_util: float = Field(default=0.4, gt=0)
     cpu_margin: float = Field(default=4, ge=0)
     memory_factor: float = Field(default=1.2, ge=1)
+    memory_unit: int = Field(
+        default=MEMORY_UNIT, ge=1, le=MAX_BYTES, description="memory rounded up to it"
+    )
 
 
 def ps_util(ctx: OptimizeContext, p: PSUtilParams) -> Proposal | None:
@@ -432,7 +449,7 @@ def ps_util(ctx: OptimizeContext, p: PSUtilParams) -> Proposal | None:
         if util >= p.low_util:
             continue
         cpu = ceil_int(max(u.cpu for u in usages[key]) + p.cpu_margin)
-        memory = ceil_int(usages[key][-1].memory * p.memory_factor)
+        memory = ceil_to(ceil_int(usages[key][-1].memory * p.memory_factor), p.memory_unit)
         if cpu != requested_cpu(state, key, PS) or memory != requested_memory(state, key, PS):
             changes[key] = node_resource(cpu=cpu, memory=memory)
     if not changes:
@@ -458,6 +475,9 @@ class WorkerResourceParams(Model):
     cpu_margin: float = Field(default=1, ge=0)
     memory_margin: float = Field(default=0.2, ge=0)
     memory_margin_cap: int = Field(default=8 * GiB, ge=0)
+    memory_unit: int = Field(
+        default=MEMORY_UNIT, ge=1, le=MAX_BYTES, description="memory rounded up to it"
+    )
     speed_window: int = Field(default=5, ge=1)
     deceleration: float = Field(default=0.1, ge=0, lt=1)
     spike_factor: float = Field(default=2.0, gt=1)
@@ -507,7 +527,8 @@ def worker_resource(ctx: OptimizeContext, p: WorkerResourceParams) -> Proposal |
     busiest = max(per_sample_max) if len(stable) < 6 else mean(per_sample_max)
     cpu = ceil_int(busiest + p.cpu_margin)
     peak_memory = max(u.memory for s in stable for u in s.usage(WORKER))
-    memory = peak_memory + ceil_int(min(p.memory_margin * peak_memory, p.memory_margin_cap))
+    margin = ceil_int(min(p.memory_margin * peak_memory, p.memory_margin_cap))
+    memory = ceil_to(peak_memory + margin, p.memory_unit)
     current = samples[-1].count(WORKER)
     replicas = current
     why = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+MiB = 1024**2
 GiB = 1024**3
 
 
@@ -30,3 +31,8 @@ def ceil_int(value: float) -> int:
     if not math.isfinite(value):
         raise ValueError(f"a computed value is {value}: a parameter or state value out of range")
     return math.ceil(round(value, 9))
+
+
+def ceil_to(value: int, unit: int) -> int:
+    """``value`` rounded up to a whole number of ``unit`` (never below it)."""
+    return -(-value // unit) * unit
