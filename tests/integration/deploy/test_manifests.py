@@ -19,6 +19,7 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from dlrover_events.envs.bootstrap import TOKEN_SECRETS
 from dlrover_events.envs.tokens import Scope
 from dlrover_events.settings import ENV_PREFIX, Settings
+from handlers.console.runtime import ConsoleSettings
 from handlers.operator.kube.runner import KubeSettings
 from handlers.operator.kube.wiring import PodWiring, pod_wiring
 from tests.integration.deploy.manifests import (
@@ -39,6 +40,7 @@ from tests.integration.deploy.manifests import (
     with_component,
     workloads,
 )
+from tests.integration.k8s.kubelet_env import container_environment
 
 #: kustomize's fields of old, which kustomize v5 warns about
 OLD_FIELDS = {"bases", "commonLabels", "patchesJson6902", "patchesStrategicMerge", "vars",
@@ -47,9 +49,12 @@ OLD_FIELDS = {"bases", "commonLabels", "patchesJson6902", "patchesStrategicMerge
 SERVICES = ["archiver", "brain", "console", "evaluator", "gateway", "operator", "watchdog"]
 #: who may hold a ServiceAccount token, per overlay
 TOKENS = {
-    "prod": {"dlrover-events-operator", "dlrover-events-gateway", "dlrover-events-bootstrap"},
+    "prod": {
+        "dlrover-events-operator", "dlrover-events-gateway", "dlrover-events-console",
+        "dlrover-events-bootstrap",
+    },
     "standby": set(),
-}
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=OVERLAYS)
@@ -198,6 +203,64 @@ def test_standby_operator_runs_alone_without_a_budget() -> None:
     assert operator["spec"]["replicas"] == 1
     assert operator["spec"]["strategy"] == {"type": "Recreate"}
     assert sorted(of_kind(docs, "PodDisruptionBudget")) == ["standby-dlrover-events-gateway"]
+
+
+def console_settings(
+    docs: list[Doc], deployment: str, monkeypatch: pytest.MonkeyPatch, **config: str
+) -> ConsoleSettings:
+    """The console's settings as its pod gets them (envFrom, then env; ``config`` added to
+    the ConfigMap, as an overlay's literals would)."""
+    (container,) = pod_spec(of_kind(docs, "Deployment")[deployment])["containers"]
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "ENV" in d.get("data", {})]
+    env = container_environment(
+        container,
+        fields={"metadata.name": "console-0"},
+        config_maps={cm["metadata"]["name"]: {**cm["data"], **config}},
+        secrets={"dlrover-events-postgres": {"dsn": "postgresql://db/x"}},
+    )
+    for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return ConsoleSettings()
+
+
+def test_the_real_env_s_console_acts_on_the_cluster_as_its_own_account(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The prod console acts on the cluster's TrainingJobs (a scale, suspend, resume or
+    delete on the local platform would answer "no trainingjob"), with a token of its own
+    account that may read and delete TrainingJobs and nothing else, in the namespace the
+    operator acts in; the standby env's console holds no credentials."""
+    docs = overlay("prod")
+    pod = pod_spec(of_kind(docs, "Deployment")["dlrover-events-console"])
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == (
+        "dlrover-events-console", True,
+    )  # fmt: skip
+    conf = console_settings(docs, "dlrover-events-console", monkeypatch)
+    assert (conf.platform, conf.kubeconfig, conf.namespace) == ("kubernetes", None, None)
+    moved = console_settings(
+        docs, "dlrover-events-console", monkeypatch, DLROVER_EVENTS_OPERATOR_NAMESPACE="training"
+    )
+    assert moved.namespace == "training"  # where the operator's TrainingJobs are
+    (rules,) = [r["rules"] for n, r in of_kind(docs, "Role").items() if "console" in n]
+    assert rules == [
+        {"apiGroups": ["dlrover-events.io"], "resources": ["trainingjobs"],
+         "verbs": ["get", "delete"]},
+    ]  # fmt: skip
+    binding = of_kind(docs, "RoleBinding")["dlrover-events-console"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "dlrover-events-console", "namespace": "dlrover-events"}
+    ]
+    # cluster-rbac: the same rules for the TrainingJobs of another namespace
+    cluster = with_component("cluster-rbac", tmp_path)
+    assert of_kind(cluster, "ClusterRole")["dlrover-events-console"]["rules"] == rules
+    standby = overlay("standby")
+    pod = pod_spec(of_kind(standby, "Deployment")["standby-dlrover-events-console"])
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == "standby-no-cluster-credentials"
+    conf = console_settings(standby, "standby-dlrover-events-console", monkeypatch)
+    assert conf.platform == "local"  # it acts on no cluster
 
 
 def operator_wiring(settings: Settings) -> PodWiring:

@@ -4,7 +4,9 @@ then each container of the rendered manifests run as a process, as the kubelet w
 it: the command and args of the bootstrap Job and of every Deployment's pods, with the
 environment the kubelet gives it (envFrom and env, ConfigMap, Secret and field references
 resolved from what the API server holds, `$(VAR)` expanded). The bootstrap succeeds, and
-every service answers 200 on its readiness probe's path at the port its Service names.
+every service answers 200 on its readiness probe's path at the port its Service names,
+and the real env's console acts on a TrainingJob of the cluster with its own account's
+token (a suspend the operator applies, a delete).
 
 What differs from a cluster, each in `as_a_process` and nowhere else:
 - the network: each pod has its own; here the processes share one host, so every named
@@ -41,6 +43,8 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from kubernetes_asyncio import client
 
+from dlrover_events.envs.bootstrap import TOKEN_SECRETS
+from dlrover_events.envs.tokens import Scope
 from dlrover_events.runtime.embedded import Broker, free_port
 from tests.integration.deploy.manifests import (
     BIND_VARIABLES,
@@ -272,6 +276,55 @@ async def until_ready(pod: Pod, path: str, port: int) -> None:
     raise AssertionError(f"{pod.name}: {url} not 200 after {READY_TIMEOUT_S} s:\n{pod.said()}")
 
 
+TRAINING_JOB = {
+    "apiVersion": "dlrover-events.io/v1alpha1",
+    "kind": "TrainingJob",
+    "metadata": {"name": "from-the-console", "namespace": NAMESPACE},
+    "spec": {"roles": {"worker": {"replicas": 1, "template": {"spec": {"containers": [
+        {"name": "main", "image": "train:1", "command": ["python", "-m", "train"]}]}}}}},
+}  # fmt: skip
+
+
+def kubectl_do(
+    kubeconfig: Path, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [kubectl(), "--kubeconfig", str(kubeconfig), *args],
+        input=stdin, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+async def console_acts_on_a_training_job(kube: Path, console: Pod) -> None:
+    """A suspend and a delete from the console, with the admin token the bootstrap wrote:
+    the console reads the job as its ServiceAccount, the operator applies the plan."""
+    secret = kubectl_json(kube, "get", "secret", TOKEN_SECRETS[Scope.ADMIN], "-n", NAMESPACE)
+    token = base64.b64decode(secret["data"]["prod"]).decode()
+    done = await asyncio.to_thread(
+        kubectl_do, kube, "apply", "-f", "-", stdin=json.dumps(TRAINING_JOB)
+    )
+    assert done.returncode == 0, done.stderr
+    name = TRAINING_JOB["metadata"]["name"]
+    base = f"http://127.0.0.1:{console.ports['http']}/v1/envs/prod/jobs/{name}"
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def suspended() -> bool:
+        job = kubectl_json(kube, "get", "trainingjob", name, "-n", NAMESPACE)
+        return bool(job["spec"].get("suspend"))
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        async with http.post(f"{base}/suspend", headers=auth) as r:
+            said = await r.json()
+            assert r.status == 202, (said, console.said())
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not await asyncio.to_thread(suspended):
+            assert time.monotonic() < deadline, f"plan {said['plan_id']} not applied"
+            await asyncio.sleep(0.5)
+        async with http.delete(base, headers=auth) as r:
+            assert r.status == 200, (await r.text(), console.said())
+    gone = await asyncio.to_thread(kubectl_do, kube, "get", "trainingjob", name, "-n", NAMESPACE)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr, gone
+
+
 async def test_the_cluster_as_processes(
     kube: Path, api: client.ApiClient, own_pg: str, tmp_path: Path
 ) -> None:
@@ -342,6 +395,10 @@ async def test_the_cluster_as_processes(
         ]
         assert len(replicas) == 2
         assert [r for r in replicas if holder.startswith(f"{r}_")], (holder, replicas)
+
+        # The real env's console acts on the cluster's TrainingJobs with its own token.
+        (console,) = [p for p in pods if p.name == "dlrover-events-console-0"]
+        await console_acts_on_a_training_job(kube, console)
     finally:
         stopped = {pod.name: pod.stop() for pod in reversed(pods)}
         broker.stop()

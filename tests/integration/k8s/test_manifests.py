@@ -38,7 +38,7 @@ from tests.integration.deploy.manifests import (
     with_component,
 )
 
-from .kube import create_namespace, create_node, service_account_client
+from .kube import create_namespace, create_node, service_account_client, unique_name
 from .test_kube_testenv import eventually_allowed, expect_forbidden
 
 pytestmark = pytest.mark.integration
@@ -185,7 +185,7 @@ def test_strimzi_topics_are_accepted(kube: Path, third_party_crds: list[Doc]) ->
     }
 
 
-async def test_prod_tokens_go_to_the_operator_gateway_and_bootstrap_only(
+async def test_prod_tokens_go_to_the_operator_gateway_console_and_bootstrap_only(
     api: client.ApiClient, install: list[Doc]
 ) -> None:
     apps = client.AppsV1Api(api)
@@ -200,6 +200,7 @@ async def test_prod_tokens_go_to_the_operator_gateway_and_bootstrap_only(
     assert tokens == {
         "dlrover-events-operator": "dlrover-events-operator",
         "dlrover-events-gateway": "dlrover-events-gateway",
+        "dlrover-events-console": "dlrover-events-console",
     }
     assert len(listed.items) == 7
     job = await client.BatchV1Api(api).read_namespaced_job("dlrover-events-bootstrap", NAMESPACE)
@@ -209,7 +210,8 @@ async def test_prod_tokens_go_to_the_operator_gateway_and_bootstrap_only(
     )
     subjects = {s.name for b in bindings.items for s in b.subjects}
     assert subjects == {
-        "dlrover-events-operator", "dlrover-events-gateway", "dlrover-events-bootstrap"
+        "dlrover-events-operator", "dlrover-events-gateway", "dlrover-events-console",
+        "dlrover-events-bootstrap",
     }  # fmt: skip
 
 
@@ -259,6 +261,55 @@ async def test_the_operator_acts_in_its_namespace_only_without_cluster_rbac(
         core = client.CoreV1Api(sa)
         await eventually_allowed(lambda: core.list_namespaced_pod(NAMESPACE))
         await expect_forbidden(core.list_namespaced_pod(other), NAMESPACE, account)
+
+
+def training_job(name: str) -> Doc:
+    return {
+        "apiVersion": "dlrover-events.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {"roles": {"worker": {"replicas": 1, "template": {"spec": {"containers": [
+            {"name": "main", "image": "train:1"}]}}}}},
+    }  # fmt: skip
+
+
+async def test_the_console_reads_and_deletes_training_jobs_and_nothing_else(
+    api: client.ApiClient, install: list[Doc]
+) -> None:
+    """The real env's console (rbac/console.yaml): with its own token it reads a
+    TrainingJob (to scale, suspend or resume it by a plan) and deletes one, in the
+    install's namespace only; it patches none, lists none, and reaches no pod or Secret."""
+    other = await create_namespace(api)
+    name = unique_name("console-rbac")
+    admin = client.CustomObjectsApi(api)
+    tj = ("dlrover-events.io", "v1alpha1")
+    for namespace in (NAMESPACE, other):
+        await admin.create_namespaced_custom_object(
+            *tj, namespace, "trainingjobs", training_job(name)
+        )
+    account = "dlrover-events-console"
+    async with await service_account_client(api, NAMESPACE, account) as sa:
+        jobs = client.CustomObjectsApi(sa)
+        got = await eventually_allowed(
+            lambda: jobs.get_namespaced_custom_object(*tj, NAMESPACE, "trainingjobs", name)
+        )
+        assert got["metadata"]["name"] == name
+        core = client.CoreV1Api(sa)
+        patch = {"spec": {"suspend": True}}
+        denied = [
+            jobs.patch_namespaced_custom_object(*tj, NAMESPACE, "trainingjobs", name, patch),
+            jobs.list_namespaced_custom_object(*tj, NAMESPACE, "trainingjobs"),
+            jobs.get_namespaced_custom_object(*tj, other, "trainingjobs", name),
+            jobs.delete_namespaced_custom_object(*tj, other, "trainingjobs", name),
+            core.list_namespaced_pod(NAMESPACE),
+            core.read_namespaced_secret("dlrover-events-admin-token", NAMESPACE),
+        ]
+        for call in denied:
+            await expect_forbidden(call, NAMESPACE, account)
+        await jobs.delete_namespaced_custom_object(*tj, NAMESPACE, "trainingjobs", name)
+    with pytest.raises(ApiException) as gone:
+        await admin.get_namespaced_custom_object(*tj, NAMESPACE, "trainingjobs", name)
+    assert gone.value.status == 404
 
 
 async def test_the_operator_reads_the_nodes_and_writes_none(
