@@ -119,7 +119,7 @@ class Series:
 
 
 @dataclass(frozen=True, slots=True)
-class Planned:
+class OpenPlan:
     """A scale plan of the job read and not answered yet: what its result would change."""
 
     groups: dict[str, NodeGroupResource]
@@ -163,7 +163,7 @@ class JobRow:
     #: again (the brain re-plans as usage moves) counts on that entry, not a new one
     repeating: tuple[Any, ...] | None = None
     #: plans read but not answered yet
-    open_plans: dict[str, Planned] = field(default_factory=dict)
+    open_plans: dict[str, OpenPlan] = field(default_factory=dict)
     #: plans reported applied (or partial) before the plan itself was read, with the parts
     #: the result did not apply.
     applied: dict[str, frozenset[str]] = field(default_factory=dict)
@@ -515,7 +515,7 @@ def _fold(view: JobRow, event: JobEvent) -> None:
         case ScalePlan():
             groups = dict(event.node_group_resources)
             left_out = view.applied.pop(event.plan_id, None)
-            planned = Planned(
+            planned = OpenPlan(
                 groups,
                 suspend=event.suspend,
                 gives_count=any(g.count for g in groups.values()) or bool(event.launch_nodes),
@@ -552,7 +552,7 @@ def _advance(view: JobRow, status: str) -> None:
         view.status = status
 
 
-def _applied(view: JobRow, plan: Planned, left_out: frozenset[str]) -> None:
+def _applied(view: JobRow, plan: OpenPlan, left_out: frozenset[str]) -> None:
     """A plan the operator applied: a suspend stops the job (it keeps its resources); a
     plan that gives it a count resumes it, as the platforms read a plan
     (handlers.operator.reconcile.planning.resumes)."""
