@@ -232,7 +232,7 @@ Tombstone = tuple[str, None]
 #: What the change topic carries.
 Change = ConfigChange | Tombstone
 #: What applying one change did: ``replay`` is a change the index already holds exactly.
-Applied = Literal["changed", "unchanged", "replay"]
+ApplyOutcome = Literal["changed", "unchanged", "replay"]
 
 
 class Index:
@@ -309,7 +309,7 @@ class Index:
         self.generation += 1
         return True
 
-    def apply(self, change: Change) -> Applied:
+    def apply(self, change: Change) -> ApplyOutcome:
         """One change of the feed, as every reader of it must apply it.
 
         Per name, the topic's order is the truth (one key, one partition), even when a

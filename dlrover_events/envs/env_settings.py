@@ -34,11 +34,11 @@ from dlrover_events.errors import UserError
 from schemas.bounds import MAX_DOCUMENT_DEPTH, json_problem
 from schemas.env_settings import MAX_SETTINGS_BYTES, SETTING, EnvSettings, problem
 
-#: Entry points: ``name = "package.module:check"``, a check being `Check`.
+#: Entry points: ``name = "package.module:check"``, a check being `SettingsCheck`.
 CHECK_GROUP = "dlrover_events.env_settings"
 
 #: Raises ValueError (one line, naming the setting) for settings it cannot run with.
-Check = Callable[[EnvSettings], None]
+SettingsCheck = Callable[[EnvSettings], None]
 
 #: A key of a settings path: what names of settings, optimizers and stages are made of.
 _KEY = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -100,7 +100,7 @@ def _not_json(value: Any) -> str | None:
 
 
 @cache
-def settings_checks() -> tuple[tuple[str, Check], ...]:
+def settings_checks() -> tuple[tuple[str, SettingsCheck], ...]:
     """The checks streams and handlers declare (loaded once)."""
     found = [(ep.name, ep.load()) for ep in entry_points(group=CHECK_GROUP)]
     return tuple(sorted(found, key=lambda item: item[0]))
@@ -121,7 +121,7 @@ def parse_settings(raw: Mapping[str, Any]) -> EnvSettings:
 
 
 def validate_settings(
-    raw: Mapping[str, Any] | EnvSettings, checks: Iterable[tuple[str, Check]] | None = None
+    raw: Mapping[str, Any] | EnvSettings, checks: Iterable[tuple[str, SettingsCheck]] | None = None
 ) -> EnvSettings:
     """Settings an env can run with, or an EnvSettingsError naming what is wrong: the schema,
     then every declared check (`checks`: those of the entry points)."""
@@ -274,9 +274,9 @@ def render(doc: Mapping[str, Any], *, as_json: bool = False) -> str:
 
 __all__ = [
     "CHECK_GROUP",
-    "Check",
     "Edit",
     "EnvSettingsError",
+    "SettingsCheck",
     "apply_edits",
     "load_settings_file",
     "parse_set",

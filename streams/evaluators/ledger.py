@@ -57,10 +57,10 @@ class RoleAllocation:
         return len(self.replicas) * self.gpus
 
 
-Allocation = Mapping[str, RoleAllocation]
+JobAllocation = Mapping[str, RoleAllocation]
 
 
-def gpus_of(allocation: Allocation) -> int:
+def gpus_of(allocation: JobAllocation) -> int:
     return sum(role.gpu_total for role in allocation.values())
 
 
@@ -69,7 +69,7 @@ def _first(count: int) -> frozenset[int]:
 
 
 def _apply(
-    allocation: Allocation, plan: ScalePlan, left_out: frozenset[str] = frozenset()
+    allocation: JobAllocation, plan: ScalePlan, left_out: frozenset[str] = frozenset()
 ) -> dict[str, RoleAllocation]:
     """The allocation after ``plan``, less the parts its result says were not applied.
 

@@ -25,7 +25,7 @@ from streams.brain.core.state import PS, JobState, Stage, parse_node_key
 
 #: Steps run in order and their proposals are merged; within a step, the first optimizer
 #: that proposes something wins (the others are its fallbacks).
-Steps = tuple[tuple[str, ...], ...]
+RouteSteps = tuple[tuple[str, ...], ...]
 
 
 class Condition(StrEnum):
@@ -55,7 +55,7 @@ class RouteError:
 class Route:
     stage: Stage
     condition: Condition
-    steps: Steps
+    steps: RouteSteps
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
@@ -67,7 +67,7 @@ def is_ps_job(state: JobState) -> bool:
     return state.distribution == "ps" or PS in state.roles
 
 
-def stage_route(stage: Stage, ps_job: bool) -> Steps:
+def stage_route(stage: Stage, ps_job: bool) -> RouteSteps:
     """DLRover's routing table; all-reduce jobs get the GPU-aware optimizers instead of the
     PS-centred ones."""
     match stage:
@@ -85,7 +85,7 @@ def stage_route(stage: Stage, ps_job: bool) -> Steps:
             return (("hot-ps", "ps-util"),) if ps_job else (("goodput", "worker-resource"),)
 
 
-def oom_route(state: JobState, stage: Stage) -> Steps:
+def oom_route(state: JobState, stage: Stage) -> RouteSteps:
     """The OOM variant of the stage's optimizers, by the roles that ran out of memory."""
     steps: list[tuple[str, ...]] = []
     roles = {
