@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -29,9 +28,6 @@ from dlrover_events.errors import EnvError, UserError
 from dlrover_events.settings import Settings
 from handlers.console.envs import EnvViews, NoSuchEnv
 from schemas.control import EnvMode
-
-if TYPE_CHECKING:
-    from handlers.operator.platform import Platform as OperatorPlatform
 
 #: What a scale or promote body may be: a few fields.
 MAX_BODY = 16 * 1024
@@ -102,22 +98,15 @@ class JobAction:
 # the platforms' modules.
 
 
-def _open(actor: Actor, env: str) -> AbstractAsyncContextManager[OperatorPlatform]:
-    """The env's jobs on the console's platform, as the `job` commands open them."""
-    from handlers.operator.job_actions import open_platform
-
-    p = actor.platform
-    return open_platform(
-        actor.settings, env, p.name, kubeconfig=p.kubeconfig, namespace=p.namespace
-    )
-
-
 async def _scale(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
-    from handlers.operator.job_actions import scale_job
+    from handlers.operator.job_actions import open_platform, scale_job
     from handlers.operator.jobs import scale_request
 
     role, replicas = scale_request(body)
-    async with _open(actor, env) as platform:
+    p = actor.platform
+    async with open_platform(
+        actor.settings, env, p.name, kubeconfig=p.kubeconfig, namespace=p.namespace
+    ) as platform:
         plan = await scale_job(platform, actor.producer, env, job, role, replicas, source=SOURCE)
     return {
         "plan_id": plan.plan_id,
@@ -129,25 +118,34 @@ async def _scale(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
 
 
 async def _suspend(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
-    from handlers.operator.job_actions import suspend_job
+    from handlers.operator.job_actions import open_platform, suspend_job
 
-    async with _open(actor, env) as platform:
+    p = actor.platform
+    async with open_platform(
+        actor.settings, env, p.name, kubeconfig=p.kubeconfig, namespace=p.namespace
+    ) as platform:
         plan = await suspend_job(platform, actor.producer, env, job, source=SOURCE)
     return {"plan_id": plan.plan_id, "env": plan.env, "job": job}
 
 
 async def _resume(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
-    from handlers.operator.job_actions import resume_job
+    from handlers.operator.job_actions import open_platform, resume_job
 
-    async with _open(actor, env) as platform:
+    p = actor.platform
+    async with open_platform(
+        actor.settings, env, p.name, kubeconfig=p.kubeconfig, namespace=p.namespace
+    ) as platform:
         plan = await resume_job(platform, actor.producer, env, job, source=SOURCE)
     return {"plan_id": plan.plan_id, "env": plan.env, "job": job}
 
 
 async def _delete(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
-    from handlers.operator.job_actions import delete_job
+    from handlers.operator.job_actions import delete_job, open_platform
 
-    async with _open(actor, env) as platform:
+    p = actor.platform
+    async with open_platform(
+        actor.settings, env, p.name, kubeconfig=p.kubeconfig, namespace=p.namespace
+    ) as platform:
         await delete_job(platform, job)
     return {"deleted": job, "env": env}
 
