@@ -257,6 +257,8 @@ class JobView:
     #: who admitted or suspended it last, and why (None: no one: it runs as submitted,
     #: or its user or Kueue set its suspend)
     admission: JobAdmission | None = None
+    #: the batch it says it trains with (None: it does not say)
+    batch: JobBatch | None = None
     #: the job as its platform keeps it (a TrainingJob document), for the doors that show
     #: it to a user; no decision reads it
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -279,6 +281,24 @@ class JobView:
         """Its priority label's number (0 unsaid); the job's parser refuses a bad one."""
         text = self.labels.get(PRIORITY_LABEL)
         return int(text) if text else 0
+
+
+@dataclass(frozen=True)
+class JobBatch:
+    """The batch a job says it trains with (TrainingJob ``spec.batch``): what a cluster
+    scheduler needs to choose an allocation's batch for it. A job that says none is
+    scheduled as the gang of workers it asked for."""
+
+    #: the global batch it starts with
+    size: int
+    #: the smallest global batch it converges at, the largest it may grow to
+    min_size: int | None = None
+    max_size: int | None = None
+    #: the local (per worker) batch it can train with
+    min_local: int | None = None
+    max_local: int | None = None
+    #: whether the brain may change its batch (through training knobs, at a step boundary)
+    adaptive: bool = False
 
 
 @dataclass(frozen=True)
@@ -712,6 +732,7 @@ __all__ = [
     "Invalid",
     "InvalidJob",
     "JobAdmission",
+    "JobBatch",
     "JobCondition",
     "JobEntry",
     "JobSpecChange",

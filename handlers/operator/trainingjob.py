@@ -38,6 +38,7 @@ from handlers.operator.platform import (
     ElasticPolicy,
     InvalidJob,
     JobAdmission,
+    JobBatch,
     JobCondition,
     JobSpecChange,
     JobView,
@@ -323,6 +324,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
     suspend = spec.get("suspend", False)
     if not isinstance(suspend, bool):
         raise InvalidJob("spec.suspend must be true or false")
+    batch = _batch(spec.get("batch"))
     return JobView(
         **object_fields(meta),
         roles=roles,
@@ -334,8 +336,49 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
         status=parse_status(status),
         success_roles=success_roles,
         suspended=suspend,
+        batch=batch,
         document=obj,
     )
+
+
+#: spec.batch's fields, as JobBatch names them.
+_BATCH_FIELDS = {
+    "size": "size",
+    "minSize": "min_size",
+    "maxSize": "max_size",
+    "minLocal": "min_local",
+    "maxLocal": "max_local",
+}
+
+
+def _batch(raw: Any) -> JobBatch | None:
+    """spec.batch, with the order the schema cannot check (min <= size <= max, a local
+    range in order); None when the job says no batch."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise InvalidJob("spec.batch must be an object")
+    numbers: dict[str, int | None] = {}
+    for key, attr in _BATCH_FIELDS.items():
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidJob(f"spec.batch.{key} must be a whole number")
+        if value is not None and not 1 <= value <= 2**40:
+            raise InvalidJob(f"spec.batch.{key} must be within [1, 2^40], got {value}")
+        numbers[attr] = value
+    size = numbers.pop("size")
+    if size is None:
+        raise InvalidJob("spec.batch.size is required: the global batch the job starts with")
+    adaptive = raw.get("adaptive", False)
+    if not isinstance(adaptive, bool):
+        raise InvalidJob("spec.batch.adaptive must be true or false")
+    low, high = numbers["min_size"], numbers["max_size"]
+    if (low is not None and low > size) or (high is not None and high < size):
+        raise InvalidJob(f"spec.batch: minSize <= size <= maxSize, got {low} <= {size} <= {high}")
+    local_low, local_high = numbers["min_local"], numbers["max_local"]
+    if local_low is not None and local_high is not None and local_low > local_high:
+        raise InvalidJob(f"spec.batch: minLocal {local_low} > maxLocal {local_high}")
+    return JobBatch(size=size, adaptive=adaptive, **numbers)
 
 
 def _success_roles(raw: Any, roles: Mapping[str, RoleView]) -> tuple[str, ...]:

@@ -65,7 +65,8 @@ def submitted(env: str, job: JobView, at: datetime | None = None) -> JobSubmitte
     """The job as a cluster scheduler takes it: its roles, and how it shares the cluster:
     its priority (the ``dlrover-events.io/priority`` label), whose quota it draws on (its
     group label, else its user label) and the Kueue queue that admits it (Kueue's
-    ``kueue.x-k8s.io/queue-name`` label)."""
+    ``kueue.x-k8s.io/queue-name`` label), and the batch it says it trains with
+    (``spec.batch``: a scheduler may then choose its batch per allocation)."""
     who = job.identity()
     roles = {
         name: RoleSpec(
@@ -80,6 +81,16 @@ def submitted(env: str, job: JobView, at: datetime | None = None) -> JobSubmitte
     }
     distribution = "ps" if "ps" in roles else "allreduce" if "worker" in roles else "custom"
     extra: dict[str, Any] = {} if at is None else {"occurred_at": at}
+    if job.batch is not None:
+        batch = job.batch
+        extra |= {
+            "batch_size": batch.size,
+            "min_batch_size": batch.min_size,
+            "max_batch_size": batch.max_size,
+            "min_local_batch_size": batch.min_local,
+            "max_local_batch_size": batch.max_local,
+            "adaptive_batch_size": batch.adaptive,
+        }
     return JobSubmitted(
         env=env,
         event_id=event_id(env, job.uid, "submitted"),

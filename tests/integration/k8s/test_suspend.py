@@ -209,7 +209,8 @@ async def test_with_a_scheduler_jobs_are_created_suspended_and_run_once_admitted
     await scheduler_on(settings, pg_dsn, env)
     await cluster.start(env)
     labels = {PRIORITY_LABEL: "5", "dlrover-events.io/group": "vision"}
-    name = await create(cluster, {"worker": graced(2)}, labels=labels)
+    batch = {"size": 256, "maxSize": 1024, "adaptive": True}
+    name = await create(cluster, {"worker": graced(2)}, labels=labels, batch=batch)
     held = await create(cluster, {"worker": graced(1)}, suspend=True)  # its user's
     kueue = await create(cluster, {"worker": graced(1)}, labels={KUEUE_QUEUE_LABEL: "lq"})
 
@@ -219,6 +220,8 @@ async def test_with_a_scheduler_jobs_are_created_suspended_and_run_once_admitted
     assert job.suspended
     sub = await tap.first(JobSubmitted, job.uid, lambda e: True, "job.submitted")
     assert (sub.priority, sub.group, sub.kueue_queue) == (5, "vision", None)
+    # its spec.batch kept by the API server (the CRD's schema) and told the scheduler
+    assert (sub.batch_size, sub.max_batch_size, sub.adaptive_batch_size) == (256, 1024, True)
     await until(lambda: said(cluster, held, "True", "Suspended"), "the held job said so")
     # Kueue's job is not queued by the operator: it runs as Kueue lets it.
     await until(lambda: cluster.workers_running(kueue, 1), "the Kueue job's worker")

@@ -226,3 +226,40 @@ def test_a_bad_admission_annotation_makes_the_job_invalid() -> None:
     obj = job_obj(2, annotations={ANN_ADMISSION: json.dumps({"state": "lost"})})
     with pytest.raises(InvalidJob, match="queued, admitted or suspended"):
         parse_job(obj)
+
+
+def test_job_submitted_carries_the_batch_the_job_says() -> None:
+    """spec.batch reaches the cluster scheduler (it may then choose the job's batch); a
+    job without one says no batch (it is scheduled as its gang)."""
+    batch = {"size": 256, "minSize": 64, "maxSize": 2048, "maxLocal": 128, "adaptive": True}
+    event = submitted("prod", tj(2, batch=batch))
+    assert (
+        event.batch_size,
+        event.min_batch_size,
+        event.max_batch_size,
+        event.min_local_batch_size,
+        event.max_local_batch_size,
+        event.adaptive_batch_size,
+    ) == (256, 64, 2048, None, 128, True)
+    plain = submitted("prod", tj(2))
+    assert plain.batch_size is None and not plain.adaptive_batch_size
+
+
+@pytest.mark.parametrize(
+    ("batch", "message"),
+    [
+        ({"minSize": 8}, "spec.batch.size is required"),
+        ({"size": 64, "minSize": 128}, "minSize <= size <= maxSize"),
+        ({"size": 64, "maxSize": 32}, "minSize <= size <= maxSize"),
+        ({"size": 64, "minLocal": 16, "maxLocal": 8}, "minLocal 16 > maxLocal 8"),
+        ({"size": 64, "adaptive": "yes"}, "adaptive must be true or false"),
+        ({"size": 2.5}, "must be a whole number"),
+        ({"size": 0}, r"within \[1, 2\^40\]"),
+        ([64], "must be an object"),
+    ],
+)
+def test_a_batch_the_schema_lets_through_out_of_order_makes_the_job_invalid(
+    batch: Any, message: str
+) -> None:
+    with pytest.raises(InvalidJob, match=message):
+        tj(2, batch=batch)
