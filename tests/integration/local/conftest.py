@@ -26,12 +26,14 @@ from tests.conftest import EnvFactory
 from tests.integration.tap import DEADLINE_S, OPERATOR_OUTPUTS, Tap
 
 
-def shims() -> list[psutil.Process]:
-    """Every local-platform node process on this machine (to check for orphans)."""
+def shims(under: Path) -> list[psutil.Process]:
+    """The local-platform node processes whose pod directory is below ``under`` (a test's
+    platform root, or this test session's temporary directory): another session's tests on
+    the same machine have nodes of their own, which are none of this one's business."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
-        if "handlers.operator.local.shim" in cmd:
+        if "handlers.operator.local.shim" in cmd and any(c.startswith(f"{under}/") for c in cmd):
             found.append(p)
     return found
 
@@ -91,11 +93,12 @@ async def local(
 
 
 @pytest.fixture(autouse=True)
-def no_orphans() -> Iterator[None]:
+def no_orphans(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Every node a test started is gone when it ends, whatever the test did."""
-    before = {p.pid for p in shims()}
+    session = tmp_path_factory.getbasetemp()
+    before = {p.pid for p in shims(session)}
     yield
-    left = [p for p in shims() if p.pid not in before]
+    left = [p for p in shims(session) if p.pid not in before]
     for p in left:
         with contextlib.suppress(psutil.Error):
             p.kill()

@@ -108,14 +108,14 @@ async def test_a_killed_local_operator_applies_nothing_twice_and_leaves_no_orpha
         assert isinstance(obj, JobView)
         assert obj.roles["worker"].replicas == want
         # Each node is one process, and each process is a node's.
-        assert len({p.pid for p in shims()}) == want
+        assert len({p.pid for p in shims(local.root)}) == want
     finally:
         op.send_signal(signal.SIGTERM)
         try:
             op.wait(timeout=DEADLINE_S)
         except subprocess.TimeoutExpired:
             op.kill()
-    assert not shims(), "a clean stop ends every node"
+    assert not shims(local.root), "a clean stop ends every node"
     assert op.returncode == 0, log.read_text()[-2000:]
 
 

@@ -117,7 +117,7 @@ async def test_a_plan_resizes_a_local_job_once_and_its_nodes_are_processes(local
     finally:
         ctx.stop.set()
         await asyncio.wait_for(task, DEADLINE_S)
-    assert not shims(), "a clean stop ends the nodes' processes"
+    assert not shims(local.root), "a clean stop ends the nodes' processes"
 
 
 async def _running_count(local: Local, job: str, n: int) -> dict[int, Any] | None:
