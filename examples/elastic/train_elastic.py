@@ -97,7 +97,11 @@ log = logging.getLogger("train_elastic")
 
 
 def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, "time": round(time.time(), 3), **fields}), flush=True)
+    # One write of the whole line: print() writes the text and its newline apart, and a
+    # log line of the SDK (stderr, into the same pod log) could land in between.
+    line = json.dumps({"event": event, "time": round(time.time(), 3), **fields})
+    sys.stdout.write(f"{line}\n")
+    sys.stdout.flush()
 
 
 class Data:

@@ -60,13 +60,18 @@ PHASES = ("plan_delivery_s", "agreement_s", "reform_s", "state_transfer_s", "fir
 _KINDS = ("membership", "exit", "rescaled", "spare")
 
 
+_DECODER = json.JSONDecoder()
+
+
 def worker_lines(paths: list[Path]) -> list[dict[str, Any]]:
     out = []
     for log in sorted(paths):
         pod = log.parent.name if log.name == "log" else log.stem
         for line in log.read_text(errors="replace").splitlines():
             if any(line.startswith(f'{{"event": "{kind}"') for kind in _KINDS):
-                out.append({**json.loads(line), "pod": pod})
+                # the object alone: a worker's stderr may have run on after it on the line
+                found, _ = _DECODER.raw_decode(line)
+                out.append({**found, "pod": pod})
     return out
 
 
