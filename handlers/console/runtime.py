@@ -53,7 +53,8 @@ class ConsoleSettings(BaseSettings):
     dead_letters: int = Field(default=200, ge=1, description="dead letters kept per env")
     platform: Literal["local", "kubernetes"] = Field(
         default="local",
-        description="where the real env's jobs are scaled and deleted from the console: "
+        description="where the real env's jobs are scaled, suspended, resumed and deleted "
+        "from the console: "
         "local (the local platform `up` runs) or kubernetes (the job commands' cluster)",
     )
     kubeconfig: Path | None = Field(

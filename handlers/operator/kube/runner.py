@@ -188,7 +188,10 @@ async def connect(conf: KubeSettings) -> tuple[client.ApiClient, str]:
         conf.kubeconfig,
         conf.context,
         conf.namespace,
-        hint="set DLROVER_EVENTS_OPERATOR_KUBECONFIG",
+        hint=(
+            "give a kubeconfig: --kubeconfig (job commands), DLROVER_EVENTS_OPERATOR_KUBECONFIG"
+            " (operator), DLROVER_EVENTS_CONSOLE_KUBECONFIG (console), or KUBECONFIG"
+        ),
     )
 
 
