@@ -190,9 +190,12 @@ async def test_the_scheduler_shares_four_slots_between_four_real_jobs(
             if admits and plan.occurred_at <= first_pod[name]:
                 started_by[name] = plan.occurred_at
         assert set(started_by) == set(uids), (started_by, first_pod)
-        assert sorted(uids, key=lambda n: (started_by[n], first_pod[n])) == sorted(
-            uids, key=lambda n: first_pod[n]
-        ), (started_by, first_pod)
+        # (two plans of one burst of rounds, a few milliseconds apart, start their pods
+        # in either order: the order is the scheduler's where its plans are apart)
+        for x in uids:
+            for y in uids:
+                if started_by[x] + timedelta(seconds=1) < started_by[y]:
+                    assert first_pod[x] <= first_pod[y], (x, y, started_by, first_pod)
         # The high-priority job came to a full machine: someone was suspended for it
         # (applied: its processes gone) and resumed afterwards.
         samples = [s for s in local.tap.of(RuntimeSample) if s.job.uuid in names]
