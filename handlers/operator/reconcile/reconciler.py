@@ -14,7 +14,8 @@ alike, in the port's typed views and errors; it imports no platform.
 - ``applied`` only when every part of the plan was; ``partial`` lists the parts that were
   not (training knobs await the job's own confirmation; see planning.UNSUPPORTED).
 - A plan's placement (pods pinned to named nodes) is listed not applied: the cluster's
-  scheduler places pods. A suspend (a cluster scheduler's preemption) suspends the job:
+  scheduler places pods (on the local platform's one host, a placement naming it is what
+  happens anyway, and applied). A suspend (a cluster scheduler's preemption) suspends the job:
   its pods are deleted with their grace period (the training checkpoints on SIGTERM) and
   the plan is answered ``applied`` only once they are gone; a plan with a count resumes a
   suspended job (or admits a queued one), answered once its pods are back (created, as
