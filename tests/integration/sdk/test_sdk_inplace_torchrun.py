@@ -191,6 +191,12 @@ def pids(lines: list[dict[str, Any]]) -> dict[int, int]:
     return {e["node"]: e["pid"] for e in lines}
 
 
+def losses_of(nodes: Nodes, node: int, since: float) -> list[dict[str, Any]]:
+    """A node's first three loss lines since a time, once it printed three."""
+    mine = [e for e in nodes.events("loss", since) if e["agent"] == node][:3]
+    return mine if len(mine) == 3 else []
+
+
 def test_nodes_come_and_go_and_no_surviving_worker_restarts(nodes: Nodes) -> None:
     t0 = time.time()
     nodes.start(0)
@@ -205,6 +211,7 @@ def test_nodes_come_and_go_and_no_surviving_worker_restarts(nodes: Nodes) -> Non
     three = nodes.world(3, t1)
     assert pids(three)[0] == start_pids[0] and pids(three)[1] == start_pids[1]
     time.sleep(2)
+    nodes.wait("three loss lines of node 2", lambda: losses_of(nodes, 2, t1))
 
     t2 = time.time()
     nodes.stop(1)
@@ -221,6 +228,7 @@ def test_nodes_come_and_go_and_no_surviving_worker_restarts(nodes: Nodes) -> Non
     again = nodes.world(2, t3)
     assert pids(again)[0] == start_pids[0]
     time.sleep(2)
+    nodes.wait("three loss lines of node 3", lambda: losses_of(nodes, 3, t3))
 
     # In place: every generation starts at the step the one before reached, so no step
     # is lost and the count never goes back.
@@ -230,15 +238,21 @@ def test_nodes_come_and_go_and_no_surviving_worker_restarts(nodes: Nodes) -> Non
     firsts = [e["first_step"] for e in sorted(nodes.events("membership"), key=lambda e: e["time"])]
     assert firsts == sorted(firsts)
     # The newcomers trained with the state they received: their loss is the survivors'
-    # at the same step (a fresh model's would be ~ln 8 = 2.08 and fall from there).
+    # at the same steps (a fresh model's would be ~ln 8 = 2.08 and fall from there). Each
+    # rank's loss is of its own batch of 16 samples, so one line of one rank can be ~0.5
+    # off another's at the same step (seen in CI: 0.66 vs 0.12); the mean of three is
+    # compared.
     losses = nodes.events("loss", t1)
     for newcomer, since in ((2, t1), (3, t3)):
-        mine = [e for e in losses if e["agent"] == newcomer and e["time"] >= since][:3]
-        assert mine, f"node {newcomer} printed no loss"
+        mine = losses_of(nodes, newcomer, since)
+        theirs = []
         for e in mine:
-            theirs = [o["loss"] for o in losses if o["agent"] == 0 and o["step"] == e["step"]]
-            assert theirs, e
-            assert abs(e["loss"] - theirs[0]) < 0.5, (e, theirs)
+            at_step = [o["loss"] for o in losses if o["agent"] == 0 and o["step"] == e["step"]]
+            assert at_step, e
+            theirs.append(at_step[0])
+        mean_mine = sum(e["loss"] for e in mine) / 3
+        mean_theirs = sum(theirs) / 3
+        assert abs(mean_mine - mean_theirs) < 0.5, (mine, theirs)
     # 3 -> 1 was one re-form: two left at the same boundary.
     to_one = [e for e in rescales if e["world_size"] == 1]
     assert to_one and to_one[0]["world_size_before"] == 3 and to_one[0]["left"] == 2
