@@ -9,6 +9,8 @@ RUN_EXTRAS  := embedded,torch
 TEST_EXTRAS := embedded,torch,dev,sim
 STAMP      := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
+# The suite's worker processes (pytest-xdist; a file's tests stay on one worker).
+TEST_WORKERS ?= 2
 
 .PHONY: run test test-deps kube-testenv lint typecheck unit schemas example clean
 
@@ -30,7 +32,7 @@ run: $(STAMP)
 
 ## Lint, type-check and run the whole suite against real parts.
 test: lint typecheck test-deps kube-testenv
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 ## The console's browser test drives Debian's Chromium (playwright-core comes from npm
 ## inside the test); the deploy/ tests render the manifests with kubectl (kustomize v5).
