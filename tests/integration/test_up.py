@@ -128,7 +128,9 @@ def up_environ(pg_dsn: str, data_dir: object, **extra: str) -> dict[str, str]:
     }
 
 
-async def test_up_runs_the_stack_and_stops_on_sigterm(pg_dsn: str, tmp_path: Path) -> None:
+async def test_up_runs_the_stack_and_stops_on_sigterm(own_pg: str, tmp_path: Path) -> None:
+    # A database of its own: the real env `up` makes (`prod`) takes no other test's place.
+    pg_dsn = own_pg
     environ = up_environ(pg_dsn, tmp_path)
     port = int(environ["DLROVER_EVENTS_BROKER_PORT"])
     up = Up(environ)
@@ -179,8 +181,8 @@ async def test_up_runs_the_stack_and_stops_on_sigterm(pg_dsn: str, tmp_path: Pat
     assert not port_open("127.0.0.1", port), "the broker stopped with the stack"
 
 
-async def test_kill_9_of_up_takes_its_broker_along(pg_dsn: str, tmp_path: Path) -> None:
-    environ = up_environ(pg_dsn, tmp_path)
+async def test_kill_9_of_up_takes_its_broker_along(own_pg: str, tmp_path: Path) -> None:
+    environ = up_environ(own_pg, tmp_path)
     port = int(environ["DLROVER_EVENTS_BROKER_PORT"])
     up = Up(environ, "-s", "archiver")
     try:
