@@ -11,6 +11,7 @@ leaves a task behind:
 - ``unless``: a piece of work, cancelled as soon as a stop event is set (``Stopping``);
 - ``background``: tasks that run beside a block and are cancelled when it ends;
 - ``cancel_and_wait``: a task's end, for owners that keep one across calls;
+- ``close_quietly``: a client closed whose failure is nobody's business;
 - ``end_within``: tasks told to stop, given a grace period, then cancelled.
 """
 
@@ -91,6 +92,22 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
     for ended in given:  # retrieved, so asyncio does not log it as never retrieved
         if ended.done() and not ended.cancelled():
             ended.exception()
+
+
+async def close_quietly(close: Awaitable[Any]) -> None:
+    """Close a client whose failure is of no use to the caller (a client of a broker that
+    died). Its error is dropped, and so is a CancelledError that escapes it while the
+    caller is not being cancelled: aiokafka's consumer stop awaits its own fetch tasks
+    after cancelling them, and one can raise their cancellation into the caller. A
+    cancellation of the caller itself still propagates."""
+    try:
+        await close
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    except Exception:
+        pass
 
 
 async def end_within(

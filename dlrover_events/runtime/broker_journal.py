@@ -28,7 +28,6 @@ One `up` at a time may own a journal: a session-level advisory lock says so.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -43,7 +42,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client
 from dlrover_events.errors import UserError
-from dlrover_events.lifecycle import wait_or_stop
+from dlrover_events.lifecycle import close_quietly, wait_or_stop
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import _redact, connect
 
@@ -100,6 +99,10 @@ class Refill:
     seconds: float
 
 
+class JournalNotRefilled(RuntimeError):
+    """The journal was asked to follow a broker it has not refilled."""
+
+
 def _journaled(name: str) -> bool:
     """The broker's own bookkeeping (names starting with ``__``) is not copied."""
     return not name.startswith("__")
@@ -118,6 +121,9 @@ class BrokerJournal:
         self._topics: dict[str, int] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None
+        #: the broker it follows was refilled from it: until then the broker's topics say
+        #: nothing of the journal's (a new broker has none, and none was deleted)
+        self._refilled = False
 
     @classmethod
     async def open(cls, settings: Settings, dsn: str) -> BrokerJournal:
@@ -147,11 +153,13 @@ class BrokerJournal:
         settings it was opened with, until then)."""
         await self._stop_clients()
         self._settings = self._settings.with_overrides(bootstrap_servers=bootstrap_servers)
+        self._refilled = False
 
     async def refill(self) -> Refill:
         """Put the journal back into the broker, new and empty: its topics, their
         records at their offsets, the groups' commits."""
         started = time.monotonic()
+        self._refilled = False
         await self._stop_clients()
         settings = self._settings
         topics = await self._conn.fetch("SELECT name, partitions, configs FROM broker_topics")
@@ -180,6 +188,7 @@ class BrokerJournal:
                 )
         groups = await self._refill_commits(settings, ends)
         self._next = {self._tp(tp): end for tp, end in records.items()}
+        self._refilled = True
         return Refill(len(topics), sum(records.values()), groups, time.monotonic() - started)
 
     @staticmethod
@@ -377,15 +386,17 @@ class BrokerJournal:
         consumer, admin = self._consumer, self._admin
         self._consumer = self._admin = None
         if consumer is not None:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            await close_quietly(consumer.stop())
         if admin is not None:
-            with contextlib.suppress(Exception):
-                await admin.close()
+            await close_quietly(admin.close())
 
     async def _follow_topics(self) -> None:
         """New topics: their partitions and configs into the journal, and read from where
-        the journal ends; deleted ones: out of the journal."""
+        the journal ends; deleted ones: out of the journal. Only once the broker was
+        refilled: a broker started again and not yet refilled (a refill that failed) has
+        no topics, and the journal would forget them all."""
+        if not self._refilled:
+            raise JournalNotRefilled("the broker was not refilled from the journal")
         admin = await self._admin_client()
         names = {n for n in await admin.list_topics() if _journaled(n)}
         described = await admin.describe_topics(sorted(names)) if names else []

@@ -123,6 +123,7 @@ async def test_a_new_broker_gets_the_records_offsets_configs_and_commits_back(
         before = await read_all(first.bootstrap_servers, "j.events", 2)
         docs_before = await read_all(first.bootstrap_servers, "j.docs", 1)
         await journal.attach(first.bootstrap_servers)
+        assert (await journal.refill()).topics == 0  # an empty journal: nothing to put back
         stop = asyncio.Event()
         copying = asyncio.create_task(journal.run(stop))
         await asyncio.sleep(1.5)  # copying as the broker runs
@@ -165,6 +166,7 @@ async def test_a_deleted_topic_leaves_the_journal(journal: BrokerJournal) -> Non
     try:
         await fill(broker.bootstrap_servers)
         await journal.attach(broker.bootstrap_servers)
+        await journal.refill()
         assert await journal.drain()
         admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
         await admin.start()
@@ -178,6 +180,36 @@ async def test_a_deleted_topic_leaves_the_journal(journal: BrokerJournal) -> Non
     assert [r["name"] for r in await journal._conn.fetch("SELECT name FROM broker_topics")] == [
         "j.events"
     ]
+
+
+async def test_a_broker_not_refilled_is_not_followed_and_the_journal_keeps_all(
+    journal: BrokerJournal,
+) -> None:
+    """A broker started again whose refill failed has no topics: draining it (as `up`
+    does when it stops) must not take that for every topic deleted (seen in CI: a refill
+    that raised, then `up`'s drain emptied the journal)."""
+    first = new_broker()
+    try:
+        await fill(first.bootstrap_servers)
+        await journal.attach(first.bootstrap_servers)
+        await journal.refill()
+        assert await journal.drain()
+    finally:
+        first.stop()
+    second = new_broker()
+    try:
+        await journal.attach(second.bootstrap_servers)  # and no refill
+        assert not await journal.drain()
+        stop = asyncio.Event()
+        copying = asyncio.create_task(journal.run(stop))
+        await asyncio.sleep(1.5)
+        stop.set()
+        await copying
+    finally:
+        second.stop()
+    topics = await journal._conn.fetch("SELECT name FROM broker_topics ORDER BY name")
+    assert [r["name"] for r in topics] == ["j.docs", "j.events"]
+    assert await journal._conn.fetchval("SELECT count(*) FROM broker_records") == 306
 
 
 async def test_one_up_at_a_time_owns_a_journal(journal: BrokerJournal, own_pg: str) -> None:

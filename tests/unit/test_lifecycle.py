@@ -11,6 +11,7 @@ from dlrover_events.lifecycle import (
     Stopping,
     background,
     cancel_and_wait,
+    close_quietly,
     end_within,
     unless,
     wait_for_any,
@@ -144,3 +145,40 @@ async def test_end_within_cancels_only_the_late() -> None:
     late = await end_within(tasks, 0.05)
     assert late == [tasks[1]] and tasks[1].cancelled() and not tasks[0].cancelled()
     await cancel_and_wait(None, *tasks)  # ended and None ones are skipped
+
+
+async def _close_like_aiokafka() -> None:
+    """A consumer's stop as aiokafka's does it: cancel its own fetch task, then await it
+    (the task's cancellation is raised into the caller)."""
+    fetch = asyncio.create_task(asyncio.sleep(10))
+    await asyncio.sleep(0)
+    fetch.cancel()
+    await fetch
+
+
+async def _failing_close() -> None:
+    raise ConnectionError("the broker is gone")
+
+
+@pytest.mark.asyncio
+async def test_close_quietly_drops_the_clients_failure_and_its_own_cancellation() -> None:
+    with pytest.raises(asyncio.CancelledError):
+        await _close_like_aiokafka()  # (what the caller would get without it)
+    await close_quietly(_close_like_aiokafka())
+    await close_quietly(_failing_close())
+
+
+@pytest.mark.asyncio
+async def test_close_quietly_lets_the_callers_own_cancellation_through() -> None:
+    entered = asyncio.Event()
+
+    async def slow_close() -> None:
+        entered.set()
+        await asyncio.sleep(10)
+
+    caller = asyncio.create_task(close_quietly(slow_close()))
+    await entered.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert caller.cancelled()
