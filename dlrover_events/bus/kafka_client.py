@@ -31,6 +31,7 @@ from aiokafka.errors import (
 from aiokafka.helpers import create_ssl_context
 
 from dlrover_events.errors import BusRefused, BusUnavailable, UserError
+from dlrover_events.lifecycle import close_quietly
 from dlrover_events.settings import ENV_PREFIX, Settings, SettingsError
 
 #: how long a TLS start may take before the listener is asked whether it speaks plaintext
@@ -173,8 +174,7 @@ async def start_kafka_client(client: Any, settings: Settings) -> None:
 
 async def _release(client: Any) -> None:
     stop = getattr(client, "stop", None) or client.close
-    with contextlib.suppress(Exception):
-        await stop()
+    await close_quietly(stop())
 
 
 async def diagnose(settings: Settings, err: object) -> UserError:
