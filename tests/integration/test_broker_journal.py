@@ -74,6 +74,14 @@ async def fill(servers: str) -> None:
     await consumer.stop()
 
 
+async def journal_filled(journal: BrokerJournal, servers: str) -> None:
+    """A new broker filled, then journaled from its (empty) refill on: all of it drained."""
+    await fill(servers)
+    await journal.attach(servers)
+    await journal.refill()
+    assert await journal.drain()
+
+
 async def read_all(servers: str, topic: str, partitions: int) -> list[tuple[object, ...]]:
     consumer = AIOKafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
     await consumer.start()
@@ -164,10 +172,7 @@ async def test_a_new_broker_gets_the_records_offsets_configs_and_commits_back(
 async def test_a_deleted_topic_leaves_the_journal(journal: BrokerJournal) -> None:
     broker = new_broker()
     try:
-        await fill(broker.bootstrap_servers)
-        await journal.attach(broker.bootstrap_servers)
-        await journal.refill()
-        assert await journal.drain()
+        await journal_filled(journal, broker.bootstrap_servers)
         admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
         await admin.start()
         await admin.delete_topics(["j.docs"])
@@ -190,10 +195,7 @@ async def test_a_broker_not_refilled_is_not_followed_and_the_journal_keeps_all(
     that raised, then `up`'s drain emptied the journal)."""
     first = new_broker()
     try:
-        await fill(first.bootstrap_servers)
-        await journal.attach(first.bootstrap_servers)
-        await journal.refill()
-        assert await journal.drain()
+        await journal_filled(journal, first.bootstrap_servers)
     finally:
         first.stop()
     second = new_broker()
