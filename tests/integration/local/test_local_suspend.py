@@ -28,7 +28,7 @@ from handlers.operator.reconcile.events import job_meta
 from schemas.cluster import CapacityReported
 from schemas.jobs import JobSubmitted, RuntimeSample
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
-from tests.integration.local.conftest import Local
+from tests.integration.local.conftest import Local, shims
 from tests.integration.local.test_elastic_loop import (
     CHECKPOINT_EVERY,
     ROOT,
@@ -48,12 +48,7 @@ from tests.integration.tap import DEADLINE_S, Tap
 
 def node_processes(local: Local) -> list[psutil.Process]:
     """This test's node shims (by their pod directory under the test's platform root)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info.get("cmdline") or []
-        if "handlers.operator.local.shim" in cmd and any(str(local.root) in c for c in cmd):
-            found.append(p)
-    return found
+    return shims(local.root)
 
 
 def suspend(local: Local, job: JobView, plan_id: str) -> ScalePlan:
