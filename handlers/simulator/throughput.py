@@ -32,13 +32,13 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Protocol
 
-from dlrover_events.errors import MissingExtra
+from dlrover_events.extras import SIM
 
 try:
     import numpy as np
     from scipy.interpolate import LinearNDInterpolator
 except ImportError:  # the core install: brains, operators and gateways need no simulator
-    raise MissingExtra("sim", "the simulator (virtual envs, A/B runs, Pollux workloads)") from None
+    raise SIM.missing() from None
 
 POLLUX_DIR_ENV = "DLROVER_EVENTS_POLLUX_DIR"
 

@@ -46,6 +46,7 @@ from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
+from dlrover_events.extras import SIM
 from dlrover_events.lifecycle import end_within
 from dlrover_events.runtime.embedded import bench_broker, resolve_postgres
 from dlrover_events.runtime.services import ServiceContext, discover_services
@@ -384,6 +385,7 @@ def bench_ab(
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    SIM.require()
     if not workload.is_file():
         raise UserError(f"workload {workload} does not exist (run from the repository's root)")
     parsed = [parse_arm(a) for a in arm]

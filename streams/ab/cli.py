@@ -13,6 +13,7 @@ from dlrover_events.cli.params import duration, env_name, json_option
 from dlrover_events.cli.runner import run_async
 from dlrover_events.domain.units import parse_speed
 from dlrover_events.errors import UserError
+from dlrover_events.extras import SIM
 from dlrover_events.runtime.embedded import bench_broker, resolve_postgres
 from dlrover_events.settings import Settings, load_settings
 from streams.ab.arms import parse_arms
@@ -67,6 +68,7 @@ def run(
 
     With nothing running it starts its own broker and Postgres (as `bench ab` does), and
     stops them after."""
+    SIM.require()
     arms = parse_arms(arm)
     if (trace is None) == (source is None):
         raise UserError("give exactly one of --trace FILE and --from ENV")

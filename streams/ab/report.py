@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from dlrover_events.errors import MissingExtra
+from dlrover_events.extras import SIM
 from streams.evaluators.api import Metrics
 from streams.evaluators.compare import Interval, bootstrap_mean, paired_difference, verdict
 from streams.evaluators.registry import HIGHER_IS_BETTER
@@ -89,7 +89,7 @@ def plot_png(c: Comparison) -> bytes:
     try:
         import matplotlib
     except ImportError:
-        raise MissingExtra("sim", "the A/B report's chart") from None
+        raise SIM.missing() from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
