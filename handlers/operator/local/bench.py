@@ -57,18 +57,20 @@ EXAMPLES = {
     RescaleMode.IN_PLACE: Path("examples/elastic/job-inplace.yaml"),
 }
 PHASES = ("plan_delivery_s", "agreement_s", "reform_s", "state_transfer_s", "first_step_s")
-_KINDS = ("membership", "exit", "rescaled", "spare")
+#: the lines of the elastic example's workers that the bench reads
+KINDS = ("membership", "exit", "rescaled", "spare")
 
 
 _DECODER = json.JSONDecoder()
 
 
-def worker_lines(paths: list[Path]) -> list[dict[str, Any]]:
+def worker_lines(paths: list[Path], kinds: tuple[str, ...] = KINDS) -> list[dict[str, Any]]:
+    """The workers' JSON lines of ``kinds`` in the logs at ``paths``, each with its pod."""
     out = []
     for log in sorted(paths):
         pod = log.parent.name if log.name == "log" else log.stem
         for line in log.read_text(errors="replace").splitlines():
-            if any(line.startswith(f'{{"event": "{kind}"') for kind in _KINDS):
+            if any(line.startswith(f'{{"event": "{kind}"') for kind in kinds):
                 # the object alone: a worker's stderr may have run on after it on the line
                 found, _ = _DECODER.raw_decode(line)
                 out.append({**found, "pod": pod})

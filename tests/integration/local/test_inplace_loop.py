@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import psutil
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
+from handlers.operator.local.bench import worker_lines
 from handlers.operator.local.spares import SPARES
 from schemas.jobs import JobSubmitted, RuntimeSample
 from schemas.plans import RescaleMode, ScalePlan, ScaleResult, ScaleStatus, TrainingRescaled
@@ -49,13 +49,8 @@ def in_place_job(name: str, spares: int = 1) -> dict[str, Any]:
 
 def lines(local: Local, kind: str) -> list[dict[str, Any]]:
     """What the workers printed (live pods and kept logs), each with its pod."""
-    out = []
-    for log in sorted([*local.root.glob("pods/*/log"), *local.root.glob("logs/*.log")]):
-        pod = log.parent.name if log.name == "log" else log.stem
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith(f'{{"event": "{kind}"'):
-                out.append({**json.loads(line), "pod": pod})
-    return sorted(out, key=lambda e: e["time"])
+    logs = [*local.root.glob("pods/*/log"), *local.root.glob("logs/*.log")]
+    return sorted(worker_lines(logs, (kind,)), key=lambda e: e["time"])
 
 
 def running_spares(local: Local) -> list[Path]:
