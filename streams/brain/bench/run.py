@@ -8,6 +8,8 @@ from an event's publication to the publication of the ScalePlan it causes (the p
 record's create time), and to its arrival at a consumer of `<env>.scale.plans`; beside
 them the bus's own delay from an event's publication to a plain reader fetching as the
 brain does: every plan latency includes such a delay, and tansu's has a tail of its own.
+Last, the brain's decisions alone over the same events, without a bus: the part of the
+brain's time that is its core's.
 Ratios between numbers of one run are what to compare: the machine and the broker are shared
 and their absolute speed varies.
 """
@@ -19,6 +21,7 @@ import contextlib
 import json
 import logging
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -53,6 +56,7 @@ from schemas.jobs import (
     RuntimeSample,
 )
 from streams.brain.core.optimizers.numeric import GiB
+from streams.brain.core.processor import BrainProcessor
 from streams.brain.runtime.app import Brain, BrainApp
 
 log = logging.getLogger(__name__)
@@ -265,6 +269,40 @@ async def _faust_raw(settings: Settings, env: str, total: int, take_max: int) ->
     return _rate(seen, first, first_at, last_at)
 
 
+@dataclass(frozen=True)
+class _Record:
+    """An input record as the processor reads it, without a bus."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+def decide_only(env: str, events: Sequence[Event], batch: int, passes: int) -> float:
+    """The brain's decisions alone: a fresh processor over the same encoded events, in
+    batches of a fetch's size, with no bus, faust, courier or checkpoint; events/s, the
+    median of `passes`. Beside `events_per_s` it says how much of the brain's time its core
+    takes, so a change in speed can be placed on one side (the core, or the shell and the
+    bus) rather than looked for in both."""
+    offsets: dict[str, int] = {}
+    records: list[_Record] = []
+    for event in events:
+        name = topic_of(event)
+        offset = offsets.get(name, 0)
+        offsets[name] = offset + 1
+        records.append(_Record(name, 0, offset, _key(event), encode(event)))
+    rates = []
+    for _ in range(passes):
+        processor = BrainProcessor(env, "bench-decide-only")
+        started = time.perf_counter()
+        for i in range(0, len(records), batch):
+            processor.process(records[i : i + batch])
+        rates.append(len(records) / (time.perf_counter() - started))
+    return statistics.median(rates)
+
+
 async def _brain_phase(brain: Brain, total: int) -> float:
     counters = brain.processor.counters
 
@@ -341,6 +379,7 @@ async def run_bench(
     oom_every: int = 50,
     latency_oom_every: int = 10,
     faust_raw: bool = True,
+    decide_passes: int = 3,
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     pg = await resolve_postgres(settings)
@@ -393,6 +432,13 @@ async def run_bench(
             "bus_latency_p50_ms": round(percentile(bus, 50), 2),
             "bus_latency_p99_ms": round(percentile(bus, 99), 2),
         }
+        if decide_passes:
+            # last, so that it takes no CPU from the phases above (with the brain's GC
+            # settings, which are the process's)
+            progress(f"the brain's decisions alone, {decide_passes} passes")
+            decided = decide_only(env, preload, settings.consumer_batch, decide_passes)
+            result["decide_only_events_per_s"] = round(decided)
+            result["ratio_to_decide_only"] = round(round(brain_rate) / round(decided), 4)
         return result
     finally:
         if brain is not None:
@@ -411,6 +457,9 @@ def bench_brain(
     faust_raw: bool = typer.Option(
         True, "--faust-raw/--no-faust-raw", help="also time a faust agent that does nothing"
     ),
+    decide_passes: int = typer.Option(
+        3, "--decide-passes", min=0, help="passes of the decisions alone, without a bus (0: none)"
+    ),
 ) -> None:
     """Pre-load EVENTS for JOBS into a fresh env, run the brain over them, then measure
     plan latency at a controlled rate; the last line is one JSON object."""
@@ -426,6 +475,7 @@ def bench_brain(
             rate=rate,
             seconds=seconds,
             faust_raw=faust_raw,
+            decide_passes=decide_passes,
             progress=progress,
         )
     )

@@ -48,3 +48,8 @@ async def test_bench_brain_prints_its_measures_last(settings: Settings, pg_dsn: 
     # a plan is seen after it is published
     assert result["plan_seen_latency_p50_ms"] >= result["plan_latency_p50_ms"]
     assert result["decisions"] > 0 and result["scale_plans"] > 0
+    # the decisions alone, without the bus, over the same events
+    assert result["decide_only_events_per_s"] > 0
+    assert result["ratio_to_decide_only"] == round(
+        result["events_per_s"] / result["decide_only_events_per_s"], 4
+    )
