@@ -433,8 +433,10 @@ async def run_bench(
             "bus_latency_p99_ms": round(percentile(bus, 99), 2),
         }
         if decide_passes:
-            # last, so that it takes no CPU from the phases above (with the brain's GC
-            # settings, which are the process's)
+            # last, with the brain stopped: it holds the event loop for seconds, and takes
+            # no CPU from the phases above (with the brain's GC settings, the process's)
+            await brain.stop()
+            brain = None
             progress(f"the brain's decisions alone, {decide_passes} passes")
             decided = decide_only(env, preload, settings.consumer_batch, decide_passes)
             result["decide_only_events_per_s"] = round(decided)
