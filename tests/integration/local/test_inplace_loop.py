@@ -47,10 +47,10 @@ def in_place_job(name: str, spares: int = 1) -> dict[str, Any]:
     return body
 
 
-def lines(local: Local, kind: str) -> list[dict[str, Any]]:
-    """What the workers printed (live pods and kept logs), each with its pod."""
+def lines(local: Local, *kinds: str) -> list[dict[str, Any]]:
+    """What the workers printed of ``kinds`` (live pods and kept logs), each with its pod."""
     logs = [*local.root.glob("pods/*/log"), *local.root.glob("logs/*.log")]
-    return sorted(worker_lines(logs, (kind,)), key=lambda e: e["time"])
+    return sorted(worker_lines(logs, kinds), key=lambda e: e["time"])
 
 
 def running_spares(local: Local) -> list[Path]:
@@ -135,8 +135,9 @@ async def test_an_in_place_job_resizes_2_3_1_2_and_its_survivors_go_on(
         # the same step: the mean of a newcomer's first three lines is compared. The last
         # newcomer may not have printed them yet when its world's samples came (seen in CI).
         def newcomer_losses() -> list[list[dict[str, Any]]] | None:
-            losses = lines(local, "loss")
-            gone = {e["pod"] for e in lines(local, "exit")}
+            printed = lines(local, "loss", "exit")  # the logs read once per look
+            losses = [e for e in printed if e["event"] == "loss"]
+            gone = {e["pod"] for e in printed if e["event"] == "exit"}
             found = []
             for m in newcomers:
                 mine = [e for e in losses if e["pod"] == m["pod"]][:3]

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import psutil
 
 from dlrover_events.envs.tokens import Scope
 from dlrover_events.store import EnvStore
@@ -44,11 +43,6 @@ from tests.integration.local.test_local_operator_crash import (
 )
 from tests.integration.local.test_local_platform import running, sleeper_job, until
 from tests.integration.tap import DEADLINE_S, Tap
-
-
-def node_processes(local: Local) -> list[psutil.Process]:
-    """This test's node shims (by their pod directory under the test's platform root)."""
-    return shims(local.root)
 
 
 def suspend(local: Local, job: JobView, plan_id: str) -> ScalePlan:
@@ -98,7 +92,7 @@ async def test_suspend_stops_the_job_after_its_checkpoint_and_resume_goes_on_fro
         assert result.status == ScaleStatus.APPLIED, result
         # Applied: the job's processes are gone, the job is kept, suspended.
         assert await local.pods("elastic-s") == []
-        assert node_processes(local) == []
+        assert shims(local.root) == []
         kept = await local.cluster().get_job("elastic-s")
         assert isinstance(kept, JobView) and kept.suspended
         assert kept.roles["worker"].replicas == 2
@@ -216,7 +210,7 @@ async def test_an_operator_killed_during_a_suspend_and_a_resume_applies_each_onc
         assert sorted(nodes) == [0, 1]
         await asyncio.sleep(2)  # a duplicate pod would have been made by now
         assert len(await local.pods("crashy")) == 2
-        assert len(node_processes(local)) == 2
+        assert len(shims(local.root)) == 2
         view = await _view(local, "crashy")
         assert not view.suspended
         assert view.applied_plans == tuple(p for p, _ in KILLS)  # each once, in order
