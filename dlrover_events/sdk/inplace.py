@@ -76,6 +76,7 @@ from dlrover_events.sdk.membership import (
     Survivor,
     check_vector,
     first_generation,
+    gather_wait,
     plan_for,
     planned,
     read_check,
@@ -94,7 +95,12 @@ SETTLE_ENV = "DLROVER_EVENTS_ELASTIC_SETTLE_S"
 #: Seconds a collective, a group's formation or a read of the store may take: a member
 #: lost without closing its connections is noticed after this long.
 TIMEOUT_ENV = "DLROVER_EVENTS_ELASTIC_TIMEOUT_S"
+#: Seconds after the first SIGTERM of a resize within which every member that gets one
+#: leaves in the same generation (``membership.gather_wait``). The same for every member
+#: of a role: whether to take the check again is decided from the agreed check.
+GATHER_ENV = "DLROVER_EVENTS_ELASTIC_GATHER_S"
 DEFAULT_SETTLE_S = 30.0
+DEFAULT_GATHER_S = 0.1
 DEFAULT_TIMEOUT_S = 60.0
 #: Seconds a newcomer waits for the store's host to come up (it may still import torch).
 CONNECT_S = 300.0
@@ -241,6 +247,7 @@ class InPlaceGroup:
         backend: str | None = None,
         expect: int = 1,
         settle_s: float = DEFAULT_SETTLE_S,
+        gather_s: float = DEFAULT_GATHER_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         check_every: int = 1,
         recover_window_s: float = 1.0,
@@ -251,8 +258,8 @@ class InPlaceGroup:
         on_rescaled: Callable[[Rescale], object] | None = None,
         handle_sigterm: bool = True,
     ) -> None:
-        if check_every < 1 or expect < 1 or timeout_s <= 0:
-            raise ValueError("check_every and expect must be >= 1, timeout_s > 0")
+        if check_every < 1 or expect < 1 or timeout_s <= 0 or gather_s < 0:
+            raise ValueError("check_every and expect must be >= 1, timeout_s > 0, gather_s >= 0")
         self.store_host, self.store_port = store_host, store_port
         self.hosts_store = hosts_store
         self._member = member
@@ -260,6 +267,7 @@ class InPlaceGroup:
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.expect = expect
         self.settle_s = settle_s
+        self.gather_s = gather_s
         self.timeout_s = timeout_s
         self.check_every = check_every
         self.recover_window_s = recover_window_s
@@ -282,7 +290,6 @@ class InPlaceGroup:
         self._checkpoint: ElasticCheckpoint | None = None
         self._leave_at: float | None = None
         self._pending: Rescale | None = None
-        self._checks = 0
         self._previous_handler: Any = None
         if handle_sigterm:
             self.install_sigterm_handler()
@@ -300,6 +307,7 @@ class InPlaceGroup:
         kwargs.setdefault("hosts_store", os.environ.get(ELASTIC_STORE_HOST_ENV) == "1")
         kwargs.setdefault("expect", int(os.environ.get(ELASTIC_EXPECT_ENV) or 1))
         kwargs.setdefault("settle_s", float(os.environ.get(SETTLE_ENV) or DEFAULT_SETTLE_S))
+        kwargs.setdefault("gather_s", float(os.environ.get(GATHER_ENV) or DEFAULT_GATHER_S))
         kwargs.setdefault("timeout_s", float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S))
         kwargs.setdefault("role", os.environ.get(ROLE_ENV) or "worker")
         return cls(host, int(port), **kwargs)
@@ -619,13 +627,20 @@ class InPlaceGroup:
         waits (a collective every ``check_every`` steps). The rescale made, or None."""
         if self.left or self._decision is None:
             return None
-        self._checks += 1
-        if (self._checks - 1) % self.check_every and not self.leaving:
+        if self.step % self.check_every:
+            # every member is at the same step here (a newcomer too: it takes the step
+            # with the state), so all of them skip the same boundaries; a leaver waits for
+            # the next check, since a collective it started alone would meet the others'
             return None
         decision = self._decision
         boundary_at = time.time()
         try:
             check = self._check(decision)
+            if check.leaving and self.gather_s > 0:
+                # every member saw the same leavers, so every member checks again: the
+                # pods one plan removes then leave together
+                time.sleep(gather_wait(check, time.time(), self.gather_s))
+                check = self._check(decision)
         except RuntimeError as err:
             if not is_peer_failure(err):
                 raise
@@ -692,7 +707,8 @@ class InPlaceGroup:
         return self._pending
 
     def _leave(self, decision: Decision) -> None:
-        log.info("left the job at step %d (generation %d)", self.step, decision.generation)
+        asked = "" if self._leave_at is None else f", asked at {self._leave_at:.3f}"
+        log.info("left the job at step %d (generation %d%s)", self.step, decision.generation, asked)
         self.left = True
         self._teardown()
 
@@ -873,6 +889,7 @@ def _first_line(err: BaseException) -> str:
 
 
 __all__ = [
+    "DEFAULT_GATHER_S",
     "DEFAULT_SETTLE_S",
     "DEFAULT_TIMEOUT_S",
     "InPlaceGroup",

@@ -169,6 +169,17 @@ def read_check(vector: Sequence[int], world_size: int) -> Check:
     )
 
 
+def gather_wait(check: Check, now: float, gather_s: float) -> float:
+    """Seconds to wait before a check that saw members leave is taken again: until
+    ``gather_s`` after its first sign, never more than ``gather_s`` (another host's clock
+    may be off). One plan's removed pods get their SIGTERMs tens of milliseconds apart
+    (the operator, each pod's shim and agent pass it on), so a step boundary can fall
+    between them: without the wait, 3 -> 1 re-forms twice (3 -> 2 -> 1)."""
+    if not check.leaving or check.sign_at is None or gather_s <= 0:
+        return 0.0
+    return max(0.0, min(gather_s, check.sign_at + gather_s - now))
+
+
 # -- deciding the next generation ----------------------------------------------------------
 
 
@@ -365,6 +376,7 @@ __all__ = [
     "Survivor",
     "check_vector",
     "first_generation",
+    "gather_wait",
     "plan_for",
     "planned",
     "read_check",

@@ -51,7 +51,7 @@ class Nodes:
     output: dict[int, list[str]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(self, node: int, *, expect: int = 2) -> None:
+    def start(self, node: int, *, expect: int = 2, gather_s: float | None = None) -> None:
         env = {
             **os.environ,
             "DLROVER_EVENTS_JOB_ID": "inplace-it",
@@ -68,6 +68,8 @@ class Nodes:
         }
         if node == 0:
             env["DLROVER_EVENTS_ELASTIC_STORE_HOST"] = "1"
+        if gather_s is not None:
+            env["DLROVER_EVENTS_ELASTIC_GATHER_S"] = str(gather_s)
         cmd = [
             str(REPO / ".venv" / "bin" / "torchrun"),
             "--standalone",
@@ -197,25 +199,32 @@ def losses_of(nodes: Nodes, node: int, since: float) -> list[dict[str, Any]]:
     return mine if len(mine) == 3 else []
 
 
+#: wider than the default, so that the two removals below can be half a second apart
+GATHER_S = 1.5
+
+
 def test_nodes_come_and_go_and_no_surviving_worker_restarts(nodes: Nodes) -> None:
     t0 = time.time()
-    nodes.start(0)
-    nodes.start(1)
+    nodes.start(0, gather_s=GATHER_S)
+    nodes.start(1, gather_s=GATHER_S)
     two = nodes.started(t0)
     assert {e["world_size"] for e in two} == {2} and {e["first_step"] for e in two} == {0}
     start_pids = pids(two)
     time.sleep(2)
 
     t1 = time.time()
-    nodes.start(2)
+    nodes.start(2, gather_s=GATHER_S)
     three = nodes.world(3, t1)
     assert pids(three)[0] == start_pids[0] and pids(three)[1] == start_pids[1]
     time.sleep(2)
     nodes.wait("three loss lines of node 2", lambda: losses_of(nodes, 2, t1))
 
+    # One plan's removals reach the workers apart (each through its node's agent): 10 steps
+    # apart here, within the gather window, they leave in one re-form.
     t2 = time.time()
-    nodes.stop(1)
     nodes.stop(2)
+    time.sleep(0.5)
+    nodes.stop(1)
     one = nodes.world(1, t2)
     assert pids(one) == {0: start_pids[0]}
     nodes.ended(1), nodes.ended(2)  # (their agents exit 1: torchrun on SIGTERM)
@@ -224,7 +233,7 @@ def test_nodes_come_and_go_and_no_surviving_worker_restarts(nodes: Nodes) -> Non
     time.sleep(2)
 
     t3 = time.time()
-    nodes.start(3)
+    nodes.start(3, gather_s=GATHER_S)
     again = nodes.world(2, t3)
     assert pids(again)[0] == start_pids[0]
     time.sleep(2)
@@ -253,7 +262,7 @@ def test_nodes_come_and_go_and_no_surviving_worker_restarts(nodes: Nodes) -> Non
         mean_mine = sum(e["loss"] for e in mine) / 3
         mean_theirs = sum(theirs) / 3
         assert abs(mean_mine - mean_theirs) < 0.5, (mine, theirs)
-    # 3 -> 1 was one re-form: two left at the same boundary.
+    # 3 -> 1 was one re-form: two left at the same boundary, half a second apart.
     to_one = [e for e in rescales if e["world_size"] == 1]
     assert to_one and to_one[0]["world_size_before"] == 3 and to_one[0]["left"] == 2
 

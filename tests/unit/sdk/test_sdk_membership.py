@@ -27,6 +27,7 @@ from dlrover_events.sdk.membership import (
     Survivor,
     check_vector,
     first_generation,
+    gather_wait,
     plan_for,
     planned,
     read_check,
@@ -79,6 +80,30 @@ def test_the_boundary_check_combined_by_max_says_who_leaves_and_the_first_sign(
 def test_a_check_of_another_world_is_refused() -> None:
     with pytest.raises(ValueError, match="slots"):
         read_check([0, 0, 0], 2)
+
+
+def test_a_check_with_leavers_waits_until_the_gather_window_after_its_first_sign() -> None:
+    leaving = Check(leaving=frozenset({2}), newest_ticket=0, sign_at=100.0)
+    assert gather_wait(leaving, 100.03, 0.1) == pytest.approx(0.07)
+    assert gather_wait(leaving, 100.5, 0.1) == 0.0  # the window passed: at once
+    assert gather_wait(leaving, 90.0, 0.1) == 0.1  # a sign from a clock ahead: capped
+    assert gather_wait(leaving, 100.03, 0.0) == 0.0  # no window
+    # only leavers are gathered: a newcomer is admitted at once
+    joining = Check(leaving=frozenset(), newest_ticket=5, sign_at=100.0)
+    assert gather_wait(joining, 100.03, 0.1) == 0.0
+
+
+@given(
+    sign=st.floats(0, 1e10),
+    now=st.floats(0, 1e10),
+    window=st.floats(0, 10),
+)
+def test_a_gather_wait_is_never_negative_nor_longer_than_the_window(
+    sign: float, now: float, window: float
+) -> None:
+    wait = gather_wait(Check(frozenset({0}), 0, sign), now, window)
+    assert 0.0 <= wait <= window
+    assert wait == 0.0 or now + wait == pytest.approx(min(sign + window, now + window))
 
 
 def test_a_leaver_goes_and_the_others_keep_their_order() -> None:
