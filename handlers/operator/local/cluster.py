@@ -399,12 +399,19 @@ class LocalCluster:
                 os.kill(int(record["pid"]), signal.SIGTERM)
 
     def _remove(self, name: str) -> None:
-        """A pod goes; its log stays (``logs/<pod>.log``), as a user wants after a failure."""
+        """A pod goes; its log stays (``logs/<pod>.log``), as a user wants after a failure.
+        A name used again (a scale-down, then a scale-up) adds its log to the same file: the
+        earlier pod's lines are not lost."""
         pod_dir = self._pod_dir(name)
         logs = self.store.root / "logs"
         logs.mkdir(exist_ok=True)
+        kept = logs / f"{name}.log"
         with contextlib.suppress(OSError):
-            os.replace(pod_dir / shim.LOG, logs / f"{name}.log")
+            if kept.exists():
+                with open(pod_dir / shim.LOG, "rb") as src, open(kept, "ab") as dst:
+                    shutil.copyfileobj(src, dst)
+            else:
+                os.replace(pod_dir / shim.LOG, kept)
         self._forget_admission(pod_dir)
         shutil.rmtree(pod_dir, ignore_errors=True)
 

@@ -161,6 +161,9 @@ async def test_an_in_place_job_resizes_2_3_1_2_and_its_survivors_go_on(
         ctx.stop.set()
         await asyncio.wait_for(task, 240)
     assert not running_spares(local)  # the operator's clean stop ended the spare too
+    # every pod's log was kept, worker-1's two pods' both (the name came back at 1 -> 2)
+    kept = {m["pid"] for m in worker_lines(list(local.root.glob("logs/*.log")), ("membership",))}
+    assert set(pid_of.values()) | {m["pid"] for m in newcomers} <= kept
 
 
 async def test_a_killed_worker_is_survived_in_place_on_the_platform(
