@@ -15,11 +15,13 @@ step. See ``examples/elastic/train_elastic.py`` for the whole loop.
 
 By role: ``hook`` (the loop's reporter, GPU memory, OOM events), ``oom`` (recognising
 one), ``gradients`` and ``timing`` (what a cluster scheduler needs: gradient statistics,
-the step's split), ``ranks`` (rank, world, a peer lost, knobs in step) and
-``checkpoint`` (save and resume). Import from here: the names below are the API.
+the step's split), ``ranks`` (rank, world, a peer lost, knobs in step),
+``checkpoint`` (save and resume) and ``exiting`` (a worker's end without torch's slow
+finalization, which a restart waits for). Import from here: the names below are the API.
 """
 
 from dlrover_events.sdk.torch.checkpoint import CHECKPOINT_FORMAT, ElasticCheckpoint
+from dlrover_events.sdk.torch.exiting import exit_promptly
 from dlrover_events.sdk.torch.gradients import GradientStats
 from dlrover_events.sdk.torch.hook import CudaProbe, TorchHook, batch_samples
 from dlrover_events.sdk.torch.oom import oom_kind, requested_bytes
@@ -41,6 +43,7 @@ __all__ = [
     "TorchHook",
     "batch_samples",
     "distributed",
+    "exit_promptly",
     "is_peer_failure",
     "knob_sync",
     "oom_kind",
