@@ -289,6 +289,8 @@ class InPlaceGroup:
         self._optimizer: torch.optim.Optimizer | None = None
         self._checkpoint: ElasticCheckpoint | None = None
         self._leave_at: float | None = None
+        #: when the current generation was agreed (a plan after it is the next change's)
+        self._formed_at = 0.0
         self._pending: Rescale | None = None
         self._previous_handler: Any = None
         if handle_sigterm:
@@ -548,6 +550,7 @@ class InPlaceGroup:
         except Exception as err:
             raise _Lost(decision, err) from err
         self._decision, self._rank = decision, rank
+        self._formed_at = agreed_at
         rescale.group_at = time.time()
         self.step = decision.step
         try:
@@ -639,7 +642,14 @@ class InPlaceGroup:
             if check.leaving and self.gather_s > 0:
                 # every member saw the same leavers, so every member checks again: the
                 # pods one plan removes then leave together
-                time.sleep(gather_wait(check, time.time(), self.gather_s))
+                wait = gather_wait(
+                    check,
+                    time.time(),
+                    self.gather_s,
+                    world_size=decision.world_size,
+                    expected=self._planned_replicas(),
+                )
+                time.sleep(wait)
                 check = self._check(decision)
         except RuntimeError as err:
             if not is_peer_failure(err):
@@ -648,6 +658,15 @@ class InPlaceGroup:
         if not check.changes(decision.admitted):
             return None
         return self._reform(decision, check, boundary_at)
+
+    def _planned_replicas(self) -> int | None:
+        """The role's replicas in the job's plan when it came after this generation was
+        agreed (so it is the plan behind the change); None when not known."""
+        plan = self.plan() if self.plan is not None else None
+        if plan is None or plan.occurred_at.timestamp() <= self._formed_at:
+            return None
+        group = plan.node_group_resources.get(self.role)
+        return None if group is None else group.count
 
     def _check(self, decision: Decision) -> Check:
         store = self._store

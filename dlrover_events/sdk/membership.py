@@ -169,13 +169,26 @@ def read_check(vector: Sequence[int], world_size: int) -> Check:
     )
 
 
-def gather_wait(check: Check, now: float, gather_s: float) -> float:
+def gather_wait(
+    check: Check,
+    now: float,
+    gather_s: float,
+    *,
+    world_size: int = 0,
+    expected: int | None = None,
+) -> float:
     """Seconds to wait before a check that saw members leave is taken again: until
     ``gather_s`` after its first sign, never more than ``gather_s`` (another host's clock
     may be off). One plan's removed pods get their SIGTERMs tens of milliseconds apart
     (the operator, each pod's shim and agent pass it on), so a step boundary can fall
-    between them: without the wait, 3 -> 1 re-forms twice (3 -> 2 -> 1)."""
+    between them: without the wait, 3 -> 1 re-forms twice (3 -> 2 -> 1).
+
+    ``expected``: the role's replicas in the plan behind this change, when the member
+    knows it; no wait once the members staying are no more than that (every removal of
+    the plan is in). Only the wait depends on it: every member takes the check again."""
     if not check.leaving or check.sign_at is None or gather_s <= 0:
+        return 0.0
+    if expected is not None and world_size - len(check.leaving) <= expected:
         return 0.0
     return max(0.0, min(gather_s, check.sign_at + gather_s - now))
 

@@ -23,12 +23,21 @@ MEMBER = textwrap.dedent(
     import torch
     from torch import nn
     from dlrover_events.sdk.inplace import InPlaceGroup
+    from schemas.jobs import JobMeta
+    from schemas.plans import NodeGroupResource, ScalePlan
 
     rank, port, spec = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+
+    def plan():
+        # the job's plan as a member's follower has it, published just now
+        if spec.get("plan_count") is None:
+            return None
+        wanted = {"worker": NodeGroupResource(count=spec["plan_count"])}
+        return ScalePlan(env="it", job=JobMeta(uuid="j"), plan_id="p", node_group_resources=wanted)
     group = InPlaceGroup(
         "127.0.0.1", port, hosts_store=rank == 0, member=f"m{rank}", expect=3,
         timeout_s=30, handle_sigterm=False,
-        check_every=spec["check_every"], gather_s=spec["gather_s"],
+        check_every=spec["check_every"], gather_s=spec["gather_s"], plan=plan,
     )
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
@@ -91,6 +100,24 @@ def test_members_leaving_apart_within_the_window_leave_in_one_re_form() -> None:
     outs = run_members(spec)
     assert outs[1]["left"] and outs[2]["left"]
     assert outs[0]["worlds"] == [3, 1] and outs[0]["step"] == 30
+
+
+def test_within_the_window_the_plan_says_how_many_leave() -> None:
+    # the plan asks for 2: rank 2 alone is the whole removal, nobody waits for rank 1,
+    # whose leave is then a change of its own
+    spec = {
+        "check_every": 1,
+        "gather_s": 1.5,
+        "steps": 30,
+        "leave": {"2": [5, 0], "1": [5, 0.3]},
+        "plan_count": 2,
+    }
+    outs = run_members(spec)
+    assert outs[1]["left"] and outs[2]["left"]
+    assert outs[0]["worlds"] == [3, 2, 1]
+    # the plan asks for 1: the window waits for rank 1 too
+    outs = run_members({**spec, "plan_count": 1})
+    assert outs[0]["worlds"] == [3, 1]
 
 
 def test_without_the_window_they_leave_in_two_re_forms() -> None:

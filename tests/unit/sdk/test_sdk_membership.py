@@ -91,6 +91,9 @@ def test_a_check_with_leavers_waits_until_the_gather_window_after_its_first_sign
     # only leavers are gathered: a newcomer is admitted at once
     joining = Check(leaving=frozenset(), newest_ticket=5, sign_at=100.0)
     assert gather_wait(joining, 100.03, 0.1) == 0.0
+    # the plan's replicas known: no wait once no more than those stay
+    assert gather_wait(leaving, 100.03, 0.1, world_size=3, expected=2) == 0.0
+    assert gather_wait(leaving, 100.03, 0.1, world_size=3, expected=1) == pytest.approx(0.07)
 
 
 @given(
