@@ -97,8 +97,8 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
 async def close_quietly(close: Awaitable[Any]) -> None:
     """Close a client whose failure is of no use to the caller (a client of a broker that
     died). Its error is dropped, and so is a CancelledError that escapes it while the
-    caller is not being cancelled: aiokafka's consumer stop awaits its own fetch tasks
-    after cancelling them, and one can raise their cancellation into the caller. A
+    caller is not being cancelled (a client's own task cancelled and awaited unguarded
+    inside its close; a consumer is stopped whole by `bus.kafka_client.stop_consumer`). A
     cancellation of the caller itself still propagates."""
     try:
         await close

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
 from dlrover_events.backoff import Backoff
 from dlrover_events.bus.dead_letters import dead_letter, log_dead_letters, send_dead_letters
-from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client
+from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client, stop_consumer
 from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topics import topic
 from dlrover_events.errors import BusUnavailable
@@ -108,7 +108,7 @@ class Consumer(AsyncResource):
 
     async def stop(self) -> None:
         self._stopping.set()
-        await self._consumer.stop()
+        await stop_consumer(self._consumer)
         await self._producer.stop()
 
     async def run(self) -> None:

@@ -172,6 +172,30 @@ async def start_kafka_client(client: Any, settings: Settings) -> None:
         raise
 
 
+async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Stop a consumer and close its connections, also where aiokafka's own stop does not.
+
+    aiokafka 0.14's fetcher, closing, cancels its fetches in flight and awaits each one
+    unguarded: a fetch that failed (a broker that timed out or went away) and is sleeping
+    out its retry backoff raises its cancellation out of `stop()`, which then never closes
+    the client (aio-libs/aiokafka#647). The caller would see a CancelledError nobody asked
+    for and keep open sockets and a metadata task. Such a cancellation is absorbed here
+    and the stop finished; a cancellation of the caller's own task still propagates.
+    """
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        fetcher = consumer._fetcher
+        left = [t for t in (fetcher._pending_tasks if fetcher else ()) if not t.done()]
+        for t in left:
+            t.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+        await consumer._client.close()
+
+
 async def _release(client: Any) -> None:
     stop = getattr(client, "stop", None) or client.close
     await close_quietly(stop())
@@ -383,5 +407,6 @@ __all__ = [
     "sasl_password",
     "ssl_context",
     "start_kafka_client",
+    "stop_consumer",
     "topic_partitions",
 ]

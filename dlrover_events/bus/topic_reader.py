@@ -22,7 +22,12 @@ from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client, topic_partitions
+from dlrover_events.bus.kafka_client import (
+    kafka_connection,
+    start_kafka_client,
+    stop_consumer,
+    topic_partitions,
+)
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import AsyncResource
 from dlrover_events.settings import Settings
@@ -87,11 +92,11 @@ class TopicReader(AsyncResource):
             if self.partitions:
                 await self.seek(self._begin)
         except BaseException:
-            await self.consumer.stop()
+            await stop_consumer(self.consumer)
             raise
 
     async def stop(self) -> None:
-        await self.consumer.stop()
+        await stop_consumer(self.consumer)
 
     async def refresh(self) -> list[TopicPartition]:
         """Assign every partition the broker now knows of `topics` (a topic created after

@@ -40,7 +40,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import OffsetAndMetadata
 
-from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client
+from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client, stop_consumer
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import close_quietly, wait_or_stop
 from dlrover_events.settings import Settings
@@ -276,7 +276,7 @@ class BrokerJournal:
             ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
             return ends
         finally:
-            await consumer.stop()
+            await stop_consumer(consumer)
 
     async def _refill_commits(self, settings: Settings, ends: dict[TopicPartition, int]) -> int:
         rows = await self._conn.fetch('SELECT grp, topic, part, "offset" FROM broker_commits')
@@ -299,7 +299,7 @@ class BrokerJournal:
                 consumer.assign(list(offsets))
                 await consumer.commit(offsets)
             finally:
-                await consumer.stop()
+                await stop_consumer(consumer)
         return len(by_group)
 
     # --- copying -------------------------------------------------------------------
@@ -386,7 +386,7 @@ class BrokerJournal:
         consumer, admin = self._consumer, self._admin
         self._consumer = self._admin = None
         if consumer is not None:
-            await close_quietly(consumer.stop())
+            await close_quietly(stop_consumer(consumer))
         if admin is not None:
             await close_quietly(admin.close())
 

@@ -40,7 +40,7 @@ import typer
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from dlrover_events.bus.kafka_client import kafka_connection
+from dlrover_events.bus.kafka_client import kafka_connection, stop_consumer
 from dlrover_events.bus.topic_reader import read_topic
 from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic
 from dlrover_events.cli.runner import run_async
@@ -200,7 +200,7 @@ async def bus_delay(settings: Settings, env: str, samples: int = PROBE_SAMPLES) 
             delays.append(time.monotonic() - started)
     finally:
         await producer.stop()
-        await consumer.stop()
+        await stop_consumer(consumer)
     return delays
 
 

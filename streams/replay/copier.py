@@ -17,7 +17,12 @@ from datetime import datetime
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client, topic_partitions
+from dlrover_events.bus.kafka_client import (
+    kafka_connection,
+    start_kafka_client,
+    stop_consumer,
+    topic_partitions,
+)
 from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topic_reader import TopicReader, seek_to_time
 from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, split_topic, topic
@@ -100,7 +105,7 @@ class Replay:
                     await copier.live(parts, stop)
                 await copier.checkpoint()
         finally:
-            await consumer.stop()
+            await stop_consumer(consumer)
         return report
 
     async def _source_steps(self, cutoff_ms: int) -> dict[str, int]:

@@ -14,6 +14,7 @@ from typing import TypeVar
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from dlrover_events.bus.kafka_client import stop_consumer
 from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, SCALE_RESULTS, topic
 from dlrover_events.settings import Settings
 from schemas.codec import decode
@@ -51,7 +52,7 @@ class Tap:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._consumer.stop()
+        await stop_consumer(self._consumer)
 
     async def _read(self) -> None:
         while True:

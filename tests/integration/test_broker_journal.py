@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from dlrover_events.bus.kafka_client import stop_consumer
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.broker_journal import BrokerJournal
 from dlrover_events.runtime.embedded import Broker, ensure_database
@@ -71,7 +72,7 @@ async def fill(servers: str) -> None:
     tp = TopicPartition("j.events", 0)
     consumer.assign([tp])
     await consumer.commit({tp: 120})
-    await consumer.stop()
+    await stop_consumer(consumer)
 
 
 async def journal_filled(journal: BrokerJournal, servers: str) -> None:
@@ -97,7 +98,7 @@ async def read_all(servers: str, topic: str, partitions: int) -> list[tuple[obje
                 (tp.partition, r.offset, r.timestamp, r.key, r.value, tuple(r.headers))
                 for r in records
             ]
-    await consumer.stop()
+    await stop_consumer(consumer)
     return sorted(seen)
 
 
@@ -107,7 +108,7 @@ async def committed(servers: str, group: str, tp: TopicPartition) -> int | None:
     try:
         return await consumer.committed(tp)
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
 
 
 async def configs(servers: str, topic: str) -> dict[str, str]:

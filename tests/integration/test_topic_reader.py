@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime
 
 import pytest
 from aiokafka import TopicPartition
 
+from dlrover_events.bus.admin import TopicAdmin
 from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topic_reader import TopicReader, read_topics
 from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic
 from dlrover_events.errors import UserError
+from dlrover_events.runtime.embedded import Broker
 from dlrover_events.settings import Settings
 from schemas import JobMeta, RuntimeSample, decode
 from tests.conftest import EnvFactory
+from tests.integration.tap import DEADLINE_S
 
 pytestmark = pytest.mark.integration
 
@@ -93,3 +97,29 @@ async def test_says_which_logs_end_before_an_offset_by_their_records(
         # the reader reads on from where it is asked to
         await reader.seek({full: 618})
         assert [r.offset for r in await reader.read_to_end()] == [618, 619]
+
+
+async def test_a_reader_stops_whole_while_a_failed_fetch_waits_out_its_backoff(
+    settings: Settings, own_broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiokafka's consumer stop raises a cancellation of its own when a fetch is sleeping
+    out its retry backoff after a failure, and then never closes its client
+    (aio-libs/aiokafka#647). The reader's stop does neither."""
+    mine = settings.model_copy(update={"bootstrap_servers": own_broker.bootstrap_servers})
+    async with TopicAdmin(mine) as admin:
+        [name, *_] = await admin.ensure_env_topics("tstop", 1)
+    reader = TopicReader(mine, [name], client_id="t", retry_backoff_ms=600_000)
+    await reader.start()
+    caplog.set_level(logging.ERROR, logger="aiokafka.consumer.fetcher")
+    await reader.fetch(timeout_ms=100)  # the fetcher has a fetch in flight now
+    own_broker.kill()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while not any("Failed fetch messages" in r.getMessage() for r in caplog.records):
+        assert loop.time() < deadline, "no fetch failed after the broker died"
+        await asyncio.sleep(0.05)
+    await asyncio.wait_for(reader.stop(), DEADLINE_S)  # not CancelledError, not a hang
+    client = reader.consumer._client
+    assert client._sync_task is None  # closed: its metadata task gone
+    assert all(conn.connected() is False for conn in client._conns.values())
+    assert all(task.done() for task in reader.consumer._fetcher._pending_tasks)

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dlrover_events.bus.kafka_client import kafka_connection
+from dlrover_events.bus.kafka_client import kafka_connection, stop_consumer
 from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, SCALE_PLANS, topic, topic_of
 from dlrover_events.settings import load_settings
 from schemas.codec import CodecError, decode, encode
@@ -135,7 +135,7 @@ async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
         }
     finally:
         await producer.stop()
-        await consumer.stop()
+        await stop_consumer(consumer)
         await bus.stop()
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import typer
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dlrover_events.bus.kafka_client import kafka_connection
+from dlrover_events.bus.kafka_client import kafka_connection, stop_consumer
 from dlrover_events.bus.topics import JOB_EVENTS, JOB_METRICS, topic, topic_of
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
@@ -222,7 +222,7 @@ async def _baseline(settings: Settings, env: str, total: int) -> float:
             seen += n
         return _rate(seen, first, first_at, time.perf_counter())
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
 
 
 async def _faust_raw(settings: Settings, env: str, total: int, take_max: int) -> float:

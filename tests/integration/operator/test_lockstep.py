@@ -18,7 +18,7 @@ from typing import TypeVar
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from dlrover_events.bus.kafka_client import topic_partitions
+from dlrover_events.bus.kafka_client import stop_consumer, topic_partitions
 from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topic_reader import read_topic
 from dlrover_events.bus.topics import (
@@ -255,7 +255,7 @@ class JitteryBrain:
                 await consumer.seek_to_beginning(*parts)
                 await self._serve(consumer, producer, len(parts), stop)
         finally:
-            await consumer.stop()
+            await stop_consumer(consumer)
 
     async def _serve(
         self, consumer: AIOKafkaConsumer, producer: Producer, partitions: int, stop: asyncio.Event
