@@ -440,9 +440,8 @@ class EnvReconciler:
         are that controller's to delete."""
         if not self.platform.creates_pods:
             return
-        for pod in await self._pods_of(name):
-            if not pod.deleting:
-                await self.platform.delete_pod(pod.name)
+        going = [pod for pod in await self._pods_of(name) if not pod.deleting]
+        await self._delete_pods([(pod.name, None) for pod in going])
         await self.platform.release(name)
 
     async def _converge(self, job: JobView, *, last_plan: str | None = None) -> list[PodView]:
@@ -467,11 +466,12 @@ class EnvReconciler:
             if await self.platform.create_pod(job, new, self.env):
                 log.info("env %s: created pod %s", self.env, new.name(job.name))
         named = {p.name: p for p in pods}
-        for name in actions.delete:
-            pod = named.get(name)
-            grace = planning.grace_seconds(job, pod) if pod is not None else None
-            if await self.platform.delete_pod(name, grace):
-                log.info("env %s: deleted pod %s (grace %s s)", self.env, name, grace)
+        await self._delete_pods(
+            [
+                (name, planning.grace_seconds(job, named[name]) if name in named else None)
+                for name in actions.delete
+            ]
+        )
         if actions:
             pods = await self._pods_of(job.name)
         if creates:
@@ -485,6 +485,22 @@ class EnvReconciler:
                 await self.platform.set_status(job, status)
         await self._publish(job_events(self.env, job, pods, self.platform.outcome(job, pods)))
         return pods
+
+    async def _delete_pods(self, pods: list[tuple[str, int | None]]) -> None:
+        """Delete the pods (name, grace) together: one after another, a plan's leavers get
+        their SIGTERM an API call apart each, and an in-place job's survivors see them leave
+        over as many of their step boundaries. Every delete is tried; the first error is
+        then raised (the plan's batch is tried again, and a delete done is done)."""
+        done = await asyncio.gather(
+            *(self.platform.delete_pod(name, grace) for name, grace in pods),
+            return_exceptions=True,
+        )
+        for (name, grace), deleted in zip(pods, done, strict=True):
+            if deleted is True:
+                log.info("env %s: deleted pod %s (grace %s s)", self.env, name, grace)
+        for error in done:
+            if isinstance(error, BaseException):
+                raise error
 
     # -- plans ----------------------------------------------------------------------------
 
