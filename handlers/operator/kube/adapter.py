@@ -28,6 +28,7 @@ from handlers.operator.platform import (
     PodView,
 )
 from handlers.operator.reconcile import planning
+from handlers.operator.reconcile.launch import C10D
 from schemas.plans import NotApplied, ScalePlan
 
 
@@ -74,13 +75,18 @@ class WorkloadAdapter(ABC):
         return trainingjob.plan_not_applied(plan)
 
     def configured(
-        self, *, gpu_type_label: str | None, wiring: PodWiring | None = None
+        self,
+        *,
+        gpu_type_label: str | None,
+        wiring: PodWiring | None = None,
+        rendezvous_backend: str = C10D,
     ) -> WorkloadAdapter:
         """This adapter for a cluster whose nodes name their GPU type with
         ``gpu_type_label`` (None: none does), whose pods are told where the bus and the
-        gateway are by ``wiring``; a workload that neither selects GPU types nor makes
-        pods (PyTorchJob: its template carries the variables, see deploy/README.md) is
-        the same adapter."""
+        gateway are by ``wiring``, and whose elastic pods' agents rendezvous with
+        ``rendezvous_backend``; a workload that neither selects GPU types nor makes pods
+        (PyTorchJob: its template carries the variables and its rendezvous, see
+        deploy/README.md) is the same adapter."""
         return self
 
     def services(self, job: JobView, *, rendezvous_host: str | None = None) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
@@ -78,6 +78,12 @@ class KubeSettings(BaseSettings):
         min_length=1,
         description="the extended resource a Node's allocatable counts GPUs in (the "
         "capacity the operator reports on <env>.cluster.capacity)",
+    )
+    rendezvous_backend: Literal["c10d", "dlrover-c10d"] = Field(
+        default="c10d",
+        description="what elastic pods' torchrun agents rendezvous with (restart mode): "
+        "dlrover-c10d, where the training images have the SDK, lets a node removed by a "
+        "scale-down leave at once instead of the others waiting out its heartbeat",
     )
     node_selector: str | None = Field(
         default=None,
@@ -414,7 +420,9 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
     for warning in wiring.warnings:
         log.warning("%s", warning)
     adapter = adapter_for(conf.workload).configured(
-        gpu_type_label=conf.gpu_type_label or None, wiring=wiring
+        gpu_type_label=conf.gpu_type_label or None,
+        wiring=wiring,
+        rendezvous_backend=conf.rendezvous_backend,
     )
     api, namespace = await connect(conf)
     async with api:

@@ -49,7 +49,7 @@ from handlers.operator.platform import (
 )
 from handlers.operator.quantity import resources_to_quantities
 from handlers.operator.reconcile import planning
-from handlers.operator.reconcile.launch import launch
+from handlers.operator.reconcile.launch import C10D, launch
 from schemas.plans import NotApplied, ScalePlan
 
 #: The node label a cluster names its nodes' GPU types with (NVIDIA's GPU feature
@@ -59,21 +59,32 @@ DEFAULT_GPU_TYPE_LABEL = "nvidia.com/gpu.product"
 
 class TrainingJobAdapter(PodCreatingAdapter):
     """``gpu_type_label``: the node label GPU types are selected by; None leaves a plan's
-    GPU type not applied."""
+    GPU type not applied. ``rendezvous_backend``: what an elastic pod's torchrun agent
+    rendezvous with (``launch.C10D``, or ``DLROVER_C10D`` where the images have the SDK)."""
 
     kind = trainingjob.KIND
     group = trainingjob.GROUP
     version = trainingjob.VERSION
     plural = trainingjob.PLURAL
 
-    def __init__(self, gpu_type_label: str | None = None, wiring: PodWiring | None = None) -> None:
+    def __init__(
+        self,
+        gpu_type_label: str | None = None,
+        wiring: PodWiring | None = None,
+        rendezvous_backend: str = C10D,
+    ) -> None:
         self.gpu_type_label = gpu_type_label or None
         self.wiring = wiring
+        self.rendezvous_backend = rendezvous_backend
 
     def configured(
-        self, *, gpu_type_label: str | None, wiring: PodWiring | None = None
+        self,
+        *,
+        gpu_type_label: str | None,
+        wiring: PodWiring | None = None,
+        rendezvous_backend: str = C10D,
     ) -> TrainingJobAdapter:
-        return TrainingJobAdapter(gpu_type_label, wiring)
+        return TrainingJobAdapter(gpu_type_label, wiring, rendezvous_backend)
 
     def plan_not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
         return trainingjob.plan_not_applied(plan, gpu_types=self.gpu_type_label is not None)
@@ -109,6 +120,7 @@ class TrainingJobAdapter(PodCreatingAdapter):
             rendezvous_host=rendezvous_host,
             gpu_type_label=self.gpu_type_label,
             wiring=self.wiring,
+            rendezvous_backend=self.rendezvous_backend,
         )
 
 
@@ -246,6 +258,7 @@ def pod_manifest(
     rendezvous_host: str | None = None,
     gpu_type_label: str | None = None,
     wiring: PodWiring | None = None,
+    rendezvous_backend: str = C10D,
 ) -> dict[str, Any]:
     """The pod of one node of a job (pure: the same inputs give the same pod).
 
@@ -269,7 +282,8 @@ def pod_manifest(
         LABEL_RANK: str(pod.rank),
         LABEL_INDEX: str(pod.index),
     }
-    runs = launch(job, pod, env, rendezvous_host or rendezvous_service(job, pod.role))
+    host = rendezvous_host or rendezvous_service(job, pod.role)
+    runs = launch(job, pod, env, host, rendezvous_backend)
     containers = spec.get("containers") or []
     chosen = _training_index(role, containers)
     annotations = dict(tmeta.get("annotations") or {})

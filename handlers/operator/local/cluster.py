@@ -80,7 +80,7 @@ from handlers.operator.platform import (
     WatchKind,
 )
 from handlers.operator.reconcile import planning
-from handlers.operator.reconcile.launch import launch
+from handlers.operator.reconcile.launch import DLROVER_C10D, launch
 from schemas.plans import NotApplied, ScalePlan
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,9 @@ class LocalCluster:
     suspends = True
     #: where an elastic role's pods find their rendezvous store
     rendezvous_host = "127.0.0.1"
+    #: the pods run this machine's torchrun, beside the SDK: a node stopped by a shrink
+    #: leaves the rendezvous at once, the others need not wait for its heartbeat to lapse
+    rendezvous_backend = DLROVER_C10D
 
     def __init__(
         self,
@@ -293,7 +296,7 @@ class LocalCluster:
         except FileExistsError:
             return False
         role = job.roles[pod.role]
-        runs = launch(job, pod, env, self.rendezvous_host)
+        runs = launch(job, pod, env, self.rendezvous_host, self.rendezvous_backend)
         command = runs.command or role.command
         if not command:
             shutil.rmtree(pod_dir, ignore_errors=True)

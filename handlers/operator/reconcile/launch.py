@@ -50,6 +50,12 @@ LAST_CALL_S = 3
 KEEP_ALIVE_S = 2
 KEEP_ALIVE_MISSES = 3
 
+#: torchrun's own c10d rendezvous, which any training image with torch has.
+C10D = "c10d"
+#: The SDK's (dlrover_events.sdk.torch.rendezvous.BACKEND): c10d where a stopped node
+#: leaves at once; torchrun finds it only where the SDK is installed.
+DLROVER_C10D = "dlrover-c10d"
+
 #: torchrun's agents otherwise share the rendezvous store with the workers, and then a
 #: node that joins a running job waits for ever for a worker-store address the old rank-0
 #: agent never publishes again (torch 2.13: RendezvousStoreInfo.build in the new round's
@@ -67,11 +73,18 @@ class Launch:
 
 
 def elastic_command(
-    job: JobView, role: RoleView, pod: NewPod, rendezvous_host: str, command: Sequence[str]
+    job: JobView,
+    role: RoleView,
+    pod: NewPod,
+    rendezvous_host: str,
+    command: Sequence[str],
+    rendezvous_backend: str = C10D,
 ) -> list[str]:
     """torchrun's elastic agent around the training command: ``--nnodes=MIN:MAX`` and a c10d
     rendezvous, never a frozen world size. The role's host rank binds the store
     (``is_host=1``); the others only connect, so the store lives as long as that pod.
+    ``rendezvous_backend``: ``c10d``, or the SDK's ``dlrover-c10d`` where the pods have the
+    SDK (a stopped node leaves the rendezvous at once: dlrover_events.sdk.torch.rendezvous).
 
     In place, each pod's agent only supervises its own workers (``--standalone``: a
     rendezvous of its own, restarting a worker that fails); the workers form the job's
@@ -96,7 +109,7 @@ def elastic_command(
         "torchrun",
         f"--nnodes={max(1, low)}:{max(1, low, high)}",
         f"--nproc-per-node={policy.nproc_per_node}",
-        "--rdzv-backend=c10d",
+        f"--rdzv-backend={rendezvous_backend}",
         f"--rdzv-endpoint={rendezvous_host}:{policy.rendezvous_port}",
         f"--rdzv-id={job.uid}",
         f"--rdzv-conf=is_host={is_host},last_call_timeout={LAST_CALL_S},"
@@ -124,7 +137,9 @@ def in_place_env(role: RoleView, rank: int, rendezvous_host: str) -> dict[str, s
     return env
 
 
-def launch(job: JobView, pod: NewPod, env: str, rendezvous_host: str) -> Launch:
+def launch(
+    job: JobView, pod: NewPod, env: str, rendezvous_host: str, rendezvous_backend: str = C10D
+) -> Launch:
     """What ``pod`` of ``job`` in ``env`` runs (pure: the same inputs give the same launch).
 
     An elastic role's pod runs its training command under torchrun, which sets RANK and
@@ -152,10 +167,15 @@ def launch(job: JobView, pod: NewPod, env: str, rendezvous_host: str) -> Launch:
     else:
         variables.update(ELASTIC_AGENT_ENV)
     training = role.elastic.command or role.command
-    return Launch(tuple(elastic_command(job, role, pod, rendezvous_host, training)), variables)
+    return Launch(
+        tuple(elastic_command(job, role, pod, rendezvous_host, training, rendezvous_backend)),
+        variables,
+    )
 
 
 __all__ = [
+    "C10D",
+    "DLROVER_C10D",
     "ELASTIC_AGENT_ENV",
     "IDENTITY_ENV",
     "KEEP_ALIVE_MISSES",

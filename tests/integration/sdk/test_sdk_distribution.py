@@ -41,6 +41,10 @@ assert not [m for m in heavy if importlib.util.find_spec(m)], "installed: " + st
 for absent in ("streams", "handlers", "dlrover_events.store", "dlrover_events.cli",
                "dlrover_events.runtime"):
     assert importlib.util.find_spec(absent) is None, absent
+from importlib.metadata import entry_points
+# torchrun finds the SDK's rendezvous by this (sdk/torch/rendezvous_entry.py)
+(rdzv,) = entry_points(group="torchrun.handlers")
+assert rdzv.name == "dlrover-c10d", rdzv
 from dlrover_events.sdk import JobIdentity, Reporter
 from dlrover_events.config.client import SyncConfigClient
 from dlrover_events.settings import Settings

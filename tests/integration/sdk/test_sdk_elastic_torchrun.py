@@ -1,7 +1,8 @@
-"""The elastic example under real torchrun agents (c10d rendezvous on 127.0.0.1): two
-nodes, a third joins (the workers re-rendezvous at world size 3), the third leaves (they
-go on at 2); the step count never goes back by more than the checkpoint interval, and a
-plan's knobs switch every rank at the same step and survive each re-rendezvous.
+"""The elastic example under real torchrun agents (the SDK's dlrover-c10d rendezvous on
+127.0.0.1): two nodes, a third joins (the workers re-rendezvous at world size 3), the
+third is stopped and leaves the rendezvous (they go on at 2, long before its heartbeat
+would have lapsed); the step count never goes back by more than the checkpoint interval,
+and a plan's knobs switch every rank at the same step and survive each re-rendezvous.
 
 Agents run with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the shared TCPStore (torch's
 default), a node joining a running job waits forever for the rank-0 address of its round
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from dlrover_events.runtime.embedded import free_port
+from dlrover_events.sdk.torch.rendezvous import BACKEND
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "elastic" / "train_elastic.py"
@@ -37,6 +39,7 @@ class Agents:
     """torchrun agents of one job, their workers' JSON lines as they come."""
 
     tmp: Path
+    backend: str = BACKEND
     port: int = field(default_factory=free_port)
     procs: dict[int, subprocess.Popen[str]] = field(default_factory=dict)
     lines: list[tuple[int, float, dict[str, Any]]] = field(default_factory=list)
@@ -56,15 +59,16 @@ class Agents:
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": str(REPO),
         }
-        # Short timeouts: a round closes 1 s after its last join, a node that left is
-        # dropped after 3 missed 1 s heartbeats (the defaults: 30 s, 15 s).
-        timeouts = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+        # A round closes 1 s after its last join (the default: 30 s). A stopped node
+        # leaves the round itself; its heartbeat would lapse only after 3 missed 60 s ones,
+        # longer than any wait here, so a plain c10d rendezvous never goes on without it.
+        timeouts = "last_call_timeout=1,keep_alive_interval=60,keep_alive_max_attempt=3"
         conf = f"is_host={int(host)},{timeouts}"
         cmd = [
             str(REPO / ".venv" / "bin" / "torchrun"),
             "--nnodes=1:3",
             "--nproc-per-node=1",
-            "--rdzv-backend=c10d",
+            f"--rdzv-backend={self.backend}",
             f"--rdzv-endpoint=127.0.0.1:{self.port}",
             "--rdzv-id=elastic-it",
             f"--rdzv-conf={conf}",

@@ -4,17 +4,20 @@ and the mode a ScaleResult reports for a plan."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import pytest
+from pydantic import ValidationError
 
 from dlrover_events.sdk.identity import (
     ELASTIC_EXPECT_ENV,
     ELASTIC_STORE_ENV,
     ELASTIC_STORE_HOST_ENV,
 )
-from handlers.operator.kube.trainingjob import pod_manifest
+from handlers.operator.kube.runner import KubeSettings
+from handlers.operator.kube.trainingjob import TRAINING_JOB, pod_manifest
 from handlers.operator.platform import InvalidJob, JobView, NewPod, Resources
+from handlers.operator.reconcile.launch import C10D, DLROVER_C10D
 from handlers.operator.reconcile.planning import rescale_mode
 from schemas.jobs import NodeRef
 from schemas.plans import NodeGroupResource, RescaleMode
@@ -70,6 +73,22 @@ def test_a_restart_pod_stays_as_it_was() -> None:
     command = m["spec"]["containers"][0]["command"]
     assert command[0] == "torchrun" and "--rdzv-backend=c10d" in command
     assert ELASTIC_STORE_ENV not in env_of(m)
+
+
+def test_the_operators_setting_names_the_restart_pods_rendezvous_backend() -> None:
+    assert set(get_args(KubeSettings.model_fields["rendezvous_backend"].annotation)) == {
+        C10D,
+        DLROVER_C10D,
+    }
+    conf = KubeSettings(rendezvous_backend="dlrover-c10d")
+    adapter = TRAINING_JOB.configured(
+        gpu_type_label=None, rendezvous_backend=conf.rendezvous_backend
+    )
+    j = job(2, **elastic())
+    m = adapter.pod_manifest(j, NewPod("worker", 1, 1, Resources()), "prod")
+    assert "--rdzv-backend=dlrover-c10d" in m["spec"]["containers"][0]["command"]
+    with pytest.raises(ValidationError, match="rendezvous_backend"):
+        KubeSettings(rendezvous_backend="etcd")
 
 
 def test_the_result_says_how_the_processes_take_the_plan() -> None:

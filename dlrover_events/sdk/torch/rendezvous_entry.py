@@ -1,0 +1,21 @@
+"""torchrun's entry point for the ``dlrover-c10d`` rendezvous (``torchrun.handlers``).
+
+Apart from ``rendezvous``, and without torch at import: importing torch's rendezvous
+package loads every entry point of the group, so an entry point inside ``rendezvous``
+(which imports that package) would be loaded half-made by its own import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def handler_creator() -> Any:
+    """What torch registers under the entry point's name: a creator of handlers."""
+
+    def create(params: Any) -> Any:
+        from dlrover_events.sdk.torch.rendezvous import create_handler
+
+        return create_handler(params)
+
+    return create

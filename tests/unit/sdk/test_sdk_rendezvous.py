@@ -1,0 +1,62 @@
+"""The dlrover-c10d rendezvous's plumbing: one name in the SDK, the operator's launch and
+the entry point torchrun loads it by; a restart pod names it where the platform says its
+pods have the SDK (the local platform), c10d elsewhere; a rendezvous shut down is not
+left again. That a stopped node leaves the round is shown under real torchrun agents
+(tests/integration/sdk/test_sdk_elastic_torchrun.py: with plain c10d it fails there)."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
+
+from dlrover_events.runtime.embedded import free_port
+from dlrover_events.sdk.torch.rendezvous import BACKEND, LeavingRendezvousHandler
+from handlers.operator.local.cluster import LocalCluster
+from handlers.operator.platform import NewPod, Resources
+from handlers.operator.reconcile.launch import C10D, DLROVER_C10D, launch
+from tests.unit.operator_kube.test_inplace_roles import elastic
+from tests.unit.operator_kube.test_planning import job
+
+ROOT = Path(__file__).resolve().parents[3]
+ENTRY = "dlrover_events.sdk.torch.rendezvous_entry:handler_creator"
+
+
+def test_one_name_in_the_sdk_the_launch_and_the_entry_point() -> None:
+    assert DLROVER_C10D == BACKEND
+    assert [e.name for e in entry_points(group="torchrun.handlers")] == [BACKEND]
+    # the SDK's own distribution declares the same (its wheel: test_sdk_distribution)
+    for project in (ROOT / "pyproject.toml", ROOT / "sdk" / "pyproject.toml"):
+        declared = tomllib.loads(project.read_text("utf-8"))["project"]["entry-points"]
+        assert declared["torchrun.handlers"] == {BACKEND: ENTRY}, project
+
+
+def test_a_restart_pod_names_the_platforms_backend() -> None:
+    j = job(2, **elastic())
+    new = NewPod(role="worker", rank=1, index=1, resources=Resources())
+    assert f"--rdzv-backend={C10D}" in (launch(j, new, "prod", "h").command or ())
+    local = launch(j, new, "prod", "h", LocalCluster.rendezvous_backend).command or ()
+    assert f"--rdzv-backend={BACKEND}" in local
+
+
+def test_torch_makes_one_from_a_torchrun_flag_and_a_shut_down_one_is_not_left() -> None:
+    params = RendezvousParameters(
+        backend=BACKEND,
+        endpoint=f"127.0.0.1:{free_port()}",
+        run_id="unit",
+        min_nodes=1,
+        max_nodes=1,
+        is_host="1",
+    )
+    handler: Any = registry.create_handler(params)
+    assert isinstance(handler, LeavingRendezvousHandler)
+    assert handler.get_backend() == BACKEND and handler.get_run_id() == "unit"
+    info = handler.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    assert handler.leave()  # out of the round: its exit operation ran
+    assert handler.shutdown()
+    assert handler.leave() is False  # shut down: nothing to leave
