@@ -188,8 +188,11 @@ async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise
+        # what a stop cut short left running: the fetches, and the fetch loop itself when
+        # the group coordinator's close was the one that raised
         fetcher = consumer._fetcher
-        left = [t for t in (fetcher._pending_tasks if fetcher else ()) if not t.done()]
+        running = [fetcher._fetch_task, *fetcher._pending_tasks] if fetcher else []
+        left = [t for t in running if t is not None and not t.done()]
         for t in left:
             t.cancel()
         await asyncio.gather(*left, return_exceptions=True)
