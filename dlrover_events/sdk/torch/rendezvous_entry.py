@@ -7,13 +7,17 @@ package loads every entry point of the group, so an entry point inside ``rendezv
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 
 
-def handler_creator() -> Any:
+def handler_creator() -> Callable[[RendezvousParameters], RendezvousHandler]:
     """What torch registers under the entry point's name: a creator of handlers."""
 
-    def create(params: Any) -> Any:
+    def create(params: RendezvousParameters) -> RendezvousHandler:
         from dlrover_events.sdk.torch.rendezvous import create_handler
 
         return create_handler(params)
