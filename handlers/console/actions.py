@@ -1,6 +1,6 @@
 """What an operator does from the console, behind the env's admin token: scale, suspend,
 resume and delete a job, promote an env, revoke a token. Each goes the way the CLI goes: a
-job through handlers/operator/job_actions.py (a scale, a suspend and a resume are each a
+job through handlers/operator/doors/actions.py (a scale, a suspend and a resume are each a
 ScalePlan on the env's scale.plans, applied once by the env's operator and answered with a
 ScaleResult, as `job scale|suspend|resume` and the jobs API do), an env through the
 registry (`env promote`), a token through the env's tokens (`gateway-token revoke`).
@@ -99,8 +99,8 @@ class JobAction:
 
 
 async def _scale(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
-    from handlers.operator.job_actions import open_platform, scale_job
-    from handlers.operator.jobs import scale_request
+    from handlers.operator.doors.actions import open_platform, scale_job
+    from handlers.operator.doors.jobs import scale_request
 
     role, replicas = scale_request(body)
     p = actor.platform
@@ -118,7 +118,7 @@ async def _scale(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
 
 
 async def _suspend(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
-    from handlers.operator.job_actions import open_platform, suspend_job
+    from handlers.operator.doors.actions import open_platform, suspend_job
 
     p = actor.platform
     async with open_platform(
@@ -129,7 +129,7 @@ async def _suspend(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any
 
 
 async def _resume(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
-    from handlers.operator.job_actions import open_platform, resume_job
+    from handlers.operator.doors.actions import open_platform, resume_job
 
     p = actor.platform
     async with open_platform(
@@ -140,7 +140,7 @@ async def _resume(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]
 
 
 async def _delete(actor: Actor, env: str, job: str, body: Any) -> dict[str, Any]:
-    from handlers.operator.job_actions import delete_job, open_platform
+    from handlers.operator.doors.actions import delete_job, open_platform
 
     p = actor.platform
     async with open_platform(
@@ -231,8 +231,8 @@ async def _real(actor: Actor, env: str) -> None:
 
 def _job_route(action: JobAction) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
-        from handlers.operator.job_actions import JobNotFound, JobUnreadable
-        from handlers.operator.jobs import JobRequestError
+        from handlers.operator.doors.actions import JobNotFound, JobUnreadable
+        from handlers.operator.doors.jobs import JobRequestError
 
         env, job = request.match_info["env"], request.match_info["job"]
         actor = request.app[ACTOR]

@@ -8,7 +8,7 @@ which each input partition is in it, and the events it is about to publish. Rest
 operator says from then on what it would have said had it never stopped: the simulator is
 deterministic, and an input re-read below the saved offsets is skipped, not applied again.
 
-Pure: no I/O. The operator (handlers.operator.virtual) stores the bytes in its env's
+Pure: no I/O. The operator (handlers.operator.virtual.operator) stores the bytes in its env's
 Postgres schema.
 """
 

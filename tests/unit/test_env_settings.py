@@ -113,7 +113,7 @@ def test_good_settings_are_stored_as_set_and_make_the_policy() -> None:
 
 
 def test_the_planner_and_the_simulator_take_their_defaults_from_the_schema() -> None:
-    from handlers.operator.settings import VirtualSettings
+    from handlers.operator.virtual.settings import VirtualSettings
     from handlers.simulator.job import DEFAULT_RESTART_DELAY
 
     assert Policy().limits == LimitSettings()

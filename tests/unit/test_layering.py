@@ -6,6 +6,17 @@ console, operator) do not import one another; the simulator is the virtual opera
 pure core, which only the operator uses; the console acts on jobs through the operator's
 job actions (the module the `job` commands and the jobs API share), nothing else of it.
 
+The operator is in wings (handlers/operator/): the platform contract (`platform/`: the port,
+its bodies, errors, fencing and registry), the job document every platform reads
+(`document/`), the platform-neutral reconciler (`reconcile/`), the doors (`doors/`: the `job`
+commands, the jobs API and their actions), the virtual operator (`virtual/`), the wiring
+(`wiring/`) and the platforms (`kube/`, `local/`). Each wing may reach only what
+OPERATOR_WINGS allows it, directly or through what it imports: the contract and the
+document reach no other wing; the reconciler reaches no platform and no door; the doors
+reach no platform's modules nor a Kubernetes client (they open a platform through the
+registry, by name), and may use the reconciler's pure rules; the local platform reaches no
+Kubernetes (its runner serves the jobs API, a door).
+
 The brain's core (`streams/brain/core/`) decides and does no I/O: nothing it imports, nor
 anything that imports in turn, may reach a broker, database, HTTP or Kubernetes client,
 a process or socket, or the brain's runtime wing (streams/brain/__init__.py).
@@ -35,7 +46,7 @@ ALLOWED: dict[str, set[str]] = {
 #: handlers' sub-packages each may import (besides itself): a sub-package, or one module
 HANDLERS_ALLOWED: dict[str, set[str]] = {
     "gateway": set(),
-    "console": {"operator.job_actions", "operator.jobs"},
+    "console": {"operator.doors.actions", "operator.doors.jobs"},
     "operator": {"simulator"},
     "simulator": set(),
 }
@@ -67,18 +78,37 @@ CORE = Path("streams/brain/core")
 #: project packages the core must not reach (the I/O wing and the benches)
 CORE_FORBIDDEN = ("streams.brain.runtime", "streams.brain.bench")
 
-#: The operator's parts that must not reach Kubernetes: the reconciler, the platform port,
-#: the job document and its quantities (every platform reads them), the local platform.
-OPERATOR_NEUTRAL = (
-    Path("handlers/operator/reconcile"),
-    Path("handlers/operator/platform.py"),
-    Path("handlers/operator/trainingjob.py"),
-    Path("handlers/operator/quantity.py"),
-    Path("handlers/operator/local"),
-)
 KUBERNETES_CLIENTS = frozenset({"kubernetes_asyncio", "kubernetes"})
 #: the Kubernetes platform, and the cluster plumbing it shares with the gateway
 KUBERNETES_PLATFORM = ("handlers.operator.kube", "dlrover_events.kube")
+_OP = "handlers.operator"
+PLATFORMS_MODULES = (f"{_OP}.kube", f"{_OP}.local", "dlrover_events.kube")
+#: operator wing -> the project modules it must not reach (directly or transitively); none
+#: of them may reach a Kubernetes client either.
+OPERATOR_WINGS: dict[str, tuple[str, ...]] = {
+    "handlers/operator/platform": (
+        *PLATFORMS_MODULES,
+        f"{_OP}.reconcile",
+        f"{_OP}.doors",
+        f"{_OP}.virtual",
+        f"{_OP}.wiring",
+    ),
+    "handlers/operator/document": (
+        *PLATFORMS_MODULES,
+        f"{_OP}.reconcile",
+        f"{_OP}.doors",
+        f"{_OP}.virtual",
+        f"{_OP}.wiring",
+    ),
+    "handlers/operator/reconcile": (
+        *PLATFORMS_MODULES,
+        f"{_OP}.doors",
+        f"{_OP}.virtual",
+        f"{_OP}.wiring",
+    ),
+    "handlers/operator/doors": (*PLATFORMS_MODULES, f"{_OP}.virtual", f"{_OP}.wiring"),
+    "handlers/operator/local": (*KUBERNETES_PLATFORM, f"{_OP}.virtual", f"{_OP}.wiring"),
+}
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -217,10 +247,13 @@ def test_the_brains_core_reaches_no_io() -> None:
 
 
 def _operator_violations(root: Path = ROOT) -> list[str]:
-    return _core_violations(root, OPERATOR_NEUTRAL, KUBERNETES_CLIENTS, KUBERNETES_PLATFORM)
+    bad: list[str] = []
+    for wing, forbidden in OPERATOR_WINGS.items():
+        bad += _core_violations(root, (Path(wing),), KUBERNETES_CLIENTS, forbidden)
+    return bad
 
 
-def test_the_operators_reconciler_and_the_local_platform_reach_no_kubernetes() -> None:
+def test_each_operator_wing_reaches_only_what_it_may() -> None:
     assert _operator_violations() == []
 
 
@@ -272,8 +305,12 @@ def test_the_core_check_finds_io(tmp_path: Path, module: str, chain: str) -> Non
     [
         ("handlers/operator/reconcile/x.py", "kubernetes_asyncio.client", "kubernetes_asyncio"),
         ("handlers/operator/local/x.py", "handlers.operator.kube.client", "handlers.operator.kube"),
-        ("handlers/operator/platform.py", "dlrover_events.kube.api", "dlrover_events.kube"),
+        ("handlers/operator/platform/api.py", "dlrover_events.kube.api", "dlrover_events.kube"),
         ("handlers/operator/reconcile/x.py", "dlrover_events.x", "dlrover_events.x -> kubernetes"),
+        ("handlers/operator/reconcile/x.py", "handlers.operator.local.cluster", _OP + ".local"),
+        ("handlers/operator/doors/x.py", "handlers.operator.kube.client", _OP + ".kube"),
+        ("handlers/operator/platform/x.py", "handlers.operator.reconcile.y", _OP + ".reconcile"),
+        ("handlers/operator/document/x.py", "handlers.operator.doors.y", _OP + ".doors"),
     ],
 )
 def test_the_operator_check_finds_kubernetes(
@@ -308,6 +345,12 @@ CONTRACTS: dict[str, tuple[str, ...]] = {
         "streams.brain.core.schedulers.tiresias",
     ),
     "dlrover_events/domain/workloads.py": ("handlers",),
+    "handlers/operator/platform/api.py": (
+        "handlers.operator.platform.registry",
+        "handlers.operator.platform.fencing",
+        "handlers.operator.kube",
+        "handlers.operator.local",
+    ),
 }
 
 

@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dlrover_events.errors import UserError
-from handlers.operator import trainingjob
+from handlers.operator.document import trainingjob
 from handlers.operator.kube.pods import LABEL_JOB
 from handlers.operator.kube.wiring import PodWiring
-from handlers.operator.platform import (
+from handlers.operator.platform.bodies import (
     JobSpecChange,
     JobView,
     NewPod,

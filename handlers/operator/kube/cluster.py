@@ -1,6 +1,6 @@
 """The platform port on a Kubernetes cluster: ``KubeCluster`` adapts the API server
 (``client.KubeApi``: JSON dicts, ApiException) and a workload adapter (TrainingJob,
-PyTorchJob) to handlers.operator.platform's typed calls and errors.
+PyTorchJob) to handlers.operator.platform.api's typed calls and errors.
 
 Everything Kubernetes-shaped stays on this side: objects are read into the port's views
 by the workload adapter, the port's changes written back as its merge patches, a pod made
@@ -36,27 +36,26 @@ from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.nodes import DEFAULT_GPU_RESOURCE, parse_node
 from handlers.operator.kube.pods import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 from handlers.operator.kube.trainingjob import service_changes
-from handlers.operator.platform import (
+from handlers.operator.platform.api import HostChange, JobEntry, WatchEvent, WatchKind
+from handlers.operator.platform.bodies import (
     Bookmark,
-    Conflict,
-    Expired,
     Host,
-    HostChange,
-    Invalid,
-    InvalidJob,
-    JobEntry,
     JobSpecChange,
     JobView,
     NewPod,
-    ObjectNotFound,
     OperatorJobStatus,
     PlanChange,
-    PlatformError,
     PodView,
-    Unavailable,
     UnreadableJob,
-    WatchEvent,
-    WatchKind,
+)
+from handlers.operator.platform.errors import (
+    Conflict,
+    Expired,
+    Invalid,
+    InvalidJob,
+    ObjectNotFound,
+    PlatformError,
+    Unavailable,
 )
 from schemas.plans import NotApplied, ScalePlan
 

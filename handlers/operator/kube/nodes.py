@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from handlers.operator.platform import Host
-from handlers.operator.quantity import GPU, QuantityError, parse_quantity
+from handlers.operator.document.quantity import GPU, QuantityError, parse_quantity
+from handlers.operator.platform.bodies import Host
 
 DEFAULT_GPU_RESOURCE = GPU
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from handlers.operator.platform import DOMAIN, PENDING, PodView, Resources, Termination
-from handlers.operator.quantity import QuantityError, resources_from_container
+from handlers.operator.document.quantity import QuantityError, resources_from_container
+from handlers.operator.platform.bodies import DOMAIN, PENDING, PodView, Resources, Termination
 
 LABEL_JOB = f"{DOMAIN}/job"
 LABEL_JOB_UID = f"{DOMAIN}/job-uid"

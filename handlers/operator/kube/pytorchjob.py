@@ -31,6 +31,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from handlers.operator.document.quantity import (
+    GPU,
+    QuantityError,
+    resources_from_container,
+    resources_to_quantities,
+)
+from handlers.operator.document.trainingjob import ANN_PLANS, object_fields, plans_annotation
 from handlers.operator.kube.adapter import WorkloadAdapter, register_adapter
 from handlers.operator.kube.pods import (
     LABEL_INDEX,
@@ -40,31 +47,23 @@ from handlers.operator.kube.pods import (
     LABEL_ROLE,
     parse_pod,
 )
-from handlers.operator.platform import (
+from handlers.operator.platform.bodies import (
     DEFAULT_RENDEZVOUS_PORT,
     FAILED,
     PENDING,
     RUNNING,
     SUCCEEDED,
     ElasticPolicy,
-    InvalidJob,
     JobSpecChange,
     JobView,
     OperatorJobStatus,
     PlanChange,
-    PlanRejected,
     PodView,
     Resources,
     RoleView,
 )
-from handlers.operator.quantity import (
-    GPU,
-    QuantityError,
-    resources_from_container,
-    resources_to_quantities,
-)
+from handlers.operator.platform.errors import InvalidJob, PlanRejected
 from handlers.operator.reconcile import planning
-from handlers.operator.trainingjob import ANN_PLANS, object_fields, plans_annotation
 from schemas.plan_parts import not_applied
 from schemas.plans import NotApplied, ScalePlan
 

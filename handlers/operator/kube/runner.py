@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,9 +41,10 @@ from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, Timing
 from handlers.operator.kube.nodes import DEFAULT_GPU_RESOURCE
-from handlers.operator.kube.trainingjob import DEFAULT_GPU_TYPE_LABEL, TRAINING_JOB
+from handlers.operator.kube.trainingjob import DEFAULT_GPU_TYPE_LABEL
 from handlers.operator.kube.wiring import pod_wiring
-from handlers.operator.platform import FencedPlatform, Platform
+from handlers.operator.platform.api import Platform
+from handlers.operator.platform.fencing import FencedPlatform
 from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
 from schemas.control import EnvAnnouncement, EnvMode
 
@@ -453,20 +454,6 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
         await run_elected(operator, leader, ctx.stop, ctx.ready)
 
 
-@contextlib.asynccontextmanager
-async def open_jobs(
-    settings: Settings, env: str, options: Mapping[str, Any]
-) -> AsyncIterator[Platform]:
-    """The TrainingJobs of the cluster for the `job` commands (platform.PLATFORMS), with
-    the user's own credentials (``kubeconfig``, else $KUBECONFIG, ~/.kube/config, else
-    in-cluster, as kubectl) in ``namespace`` (else the context's)."""
-    api, namespace = await connect(
-        KubeSettings(kubeconfig=options.get("kubeconfig"), namespace=options.get("namespace"))
-    )
-    async with api:
-        yield KubeCluster(KubeApi(api, TRAINING_JOB, namespace))
-
-
 async def run_elected(
     operator: RealOperator,
     leader: LeaseElector | None,
@@ -494,7 +481,6 @@ __all__ = [
     "RealOperator",
     "connect",
     "kube_settings",
-    "open_jobs",
     "run",
     "run_elected",
 ]

@@ -64,7 +64,14 @@ from handlers.operator.kube.pods import (
     LABEL_ROLE,
     MANAGED_BY,
 )
-from handlers.operator.platform import DOMAIN, FINAL_PHASES, PENDING, RUNNING, JobView, NewPod
+from handlers.operator.platform.bodies import (
+    DOMAIN,
+    FINAL_PHASES,
+    PENDING,
+    RUNNING,
+    JobView,
+    NewPod,
+)
 
 #: A spare pod's label (value "true"); admission removes it.
 LABEL_SPARE = f"{DOMAIN}/spare"

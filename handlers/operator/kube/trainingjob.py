@@ -1,6 +1,6 @@
 """The TrainingJob on Kubernetes: this operator creates the pods.
 
-The job document itself (parsed, patched) is ``handlers.operator.trainingjob``'s, the
+The job document itself (parsed, patched) is ``handlers.operator.document.trainingjob``'s, the
 same on every platform; this is what a cluster adds. A pod is the role's template with
 what the operator owns put on top: its name and labels (job, job uid, role, rank, index),
 requests = limits = the node's resources on the role's container (``container``, else
@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.operator import trainingjob
+from handlers.operator.document import trainingjob
+from handlers.operator.document.quantity import resources_to_quantities
 from handlers.operator.kube.adapter import PodCreatingAdapter, register_adapter
 from handlers.operator.kube.pods import (
     ANN_CONTAINER,
@@ -38,7 +39,7 @@ from handlers.operator.kube.pods import (
     parse_pod,
 )
 from handlers.operator.kube.wiring import PodWiring
-from handlers.operator.platform import (
+from handlers.operator.platform.bodies import (
     JobSpecChange,
     JobView,
     NewPod,
@@ -47,7 +48,6 @@ from handlers.operator.platform import (
     PodView,
     RoleView,
 )
-from handlers.operator.quantity import resources_to_quantities
 from handlers.operator.reconcile import planning
 from handlers.operator.reconcile.launch import C10D, launch
 from schemas.plans import NotApplied, ScalePlan

@@ -43,13 +43,13 @@ from dlrover_events.runtime.embedded import Broker, kafka_reachable, resolve_pos
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.settings import Settings, load_settings
+from handlers.operator.document.trainingjob import ANN_WORKDIR
 from handlers.operator.local.cluster import LocalCluster
 from handlers.operator.local.memory import available
 from handlers.operator.local.runner import node_env
 from handlers.operator.local.spares import SPARES
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.reconciler import EnvReconciler
-from handlers.operator.trainingjob import ANN_WORKDIR
 from schemas.plans import NodeGroupResource, RescaleMode, ScalePlan
 
 EXAMPLES = {

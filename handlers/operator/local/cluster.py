@@ -1,11 +1,11 @@
 """The local platform as the platform port: jobs, pods, watches on this machine.
 
-``LocalCluster`` answers the port's calls (handlers.operator.platform) in its own terms,
+``LocalCluster`` answers the port's calls (handlers.operator.platform.api) in its own terms,
 so the one reconciler drives it as it drives Kubernetes: plan ids applied once through
 the same ledger and job documents, pods made to match the job, node and job events
 derived from pod states, ScaleResults. The brain cannot tell the two apart. Underneath,
 a job is its TrainingJob document in a file (``store.JobStore``, read and patched by
-handlers.operator.trainingjob), and a pod is a process on this machine, a shim
+handlers.operator.document.trainingjob), and a pod is a process on this machine, a shim
 (``shim.py``) around the node's command, with a record of what it is (``pod.json``:
 its job, role, rank and resources, in numbers), whose pid file lets a restarted operator
 adopt it and whose ``exit.json`` says how it ended. What a pod runs is the reconciler's
@@ -51,22 +51,18 @@ from typing import Any
 
 import psutil
 
-from handlers.operator import trainingjob
+from handlers.operator.document import trainingjob
 from handlers.operator.local import shim, spares
 from handlers.operator.local.memory import Enforcement
 from handlers.operator.local.store import NAMESPACE, JobStore, read_json, write_json
-from handlers.operator.platform import (
+from handlers.operator.platform.api import HostChange, JobEntry, WatchEvent, WatchKind
+from handlers.operator.platform.bodies import (
     FAILED,
     PENDING,
     RUNNING,
     SUCCEEDED,
     Bookmark,
-    Expired,
     Host,
-    HostChange,
-    Invalid,
-    InvalidJob,
-    JobEntry,
     JobSpecChange,
     JobView,
     NewPod,
@@ -76,9 +72,8 @@ from handlers.operator.platform import (
     Resources,
     Termination,
     UnreadableJob,
-    WatchEvent,
-    WatchKind,
 )
+from handlers.operator.platform.errors import Expired, Invalid, InvalidJob
 from handlers.operator.reconcile import planning
 from handlers.operator.reconcile.launch import DLROVER_C10D, launch
 from schemas.plans import NotApplied, ScalePlan

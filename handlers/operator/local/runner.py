@@ -10,11 +10,10 @@ the real env: a virtual env's operator is the simulator.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,11 @@ from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from handlers.operator.api import jobs_app
+from handlers.operator.document.trainingjob import ANN_WORKDIR
+from handlers.operator.doors.http import jobs_app
 from handlers.operator.local.cluster import LocalCluster
 from handlers.operator.local.memory import available
-from handlers.operator.platform import Platform
 from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
-from handlers.operator.trainingjob import ANN_WORKDIR
 from schemas.control import EnvMode
 
 log = logging.getLogger(__name__)
@@ -89,15 +87,6 @@ class LocalSettings(BaseSettings):
 def platform_root(settings: Settings, env: str) -> Path:
     """Where the env's local jobs and nodes live: the data dir, shared with `job`."""
     return settings.data_dir.expanduser().resolve() / "local" / env
-
-
-@contextlib.asynccontextmanager
-async def open_jobs(
-    settings: Settings, env: str, options: Mapping[str, Any]
-) -> AsyncIterator[Platform]:
-    """The env's local jobs for the `job` commands (platform.PLATFORMS): its job store
-    only, no node agent (the operator runs the pods)."""
-    yield LocalCluster(platform_root(settings, env))
 
 
 def node_env(settings: Settings) -> dict[str, str]:
@@ -230,4 +219,4 @@ service = Service(
     run=_serve,
 )
 
-__all__ = ["LocalSettings", "node_env", "open_jobs", "platform_root", "run", "service"]
+__all__ = ["LocalSettings", "node_env", "platform_root", "run", "service"]

@@ -28,7 +28,7 @@ from dlrover_events.sdk.identity import (
     ELASTIC_STORE_HOST_ENV,
     RANK_ENV,
 )
-from handlers.operator.platform import FINAL_PHASES, JobView
+from handlers.operator.platform.bodies import FINAL_PHASES, JobView
 
 #: Where spares live (a sibling of ``pods/``: a spare becomes a pod by a rename).
 SPARES = "spares"

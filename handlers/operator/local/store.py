@@ -5,7 +5,7 @@ share it, so every write happens under one file lock and bumps one resourceVersi
 counter, and a write that names an older resourceVersion fails with the port's
 Conflict. That is what lets the reconciler's plan-once logic (the applied plan ids
 written on the job in the same patch as its change) hold here as everywhere. A job is
-kept as its TrainingJob document (handlers.operator.trainingjob reads and patches it).
+kept as its TrainingJob document (handlers.operator.document.trainingjob reads and patches it).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from handlers.operator.platform import Conflict, Invalid, ObjectNotFound
+from handlers.operator.platform.errors import Conflict, Invalid, ObjectNotFound
 
 NAMESPACE = "default"
 #: A job object's name is a file name here: the DNS-label rule keeps it one.

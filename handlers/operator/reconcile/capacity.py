@@ -18,14 +18,9 @@ from typing import Any
 
 from dlrover_events.backoff import Backoff
 from dlrover_events.runtime.informer import Informer, away
-from handlers.operator.platform import (
-    Bookmark,
-    CapacitySource,
-    Expired,
-    Host,
-    HostChange,
-    PlatformError,
-)
+from handlers.operator.platform.api import CapacitySource, HostChange
+from handlers.operator.platform.bodies import Bookmark, Host
+from handlers.operator.platform.errors import Expired, PlatformError
 from handlers.operator.reconcile.events import SOURCE
 from schemas.bounds import MAX_NODES
 from schemas.cluster import CapacityReported, HostCapacity

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from handlers.operator.platform import (
+from handlers.operator.platform.bodies import (
     FAILED,
     IDENTITY_LABELS,
     RUNNING,

@@ -30,7 +30,7 @@ from dlrover_events.sdk.identity import (
     USER_ENV,
     WORLD_SIZE_ENV,
 )
-from handlers.operator.platform import JobView, NewPod, RoleView
+from handlers.operator.platform.bodies import JobView, NewPod, RoleView
 
 #: The job's identity labels -> the SDK's variables (dlrover_events.sdk.identity).
 IDENTITY_ENV = {

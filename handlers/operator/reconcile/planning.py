@@ -29,7 +29,7 @@ to suspend and admit: a plan that would is rejected, and a plan may shrink it, n
 it past what Kueue admitted.
 
 Pure, and platform-neutral: jobs and pods are the port's typed views
-(handlers.operator.platform), a plan's change a ``JobSpecChange``; each platform writes that
+(handlers.operator.platform.api), a plan's change a ``JobSpecChange``; each platform writes that
 in its own form.
 """
 
@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from handlers.operator.platform import (
+from handlers.operator.platform.bodies import (
     ADMITTED,
     FAILED,
     FINAL_PHASES,
@@ -49,7 +49,6 @@ from handlers.operator.platform import (
     SUCCEEDED,
     SUSPENDED,
     SUSPENDED_CONDITION,
-    InvalidJob,
     JobAdmission,
     JobCondition,
     JobSpecChange,
@@ -57,10 +56,10 @@ from handlers.operator.platform import (
     NewPod,
     OperatorJobStatus,
     PlanChange,
-    PlanRejected,
     PodView,
     RoleView,
 )
+from handlers.operator.platform.errors import InvalidJob, PlanRejected
 from schemas.plans import RescaleMode, ScalePlan
 
 #: A job that names no success roles (spec.successPolicy.roles) succeeds once every pod of

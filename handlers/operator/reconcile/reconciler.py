@@ -1,6 +1,6 @@
 """The reconciler of one env on its platform: ScalePlans in, pods made to match, results
 and node/job events out. A thin adapter around planning.py and events.py, on any platform
-that answers the port (handlers.operator.platform): Kubernetes and the local platform
+that answers the port (handlers.operator.platform.api): Kubernetes and the local platform
 alike, in the port's typed views and errors; it imports no platform.
 
 - Watches jobs and pods with the one informer (dlrover_events.runtime.informer): list,
@@ -63,22 +63,16 @@ from dlrover_events.runtime.logs import log_fields
 from dlrover_events.runtime.metrics import OperatorMetrics
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from handlers.operator.ledger import ALREADY_APPLIED, Answer, PlanLedger
-from handlers.operator.platform import (
-    CapacitySource,
+from handlers.operator.platform.api import CapacitySource, JobEntry, Platform, WatchKind
+from handlers.operator.platform.bodies import JobView, PodView, UnreadableJob
+from handlers.operator.platform.errors import (
     Conflict,
     Expired,
     Invalid,
-    JobEntry,
-    JobView,
     NotLeader,
     ObjectNotFound,
     PlanRejected,
-    Platform,
     PlatformError,
-    PodView,
-    UnreadableJob,
-    WatchKind,
 )
 from handlers.operator.reconcile import planning
 from handlers.operator.reconcile.capacity import CapacityReporter
@@ -89,6 +83,7 @@ from handlers.operator.reconcile.events import (
     node_events,
     submitted,
 )
+from handlers.operator.reconcile.ledger import ALREADY_APPLIED, Answer, PlanLedger
 from schemas.control import EnvAnnouncement
 from schemas.envelope import Event
 from schemas.jobs import JobMeta

@@ -25,7 +25,7 @@ from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
-from handlers.operator.virtual import ALREADY_APPLIED
+from handlers.operator.virtual.operator import ALREADY_APPLIED
 from schemas.control import EnvMode
 from schemas.jobs import JobCompleted, JobFailed, JobMeta, JobSubmitted, RoleSpec
 from schemas.lockstep import Barrier

@@ -17,7 +17,7 @@ from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.envs.tokens import Scope
 from dlrover_events.settings import Settings
 from handlers.console.runtime import ConsoleServer
-from handlers.operator.platform import JobView
+from handlers.operator.platform.bodies import JobView
 from schemas.control import EnvMode
 from schemas.jobs import JobSubmitted
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus

@@ -18,6 +18,8 @@ from kubernetes_asyncio import client
 
 from dlrover_events.bus.producer import Producer
 from dlrover_events.settings import Settings
+from handlers.operator.document.quantity import GPU
+from handlers.operator.document.trainingjob import UNSUPPORTED
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.pods import LABEL_RANK
 from handlers.operator.kube.trainingjob import (
@@ -25,10 +27,8 @@ from handlers.operator.kube.trainingjob import (
     TRAINING_JOB,
     rendezvous_service,
 )
-from handlers.operator.platform import OperatorJobStatus, PodView
-from handlers.operator.quantity import GPU
+from handlers.operator.platform.bodies import OperatorJobStatus, PodView
 from handlers.operator.reconcile.reconciler import ALREADY_APPLIED
-from handlers.operator.trainingjob import UNSUPPORTED
 from schemas.jobs import JobSubmitted, NodeRef
 from schemas.plans import (
     MigrateNode,

@@ -29,10 +29,10 @@ from prometheus_client import CollectorRegistry
 from dlrover_events.bus.producer import Producer
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
+from handlers.operator.document.trainingjob import ANN_PLANS
 from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, micro_time
 from handlers.operator.kube.runner import RealOperator, kube_settings, run_elected
-from handlers.operator.trainingjob import ANN_PLANS
 from schemas.control import EnvMode
 from schemas.plans import NodeGroupResource, ScaleResult, ScaleStatus
 from tests.conftest import EnvFactory, cli_environ

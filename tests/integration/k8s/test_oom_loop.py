@@ -30,7 +30,7 @@ from dlrover_events.bus.topics import (
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from handlers.operator.platform import PodView
+from handlers.operator.platform.bodies import PodView
 from schemas.envelope import Event
 from schemas.jobs import JobStarted, NodeOOM, OOMKind
 from schemas.plans import OptimizePlan, ScalePlan, ScaleResult, ScaleStatus

@@ -18,6 +18,7 @@ from kubernetes_asyncio import client
 
 from dlrover_events.bus.producer import Producer
 from dlrover_events.settings import Settings
+from handlers.operator.document.trainingjob import ANN_PLANS
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.pytorchjob import (
     GROUP,
@@ -31,10 +32,9 @@ from handlers.operator.kube.pytorchjob import (
     PYTORCH_JOB,
     VERSION,
 )
-from handlers.operator.platform import JobView
+from handlers.operator.platform.bodies import JobView
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.reconciler import ALREADY_APPLIED
-from handlers.operator.trainingjob import ANN_PLANS
 from schemas.jobs import JobCompleted, JobStarted, JobSubmitted, NodeFailed, NodeStarted
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
 from tests.integration.tap import Tap

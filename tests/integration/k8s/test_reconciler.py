@@ -22,12 +22,12 @@ from dlrover_events.bus.producer import Producer
 from dlrover_events.runtime.logs import JsonFormatter, log_fields
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
+from handlers.operator.document.trainingjob import ANN_PLANS, UNSUPPORTED
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.pods import LABEL_JOB, LABEL_RANK, LABEL_ROLE
 from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.platform import Resources
+from handlers.operator.platform.bodies import Resources
 from handlers.operator.reconcile.reconciler import ALREADY_APPLIED, RESUMED
-from handlers.operator.trainingjob import ANN_PLANS, UNSUPPORTED
 from schemas.jobs import JobSubmitted, NodeOOM, NodeRef, NodeStarted, OOMKind
 from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import (

@@ -19,7 +19,7 @@ from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.runner import RealOperator, connect, kube_settings
-from handlers.operator.modes import run_operator
+from handlers.operator.wiring.modes import run_operator
 from schemas.control import EnvMode
 from schemas.plans import NodeGroupResource, ScaleResult, ScaleStatus
 from tests.conftest import EnvFactory

@@ -21,7 +21,7 @@ from dlrover_events.settings import Settings
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.platform import JobView, PodView
+from handlers.operator.platform.bodies import JobView, PodView
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
 from schemas.jobs import JobMeta

@@ -23,13 +23,13 @@ from dlrover_events.bus.producer import Producer
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
+from handlers.operator.document.trainingjob import ANN_PLANS
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.pytorchjob import PYTORCH_JOB
-from handlers.operator.platform import KUEUE_QUEUE_LABEL, PRIORITY_LABEL, JobView
+from handlers.operator.platform.bodies import KUEUE_QUEUE_LABEL, PRIORITY_LABEL, JobView
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.reconciler import RESUMED
-from handlers.operator.trainingjob import ANN_PLANS
 from schemas.cluster import CapacityReported
 from schemas.jobs import JobSubmitted
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus

@@ -16,11 +16,11 @@ import pytest
 from dlrover_events.bus.producer import Producer
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
+from handlers.operator.document.trainingjob import ANN_WORKDIR
 from handlers.operator.local.cluster import LocalCluster
 from handlers.operator.local.runner import platform_root
-from handlers.operator.modes import run_operator
-from handlers.operator.platform import JobView, PodView
-from handlers.operator.trainingjob import ANN_WORKDIR
+from handlers.operator.platform.bodies import JobView, PodView
+from handlers.operator.wiring.modes import run_operator
 from schemas.control import EnvMode
 from tests.conftest import EnvFactory
 from tests.integration.tap import DEADLINE_S, OPERATOR_OUTPUTS, Tap

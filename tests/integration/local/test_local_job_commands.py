@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
-from handlers.operator.platform import JobView
+from handlers.operator.platform.bodies import JobView
 from tests.conftest import cli_environ
 from tests.integration.local.conftest import Local
 from tests.integration.local.test_local_platform import sleeper_job

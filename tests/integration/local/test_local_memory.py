@@ -52,7 +52,7 @@ async def test_rlimit_as_stops_a_node_where_no_cgroup_can_be_made(tmp_path: Any)
     """The fallback, forced: the allocation fails in the process (a MemoryError), the node
     ends with an error, and its exit record says which limit was in force."""
     from handlers.operator.local.cluster import LocalCluster
-    from handlers.operator.platform import NewPod
+    from handlers.operator.platform.bodies import NewPod
 
     cluster = LocalCluster(tmp_path, runs_pods=True, enforcement=Enforcement.RLIMIT_AS, poll_s=0.1)
     await cluster.start()

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from handlers.operator.platform import JobView, PodView
+from handlers.operator.platform.bodies import JobView, PodView
 from schemas.jobs import JobSubmitted
 from schemas.plans import Node, ScalePlan, ScaleResult, ScaleStatus
 from tests.conftest import cli_environ

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from handlers.operator.platform import PodView
+from handlers.operator.platform.bodies import PodView
 from schemas.jobs import JobSubmitted, NodeExited, NodeStarted
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
 from tests.integration.local.conftest import Local, shims

@@ -22,7 +22,7 @@ import aiohttp
 from dlrover_events.envs.tokens import Scope
 from dlrover_events.store import EnvStore
 from handlers.operator.local.bench import memberships as worker_lines
-from handlers.operator.platform import JobView, PodView
+from handlers.operator.platform.bodies import JobView, PodView
 from handlers.operator.reconcile.events import job_meta
 from schemas.cluster import CapacityReported
 from schemas.jobs import JobSubmitted, RuntimeSample

@@ -16,7 +16,7 @@ import pytest
 from dlrover_events.bus.producer import Producer
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from handlers.operator.modes import run_operator
+from handlers.operator.wiring.modes import run_operator
 from schemas.envelope import Event
 from schemas.jobs import JobMeta, JobSubmitted, RoleSpec
 from schemas.plans import ScalePlan

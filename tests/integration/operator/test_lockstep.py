@@ -31,8 +31,8 @@ from dlrover_events.bus.topics import (
 )
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from handlers.operator.modes import run_operator
-from handlers.operator.virtual import BARRIER_TOPICS
+from handlers.operator.virtual.operator import BARRIER_TOPICS
+from handlers.operator.wiring.modes import run_operator
 from schemas.codec import decode
 from schemas.envelope import Event
 from schemas.jobs import (

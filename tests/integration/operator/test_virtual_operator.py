@@ -18,10 +18,10 @@ from dlrover_events.errors import UserError
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
-from handlers.operator import virtual
-from handlers.operator.cli import operator
-from handlers.operator.settings import VirtualSettings
-from handlers.operator.virtual import ALREADY_APPLIED, SOURCE, VirtualOperator
+from handlers.operator.virtual.operator import ALREADY_APPLIED, SOURCE, VirtualOperator
+from handlers.operator.virtual.operator import operator as virtual
+from handlers.operator.virtual.settings import VirtualSettings
+from handlers.operator.wiring.cli import operator
 from handlers.simulator.cluster import GiB
 from schemas.control import EnvMode
 from schemas.jobs import (
@@ -248,8 +248,8 @@ async def test_an_unknown_env_is_a_user_error(settings: Settings, pg_dsn: str) -
 
 def test_the_operator_modules_import_no_kubernetes_client() -> None:
     code = (
-        "import sys, handlers.operator.cli, handlers.operator.service, "
-        "handlers.operator.modes, handlers.operator.virtual\n"
+        "import sys, handlers.operator.wiring.cli, handlers.operator.wiring.service, "
+        "handlers.operator.wiring.modes, handlers.operator.virtual.operator\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('kubernetes')))"
     )
     out = subprocess.run(

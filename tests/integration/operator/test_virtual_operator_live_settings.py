@@ -12,7 +12,7 @@ import pytest
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from handlers.operator import virtual
+from handlers.operator.virtual.operator import operator as virtual
 from tests.conftest import EnvFactory
 from tests.integration.brain.workload import wait_for
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 async def test_a_running_virtual_operator_takes_a_new_pace(
     settings: Settings, pg_dsn: str, make_env: EnvFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="handlers.operator.virtual")
+    caplog.set_level(logging.WARNING, logger="handlers.operator.virtual.operator")
     env = (await make_env()).name
     ctx = ServiceContext(settings, env, pg_dsn)
     task = asyncio.create_task(virtual.run(ctx, {}))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers.operator.virtual import ALREADY_APPLIED
+from handlers.operator.virtual.operator import ALREADY_APPLIED
 from schemas.jobs import NodeStarted, RuntimeSample
 from schemas.plans import NodeGroupResource, ScaleResult, ScaleStatus
 from tests.integration.operator.conftest import OPTIONS, Sim

@@ -16,7 +16,8 @@ from dlrover_events.sdk.identity import (
 )
 from handlers.operator.kube.runner import KubeSettings
 from handlers.operator.kube.trainingjob import TRAINING_JOB, pod_manifest
-from handlers.operator.platform import InvalidJob, JobView, NewPod, Resources
+from handlers.operator.platform.bodies import JobView, NewPod, Resources
+from handlers.operator.platform.errors import InvalidJob
 from handlers.operator.reconcile.launch import C10D, DLROVER_C10D
 from handlers.operator.reconcile.planning import rescale_mode
 from schemas.jobs import NodeRef

@@ -4,10 +4,10 @@ suspend says why in one line (suspend itself: test_suspend_planning.py)."""
 
 from __future__ import annotations
 
+from handlers.operator.document.trainingjob import job_patch, plan_not_applied
 from handlers.operator.kube import pytorchjob
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.reconcile.planning import cannot_suspend, plan_change
-from handlers.operator.trainingjob import job_patch, plan_not_applied
 from schemas.plan_parts import NO_PLACEMENT
 from schemas.plans import NotApplied
 

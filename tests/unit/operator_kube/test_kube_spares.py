@@ -16,6 +16,7 @@ from dlrover_events.sdk.identity import (
     ELASTIC_STORE_HOST_ENV,
     RANK_ENV,
 )
+from handlers.operator.document.trainingjob import parse_job
 from handlers.operator.kube.pods import LABEL_INDEX, LABEL_RANK, parse_pod
 from handlers.operator.kube.spares import (
     ADMISSION_PATH,
@@ -34,8 +35,7 @@ from handlers.operator.kube.spares import (
     wanted,
 )
 from handlers.operator.kube.trainingjob import pod_manifest
-from handlers.operator.platform import JobView, NewPod, Resources
-from handlers.operator.trainingjob import parse_job
+from handlers.operator.platform.bodies import JobView, NewPod, Resources
 
 from .test_planning import UID, job_obj
 

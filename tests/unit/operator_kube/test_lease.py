@@ -23,7 +23,9 @@ from handlers.operator.kube.lease import (
 )
 from handlers.operator.kube.runner import kube_settings
 from handlers.operator.local.cluster import LocalCluster
-from handlers.operator.platform import FencedPlatform, JobSpecChange, JobView, NewPod, NotLeader
+from handlers.operator.platform.bodies import JobSpecChange, JobView, NewPod
+from handlers.operator.platform.errors import NotLeader
+from handlers.operator.platform.fencing import FencedPlatform
 
 TIMING = Timing(lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
 AT = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)

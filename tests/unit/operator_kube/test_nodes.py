@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from handlers.operator.kube.nodes import parse_node
-from handlers.operator.platform import Host
+from handlers.operator.platform.bodies import Host
 from handlers.operator.reconcile.capacity import report
 
 PRODUCT = "nvidia.com/gpu.product"

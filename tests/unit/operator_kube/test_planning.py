@@ -9,21 +9,22 @@ from typing import Any
 import pytest
 
 from dlrover_events.errors import UserError
+from handlers.operator.document.quantity import format_cpu, parse_quantity, resources_from_spec
+from handlers.operator.document.trainingjob import (
+    ANN_NODE_RESOURCES,
+    ANN_PLANS,
+    ANN_REMOVE_FIRST,
+    job_patch,
+    parse_job,
+    status_patch,
+)
+from handlers.operator.doors.commands import scale_plan_id
 from handlers.operator.kube.adapter import adapter_for, adapters
-from handlers.operator.kube.cli_jobs import scale_plan_id
 from handlers.operator.kube.pods import parse_pod
 from handlers.operator.kube.pytorchjob import PYTORCH_JOB
 from handlers.operator.kube.trainingjob import TRAINING_JOB, pod_manifest
-from handlers.operator.platform import (
-    InvalidJob,
-    JobView,
-    NewPod,
-    PlanRejected,
-    PodView,
-    Resources,
-    Termination,
-)
-from handlers.operator.quantity import format_cpu, parse_quantity, resources_from_spec
+from handlers.operator.platform.bodies import JobView, NewPod, PodView, Resources, Termination
+from handlers.operator.platform.errors import InvalidJob, PlanRejected
 from handlers.operator.reconcile.events import event_id, job_events, node_events, submitted
 from handlers.operator.reconcile.planning import (
     counts,
@@ -32,14 +33,6 @@ from handlers.operator.reconcile.planning import (
     outcome,
     phase,
     plan_change,
-)
-from handlers.operator.trainingjob import (
-    ANN_NODE_RESOURCES,
-    ANN_PLANS,
-    ANN_REMOVE_FIRST,
-    job_patch,
-    parse_job,
-    status_patch,
 )
 from schemas.jobs import NodeExited, NodeFailed, NodeOOM, NodeRef, NodeStarted, OOMKind
 from schemas.plans import MigrateNode, Node, NodeGroupResource, NodeResource, ScalePlan

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from handlers.operator.document.trainingjob import job_patch, plan_not_applied
 from handlers.operator.kube.trainingjob import TRAINING_JOB
-from handlers.operator.platform import PlanRejected
+from handlers.operator.platform.errors import PlanRejected
 from handlers.operator.reconcile.planning import diff, plan_change
 from handlers.operator.reconcile.reconciler import accepted
-from handlers.operator.trainingjob import job_patch, plan_not_applied
 from schemas.jobs import NodeRef
 from schemas.plan_parts import AWAITING_JOB, UNKNOWN_KNOB, bounded
 from schemas.plans import (

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from handlers.operator.document.trainingjob import ANN_PLANS
 from handlers.operator.kube.adapter import PodCreatingAdapter, adapter_for
 from handlers.operator.kube.pytorchjob import (
     LABEL_JOB_NAME,
@@ -23,20 +24,18 @@ from handlers.operator.kube.pytorchjob import (
     parse_pytorchjob,
 )
 from handlers.operator.kube.runner import kube_settings
-from handlers.operator.platform import (
+from handlers.operator.platform.bodies import (
     FAILED,
     PENDING,
     RUNNING,
     SUCCEEDED,
-    InvalidJob,
     JobView,
     OperatorJobStatus,
     PlanChange,
-    PlanRejected,
     Resources,
 )
+from handlers.operator.platform.errors import InvalidJob, PlanRejected
 from handlers.operator.reconcile.events import job_meta, node_events
-from handlers.operator.trainingjob import ANN_PLANS
 from schemas.jobs import NodeFailed, NodeRef, NodeStarted
 from schemas.plan_parts import AWAITING_JOB
 from schemas.plans import MigrateNode, Node, NodeGroupResource, NodeResource, ScalePlan

@@ -16,10 +16,11 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.operator.platform import InvalidJob, JobView, PodView, Resources, Termination
+from handlers.operator.document.trainingjob import parse_job, status_patch
+from handlers.operator.platform.bodies import JobView, PodView, Resources, Termination
+from handlers.operator.platform.errors import InvalidJob
 from handlers.operator.reconcile.events import job_events
 from handlers.operator.reconcile.planning import diff, job_status, outcome, phase, success_roles
-from handlers.operator.trainingjob import parse_job, status_patch
 from schemas.jobs import JobCompleted
 
 UID = "uid-di"

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
+from handlers.operator.document.trainingjob import ANN_ADMISSION, ANN_PLANS, job_patch, parse_job
 from handlers.operator.kube import pytorchjob
-from handlers.operator.platform import (
+from handlers.operator.platform.bodies import (
     ADMITTED,
     KUEUE_QUEUE_LABEL,
     PRIORITY_LABEL,
     QUEUED,
     SUSPENDED,
-    InvalidJob,
     JobView,
-    PlanRejected,
 )
+from handlers.operator.platform.errors import InvalidJob, PlanRejected
 from handlers.operator.reconcile.events import submitted
 from handlers.operator.reconcile.planning import (
     admission_change,
@@ -33,7 +33,6 @@ from handlers.operator.reconcile.planning import (
     plan_change,
     remaining,
 )
-from handlers.operator.trainingjob import ANN_ADMISSION, ANN_PLANS, job_patch, parse_job
 
 from . import test_pytorchjob as ptj
 from .test_planning import group, job_obj, plan, pod

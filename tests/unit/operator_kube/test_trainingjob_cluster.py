@@ -9,6 +9,13 @@ from typing import Any
 
 import pytest
 
+from handlers.operator.document.quantity import GPU, resources_from_spec
+from handlers.operator.document.trainingjob import (
+    UNSUPPORTED,
+    job_patch,
+    parse_job,
+    plan_not_applied,
+)
 from handlers.operator.kube.pods import ANN_CONTAINER, ANN_GPU_TYPE, parse_pod
 from handlers.operator.kube.trainingjob import (
     DEFAULT_GPU_TYPE_LABEL,
@@ -19,11 +26,10 @@ from handlers.operator.kube.trainingjob import (
     rendezvous_services,
     service_changes,
 )
-from handlers.operator.platform import InvalidJob, NewPod, Resources
-from handlers.operator.quantity import GPU, resources_from_spec
+from handlers.operator.platform.bodies import NewPod, Resources
+from handlers.operator.platform.errors import InvalidJob
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.planning import DEFAULT_GRACE_S, grace_seconds, plan_change
-from handlers.operator.trainingjob import UNSUPPORTED, job_patch, parse_job, plan_not_applied
 from schemas.jobs import NodeRef
 from schemas.plans import MigrateNode, NodeResource
 

@@ -13,10 +13,10 @@ from pydantic import SecretStr
 
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
+from handlers.operator.document.trainingjob import parse_job
 from handlers.operator.kube.trainingjob import pod_manifest
 from handlers.operator.kube.wiring import CA_DIR, CERT_DIR, PodWiring, pod_wiring
-from handlers.operator.platform import NewPod
-from handlers.operator.trainingjob import parse_job
+from handlers.operator.platform.bodies import NewPod
 
 from .test_planning import job_obj
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from dlrover_events.settings import Settings
 from handlers.operator.local.cluster import LocalCluster
-from handlers.operator.platform import ADMITTED, SUSPENDED, JobAdmission, JobView
+from handlers.operator.platform.bodies import ADMITTED, SUSPENDED, JobAdmission, JobView
 from handlers.operator.reconcile.reconciler import EnvReconciler
 from schemas.jobs import JobMeta
 from schemas.plan_parts import NO_PLACEMENT

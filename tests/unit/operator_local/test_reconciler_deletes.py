@@ -11,7 +11,7 @@ import pytest
 
 from dlrover_events.settings import Settings
 from handlers.operator.local.cluster import LocalCluster
-from handlers.operator.platform import PlatformError
+from handlers.operator.platform.errors import PlatformError
 from handlers.operator.reconcile.reconciler import EnvReconciler
 
 

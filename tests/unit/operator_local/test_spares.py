@@ -12,8 +12,8 @@ from dlrover_events.sdk.identity import (
     ELASTIC_STORE_HOST_ENV,
     RANK_ENV,
 )
+from handlers.operator.document.trainingjob import parse_job
 from handlers.operator.local.spares import SpareKey, admission, spare_spec, take, wanted
-from handlers.operator.trainingjob import parse_job
 from tests.unit.operator_kube.test_planning import job_obj
 
 

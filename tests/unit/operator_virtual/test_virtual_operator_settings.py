@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from dlrover_events.settings import Settings
-from handlers.operator.settings import VirtualSettings
-from handlers.operator.virtual import VirtualOperator
+from handlers.operator.virtual.operator import VirtualOperator
+from handlers.operator.virtual.settings import VirtualSettings
 
 
 def _operator(**options: object) -> VirtualOperator:

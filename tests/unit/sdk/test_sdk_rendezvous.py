@@ -17,7 +17,7 @@ from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as 
 from dlrover_events.runtime.embedded import free_port
 from dlrover_events.sdk.torch.rendezvous import BACKEND, LeavingRendezvousHandler
 from handlers.operator.local.cluster import LocalCluster
-from handlers.operator.platform import NewPod, Resources
+from handlers.operator.platform.bodies import NewPod, Resources
 from handlers.operator.reconcile.launch import C10D, DLROVER_C10D, launch
 from tests.unit.operator_kube.test_inplace_roles import elastic
 from tests.unit.operator_kube.test_planning import job

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from dlrover_events.errors import UserError
-from handlers.operator.settings import virtual_settings
+from handlers.operator.virtual.settings import virtual_settings
 from handlers.simulator.cluster import Cluster
 from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.job import DEFAULT_RESTART_DELAY, JobPhase

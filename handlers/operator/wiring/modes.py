@@ -16,7 +16,7 @@ from dlrover_events.bus.topics import check_env_name
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.services import ServiceContext
-from handlers.operator.platform import DEFAULT_PLATFORM, PLATFORMS
+from handlers.operator.platform.registry import DEFAULT_PLATFORM, PLATFORMS
 from schemas.control import EnvMode
 
 #: (context, options given on the command line) -> runs until ctx.stop is set.
@@ -24,7 +24,7 @@ Runner = Callable[[ServiceContext, Mapping[str, Any]], Awaitable[None]]
 
 #: "module:function" of each mode's runner.
 RUNNERS: Mapping[EnvMode, str] = {
-    EnvMode.VIRTUAL: "handlers.operator.virtual:run",
+    EnvMode.VIRTUAL: "handlers.operator.virtual.operator:run",
     EnvMode.REAL: "handlers.operator.kube.runner:run",
 }
 

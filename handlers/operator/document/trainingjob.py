@@ -21,7 +21,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from handlers.operator.platform import (
+from handlers.operator.document.quantity import (
+    GPU,
+    QuantityError,
+    resources_from_container,
+    resources_from_spec,
+    resources_to_spec,
+)
+from handlers.operator.platform.bodies import (
     ADMITTED,
     DEFAULT_RENDEZVOUS_PORT,
     DOMAIN,
@@ -36,7 +43,6 @@ from handlers.operator.platform import (
     SUSPENDED,
     SUSPENDED_CONDITION,
     ElasticPolicy,
-    InvalidJob,
     JobAdmission,
     JobBatch,
     JobCondition,
@@ -46,13 +52,7 @@ from handlers.operator.platform import (
     Resources,
     RoleView,
 )
-from handlers.operator.quantity import (
-    GPU,
-    QuantityError,
-    resources_from_container,
-    resources_from_spec,
-    resources_to_spec,
-)
+from handlers.operator.platform.errors import InvalidJob
 from schemas.plan_parts import not_applied
 from schemas.plans import NotApplied, ScalePlan
 

@@ -56,15 +56,15 @@ from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.store.database import connect
-from handlers.operator.clock import SimClock
-from handlers.operator.ledger import (
+from handlers.operator.reconcile.ledger import (
     ALREADY_APPLIED,
     APPLIED_ONCE,
     Answer,
     ClusterCheckpoints,
     PlanLedger,
 )
-from handlers.operator.settings import VirtualSettings, virtual_settings
+from handlers.operator.virtual.clock import SimClock
+from handlers.operator.virtual.settings import VirtualSettings, virtual_settings
 from handlers.simulator import checkpoint
 from handlers.simulator.checkpoint import CheckpointError, OperatorState, Outgoing
 from handlers.simulator.fleet import VirtualCluster

@@ -1,7 +1,7 @@
 """What is done to a platform's job by hand, one copy for every door: the `job` commands,
 the operator's jobs API and the web console's actions all open the platform here and
 scale or delete through these functions, so a job is found, refused and scaled the same
-way whoever asks (the decisions themselves are handlers.operator.jobs').
+way whoever asks (the decisions themselves are handlers.operator.doors.jobs').
 
 A scale never patches the job: it publishes a ScalePlan to the env's scale.plans, as
 the brain's plans are, so the env's operator applies it once, records it and answers
@@ -11,7 +11,6 @@ with a ScaleResult.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -20,8 +19,10 @@ from typing import Any
 from dlrover_events.bus.producer import Producer
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
-from handlers.operator.jobs import JobRequestError, resume_plan, scale_plan, suspend_plan
-from handlers.operator.platform import PLATFORMS, JobView, Platform, UnreadableJob
+from handlers.operator.doors.jobs import JobRequestError, resume_plan, scale_plan, suspend_plan
+from handlers.operator.platform.api import Platform
+from handlers.operator.platform.bodies import JobView, UnreadableJob
+from handlers.operator.platform.registry import PLATFORMS
 from schemas.plans import ScalePlan
 
 #: The platforms a job can be acted on by hand (a virtual env's jobs are simulated).
@@ -55,8 +56,7 @@ async def open_platform(
     entry = PLATFORMS.get(platform)
     if entry is None:
         raise UserError(f"unknown platform {platform!r}; known: {', '.join(JOB_PLATFORMS)}")
-    module, _, function = entry.jobs.partition(":")
-    opener: JobsOpener = getattr(importlib.import_module(module), function)
+    opener: JobsOpener = entry.load(entry.jobs)
     async with opener(settings, env, {"kubeconfig": kubeconfig, "namespace": namespace}) as jobs:
         yield jobs
 

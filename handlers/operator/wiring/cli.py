@@ -19,7 +19,7 @@ from dlrover_events.cli.params import duration, env_name, speed
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.runtime.standalone import serve_alone
 from dlrover_events.settings import Settings, load_settings
-from handlers.operator.modes import run_operator
+from handlers.operator.wiring.modes import run_operator
 
 
 class Admission(StrEnum):

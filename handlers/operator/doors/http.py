@@ -5,7 +5,7 @@ to the env's scale.plans, as the brain's plans are), ``POST /v1/jobs/{job}/suspe
 ``/resume`` (plans too) and ``DELETE /v1/jobs/{job}``.
 
 Served by the operator that owns the platform, on 127.0.0.1 unless configured; the
-decisions are handlers.operator.jobs', shared with the commands. Every answer that is not
+decisions are handlers.operator.doors.jobs', shared with the commands. Every answer that is not
 a 2xx is JSON with a message; nothing a client sends reaches a traceback.
 """
 
@@ -19,7 +19,7 @@ from aiohttp.typedefs import Handler
 
 from dlrover_events.bus.producer import Producer
 from dlrover_events.envs.tokens import Scope, Tokens
-from handlers.operator.job_actions import (
+from handlers.operator.doors.actions import (
     JobNotFound,
     JobUnreadable,
     delete_job,
@@ -28,8 +28,9 @@ from handlers.operator.job_actions import (
     scale_job,
     suspend_job,
 )
-from handlers.operator.jobs import JobRequestError, scale_request, submission, summary
-from handlers.operator.platform import Conflict, Invalid, ObjectNotFound, Platform, PlatformError
+from handlers.operator.doors.jobs import JobRequestError, scale_request, submission, summary
+from handlers.operator.platform.api import Platform
+from handlers.operator.platform.errors import Conflict, Invalid, ObjectNotFound, PlatformError
 
 #: A job spec is a few KiB; a body past this is refused before it is read whole.
 MAX_BODY = 256 * 1024

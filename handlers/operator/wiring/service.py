@@ -11,7 +11,7 @@ DLROVER_EVENTS_OPERATOR_FOLLOW_REAL=1 makes it follow promotions of the real env
 from __future__ import annotations
 
 from dlrover_events.runtime.services import Service, ServiceContext
-from handlers.operator.modes import run_operator
+from handlers.operator.wiring.modes import run_operator
 
 
 async def run(ctx: ServiceContext) -> None:

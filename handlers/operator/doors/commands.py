@@ -2,7 +2,7 @@
 terminal.
 
 submit/list/describe/delete talk to the cluster with the user's own kubeconfig, as kubectl
-does (scale and delete through handlers.operator.job_actions, as the console's actions and
+does (scale and delete through handlers.operator.doors.actions, as the console's actions and
 the jobs API do). `scale` does not patch the job: it publishes a ScalePlan to the env's
 scale.plans, so a scale by hand goes the way the brain's do (once, recorded, answered
 with a ScaleResult). Its plan_id is derived from the request and the job's generation:
@@ -14,11 +14,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 import typer
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
@@ -27,10 +25,9 @@ from dlrover_events.cli.params import env_name, json_option, print_json
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
-from dlrover_events.runtime.fence import serving
 from dlrover_events.settings import load_settings
-from dlrover_events.store.database import connect
-from handlers.operator.job_actions import (
+from handlers.operator.document.trainingjob import ANN_WORKDIR, KIND
+from handlers.operator.doors.actions import (
     delete_job,
     job_of,
     open_platform,
@@ -38,10 +35,11 @@ from handlers.operator.job_actions import (
     scale_job,
     suspend_job,
 )
-from handlers.operator.jobs import JobRequestError, admission, scale_plan_id, submission
-from handlers.operator.kube.cluster import KubeCluster
-from handlers.operator.platform import JobEntry, JobView, Platform, PlatformError, PodView
-from handlers.operator.trainingjob import ANN_WORKDIR, KIND
+from handlers.operator.doors.jobs import JobRequestError, admission, scale_plan_id, submission
+from handlers.operator.platform.api import JobEntry, Platform
+from handlers.operator.platform.bodies import JobView, PodView
+from handlers.operator.platform.errors import PlatformError
+from handlers.operator.platform.registry import PLATFORMS, PlatformEntry
 from schemas.plans import ScalePlan
 
 T = TypeVar("T")
@@ -75,64 +73,28 @@ async def _real_env(env: str | None) -> str:
     return real.name
 
 
-#: What runs an env's TrainingJobs on the local platform: `up`'s service, or the `operator`
-#: command (each holds its service's lock while it runs: dlrover_events.runtime.fence).
-LOCAL_OPERATORS = ("local", "operator")
+def _entry(platform: str) -> PlatformEntry:
+    entry = PLATFORMS.get(platform)
+    if entry is None:
+        raise UserError(f"unknown platform {platform!r}; known: {', '.join(PLATFORMS)}")
+    return entry
 
 
-async def _check_operator(env: str | None) -> None:
-    """Refuse, in one line, a local job that no operator would start."""
-    target = await _real_env(env)
-    conn = await connect((await resolve_postgres(load_settings())).dsn)
-    try:
-        running = await serving(conn, target, LOCAL_OPERATORS)
-    finally:
-        await conn.close()
-    if not running:
-        raise UserError(
-            f"no operator runs env {target!r}, so nothing would start the job: start one "
-            f"(`dlrover-events up`, or `dlrover-events operator --env {target} --platform "
-            "local`), or pass --queue to create it now and let it wait for one"
-        )
+async def _target(platform: str, env: str | None) -> str:
+    """The env whose jobs the command acts on: for a platform that keeps each env's jobs
+    apart, the env named or the real one; else the env named, if any."""
+    return await _real_env(env) if _entry(platform).env_scoped else (env or "")
 
 
-#: How long past a Lease's duration its last renewal may lie before its holder is taken for
-#: gone (the operator's clock and this one need not agree to the second).
-LEASE_SLACK_S = 30.0
-
-
-async def _check_lease(kubeconfig: Path | None, namespace: str | None) -> None:
-    """Refuse, in one line, a job that no operator would reconcile: the operators' Lease
-    (leader election, on by default) is released, or no longer renewed. Without a Lease
-    nothing can be told (an operator without leader election holds none), and a cluster
-    that does not answer is left to the submission to say so."""
-    from kubernetes_asyncio import client
-    from kubernetes_asyncio.client.rest import ApiException
-
-    from dlrover_events.kube.credentials import connect
-    from handlers.operator.kube.runner import KubeSettings
-
-    name = KubeSettings().lease_name
-    api, ns = await connect(kubeconfig, None, namespace, hint="pass --kubeconfig")
-    async with api:
-        try:
-            lease = await client.CoordinationV1Api(api).read_namespaced_lease(name, ns)
-        except (ApiException, aiohttp.ClientError, OSError, TimeoutError):
-            return
-    spec = lease.spec
-    holder = spec.holder_identity if spec is not None else None
-    renewed = spec.renew_time if spec is not None else None
-    duration = (spec.lease_duration_seconds if spec is not None else None) or 15
-    if renewed is not None and renewed.tzinfo is None:
-        renewed = renewed.replace(tzinfo=UTC)
-    age = None if renewed is None else (datetime.now(UTC) - renewed).total_seconds()
-    if holder and age is not None and age <= duration + LEASE_SLACK_S:
-        return
-    why = "was released" if not holder else f"was last renewed {age or 0:.0f}s ago"
-    raise UserError(
-        f"no operator holds the Lease {name} in namespace {ns} (it {why}), so nothing would "
-        "start the job: start the operator, or pass --queue to create it now and let it wait"
-    )
+async def _check_operator(
+    platform: str, env: str | None, kubeconfig: Path | None, namespace: str | None
+) -> None:
+    """Refuse, in one line, a job that nothing on ``platform`` would start (the platform's
+    own check: platform.registry)."""
+    entry = _entry(platform)
+    check = entry.load(entry.check_operator)
+    options = {"kubeconfig": kubeconfig, "namespace": namespace}
+    await check(load_settings(), await _target(platform, env), options)
 
 
 def _run(
@@ -148,19 +110,12 @@ def _run(
 
     async def go() -> T:
         try:
-            target = await _real_env(env) if platform == "local" else (env or "")
+            target = await _target(platform, env)
             async with open_platform(
                 load_settings(), target, platform, kubeconfig=kubeconfig, namespace=namespace
-            ) as kube:
+            ) as jobs:
                 try:
-                    return await work(kube)
-                except (aiohttp.ClientError, OSError, TimeoutError) as e:
-                    if platform == "local":
-                        raise
-                    # the user's kubeconfig or network: say where, in one line
-                    why = str(e).splitlines()[0] if str(e) else type(e).__name__
-                    host = kube.host if isinstance(kube, KubeCluster) else "?"
-                    raise UserError(f"cannot reach the cluster at {host}: {why}") from None
+                    return await work(jobs)
                 except JobRequestError as e:
                     raise UserError(str(e)) from None
         except PlatformError as e:
@@ -193,7 +148,7 @@ def submit(
     try:
         body = submission(
             docs[0],
-            workdir=str(Path.cwd()) if platform == "local" else None,
+            workdir=str(Path.cwd()) if _entry(platform).runs_in_workdir else None,
             annotation=ANN_WORKDIR,
         )
     except JobRequestError as e:
@@ -202,10 +157,8 @@ def submit(
     async def work(kube: Platform) -> JobView:
         return await kube.submit_job(body)
 
-    if platform == "local" and not queue:
-        asyncio.run(_check_operator(env))
-    elif not queue:
-        asyncio.run(_check_lease(kubeconfig, namespace))
+    if not queue:
+        asyncio.run(_check_operator(platform, env, kubeconfig, namespace))
     got = _run(kubeconfig, namespace, work, platform=platform, env=env)
     typer.echo(f"trainingjob {got.namespace}/{got.name} created")
 

@@ -12,8 +12,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from handlers.operator import trainingjob
-from handlers.operator.platform import PENDING, InvalidJob, JobEntry, JobView, UnreadableJob
+from handlers.operator.document import trainingjob
+from handlers.operator.platform.api import JobEntry
+from handlers.operator.platform.bodies import PENDING, JobView, UnreadableJob
+from handlers.operator.platform.errors import InvalidJob
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.planning import (
     COMPLETION_ROLES,

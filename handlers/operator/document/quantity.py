@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from handlers.operator.platform import Resources
+from handlers.operator.platform.bodies import Resources
 
 GPU = "nvidia.com/gpu"
 #: The resources key of a GPU type (a role's ``resources.gpuType``): not a quantity and not

@@ -1,0 +1,64 @@
+"""Which platforms exist and where their operator and `job` doors are: one explicit table,
+imported lazily so a process on one platform never loads another's client.
+
+A platform is a row of ``PLATFORMS``: where its operator runs from, where the `job`
+commands, the jobs API and the console open its jobs, and how a submission is checked
+before it is made (``check_operator``: is anything there to start it?). The doors read
+these rows and never branch on a platform's name; a new platform (its package beside
+kube/ and local/) is a new row, and the conformance suite (tests/contract/) proves it keeps
+the contract of handlers.operator.platform.api.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PlatformEntry:
+    """Where a platform's doors are, as "module:function": imported only once chosen, so a
+    process on the local platform never loads a Kubernetes client, and a virtual env's
+    operator neither platform."""
+
+    #: its operator: (ServiceContext, options) -> runs until the context's stop
+    operator: str
+    #: its jobs for the `job` commands: (Settings, env, options) -> an async context
+    #: manager of a Platform
+    jobs: str
+    #: (Settings, env, options) -> awaitable; raises UserError, in one line, when nothing
+    #: would start a job submitted now (no operator runs the env, a stale Lease)
+    check_operator: str
+    #: whether its jobs belong to an env (the local platform keeps each env's apart); a
+    #: cluster's jobs are the cluster's, whichever env's operator reconciles them
+    env_scoped: bool
+    #: whether a submitted job's commands run in the submitter's working directory (a
+    #: platform of this machine's processes), which the submission then records
+    runs_in_workdir: bool
+
+    def load(self, door: str) -> Any:
+        """The object a "module:function" door names, its module imported now."""
+        module, _, name = door.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+#: platform name -> its entry. Add a platform here (and its package beside kube/ and local/).
+PLATFORMS: Mapping[str, PlatformEntry] = {
+    "kubernetes": PlatformEntry(
+        operator="handlers.operator.kube.runner:run",
+        jobs="handlers.operator.kube.jobs:open_jobs",
+        check_operator="handlers.operator.kube.jobs:check_operator",
+        env_scoped=False,
+        runs_in_workdir=False,
+    ),
+    "local": PlatformEntry(
+        operator="handlers.operator.local.runner:run",
+        jobs="handlers.operator.local.jobs:open_jobs",
+        check_operator="handlers.operator.local.jobs:check_operator",
+        env_scoped=True,
+        runs_in_workdir=True,
+    ),
+}
+DEFAULT_PLATFORM = "kubernetes"
