@@ -9,7 +9,8 @@ leaves a task behind:
 - ``wait_for_any``: ready, or the work ended first, or stop;
 - ``wait_or_stop``: a pause (a poll, a retry's backoff) that a stop cuts short;
 - ``unless``: a piece of work, cancelled as soon as a stop event is set (``Stopping``);
-- ``background``: tasks that run beside a block and are cancelled when it ends;
+- ``background``: tasks that run beside a block and are cancelled when it ends (the block
+  may start more, named each, and ask whether one failed: ``Beside``);
 - ``cancel_and_wait``: a task's end, for owners that keep one across calls;
 - ``close_quietly``: a client closed whose failure is nobody's business;
 - ``end_within``: tasks told to stop, given a grace period, then cancelled.
@@ -71,12 +72,17 @@ async def wait_for_any(
     return any(e.is_set() for e in events)
 
 
-async def wait_or_stop(stop: asyncio.Event | Iterable[asyncio.Event], seconds: float) -> bool:
-    """Sleep ``seconds`` unless ``stop`` (one of them) is set first; True if it was."""
+async def wait_or_stop(
+    stop: asyncio.Event | Iterable[asyncio.Event],
+    seconds: float,
+    tasks: Iterable[asyncio.Future[Any]] = (),
+) -> bool:
+    """Sleep ``seconds`` unless ``stop`` (one of them) is set first, or one of ``tasks``
+    ends (a watch whose failure must not wait out a retry's pause); True if a stop was."""
     events = _events(stop)
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(max(seconds, 0.0)):
-            return await wait_for_any(events)
+            return await wait_for_any(events, tasks)
     return any(e.is_set() for e in events)
 
 
@@ -138,15 +144,39 @@ async def unless(stop: asyncio.Event | Iterable[asyncio.Event], work: Awaitable[
     return task.result()
 
 
+class Beside(list[asyncio.Task[Any]]):
+    """The tasks of a ``background`` block. The block may start more (one a watch or a
+    consumer that may begin only once the others caught up), each with its own name, and
+    all end with the block."""
+
+    def start(self, work: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+        task = asyncio.create_task(work, name=name)
+        self.append(task)
+        return task
+
+    def raise_failure(self) -> None:
+        """Raise the error of the first of them, in the order started, that ended with one
+        (after ``wait_for_any`` said one ended): an owner whose helpers must not fail
+        fails with them. One that returned or was cancelled is not a failure."""
+        for task in self:
+            if task.done() and not task.cancelled() and (err := task.exception()) is not None:
+                raise err
+
+
 @contextlib.asynccontextmanager
 async def background(
     *work: Coroutine[Any, Any, Any], name: str | None = None
-) -> AsyncIterator[list[asyncio.Task[Any]]]:
+) -> AsyncIterator[Beside]:
     """Run ``work`` as tasks beside the block; when the block ends (however) they are
-    cancelled and waited for. What they raise is theirs: a task whose end matters is
-    watched with ``wait_for_any``. For work that must all succeed, use asyncio.TaskGroup."""
-    tasks = [asyncio.create_task(w, name=name) for w in work]
+    cancelled and waited for, and so are those the block started (``Beside.start``). What
+    they raise is theirs: a task whose end matters is watched with ``wait_for_any`` (and
+    ``Beside.raise_failure``). Work told to stop by an event, given time to end, is ended
+    with ``end_within`` before the block ends. For work that must all succeed, use
+    asyncio.TaskGroup."""
+    tasks = Beside()
     try:
+        for w in work:
+            tasks.start(w, name=name)
         yield tasks
     finally:
         await cancel_and_wait(*tasks)
@@ -154,6 +184,7 @@ async def background(
 
 __all__ = [
     "AsyncResource",
+    "Beside",
     "Stopping",
     "background",
     "cancel_and_wait",

@@ -131,6 +131,55 @@ async def test_background_tasks_end_with_the_block() -> None:
 
 
 @pytest.mark.asyncio
+async def test_tasks_started_in_the_block_end_with_it_named() -> None:
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async with background(forever(), name="first") as tasks:
+        later = tasks.start(forever(), name="later")
+        assert [t.get_name() for t in tasks] == ["first", "later"]
+    assert later.cancelled() and tasks[0].cancelled()
+
+
+@pytest.mark.asyncio
+async def test_raise_failure_raises_the_first_failed_in_start_order() -> None:
+    async def returns() -> None:
+        return None
+
+    async def fails(why: str) -> None:
+        raise RuntimeError(why)
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async with background() as tasks:
+        cancelled = tasks.start(forever())
+        tasks.start(returns())
+        running = tasks.start(forever())
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.wait([cancelled])
+        tasks.raise_failure()  # returned, cancelled and running: none failed
+        second, third = tasks.start(fails("second")), tasks.start(fails("third"))
+        assert await wait_for_any([], [running, third]) is False
+        await asyncio.wait([second, third])
+        with pytest.raises(RuntimeError, match="second"):
+            tasks.raise_failure()
+        assert not running.done()
+
+
+@pytest.mark.asyncio
+async def test_wait_or_stop_ends_when_a_watched_task_ends() -> None:
+    async def dies() -> None:
+        raise RuntimeError("the watch failed")
+
+    watch = asyncio.create_task(dies())
+    async with asyncio.timeout(5):  # not the hour of its pause
+        assert await wait_or_stop(asyncio.Event(), 3600, [watch]) is False
+    assert isinstance(watch.exception(), RuntimeError)
+
+
+@pytest.mark.asyncio
 async def test_end_within_cancels_only_the_late() -> None:
     stop = asyncio.Event()
 
