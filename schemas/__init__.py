@@ -46,6 +46,7 @@ from schemas.plans import (
     TrainingApplied,
     TrainingRescaled,
 )
+from schemas.requests import JobRequest, JobRequestResult, JobRequestStatus
 
 __all__ = [
     "EVENT_TYPES",
@@ -64,6 +65,9 @@ __all__ = [
     "JobFailed",
     "JobMeta",
     "JobPlan",
+    "JobRequest",
+    "JobRequestResult",
+    "JobRequestStatus",
     "JobStarted",
     "JobSubmitted",
     "MigrateNode",

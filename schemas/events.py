@@ -32,6 +32,7 @@ from schemas.plans import (
     TrainingApplied,
     TrainingRescaled,
 )
+from schemas.requests import JobRequest, JobRequestResult
 
 AnyEvent = Annotated[
     JobSubmitted
@@ -55,7 +56,9 @@ AnyEvent = Annotated[
     | EnvAnnouncement
     | Barrier
     | BarrierAck
-    | CapacityReported,
+    | CapacityReported
+    | JobRequest
+    | JobRequestResult,
     Field(discriminator="type"),
 ]
 
@@ -82,6 +85,8 @@ EVENT_CLASSES: tuple[type[Event], ...] = (
     Barrier,
     BarrierAck,
     CapacityReported,
+    JobRequest,
+    JobRequestResult,
 )
 
 

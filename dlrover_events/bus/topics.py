@@ -33,6 +33,7 @@ CONFIG_CHANGES = "config.changes"
 EVAL_REPORTS = "eval.reports"
 DLQ = "dlq"
 CLUSTER_CAPACITY = "cluster.capacity"
+JOB_REQUESTS = "job.requests"
 
 ENV_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(JOB_METRICS, False, "runtime samples from training jobs", "metrics"),
@@ -44,6 +45,12 @@ ENV_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(EVAL_REPORTS, False, "evaluator KPIs", "eval"),
     TopicSpec(DLQ, False, "messages that could not be processed, with the reason", "dlq"),
     TopicSpec(CLUSTER_CAPACITY, True, "the real cluster's hosts and GPUs (compacted)"),
+    TopicSpec(
+        JOB_REQUESTS,
+        False,
+        "JobRequests: jobs a stream processor asks the operator to create, and the answers",
+        "plans",
+    ),
 )
 #: the env registry's announcements: one for the whole bus, one partition, compacted
 CONTROL_SPEC = TopicSpec(CONTROL_TOPIC, True, "env announcements (compacted)")
@@ -115,6 +122,7 @@ __all__ = [
     "EVAL_REPORTS",
     "JOB_EVENTS",
     "JOB_METRICS",
+    "JOB_REQUESTS",
     "SCALE_PLANS",
     "SCALE_RESULTS",
     "TopicSpec",

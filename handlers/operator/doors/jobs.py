@@ -1,5 +1,6 @@
 """What the `job` commands and the operator's HTTP API decide, pure: a submission checked
-before it reaches a platform, a job as a row, a scale request as a ScalePlan.
+before it reaches a platform (handlers.operator.document.submission, which the reconciler
+shares for a JobRequest), a job as a row, a scale request as a ScalePlan.
 
 One copy for both doors, so a job submitted from a terminal and one POSTed by a notebook
 are refused for the same reasons, in the same words, and a scale is the same plan (its
@@ -12,53 +13,14 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from handlers.operator.document import trainingjob
+from handlers.operator.document.submission import JobRequestError, submission
 from handlers.operator.platform.api import JobEntry
 from handlers.operator.platform.bodies import PENDING, JobView, UnreadableJob
-from handlers.operator.platform.errors import InvalidJob
 from handlers.operator.reconcile.events import job_meta
-from handlers.operator.reconcile.planning import (
-    COMPLETION_ROLES,
-    check_bounds,
-    effective_admission,
-)
+from handlers.operator.reconcile.planning import COMPLETION_ROLES, effective_admission
 from schemas.plans import NodeGroupResource, ScalePlan
 
 _PLAN_NAMESPACE = uuid.UUID("7a2d9e4b-1c3f-4b6a-8d0e-5f7a9c1b3d2e")
-#: What a submission may carry in its metadata; the platform sets the rest.
-_SUBMITTED_META = ("name", "labels", "annotations")
-
-
-class JobRequestError(ValueError):
-    """The request is the user's to fix; the message says how."""
-
-
-def submission(body: Any, *, workdir: str | None = None, annotation: str = "") -> dict[str, Any]:
-    """A TrainingJob body ready to create: one TrainingJob, valid as the schema cannot
-    check (bounds, role names, elastic policy), stripped of what the platform owns."""
-    kind = trainingjob.KIND
-    if not isinstance(body, Mapping) or body.get("kind") != kind:
-        raise JobRequestError(f"the request must hold one {kind}")
-    meta = body.get("metadata")
-    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-        raise JobRequestError(f"a {kind} needs metadata.name")
-    out: dict[str, Any] = {
-        "apiVersion": body.get("apiVersion") or trainingjob.API_VERSION,
-        "kind": kind,
-        "metadata": {k: meta[k] for k in _SUBMITTED_META if k in meta},
-        "spec": body.get("spec"),
-    }
-    try:
-        check_bounds(trainingjob.parse_job({**out, "metadata": {**out["metadata"], "uid": ""}}))
-    except InvalidJob as e:
-        raise JobRequestError(str(e)) from None
-    except (AttributeError, TypeError, ValueError) as e:
-        raise JobRequestError(f"invalid {kind}: {e}") from None
-    if workdir is not None and annotation:
-        annotations = dict(out["metadata"].get("annotations") or {})
-        annotations.setdefault(annotation, workdir)
-        out["metadata"]["annotations"] = annotations
-    return out
 
 
 def admission(job: JobView) -> dict[str, str] | None:

@@ -39,6 +39,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from handlers.operator.document.submission import check_bounds
 from handlers.operator.platform.bodies import (
     ADMITTED,
     FAILED,
@@ -78,19 +79,6 @@ PLAN_MEMORY = 32
 #: The phases of a job that has no pods because it is suspended: queued since its
 #: submission (never admitted), or suspended after it ran (or by its user, or Kueue).
 QUEUED_PHASE, SUSPENDED_PHASE = "Queued", "Suspended"
-
-
-def check_bounds(job: JobView) -> None:
-    """min <= replicas <= max per role: a schema (v1.20's) cannot say it."""
-    for role in job.roles.values():
-        if role.min_replicas is not None and role.replicas < role.min_replicas:
-            raise InvalidJob(
-                f"role {role.name}: {role.replicas} replicas, below minReplicas {role.min_replicas}"
-            )
-        if role.max_replicas is not None and role.replicas > role.max_replicas:
-            raise InvalidJob(
-                f"role {role.name}: {role.replicas} replicas, above maxReplicas {role.max_replicas}"
-            )
 
 
 def cannot_suspend(platform: str) -> str:

@@ -53,7 +53,7 @@ from typing import Any
 from dlrover_events.backoff import Backoff
 from dlrover_events.bus.consumer import Consumer, Received
 from dlrover_events.bus.producer import Producer
-from dlrover_events.bus.topics import SCALE_PLANS
+from dlrover_events.bus.topics import JOB_REQUESTS, SCALE_PLANS
 from dlrover_events.envs.control import SettingsFollower
 from dlrover_events.envs.env_settings import EnvSettingsError, parse_settings
 from dlrover_events.envs.registry import EnvRegistry
@@ -83,11 +83,13 @@ from handlers.operator.reconcile.events import (
     node_events,
     submitted,
 )
+from handlers.operator.reconcile.intake import JobIntake, RequestLedger
 from handlers.operator.reconcile.ledger import ALREADY_APPLIED, Answer, PlanLedger
 from schemas.control import EnvAnnouncement
 from schemas.envelope import Event
 from schemas.jobs import JobMeta
 from schemas.plans import NotApplied, RescaleMode, ScalePlan, ScaleResult, ScaleStatus
+from schemas.requests import JobRequest
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +213,7 @@ class EnvReconciler:
         }
         self._producer: Producer | None = None
         self._ledger: PlanLedger | None = None
+        self._intake: JobIntake | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -220,8 +223,13 @@ class EnvReconciler:
         store = await EnvStore.open(self.dsn, self.env, max_size=2)
         try:
             self._ledger = PlanLedger(store.pool)
+            self._intake = JobIntake(
+                self.env, self.platform, RequestLedger(store.pool), self._publish_one, SOURCE
+            )
             follower = await self._settings_follower()
-            consumer = Consumer(self.settings, self.env, [SCALE_PLANS], GROUP, self._handle)
+            consumer = Consumer(
+                self.settings, self.env, [SCALE_PLANS, JOB_REQUESTS], GROUP, self._handle
+            )
             async with Producer(self.settings) as producer:
                 self._producer = producer
                 tasks = [
@@ -501,23 +509,31 @@ class EnvReconciler:
 
     async def _handle(self, batch: list[Received]) -> None:
         """Each job's plans in order, the jobs side by side: a suspend waits for its pods
-        to be gone (their grace period), and must not hold up another job's plans."""
+        to be gone (their grace period), and must not hold up another job's plans. The
+        job requests (intake.py) in the order read, beside them."""
         read_at = time.monotonic()
         by_job: dict[str, list[ScalePlan]] = {}
+        asked: list[JobRequest] = []
         for item in batch:
             if isinstance(item.event, ScalePlan):
                 by_job.setdefault(item.event.job.uuid, []).append(item.event)
+            elif isinstance(item.event, JobRequest):
+                asked.append(item.event)
 
         async def in_order(plans: list[ScalePlan]) -> None:
             for plan in plans:
                 await self._answer(plan, read_at)
 
-        done = await asyncio.gather(*map(in_order, by_job.values()), return_exceptions=True)
+        work = [in_order(plans) for plans in by_job.values()]
+        if asked:
+            assert self._intake is not None
+            work.append(self._intake.answer_all(asked))
+        done = await asyncio.gather(*work, return_exceptions=True)
         lost = [e for e in done if isinstance(e, NotLeader)]
         if lost:
             # Neither answered nor dead-lettered: this replica's reconciler is being
             # stopped, and the new leader's consumer gets the plans again.
-            log.warning("env %s: plans left to the leader (%s)", self.env, lost[0])
+            log.warning("env %s: plans and requests left to the leader (%s)", self.env, lost[0])
             await asyncio.Future()  # parked until the operator cancels us
         for error in done:
             if isinstance(error, BaseException):

@@ -41,6 +41,7 @@ from dlrover_events.bus.topic_reader import TopicReader
 from dlrover_events.bus.topics import (
     JOB_EVENTS,
     JOB_METRICS,
+    JOB_REQUESTS,
     SCALE_PLANS,
     SCALE_RESULTS,
     check_env_name,
@@ -56,6 +57,7 @@ from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.store.database import connect
+from handlers.operator.reconcile import requests
 from handlers.operator.reconcile.ledger import (
     ALREADY_APPLIED,
     APPLIED_ONCE,
@@ -78,11 +80,17 @@ from schemas.envelope import Event
 from schemas.jobs import JobEvent, JobSubmitted, RuntimeSample
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
+from schemas.requests import JobRequest, JobRequestStatus
 
 log = logging.getLogger(__name__)
 
 GROUP = "operator"
 SOURCE = "virtual-operator"
+#: Why a virtual env creates no job a stream processor asks for: its jobs are its workload.
+NO_REQUESTS = (
+    "a virtual env's simulated cluster creates no requested job: its jobs are the "
+    "workload replayed into it (`replay`); ask the real env's operator"
+)
 
 #: Events the clock makes before publishing them, when it runs as fast as possible.
 FAST_BATCH = 500
@@ -273,7 +281,7 @@ class VirtualOperator:
                 consumer = Consumer(
                     self.settings,
                     self.env,
-                    [JOB_EVENTS, SCALE_PLANS],
+                    [JOB_EVENTS, SCALE_PLANS, JOB_REQUESTS],
                     GROUP,
                     self._handle,
                     fetch_max_wait_ms=LOCKSTEP_FETCH_WAIT_MS if self.options.lockstep else 500,
@@ -516,6 +524,9 @@ class VirtualOperator:
                 elif isinstance(event, BarrierAck) and state.gate is not None:
                     state.gate.ack(item.partition, event.tick)
                     self._dirty = True
+                elif isinstance(event, JobRequest):
+                    refused = requests.Answer(JobRequestStatus.REFUSED, NO_REQUESTS)
+                    self._say([requests.result(self.env, event, refused, SOURCE)])
             for item in fresh:
                 state.consumed(item.topic, item.partition, item.offset)
             await self._flush("input_")
