@@ -176,7 +176,7 @@ class RescaleMode(StrEnum):
     re-rendezvous) and resumes from its checkpoint. ``in_place``: the processes go on;
     at one step boundary they agree on the new membership and re-form their process
     group, and newcomers receive the state from a surviving rank (the SDK's
-    ``dlrover_events.sdk.inplace``).
+    ``dlrover_events.sdk.torch.inplace``).
     """
 
     IN_PLACE = "in_place"

@@ -20,7 +20,8 @@ A job started on the real env follows the real env through ``dlrover-events env 
 reporter's thread stay out of the training log (``DLROVER_EVENTS_SDK_KAFKA_LOGS``).
 """
 
-from dlrover_events.sdk.follow import FOLLOW_REAL_ENV, FollowReal
+from dlrover_events.sdk.follow_plan import PlanFollower, PlanSnapshot
+from dlrover_events.sdk.follow_real import FOLLOW_REAL_ENV, FollowReal
 from dlrover_events.sdk.identity import (
     ENV_ENV,
     JOB_ID_ENV,
@@ -31,7 +32,6 @@ from dlrover_events.sdk.identity import (
     JobIdentity,
 )
 from dlrover_events.sdk.knobs import BatchKnobs, StepKnobs, Switch
-from dlrover_events.sdk.plans import PlanFollower, PlanSnapshot
 from dlrover_events.sdk.probes import HostProbe, Probe, rss_bytes
 from dlrover_events.sdk.quiet import KAFKA_LOGS_ENV
 from dlrover_events.sdk.reporter import INTERVAL_ENV, Reporter, ReporterStats

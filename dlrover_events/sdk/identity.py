@@ -53,7 +53,7 @@ CHECKPOINT_DIR_ENV = "DLROVER_EVENTS_CHECKPOINT_DIR"
 #: An in-place elastic role (``elastic.mode: inPlace``): the job's membership store
 #: (``host:port``), which the process with ELASTIC_STORE_HOST_ENV=1 hosts; how many
 #: members the first generation waits for; and, for a warm spare, the file the platform
-#: writes to admit it (the pod's variables it takes on). See dlrover_events.sdk.inplace.
+#: writes to admit it (the pod's variables it takes on). See dlrover_events.sdk.torch.inplace.
 ELASTIC_STORE_ENV = "DLROVER_EVENTS_ELASTIC_STORE"
 ELASTIC_STORE_HOST_ENV = "DLROVER_EVENTS_ELASTIC_STORE_HOST"
 ELASTIC_EXPECT_ENV = "DLROVER_EVENTS_ELASTIC_EXPECT"

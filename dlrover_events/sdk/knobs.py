@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Self
 from schemas.plans import TRAINING_KNOBS, JobPlan, TrainingApplied
 
 if TYPE_CHECKING:
-    from dlrover_events.sdk.plans import PlanFollower
+    from dlrover_events.sdk.follow_plan import PlanFollower
     from dlrover_events.sdk.reporter import Reporter
 
 log = logging.getLogger(__name__)

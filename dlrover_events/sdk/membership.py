@@ -1,6 +1,6 @@
 """Who trains in the next generation of an in-place elastic job, decided (pure).
 
-An in-place job (``dlrover_events.sdk.inplace``) keeps its training processes across a
+An in-place job (``dlrover_events.sdk.torch.inplace``) keeps its training processes across a
 resize: its members re-form their process group at a step boundary instead of being
 restarted. Every membership is a *generation* of the job's store; this module holds the
 decisions about them, free of torch and of I/O, so they are tested as plain functions:

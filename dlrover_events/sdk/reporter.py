@@ -39,7 +39,7 @@ from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import cancel_and_wait
 from dlrover_events.sdk import quiet
 from dlrover_events.sdk.buffer import DROP_LOG_EVERY_S, DropBuffer
-from dlrover_events.sdk.follow import Following, FollowReal, follow_real_from_env
+from dlrover_events.sdk.follow_real import Following, FollowReal, follow_real_from_env
 from dlrover_events.sdk.identity import JobIdentity
 from dlrover_events.sdk.probes import HostProbe, Probe
 from dlrover_events.sdk.sampling import SampleCutter

@@ -54,21 +54,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dlrover_events.sdk import JobIdentity, Reporter
+from dlrover_events.sdk.follow_plan import PlanFollower
 from dlrover_events.sdk.identity import (
     ELASTIC_ADMIT_ENV,
     ELASTIC_EXPECT_ENV,
     default_checkpoint_path,
 )
-from dlrover_events.sdk.inplace import (
-    InPlaceGroup,
-    ReformFailed,
-    publish_rescale,
-    requested,
-    wait_admitted,
-)
 from dlrover_events.sdk.knobs import StepKnobs, Switch
 from dlrover_events.sdk.membership import Rescale, plan_for
-from dlrover_events.sdk.plans import PlanFollower
 from dlrover_events.sdk.probes import process_started_at
 from dlrover_events.sdk.torch import (
     ElasticCheckpoint,
@@ -76,6 +69,13 @@ from dlrover_events.sdk.torch import (
     exit_promptly,
     is_peer_failure,
     step_knobs,
+)
+from dlrover_events.sdk.torch.inplace import (
+    InPlaceGroup,
+    ReformFailed,
+    publish_rescale,
+    requested,
+    wait_admitted,
 )
 from schemas.plans import (
     JobPlan,

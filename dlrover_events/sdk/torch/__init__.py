@@ -18,6 +18,11 @@ one), ``gradients`` and ``timing`` (what a cluster scheduler needs: gradient sta
 the step's split), ``ranks`` (rank, world, a peer lost, knobs in step),
 ``checkpoint`` (save and resume) and ``exiting`` (a worker's end without torch's slow
 finalization, which a restart waits for). Import from here: the names below are the API.
+
+A job rescaled in place imports ``inplace`` itself (``InPlaceGroup``: the processes re-form
+their group at a step boundary instead of restarting; its pure decisions are
+``dlrover_events.sdk.membership``). It is not imported here, so a restarting job does not
+load it.
 """
 
 from dlrover_events.sdk.torch.checkpoint import CHECKPOINT_FORMAT, ElasticCheckpoint

@@ -118,7 +118,8 @@ class ElasticPolicy:
     nproc_per_node: int = 1
     max_restarts: int = 100
     #: ``restart`` (torchrun's agents re-rendezvous and restart every worker) or
-    #: ``inPlace`` (the workers re-form their group themselves: dlrover_events.sdk.inplace)
+    #: ``inPlace`` (the workers re-form their group themselves:
+    #: dlrover_events.sdk.torch.inplace)
     mode: str = RESTART
     #: warm spare processes the platform keeps ready for a scale-up (in place only)
     spares: int = 0

@@ -18,7 +18,7 @@ from dlrover_events.bus.topic_reader import read_topic
 from dlrover_events.bus.topics import JOB_METRICS, topic
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.sdk import JobIdentity, Reporter
-from dlrover_events.sdk.follow import FollowReal
+from dlrover_events.sdk.follow_real import FollowReal
 from dlrover_events.settings import Settings
 from schemas.codec import decode
 from schemas.control import EnvMode

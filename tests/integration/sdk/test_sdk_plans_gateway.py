@@ -15,8 +15,8 @@ import pytest
 from dlrover_events.bus.producer import Producer
 from dlrover_events.runtime.embedded import free_port
 from dlrover_events.sdk import JobIdentity, Reporter
+from dlrover_events.sdk.follow_plan import PlanFollower
 from dlrover_events.sdk.knobs import BatchKnobs, StepKnobs
-from dlrover_events.sdk.plans import PlanFollower
 from dlrover_events.settings import Settings
 from schemas.jobs import JobMeta, JobSubmitted, RoleSpec
 from schemas.plans import NotApplied, ScalePlan, ScaleResult, ScaleStatus

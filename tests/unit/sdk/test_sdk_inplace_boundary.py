@@ -22,7 +22,7 @@ MEMBER = textwrap.dedent(
     import json, sys, threading, time
     import torch
     from torch import nn
-    from dlrover_events.sdk.inplace import InPlaceGroup
+    from dlrover_events.sdk.torch.inplace import InPlaceGroup
     from schemas.jobs import JobMeta
     from schemas.plans import NodeGroupResource, ScalePlan
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dlrover_events.runtime.embedded import free_port
-from dlrover_events.sdk.inplace import InPlaceGroup, ReformFailed
+from dlrover_events.sdk.torch.inplace import InPlaceGroup, ReformFailed
 
 
 def waiting_joiner() -> tuple[dist.TCPStore, InPlaceGroup, dict[str, Any], threading.Thread]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dlrover_events.sdk.identity import ELASTIC_ADMIT_ENV, RANK_ENV
-from dlrover_events.sdk.inplace import wait_admitted
+from dlrover_events.sdk.torch.inplace import wait_admitted
 
 
 def kubelet_writes(folder: Path, text: str, generation: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlrover_events.sdk.follow import (
+from dlrover_events.sdk.follow_real import (
     FOLLOW_REAL_ENV,
     Following,
     FollowReal,

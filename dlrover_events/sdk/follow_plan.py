@@ -8,7 +8,8 @@ as the config client (``dlrover_events.config.client.SyncPoller``), in a daemon 
 The follower never blocks or fails training: with the gateway away it keeps the last plan,
 backs off, and logs the outage once; a job the gateway has not seen yet (404) is no
 outage, only no plan yet. Callbacks run on the follower's thread; what they raise is
-logged, never passed on.
+logged, never passed on. (The SDK's other follower, ``follow_real``, follows which env is
+the real one, for the reporter.)
 
     follower = PlanFollower.from_env(identity).start()
     follower.on_plan(lambda plan: ...)

@@ -15,8 +15,8 @@ import pytest
 
 from dlrover_events.backoff import Backoff
 from dlrover_events.runtime.embedded import free_port
+from dlrover_events.sdk.follow_plan import PlanFollower, PlanResource
 from dlrover_events.sdk.knobs import StepKnobs
-from dlrover_events.sdk.plans import PlanFollower, PlanResource
 from schemas.jobs import JobMeta
 from schemas.plans import JobPlan, NotApplied, ScalePlan, ScaleResult, ScaleStatus
 

@@ -7,6 +7,7 @@ A job that a user pinned on purpose to an env (a virtual one, for a test) must s
 it was put. The reporter cannot tell the two apart from the variable alone, so it asks
 ``dlrover.control`` once it can read it: a job whose env is the real env then follows the
 real env; any other env stays pinned. ``DLROVER_EVENTS_FOLLOW_REAL`` overrides that guess.
+(The SDK's other follower, ``follow_plan``, follows the job's own plan at the gateway.)
 """
 
 from __future__ import annotations
