@@ -57,7 +57,7 @@ from dlrover_events.bus.topics import JOB_REQUESTS, SCALE_PLANS
 from dlrover_events.envs.control import SettingsFollower
 from dlrover_events.envs.env_settings import EnvSettingsError, parse_settings
 from dlrover_events.envs.registry import EnvRegistry
-from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.lifecycle import Beside, background, wait_for_any
 from dlrover_events.runtime.informer import Informer, away
 from dlrover_events.runtime.logs import log_fields
 from dlrover_events.runtime.metrics import OperatorMetrics
@@ -230,42 +230,22 @@ class EnvReconciler:
             consumer = Consumer(
                 self.settings, self.env, [SCALE_PLANS, JOB_REQUESTS], GROUP, self._handle
             )
-            async with Producer(self.settings) as producer:
+            async with Producer(self.settings) as producer, background() as tasks:
                 self._producer = producer
-                tasks = [
-                    *(
-                        asyncio.create_task(i.run(), name=f"{self.env}.operator.{kind}")
-                        for kind, i in self._informers.items()
-                    ),
-                    asyncio.create_task(self._worker(), name=f"{self.env}.operator.reconcile"),
-                ]
+                for kind, informer in self._informers.items():
+                    tasks.start(informer.run(), name=f"{self.env}.operator.{kind}")
+                tasks.start(self._worker(), name=f"{self.env}.operator.reconcile")
                 if follower is not None:
-                    tasks.append(
-                        asyncio.create_task(
-                            follower.run(stop), name=f"{self.env}.operator.settings"
-                        )
-                    )
+                    tasks.start(follower.run(stop), name=f"{self.env}.operator.settings")
                 if self.capacity is not None:
-                    tasks.append(
-                        asyncio.create_task(
-                            self.capacity.run(), name=f"{self.env}.operator.capacity"
-                        )
-                    )
-                try:
-                    await self._until_synced(tasks)
-                    async with consumer:
-                        self.ready.set()
-                        tasks.append(
-                            asyncio.create_task(self._consume(consumer, stop), name="plans")
-                        )
-                        await wait_for_any([stop], tasks)
-                        for task in tasks:
-                            if task.done() and (err := task.exception()) is not None:
-                                raise err
-                finally:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
+                    tasks.start(self.capacity.run(), name=f"{self.env}.operator.capacity")
+                if not await self._until_synced(tasks, stop):
+                    return
+                async with consumer:
+                    self.ready.set()
+                    tasks.start(self._consume(consumer, stop), name="plans")
+                    await wait_for_any([stop], tasks)
+                    tasks.raise_failure()
         finally:
             await store.close()
 
@@ -300,23 +280,18 @@ class EnvReconciler:
         )
         self._mark(self._jobs)  # queued jobs are let go when none is named any more
 
-    async def _until_synced(self, tasks: list[asyncio.Task[None]]) -> None:
-        synced: list[asyncio.Task[Any]] = [
-            asyncio.create_task(i.synced.wait()) for i in self._informers.values()
-        ]
-        try:
-            pending: set[asyncio.Task[Any]] = set(synced)
-            while pending:
-                done, pending = await asyncio.wait(
-                    [*pending, *tasks], return_when=asyncio.FIRST_COMPLETED
-                )
-                for task in done:
-                    if task in tasks:
-                        task.result()  # an informer that stopped before its first list
-                pending = {t for t in pending if t not in tasks}
-        finally:
-            for t in synced:
-                t.cancel()
+    async def _until_synced(self, tasks: Beside, stop: asyncio.Event) -> bool:
+        """Until both watches listed once (True), or ``stop`` (False): no plan is taken on a
+        partial view. One of ``tasks`` failing first is raised (an informer that stopped
+        before its first list)."""
+        synced = [i.synced for i in self._informers.values()]
+        while not all(e.is_set() for e in synced):
+            running = [t for t in tasks if not t.done()]
+            await wait_for_any([stop, *(e for e in synced if not e.is_set())], running)
+            tasks.raise_failure()
+            if stop.is_set():
+                return False
+        return True
 
     async def _consume(self, consumer: Consumer, stop: asyncio.Event) -> None:
         while not stop.is_set():
