@@ -11,7 +11,7 @@ drifted from the measurements, and every A/B verdict of the virtual env with it.
 The loop takes its policy as a parameter (`LoopPolicy`). Optimus+Oracle lives here: only
 this check runs it. Tiresias is the brain's own scheduler
 (``streams/brain/core/schedulers/tiresias.py``), written once: handlers never import
-streams, so tests/unit/brain/test_tiresias_artifact.py drives it through this loop.
+streams, so tests/unit/brain/core/schedulers/test_tiresias_artifact.py drives it through this loop.
 
 What is reproduced, and how it differs from the virtual env's own operator on purpose:
 

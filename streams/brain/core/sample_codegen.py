@@ -327,7 +327,7 @@ HEADER = '''"""The runtime sample's fields as msgspec structs, for the brain's f
 Written from `schemas.jobs.RuntimeSample` (with its `NodeUsage`, `JobMeta` and envelope)
 by `streams/brain/core/sample_codegen.py`: do not edit. After changing the contract,
 `.venv/bin/python -m streams.brain.core.sample_codegen > streams/brain/core/sample_structs.py`
-(tests/unit/brain/test_sample_structs.py fails until then).
+(tests/unit/brain/core/test_sample_structs.py fails until then).
 """
 
 from datetime import datetime

@@ -7,7 +7,7 @@ deciding it) and to set a fetch wait faust has no setting for, and it reads wher
 consumer stands on each partition (for the merge of its inputs) and commits offsets
 through faust. None of that is public API, so it lives here alone, faust is pinned to
 the minor version it was tested with (pyproject.toml), and `RELIES_ON` lists every
-private member used: tests/unit/brain/test_faust_glue.py fails loudly, naming the
+private member used: tests/unit/brain/runtime/test_faust_glue.py fails loudly, naming the
 member, when an upgrade moves one.
 """
 

@@ -1,7 +1,7 @@
 """No arm of an A/B holds more GPUs than its cluster has, at any moment (issue 26, item 8).
 
 Each arm runs in one process as `ab run` runs it over the broker: the brain's processor
-and the simulated cluster in lockstep (as tests/unit/brain/test_scheduler_in_lockstep.py
+and the simulated cluster in lockstep (as tests/unit/brain/core/test_scheduler_in_lockstep.py
 does), or the simulated cluster alone for the static arm. The GPUs the arm holds are read
 two ways, apart:
 
@@ -43,7 +43,7 @@ from streams.evaluators.ledger import Ledger, gpu_use, gpus_held
 from streams.evaluators.registry import evaluate
 from streams.evaluators.service import INPUTS
 from tests.unit.brain.builders import Rec
-from tests.unit.brain.test_scheduler_in_lockstep import ENV, TICK_S, TOPICS, submissions
+from tests.unit.brain.core.test_scheduler_in_lockstep import ENV, TICK_S, TOPICS, submissions
 
 NODES, GPUS = 4, 4  # 16 GPUs: the first jobs of workload-3 outnumber them for a while
 

@@ -19,8 +19,8 @@ from dlrover_events.sdk.torch.rendezvous import BACKEND, LeavingRendezvousHandle
 from handlers.operator.local.cluster import LocalCluster
 from handlers.operator.platform.bodies import NewPod, Resources
 from handlers.operator.reconcile.launch import C10D, DLROVER_C10D, launch
-from tests.unit.operator_kube.test_inplace_roles import elastic
-from tests.unit.operator_kube.test_planning import job
+from tests.unit.operator.reconcile.test_inplace_roles import elastic
+from tests.unit.operator.reconcile.test_planning import job
 
 ROOT = Path(__file__).resolve().parents[3]
 ENTRY = "dlrover_events.sdk.torch.rendezvous_entry:handler_creator"

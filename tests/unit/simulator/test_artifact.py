@@ -6,7 +6,7 @@ The published figure (simulator/README.md of the OSDI'21 artifact, and its
 results-jobload/*-1.0/summary.json) is 5,301.875 s for Optimus+Oracle+TunedJobs: every JCT
 is a whole number of seconds, so the sum over the 160 jobs is an exact integer too. The
 Tiresias baseline is the brain's scheduler, driven through the same loop by
-tests/unit/brain/test_tiresias_artifact.py (3,469.69375 s, also to the second).
+tests/unit/brain/core/schedulers/test_tiresias_artifact.py (3,469.69375 s, also to the second).
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ from streams.brain.core.optimizers import Proposal
 from streams.brain.core.planner import PLAN_NAMESPACE, plan_event_id, plan_id
 from streams.brain.core.router import Condition, condition
 from streams.brain.core.state import WORKER, Stage
-
-from .builders import ENV, T0, meta, oom, sample, state, use
+from tests.unit.brain.builders import ENV, T0, meta, oom, sample, state, use
 
 # -- plan ids -----------------------------------------------------------------------------
 

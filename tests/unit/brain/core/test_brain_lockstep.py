@@ -19,8 +19,7 @@ from schemas.lockstep import Barrier
 from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
-
-from .builders import ENV, T0, Rec
+from tests.unit.brain.builders import ENV, T0, Rec
 
 EVENTS = f"{ENV}.job.events"
 METRICS = f"{ENV}.job.metrics"

@@ -15,8 +15,7 @@ from streams.brain.core.optimizers import REGISTRY, NoParams, OptimizeContext, P
 from streams.brain.core.optimizers.api import group_plan
 from streams.brain.core.planner import DEFAULT_LIMITS, MAX_ROLE_REPLICAS, plan_id, plan_scale
 from streams.brain.core.state import PS, WORKER, JobState, NodeStatus, Pinned, RoleResources, Stage
-
-from .builders import ENV, T0, GiB, meta, node, nodes, oom, plan_one, state
+from tests.unit.brain.builders import ENV, T0, GiB, meta, node, nodes, oom, plan_one, state
 
 LIMITS = DEFAULT_LIMITS
 

@@ -27,8 +27,7 @@ from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.snapshot import Loaded
 from streams.brain.core.state import JobStatus
-
-from .builders import ENV, T0, Rec
+from tests.unit.brain.builders import ENV, T0, Rec
 
 TOPIC = f"{ENV}.job.events"
 JOB = JobMeta(uuid="job-p")

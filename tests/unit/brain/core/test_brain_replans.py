@@ -29,8 +29,7 @@ from streams.brain.core.folds import fold
 from streams.brain.core.policy import Policy
 from streams.brain.core.state import JobState, RejectedPlan
 from streams.brain.core.triggers import StepOutcome, step
-
-from .builders import ENV, T0, GiB, plan_one
+from tests.unit.brain.builders import ENV, T0, GiB, plan_one
 
 JOB = JobMeta(uuid="job-replans")
 RENDEZVOUS = (

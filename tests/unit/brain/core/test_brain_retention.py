@@ -17,8 +17,7 @@ from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.retention import Finished, Pruning, select
 from streams.brain.core.snapshot import Loaded
 from streams.brain.core.state import JobState, JobStatus
-
-from .builders import ENV, T0, Rec
+from tests.unit.brain.builders import ENV, T0, Rec
 
 DAY = timedelta(days=1)
 RULES = BrainSettings(retention_s=7 * 86400, tombstone_s=30 * 86400, max_tombstones=3)

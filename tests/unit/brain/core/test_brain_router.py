@@ -12,8 +12,7 @@ from streams.brain.core.decide import JobDecision, NoDecision, decide
 from streams.brain.core.optimizers import REGISTRY, NoParams, OptimizeContext, Proposal
 from streams.brain.core.router import Condition, Route, RouteError, route
 from streams.brain.core.state import PS, WORKER, JobState, RoleResources, Stage
-
-from .builders import T0, node, nodes, oom, sample, state, use
+from tests.unit.brain.builders import T0, node, nodes, oom, sample, state, use
 
 
 def _route(job: JobState, optimizer: str | None = None) -> Route:

@@ -37,8 +37,7 @@ from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.schedulers.api import ClusterCapacity, GroupQuota, NodeCapacity
 from streams.brain.core.state import PROFILE_SAMPLES, JobState
-
-from .builders import ENV, T0, Rec
+from tests.unit.brain.builders import ENV, T0, Rec
 
 EVENTS = f"{ENV}.job.events"
 METRICS = f"{ENV}.job.metrics"

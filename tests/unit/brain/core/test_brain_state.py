@@ -45,8 +45,7 @@ from streams.brain.core.state import (
     normalize_stage,
     parse_node_key,
 )
-
-from .builders import ENV, T0, GiB, meta, use
+from tests.unit.brain.builders import ENV, T0, GiB, meta, use
 
 JOB = meta()
 

@@ -28,8 +28,7 @@ from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.state import WORKER, AwaitedTraining, JobState
 from streams.brain.core.triggers import step
-
-from .builders import ENV, T0, GiB, Rec, meta, plan_one, use
+from tests.unit.brain.builders import ENV, T0, GiB, Rec, meta, plan_one, use
 
 JOB = meta()
 AWAITING = "awaiting the job's confirmation (training.applied)"

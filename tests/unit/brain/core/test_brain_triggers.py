@@ -25,8 +25,7 @@ from streams.brain.core.planner import plan_id
 from streams.brain.core.policy import Policy
 from streams.brain.core.state import JobState
 from streams.brain.core.triggers import JobContext, StepOutcome, step
-
-from .builders import ENV, T0
+from tests.unit.brain.builders import ENV, T0
 
 JOB = JobMeta(uuid="job-t")
 

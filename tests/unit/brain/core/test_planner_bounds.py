@@ -12,8 +12,7 @@ from schemas.bounds import MAX_REPLICAS
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan
 from streams.brain.core.planner import MAX_ROLE_REPLICAS
 from streams.brain.core.state import WORKER, RoleResources, Stage
-
-from .builders import ENV, T0, GiB, meta, node, nodes, plan_one, state
+from tests.unit.brain.builders import ENV, T0, GiB, meta, node, nodes, plan_one, state
 
 HUGE = 10**30
 #: What one plan may allocate at its peak: a 10,000-node launch list fits many times over;

@@ -17,8 +17,7 @@ from streams.brain.core.inputs import SampleDecode
 from streams.brain.core.processor import BrainProcessor
 from streams.brain.core.samples import read_sample
 from tests.conftest import SAMPLE_DECODE_VAR
-
-from .builders import ENV, T0, Rec
+from tests.unit.brain.builders import ENV, T0, Rec
 
 
 def _odd_but_valid(event: Event) -> bytes:

@@ -14,7 +14,7 @@ goodput-cluster must beat tiresias by the issue's margin (it did not while an ad
 trained from its baseline's fixed batch). Whole workloads take seconds to minutes each, so
 they run only when asked (`report`, below), printing each arm's mean JCT:
 
-    .venv/bin/python -m tests.unit.brain.test_scheduler_in_lockstep \\
+    .venv/bin/python -m tests.unit.brain.core.test_scheduler_in_lockstep \\
         workloads/workload-6 workloads-1.5/workload-2
 """
 
@@ -39,8 +39,7 @@ from schemas.plans import ScalePlan, ScaleResult
 from schemas.rescale_cost import rescale_cost_s
 from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
-
-from .builders import Rec
+from tests.unit.brain.builders import Rec
 
 ENV = "lockstep"
 TOPICS = ("job.events", "job.metrics", "scale.results")
@@ -205,7 +204,8 @@ def test_the_same_input_gives_the_same_jcts() -> None:
 
 def report(names: list[str]) -> None:
     """Whole workloads, three arms each (minutes, so not a test): `.venv/bin/python -m
-    tests.unit.brain.test_scheduler_in_lockstep workloads/workload-6 workloads-2.0/workload-1`."""
+    tests.unit.brain.core.test_scheduler_in_lockstep workloads/workload-6
+    workloads-2.0/workload-1`."""
     for name in names:
         subs = submissions(name)
         started = time.perf_counter()

@@ -18,8 +18,7 @@ from streams.brain.core.optimizers import REGISTRY
 from streams.brain.core.optimizers.numeric import ceil_int
 from streams.brain.core.state import PS, WORKER
 from streams.brain.runtime.dry_run import dry_run, parse_state
-
-from .builders import T0
+from tests.unit.brain.builders import T0
 
 GiB = 1024**3
 

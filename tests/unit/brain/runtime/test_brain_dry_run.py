@@ -10,8 +10,7 @@ import pytest
 from dlrover_events.errors import UserError
 from streams.brain.core.state import WORKER, NodeStatus, RoleResources
 from streams.brain.runtime.dry_run import dry_run, optimize, optimizers, parse_history, parse_state
-
-from .builders import T0, GiB, completed, node, nodes, oom, state, use
+from tests.unit.brain.builders import T0, GiB, completed, node, nodes, oom, state, use
 
 
 def oom_state_json() -> str:

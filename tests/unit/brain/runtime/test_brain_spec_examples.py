@@ -5,8 +5,7 @@ from __future__ import annotations
 from schemas.plans import NodeGroupResource, NodeResource
 from streams.brain.core.state import PS, WORKER, NodeStatus, RoleResources
 from streams.brain.runtime.dry_run import dry_run, parse_state
-
-from .builders import T0, GiB, completed, node, nodes, oom, run, samples, state, use
+from tests.unit.brain.builders import T0, GiB, completed, node, nodes, oom, run, samples, state, use
 
 
 def test_ps_create_from_two_history_jobs() -> None:

@@ -14,7 +14,7 @@ from dlrover_events.sdk.identity import (
 )
 from handlers.operator.document.trainingjob import parse_job
 from handlers.operator.local.spares import SpareKey, admission, spare_spec, take, wanted
-from tests.unit.operator_kube.test_planning import job_obj
+from tests.unit.operator.reconcile.test_planning import job_obj
 
 
 def in_place(spares: int, replicas: int = 2, phase: str | None = None, **more: Any) -> Any:

@@ -24,7 +24,7 @@ from handlers.operator.reconcile.planning import diff, job_status, outcome, phas
 from schemas.jobs import JobCompleted
 
 UID = "uid-di"
-EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "examples" / "trainingjob-di-engine.yaml"
+EXAMPLE = Path(__file__).resolve().parents[4] / "deploy" / "examples" / "trainingjob-di-engine.yaml"
 
 
 def role(replicas: int, policy: str = "Never") -> dict[str, Any]:

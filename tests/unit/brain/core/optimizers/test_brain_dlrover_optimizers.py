@@ -11,8 +11,7 @@ import pytest
 from schemas.plans import NodeGroupResource, NodeResource
 from streams.brain.core.optimizers.dlrover import free_rate, speed_trend
 from streams.brain.core.state import PS, WORKER, JobState, NodeStatus, RoleResources, Stage
-
-from .builders import (
+from tests.unit.brain.builders import (
     T0,
     GiB,
     MiB,

@@ -15,8 +15,7 @@ from streams.brain.core.optimizers.fit import _solve, nnls
 from streams.brain.core.optimizers.gpu import fit_throughput, observations, smaller_micro_batch
 from streams.brain.core.samples import Sample
 from streams.brain.core.state import WORKER, JobState, NodeStatus, RoleResources
-
-from .builders import GiB, node, nodes, oom, run, sample, state, use
+from tests.unit.brain.builders import GiB, node, nodes, oom, run, sample, state, use
 
 # -- goodput --------------------------------------------------------------------------
 

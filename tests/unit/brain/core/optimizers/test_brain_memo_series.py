@@ -25,8 +25,7 @@ from streams.brain.core.optimizers import gpu
 from streams.brain.core.optimizers.gpu import StepObservation, observations, observed
 from streams.brain.core.samples import Sample
 from streams.brain.core.state import MAX_SAMPLES, WORKER, JobState, RoleResources
-
-from .builders import ENV, T0, meta, state
+from tests.unit.brain.builders import ENV, T0, meta, state
 
 # -- DerivedSeries alone: kept by extend and drop == made afresh -------------------------------
 

@@ -38,8 +38,7 @@ from streams.brain.core.state import (
     RoleResources,
     node_key,
 )
-
-from .builders import ENV, T0, meta, node, nodes, state
+from tests.unit.brain.builders import ENV, T0, meta, node, nodes, state
 
 # -- straightforward computations, as the optimizers read samples without memos --------
 

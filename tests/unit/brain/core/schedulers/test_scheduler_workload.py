@@ -8,7 +8,7 @@ batch-only change nothing). The small run below is part of the suite; the whole 
 workload-6 takes minutes on this machine, so it runs only when asked:
 
     DLROVER_EVENTS_SCHEDULER_WORKLOAD=workload-6 .venv/bin/pytest -q -s \
-        tests/unit/brain/test_scheduler_workload.py
+        tests/unit/brain/core/schedulers/test_scheduler_workload.py
 
 and prints the mean JCT (the issue's reference: ~2,460 s for such an allocator, Pollux
 publishes 2,446 s, Tiresias 3,470 s).
@@ -153,7 +153,7 @@ def test_a_small_workload_finishes_and_a_second_run_gives_the_same_jcts() -> Non
 
 def report(name: str) -> None:
     """A whole workload's mean JCT (minutes, so not a test): `.venv/bin/python -m
-    tests.unit.brain.test_scheduler_workload workload-6`."""
+    tests.unit.brain.core.schedulers.test_scheduler_workload workload-6`."""
     workload = read_workload(workload_path(name).read_text())
     started = time.perf_counter()
     jct, changes = run(workload)
