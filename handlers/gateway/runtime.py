@@ -24,7 +24,7 @@ from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.topics import BRAIN_PLANS, JOB_EVENTS, SCALE_PLANS, SCALE_RESULTS, topic
 from dlrover_events.config.feed import ConfigFeed
 from dlrover_events.envs.tokens import Scope, Tokens, hash_token
-from dlrover_events.lifecycle import AsyncResource, cancel_and_wait
+from dlrover_events.lifecycle import AsyncResource, background
 from dlrover_events.runtime.supervisor import STOP_GRACE_S
 from dlrover_events.settings import Settings
 from dlrover_events.store import create_pool, env_schema, prepare_env
@@ -126,7 +126,6 @@ class GatewayServer(AsyncResource):
         self.plans = PlanBook(env, max_jobs=self.conf.plan_jobs, max_waiters=self.conf.plan_waiters)
         self.port = 0
         self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self._producer: Producer | None = None
         self._follower: ConfigFeed | None = None
@@ -186,14 +185,12 @@ class GatewayServer(AsyncResource):
                 ),
                 bus=self.bus,
             )
-            exits.push_async_callback(self._end_tasks)
-            self._tasks.append(asyncio.create_task(self._follow(), name="gateway-follow"))
+            tasks = await exits.enter_async_context(background())
+            tasks.start(self._follow(), name="gateway-follow")
             for feed in self._plan_feeds:
-                self._tasks.append(
-                    asyncio.create_task(feed.run(self._stop), name=f"gateway-{feed.topic}")
-                )
-            self._tasks.append(asyncio.create_task(self._plans_caught_up(), name="gateway-plans"))
-            self._tasks.append(asyncio.create_task(self._reconcile(store), name="gateway-sync"))
+                tasks.start(feed.run(self._stop), name=f"gateway-{feed.topic}")
+            tasks.start(self._plans_caught_up(), name="gateway-plans")
+            tasks.start(self._reconcile(store), name="gateway-sync")
             if self.conf.configmaps:
                 await self._start_configmaps(store, exits)
             # in-flight requests get a part of the supervisor's grace (long-polls and
@@ -224,10 +221,6 @@ class GatewayServer(AsyncResource):
         finally:
             self._runner = self._kube = self._follower = self._producer = self._pool = None
             self._plan_feeds.clear()
-
-    async def _end_tasks(self) -> None:
-        await cancel_and_wait(*self._tasks)
-        self._tasks.clear()
 
     async def _start_plan_feeds(self, exits: contextlib.AsyncExitStack) -> None:
         """One reader per topic (the config feed's plumbing): each caught up at the end
@@ -288,9 +281,10 @@ class GatewayServer(AsyncResource):
         self.configmaps = ConfigMapWatcher(
             api, namespace, sync, watch_timeout_s=self.conf.watch_timeout_s
         )
-        watch = asyncio.create_task(self.configmaps.run(self._stop), name="gateway-configmaps")
-        self._tasks.append(watch)
-        exits.push_async_callback(cancel_and_wait, watch)  # (ends before its client closes)
+        # (its task ends before its client closes)
+        await exits.enter_async_context(
+            background(self.configmaps.run(self._stop), name="gateway-configmaps")
+        )
         log.info("config gateway of env %s syncs ConfigMaps of namespace %s", self.env, namespace)
 
     async def _bootstrap_admin(self, tokens: Tokens, token: str) -> None:
