@@ -604,8 +604,12 @@ class LocalCluster:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
             while (left := deadline - loop.time()) > 0:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the item
+                # when the reader is cancelled in the turn the item arrives, and the
+                # watch went on (an informer cancelled in a burst of changes never ended)
                 try:
-                    item = await asyncio.wait_for(queue.get(), left)
+                    async with asyncio.timeout(left):
+                        item = await queue.get()
                 except TimeoutError:
                     return
                 if item is _OVERFLOW:
