@@ -27,6 +27,7 @@ from schemas.plans import (
     TrainingApplied,
     TrainingRescaled,
 )
+from schemas.requests import JobRequest, JobRequestResult
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
@@ -131,6 +132,12 @@ def summary(event: Event) -> str:
         return f"{event.op} {event.name} v{event.version}"
     if isinstance(event, Barrier):
         return f"tick={event.tick} ends {event.sim_at.isoformat()}"
+    if isinstance(event, JobRequest):
+        owner = f" for {event.owner}" if event.owner else ""
+        why = f": {event.reason}" if event.reason else ""
+        return f"request={event.request_id} job={event.name} from {event.source}{owner}{why}"
+    if isinstance(event, JobRequestResult):
+        return f"request={event.request_id} {event.status.value} {event.reason}".strip()
     if isinstance(event, BarrierAck):
         return f"tick={event.tick} decided"
     return ""

@@ -26,6 +26,8 @@ _STYLE = {
     "brain.plan": "cyan",
     "scale.plan": "magenta",
     "scale.result": "green",
+    "job.request": "magenta",
+    "job.request.result": "green",
     "dlq.record": "yellow",
 }
 

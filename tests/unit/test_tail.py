@@ -79,3 +79,28 @@ def test_a_plan_line_shows_what_changes_and_not_the_unchanged_zeros() -> None:
     text = format_text(read_line("prod.brain.plans", 0, 0, encode(plan)))
     assert "[worker-resource] from use (worker: cpu 2, memory 3 GiB; ps: 4 replicas)" in text
     assert "worker=0" not in text
+
+
+def test_a_job_request_and_its_answer_say_who_asked_what_and_what_became_of_it() -> None:
+    from schemas import JobRequest, JobRequestResult, JobRequestStatus
+
+    asked = JobRequest(
+        env="prod",
+        source="searcher",
+        request_id="r-1",
+        name="trial-1",
+        document={},
+        reason="lr 0.1",
+        owner="sweep",
+    )
+    text = format_text(read_line("prod.job.requests", 0, 0, encode(asked)))
+    assert "request=r-1 job=trial-1 from searcher for sweep: lr 0.1" in text
+    answer = JobRequestResult(
+        env="prod",
+        request_id="r-1",
+        name="trial-1",
+        status=JobRequestStatus.REFUSED,
+        reason="invalid job: no roles",
+    )
+    text = format_text(read_line("prod.job.requests", 0, 1, encode(answer)))
+    assert "request=r-1 refused invalid job: no roles" in text
