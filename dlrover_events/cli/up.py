@@ -23,7 +23,7 @@ from dlrover_events.backoff import Backoff
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
-from dlrover_events.lifecycle import end_within, wait_for_any, wait_or_stop
+from dlrover_events.lifecycle import background, end_within, wait_for_any, wait_or_stop
 from dlrover_events.runtime import logs
 from dlrover_events.runtime.broker_journal import BrokerJournal
 from dlrover_events.runtime.embedded import Broker, Postgres, ensure_database, resolve_postgres
@@ -199,31 +199,30 @@ async def _supervise(
                 f"cannot serve metrics on {metrics.host}:{metrics.port} ({err.strerror}); "
                 "set DLROVER_EVENTS_METRICS_PORT (0: any free port)"
             ) from None
-        tasks = [asyncio.create_task(bus.run(), name="bus")]
-        tasks += [asyncio.create_task(s.run(), name=s.name) for s in supervised]
-        if stack.journal is not None and stack.broker is not None:
-            tasks.append(asyncio.create_task(_watch_broker(stack.broker, broker_gone, ending)))
-        copying = (
-            asyncio.create_task(stack.journal.run(ending), name="journal")
-            if stack.journal is not None
-            else None
-        )
-        signalled = asyncio.create_task(stop.wait())
-        signalled.add_done_callback(lambda _: ending.set())
-        try:
-            await _wait_ready(supervised, ending)
-            if not ending.is_set():
-                _print_where(settings, stack, env, n_envs, supervised, metrics)
-            await wait_for_any([ending, broker_gone, *(s.failed for s in supervised)])
-        finally:
-            ending.set()
-            signalled.cancel()
-            await end_within(tasks, STOP_GRACE_S + 5)
-            if copying is not None:  # after the services: it copies what they wrote last
-                await asyncio.wait([copying], timeout=5)
-                copying.cancel()
-                await asyncio.gather(copying, return_exceptions=True)
-            await metrics.stop()
+        # the journal's copy ends after the services (it copies what they wrote last); each
+        # is told by `ending`, given its grace, then cancelled; a SIGTERM (`stop`) ends all
+        async with (
+            background(_set_on(ending, stop), name="signalled"),
+            background() as copying,
+            background() as running,
+        ):
+            running.start(bus.run(), name="bus")
+            for s in supervised:
+                running.start(s.run(), name=s.name)
+            if stack.journal is not None and stack.broker is not None:
+                running.start(_watch_broker(stack.broker, broker_gone, ending), name="broker")
+            if stack.journal is not None:
+                copying.start(stack.journal.run(ending), name="journal")
+            try:
+                await _wait_ready(supervised, ending)
+                if not ending.is_set():
+                    _print_where(settings, stack, env, n_envs, supervised, metrics)
+                await wait_for_any([ending, broker_gone, *(s.failed for s in supervised)])
+            finally:
+                ending.set()
+                await end_within(running, STOP_GRACE_S + 5)
+                await end_within(copying, 5)
+                await metrics.stop()
     if fence.reason is not None:
         raise UserError(f"{fence.reason}; `up` stopped its services")
     for s in supervised:
@@ -240,7 +239,13 @@ async def _watch_broker(broker: Broker, gone: asyncio.Event, ending: asyncio.Eve
         if broker.exit_code() is not None:
             gone.set()
             return
-        await asyncio.sleep(0.25)
+        await wait_or_stop(ending, 0.25)
+
+
+async def _set_on(target: asyncio.Event, event: asyncio.Event) -> None:
+    """``target`` set once ``event`` is: a SIGTERM ends this round of `up`."""
+    await event.wait()
+    target.set()
 
 
 async def _wait_ready(supervised: list[Supervised], stop: asyncio.Event) -> None:
