@@ -158,7 +158,10 @@ class Watching:
             left = deadline - loop.time()
             if left <= 0:
                 seen = [(typ, _named(obj), _version(obj)) for typ, obj in self.events]
-                pytest.fail(f"the {self.kind} watch showed no {what} in {DEADLINE_S:.0f}s: {seen}")
+                pytest.fail(
+                    f"the {self.kind} watch did not show {what} in {DEADLINE_S:.0f}s; it "
+                    f"showed: {seen}"
+                )
             self._news.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._news.wait(), left)
