@@ -82,6 +82,13 @@ class RoleSpec(Model):
     cpu: Cpu = 0
     memory: Bytes = Field(default=0, description="bytes")
     gpu_num: Gpus = 0
+    rendezvous_host: NodeId | None = Field(
+        default=None,
+        description="the node (id) of this role that hosts the job's rendezvous (an elastic "
+        "role's c10d store, where every node meets); none: no node of the role does. "
+        "Where the platform cannot replace it (cluster.capacity's capabilities), the brain "
+        "plans no migration or removal of it by name",
+    )
 
 
 class JobSubmitted(JobEvent):

@@ -25,6 +25,7 @@ from handlers.operator.platform.bodies import (
     NewPod,
     OperatorJobStatus,
     PlanChange,
+    PlatformCapabilities,
     PodView,
 )
 from handlers.operator.reconcile import planning
@@ -68,6 +69,13 @@ class WorkloadAdapter(ABC):
         default, by this operator's rules; a workload whose own controller decides when
         its job ended (PyTorchJob) says it from the job's status instead."""
         return planning.outcome(job, pods)
+
+    @property
+    def capabilities(self) -> PlatformCapabilities:
+        """What a job of this kind can be asked for on a cluster (the platform's
+        declaration, ``Platform.capabilities``): by default a TrainingJob's rules, its
+        suspend field honoured."""
+        return PlatformCapabilities(suspend=True)
 
     def plan_not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
         """The parts of ``plan`` no change of a job of this kind applies: a function of

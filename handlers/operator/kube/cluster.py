@@ -45,6 +45,7 @@ from handlers.operator.platform.bodies import (
     NewPod,
     OperatorJobStatus,
     PlanChange,
+    PlatformCapabilities,
     PodView,
     UnreadableJob,
 )
@@ -359,6 +360,11 @@ class KubeCluster:
                     yield typ, host
 
     # -- what its jobs can express --------------------------------------------------------
+
+    @property
+    def capabilities(self) -> PlatformCapabilities:
+        """Its workload's (a TrainingJob's or a PyTorchJob's rules)."""
+        return self.workload.capabilities
 
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
         return self.workload.plan_change(job, pods, plan)

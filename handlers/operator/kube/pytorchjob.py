@@ -58,6 +58,7 @@ from handlers.operator.platform.bodies import (
     JobView,
     OperatorJobStatus,
     PlanChange,
+    PlatformCapabilities,
     PodView,
     Resources,
     RoleView,
@@ -103,6 +104,16 @@ UNSUPPORTED = {
 }
 #: said with every resource change: the training-operator does not restart running pods
 LATER_PODS = "the training-operator gives new resources only to the pods it creates from now on"
+#: What a PyTorchJob can be asked for: its replicas and its role's resources, its suspend
+#: (``spec.runPolicy.suspend``); no GPU type, no warm spares, and no node migrated (its
+#: pods are the training-operator's, made from one template per replica type).
+CAPABILITIES = PlatformCapabilities(
+    gpu_types=False,
+    spares=False,
+    suspend=True,
+    migrates_nodes=False,
+    replaces_rendezvous_host=False,
+)
 
 
 # -- job ---------------------------------------------------------------------------------
@@ -300,7 +311,7 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
             "applies a template change only to pods it creates later"
         )
     _check_resizable(job, plan)
-    planned = planning.plan_change(job, pods, plan)
+    planned = planning.plan_change(job, pods, plan, CAPABILITIES)
     change = planned.change
     if change.node_resources:
         raise PlanRejected(
@@ -375,6 +386,10 @@ class PyTorchJobAdapter(WorkloadAdapter):
     def outcome(self, job: JobView, pods: Sequence[PodView]) -> tuple[str | None, str]:
         return outcome(job)
 
+    @property
+    def capabilities(self) -> PlatformCapabilities:
+        return CAPABILITIES
+
     def plan_not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
         return plan_not_applied(plan)
 
@@ -392,6 +407,7 @@ class PyTorchJobAdapter(WorkloadAdapter):
 PYTORCH_JOB = register_adapter(PyTorchJobAdapter())
 
 __all__ = [
+    "CAPABILITIES",
     "GROUP",
     "KIND",
     "LABEL_JOB_NAME",

@@ -45,6 +45,7 @@ from handlers.operator.platform.bodies import (
     NewPod,
     OperatorJobStatus,
     PlanChange,
+    PlatformCapabilities,
     PodView,
     RoleView,
 )
@@ -86,8 +87,21 @@ class TrainingJobAdapter(PodCreatingAdapter):
     ) -> TrainingJobAdapter:
         return TrainingJobAdapter(gpu_type_label, wiring, rendezvous_backend)
 
+    @property
+    def capabilities(self) -> PlatformCapabilities:
+        """GPU types where nodes name theirs (``gpu_type_label``), warm spares, suspend
+        (``spec.suspend``), any node migrated but an elastic role's rendezvous host (its
+        headless Service points at that pod, whose agent holds the c10d store)."""
+        return PlatformCapabilities(
+            gpu_types=self.gpu_type_label is not None,
+            spares=True,
+            suspend=True,
+            migrates_nodes=True,
+            replaces_rendezvous_host=False,
+        )
+
     def plan_not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
-        return trainingjob.plan_not_applied(plan, gpu_types=self.gpu_type_label is not None)
+        return trainingjob.plan_not_applied(plan, gpu_types=self.capabilities.gpu_types)
 
     def services(self, job: JobView, *, rendezvous_host: str | None = None) -> list[dict[str, Any]]:
         return [] if rendezvous_host else rendezvous_services(job)
@@ -102,7 +116,7 @@ class TrainingJobAdapter(PodCreatingAdapter):
         return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}"
 
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
-        return planning.plan_change(job, pods, plan, gpu_types=self.gpu_type_label is not None)
+        return planning.plan_change(job, pods, plan, self.capabilities)
 
     def job_patch(self, job: JobView, change: JobSpecChange) -> dict[str, Any]:
         return trainingjob.job_patch(job, change)

@@ -68,6 +68,7 @@ from handlers.operator.platform.bodies import (
     NewPod,
     OperatorJobStatus,
     PlanChange,
+    PlatformCapabilities,
     PodView,
     Resources,
     Termination,
@@ -363,12 +364,27 @@ class LocalCluster:
 
     # -- what its jobs can express --------------------------------------------------------
 
+    @property
+    def capabilities(self) -> PlatformCapabilities:
+        """One machine: no GPU type to select; warm spares kept by the node agent; a job
+        suspended as ``suspends`` says; any node replaced but an elastic role's
+        rendezvous host, whose agent holds the c10d store the others meet at."""
+        return PlatformCapabilities(
+            gpu_types=False,
+            spares=True,
+            suspend=self.suspends,
+            migrates_nodes=True,
+            replaces_rendezvous_host=False,
+        )
+
     def plan_change(self, job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanChange:
-        """A TrainingJob's rules; a GPU type cannot be selected on one machine."""
-        return planning.plan_change(job, pods, plan, gpu_types=False)
+        """A TrainingJob's rules, held to what this platform declares."""
+        return planning.plan_change(job, pods, plan, self.capabilities)
 
     def not_applied(self, plan: ScalePlan) -> tuple[NotApplied, ...]:
-        return trainingjob.plan_not_applied(plan, gpu_types=False, only_host=host_name())
+        return trainingjob.plan_not_applied(
+            plan, gpu_types=self.capabilities.gpu_types, only_host=host_name()
+        )
 
     def outcome(self, job: JobView, pods: Sequence[PodView]) -> tuple[str | None, str]:
         return planning.outcome(job, pods)

@@ -80,7 +80,7 @@ class LocalSettings(BaseSettings):
         le=4096,
         description="what this machine has for jobs, as GPUs (`--slots N`): a pod takes the "
         "GPUs it names, else one, and waits for them; published as the env's capacity "
-        "(one host); unset: not counted, nothing waits, no capacity published",
+        "(one host); unset: not counted, nothing waits (the capacity report says so)",
     )
 
 

@@ -40,6 +40,7 @@ from handlers.operator.platform.bodies import (
     NewPod,
     OperatorJobStatus,
     PlanChange,
+    PlatformCapabilities,
     PodView,
     UnreadableJob,
 )
@@ -71,6 +72,13 @@ class Platform(Protocol):
     #: (with their grace period) and its place kept, for a cluster scheduler's queue and
     #: preemption
     suspends: bool
+
+    @property
+    def capabilities(self) -> PlatformCapabilities:
+        """What its jobs can be asked for (GPU types, spares, suspend, which nodes can be
+        replaced): what ``plan_change`` holds a plan to, and what the operator publishes
+        with the cluster's capacity so the brain plans only what can be applied."""
+        ...
 
     # -- jobs -----------------------------------------------------------------------------
 

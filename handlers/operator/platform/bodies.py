@@ -400,6 +400,31 @@ class Host:
 
 
 @dataclass(frozen=True)
+class PlatformCapabilities:
+    """What a platform's jobs can be asked for, declared by the platform itself: the
+    reconciler's rules read it (``planning.plan_change``, what a result says was not
+    applied), and the operator publishes it with the cluster's capacity, so the brain
+    plans only what the platform can apply rather than learning it from rejections."""
+
+    #: a plan's GPU type is honoured: pods select GPU types (Kubernetes with a GPU-type
+    #: node label; never on one machine)
+    gpu_types: bool = False
+    #: warm spares of in-place elastic roles are kept (``elastic.spares``)
+    spares: bool = False
+    #: a job can be suspended and resumed, its place and progress kept (a cluster
+    #: scheduler's queue and preemption)
+    suspend: bool = False
+    #: a node can be migrated: replaced by a new pod with resources of its own (False
+    #: where another controller owns the pods: a PyTorchJob's training-operator)
+    migrates_nodes: bool = True
+    #: the node that hosts an elastic role's rendezvous (rank ``host_rank``: the c10d
+    #: store every other node meets at) can be replaced or removed by name. False on a
+    #: platform whose elastic pods host their store themselves: replacing that node would
+    #: restart the whole job's rendezvous, so a plan that names it is rejected
+    replaces_rendezvous_host: bool = False
+
+
+@dataclass(frozen=True)
 class Capacity:
     """What the cluster has for jobs now (issue 26: the cluster scheduler's input)."""
 

@@ -13,6 +13,7 @@ from handlers.operator.platform.bodies import (
     NewPod,
     OperatorJobStatus,
     PlanChange,
+    PlatformCapabilities,
     PodView,
 )
 from handlers.operator.platform.errors import NotLeader
@@ -31,6 +32,10 @@ class FencedPlatform:
         self.namespace = platform.namespace
         self.creates_pods = platform.creates_pods
         self.suspends = platform.suspends
+
+    @property
+    def capabilities(self) -> PlatformCapabilities:
+        return self.platform.capabilities
 
     def _check(self, what: str) -> None:
         if not self.may_act():

@@ -18,6 +18,7 @@ from handlers.operator.platform.bodies import (
     SUCCEEDED,
     JobView,
     PodView,
+    RoleView,
 )
 from schemas.jobs import (
     JobCompleted,
@@ -61,12 +62,23 @@ def job_meta(job: JobView) -> JobMeta:
     )
 
 
+def rendezvous_host(role: RoleView) -> int | None:
+    """The node of an elastic role that hosts the job's rendezvous store (None: the role
+    is not elastic, or its store is hosted outside the job)."""
+    elastic = role.elastic
+    if elastic is None or elastic.host_rank < 0:
+        return None
+    return elastic.host_rank
+
+
 def submitted(env: str, job: JobView, at: datetime | None = None) -> JobSubmitted:
     """The job as a cluster scheduler takes it: its roles, and how it shares the cluster:
     its priority (the ``dlrover-events.io/priority`` label), whose quota it draws on (its
     group label, else its user label) and the Kueue queue that admits it (Kueue's
     ``kueue.x-k8s.io/queue-name`` label), and the batch it says it trains with
-    (``spec.batch``: a scheduler may then choose its batch per allocation)."""
+    (``spec.batch``: a scheduler may then choose its batch per allocation), and which node
+    of each role hosts its rendezvous (what the brain must not migrate where the platform
+    cannot replace it)."""
     who = job.identity()
     roles = {
         name: RoleSpec(
@@ -76,6 +88,7 @@ def submitted(env: str, job: JobView, at: datetime | None = None) -> JobSubmitte
             cpu=(role.resources.cpu_milli or 0) / 1000,
             memory=role.resources.memory or 0,
             gpu_num=role.resources.gpu or 0,
+            rendezvous_host=rendezvous_host(role),
         )
         for name, role in job.roles.items()
     }
@@ -162,4 +175,12 @@ def job_events(
     return out
 
 
-__all__ = ["SOURCE", "event_id", "job_events", "job_meta", "node_events", "submitted"]
+__all__ = [
+    "SOURCE",
+    "event_id",
+    "job_events",
+    "job_meta",
+    "node_events",
+    "rendezvous_host",
+    "submitted",
+]

@@ -57,6 +57,7 @@ from handlers.operator.platform.bodies import (
     NewPod,
     OperatorJobStatus,
     PlanChange,
+    PlatformCapabilities,
     PodView,
     RoleView,
 )
@@ -72,6 +73,10 @@ COMPLETION_ROLES = ("worker", "chief", "master")
 #: default, time for an elastic agent to pass SIGTERM on and a worker to checkpoint.
 DEFAULT_GRACE_S = 30
 
+
+#: The rules of a TrainingJob's pods on a platform that declares nothing more: no GPU
+#: type selected, rendezvous hosts kept (what ``plan_change`` holds a plan to by default).
+TRAINING_JOB_RULES = PlatformCapabilities()
 
 #: How many applied plan ids a job remembers (older ones are in the env's ledger).
 PLAN_MEMORY = 32
@@ -249,13 +254,18 @@ def _ranks(pods: Iterable[PodView]) -> dict[int, list[PodView]]:
 
 
 def plan_change(
-    job: JobView, pods: Sequence[PodView], plan: ScalePlan, *, gpu_types: bool = False
+    job: JobView,
+    pods: Sequence[PodView],
+    plan: ScalePlan,
+    capabilities: PlatformCapabilities = TRAINING_JOB_RULES,
 ) -> PlanChange:
     """What ``plan`` changes in ``job``, given its pods as observed now; PlanRejected
     says why it cannot apply. The change carries the job's version, so it fails
-    (Conflict) rather than apply on top of a change it did not see. A GPU type is taken
-    into the job only where the platform selects GPU types (``gpu_types``; else it is a
-    part not applied)."""
+    (Conflict) rather than apply on top of a change it did not see. What the platform
+    declares (``capabilities``) decides the rest: a GPU type is taken into the job only
+    where it selects GPU types (else it is a part not applied), and a plan that names
+    an elastic role's rendezvous host is rejected where that node cannot be replaced."""
+    gpu_types = capabilities.gpu_types
     if job.phase in FINAL_PHASES:
         raise PlanRejected(f"job {job.name} has {job.phase.lower()}")
     if job.kueue_queue and plan.suspend:
@@ -274,7 +284,8 @@ def plan_change(
         raise PlanRejected(
             f"job {job.name} has no role {', '.join(unknown)} (roles: {', '.join(job.roles)})"
         )
-    _keep_rendezvous_hosts(job, plan)
+    if not capabilities.replaces_rendezvous_host:
+        _keep_rendezvous_hosts(job, plan)
     both = {n.type for n in plan.launch_nodes} & {n.type for n in plan.remove_nodes}
     if both:
         # Replicas are counts: removing and adding in one role would not say which stays.
@@ -659,6 +670,7 @@ __all__ = [
     "PLAN_MEMORY",
     "QUEUED_PHASE",
     "SUSPENDED_PHASE",
+    "TRAINING_JOB_RULES",
     "Actions",
     "admission_change",
     "admitted_by",

@@ -187,17 +187,16 @@ class EnvReconciler:
         #: the env's cluster scheduler (brain.scheduler), as its settings say now: while
         #: one is named, new jobs are queued (created suspended) for it to admit
         self.scheduler: str | None = None
-        self.capacity = (
-            CapacityReporter(
-                env,
-                platform.name.lower(),
-                capacity,
-                self._publish_one,
-                watch_timeout_s=watch_timeout_s,
-                retry_s=retry_s,
-            )
-            if capacity is not None
-            else None
+        #: publishes the platform's capacity (``capacity``: its hosts; None: not counted)
+        #: and, with it, what the platform can apply, so the brain plans only that
+        self.capacity = CapacityReporter(
+            env,
+            platform.name.lower(),
+            capacity,
+            self._publish_one,
+            capabilities=platform.capabilities,
+            watch_timeout_s=watch_timeout_s,
+            retry_s=retry_s,
         )
         self.ready = asyncio.Event()
         self._jobs: dict[str, JobEntry] = {}

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
+from schemas.cluster import PlatformCapabilities
 from schemas.env_settings import LimitSettings
 from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
 from streams.brain.core.memo import SampleMemo
@@ -147,10 +148,12 @@ def decide(
     registry: Registry = REGISTRY,
     limits: LimitSettings = DEFAULT_LIMITS,
     memo: SampleMemo | None = None,
+    platform: PlatformCapabilities | None = None,
 ) -> JobDecision | NoDecision | RouteError:
     """What the brain does about `state` now, caused by the input event `caused_by`
     (default: the last event folded into the state); `memo` is the job's, if it has one
-    (`streams.brain.core.memo`)."""
+    (`streams.brain.core.memo`); `platform`: what the env's platform can apply (None:
+    not said), which the ScalePlan keeps to."""
     chosen = route(state, optimizer, registry, memo)
     if isinstance(chosen, RouteError):
         return chosen
@@ -176,7 +179,9 @@ def decide(
         caused_by=cause,
     )
     try:
-        planned = plan_scale(state, plan, now, limits, optimizers=merged.optimizers)
+        planned = plan_scale(
+            state, plan, now, limits, optimizers=merged.optimizers, platform=platform
+        )
     except Exception as exc:  # a state no plan can be made of must not stop the brain
         return RouteError("planner_failed", f"planning {merged.label} failed: {one_line(exc)}")
     return JobDecision(

@@ -111,6 +111,7 @@ def _role(spec: RoleSpec) -> RoleResources:
         cpu=spec.cpu,
         memory=spec.memory,
         gpu_num=spec.gpu_num,
+        rendezvous_host=spec.rendezvous_host,
     )
 
 

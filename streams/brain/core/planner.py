@@ -10,6 +10,14 @@ the job is as it was (`JobState.rejected`).
 A node named in `ResourcePlan.node_resources` is relaunched with the resources given
 (fields at 0 keep the node's own); a node named with all fields at 0 is relaunched as it
 is, which is how a straggler is replaced.
+
+What the platform cannot apply is not planned (its `PlatformCapabilities`, published with
+the cluster's capacity): where it migrates no node, a resized role's nodes keep their
+resources (the role's new ones go to the nodes it starts later), and where it cannot
+replace the node that hosts an elastic role's rendezvous (the local platform and
+Kubernetes: every other node meets at its c10d store), that node is neither migrated nor
+removed by name: the plan resizes the role, migrates its other nodes, and says so in its
+notes. Such a plan used to be rejected whole, and the job kept the resources it had.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any
 
 from dlrover_events.domain.units import human_bytes
 from schemas.bounds import MAX_REPLICAS
+from schemas.cluster import PlatformCapabilities
 from schemas.env_settings import LimitSettings
 from schemas.jobs import NodeRef
 from schemas.plans import (
@@ -233,6 +242,28 @@ def _training_change(state: JobState, wanted: Mapping[str, Any]) -> dict[str, An
     }
 
 
+def kept_as_is(state: JobState, platform: PlatformCapabilities | None, node: NodeRef) -> str | None:
+    """Why the platform cannot migrate `node` (replace it with a pod of other resources),
+    None when it can, or when the platform has not said (`platform` None: a virtual env,
+    an operator older than its capabilities)."""
+    if platform is None:
+        return None
+    if not platform.migrates_nodes:
+        return "the platform migrates no node"
+    return keeps_host(state, platform, node)
+
+
+def keeps_host(state: JobState, platform: PlatformCapabilities | None, node: NodeRef) -> str | None:
+    """Why the platform cannot replace or remove `node` by name: it hosts its role's
+    rendezvous, and the platform cannot replace that node (None: it can)."""
+    if platform is None or platform.replaces_rendezvous_host:
+        return None
+    role = state.roles.get(node.type)
+    if role is None or role.rendezvous_host != node.id:
+        return None
+    return f"it hosts the job's rendezvous (the store every {node.type} meets at)"
+
+
 def plan_scale(
     state: JobState,
     plan: OptimizePlan,
@@ -240,10 +271,13 @@ def plan_scale(
     limits: LimitSettings = DEFAULT_LIMITS,
     *,
     optimizers: Collection[str],
+    platform: PlatformCapabilities | None = None,
 ) -> Planned:
     """The ScalePlan for `plan` against the job's current resources, or None with notes
     saying what held it back. `optimizers` made the plan: one that recovers a failing
-    job (`URGENT_OPTIMIZERS`) is not held back by a cooldown."""
+    job (`URGENT_OPTIMIZERS`) is not held back by a cooldown. `platform`: what the
+    platform can apply (None: not said, anything): a node it cannot migrate or remove by
+    name is left out of the plan, with a note."""
     notes: list[str] = []
     urgent = not URGENT_OPTIMIZERS.isdisjoint(optimizers)
     if not urgent and plan.stage == Stage.RUNNING:  # (the brain writes a Stage's value)
@@ -289,7 +323,13 @@ def plan_scale(
             if count < current_count
             else []
         )
-        remove.extend(NodeRef(type=n.type, id=n.id) for n in gone)
+        for n in gone:
+            ref = NodeRef(type=n.type, id=n.id)
+            why = keeps_host(state, platform, ref)
+            if why is None:
+                remove.append(ref)
+            else:  # the count removes it, the platform choosing when (its host: last)
+                notes.append(f"node {n.key} is not removed by name: {why}")
         if resized:
             # by identity: the live nodes are distinct nodes (pydantic's == is slow)
             gone_ids = {id(n) for n in gone}
@@ -300,9 +340,15 @@ def plan_scale(
                     own, target, limits, pinned is not None and pinned.memory is not None
                 )
                 if not _same(new, own):
-                    migrate[kept_node.key] = MigrateNode(
-                        node=NodeRef(type=kept_node.type, id=kept_node.id), resource=new
-                    )
+                    ref = NodeRef(type=kept_node.type, id=kept_node.id)
+                    why = kept_as_is(state, platform, ref)
+                    if why is not None:
+                        notes.append(
+                            f"node {kept_node.key} keeps its resources: {why}; the role's "
+                            "new resources go to the nodes it starts from now on"
+                        )
+                        continue
+                    migrate[kept_node.key] = MigrateNode(node=ref, resource=new)
 
     removed = {f"{r.type}-{r.id}" for r in remove}
     for key, wanted in sorted(plan.resource.node_resources.items()):
@@ -313,6 +359,10 @@ def plan_scale(
             continue
         if node.type == PS and ps_cooling:
             notes.append(f"PS node {key} changed within {limits.ps_cooldown_s:g} s: left out")
+            continue
+        why = kept_as_is(state, platform, NodeRef(type=node.type, id=node.id))
+        if why is not None:
+            notes.append(f"node {key} cannot be migrated: {why}; left out")
             continue
         base = migrate[key].resource if key in migrate else _resource_of(node)
         if _is_zero(wanted):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from schemas.cluster import CapacityReported
+from schemas.cluster import CapacityReported, PlatformCapabilities
 from schemas.codec import CodecError, check_env
 from schemas.dlq import DeadLetter, FailureKind, fitting_letter
 from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
@@ -266,6 +266,9 @@ class BrainProcessor:
         #: the real cluster as its platform last reported it (`set_capacity`); None: the
         #: scheduler settings' static cluster (a virtual env's, or before the first report)
         self.capacity: ClusterCapacity | None = None
+        #: what the platform can apply, as it reported it with its capacity; None: not
+        #: said (a virtual env, before the first report): plans are not held to it
+        self.platform: PlatformCapabilities | None = None
 
     @property
     def inputs(self) -> set[tuple[str, int]]:
@@ -420,6 +423,7 @@ class BrainProcessor:
                 self.free_gpus(),
                 None if self.configs is None else self.configs.config_for,
                 entry.memo,
+                platform=self.platform,
             ),
         )
         entry.state = outcome.state
@@ -507,6 +511,7 @@ class BrainProcessor:
                 None if self.configs is None else self.configs.config_for,
                 memo,
                 self.tick_at if self.policy.settings.lockstep else None,
+                self.platform,
             )
             outcome = step(state, event, self.policy, context)
         except Exception as err:  # a bug for one job must not stop the brain for all
@@ -592,8 +597,11 @@ class BrainProcessor:
             self._unsaved_plans.extend(plans)
 
     def set_capacity(self, report: CapacityReported) -> None:
-        """Schedule from now on the cluster the platform reported (its latest word)."""
-        self.capacity = platform_capacity(report)
+        """Schedule from now on the cluster the platform reported (its latest word), and
+        plan only what it says it can apply. A report whose hosts are not counted says
+        only the latter: the scheduler keeps its settings' cluster."""
+        self.capacity = platform_capacity(report) if report.hosts_counted else None
+        self.platform = report.capabilities
 
     def free_gpus(self) -> int | None:
         """The cluster's GPUs that no job holds or waits for; None when the cluster is

@@ -149,6 +149,10 @@ class RoleResources(Model):
     memory: Bytes = 0
     gpu_num: Gpus = 0
     gpu_memory: Bytes = Field(default=0, description="bytes per GPU")
+    rendezvous_host: NodeId | None = Field(
+        default=None,
+        description="the node of the role that hosts the job's rendezvous (None: none does)",
+    )
 
 
 class Pinned(Model):

@@ -21,6 +21,7 @@ from typing import Any
 
 from msgspec import Struct
 
+from schemas.cluster import PlatformCapabilities
 from schemas.envelope import Event
 from schemas.jobs import JobEvent, JobMeta, JobSubmitted, NodeOOM, RuntimeSample
 from schemas.plans import OptimizePlan, OptimizeRequest, ScalePlan
@@ -54,8 +55,9 @@ class JobContext(Struct, frozen=True):
     completed jobs of its scenario (DLRover's history), the cluster's free GPUs, the
     config service's documents for it (asked only when deciding), the job's memo
     (`streams.brain.core.memo`: the fold and the decision keep and read what they derive
-    from its samples there), and a lockstep env's simulated time (its tick: a submission
-    stamped later has not arrived yet, and waits for `arrive`).
+    from its samples there), a lockstep env's simulated time (its tick: a submission
+    stamped later has not arrived yet, and waits for `arrive`), and what the env's
+    platform can apply, as it published it with its capacity (None: not said).
 
     A struct: the processor makes one per event."""
 
@@ -64,6 +66,7 @@ class JobContext(Struct, frozen=True):
     service: Callable[[JobMeta], Mapping[str, Any]] | None = None
     memo: SampleMemo | None = None
     clock: datetime | None = None
+    platform: PlatformCapabilities | None = None
 
 
 #: a decision with nothing known beside the job (tests, the dry run's defaults)
@@ -216,6 +219,7 @@ def _decide(after: JobState, why: Trigger, policy: Policy, context: JobContext) 
         registry=policy.registry,
         limits=policy.limits,
         memo=context.memo,
+        platform=context.platform,
     )
     if isinstance(result, RouteError):
         return StepOutcome(after, why, error=result, config_errors=problems)

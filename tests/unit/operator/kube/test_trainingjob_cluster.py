@@ -26,7 +26,7 @@ from handlers.operator.kube.trainingjob import (
     rendezvous_services,
     service_changes,
 )
-from handlers.operator.platform.bodies import NewPod, Resources
+from handlers.operator.platform.bodies import NewPod, PlatformCapabilities, Resources
 from handlers.operator.platform.errors import InvalidJob
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.planning import DEFAULT_GRACE_S, grace_seconds, plan_change
@@ -155,7 +155,7 @@ def test_a_gpu_type_is_a_node_selector_on_the_configured_label_only() -> None:
 
 def test_a_plans_gpu_type_applies_with_the_label_and_gpu_memory_never() -> None:
     p = plan(node_group_resources=group(3, gpu_num=2, gpu_type="NVIDIA-H100", gpu_memory=GiB))
-    change = plan_change(job(2), [pod(0), pod(1)], p, gpu_types=True)
+    change = plan_change(job(2), [pod(0), pod(1)], p, PlatformCapabilities(gpu_types=True))
     assert job_patch(job(2), change.change)["spec"]["roles"]["worker"]["resources"] == {
         "cpu": 2,
         "memory": 4 * GiB,
@@ -179,7 +179,7 @@ def test_a_plans_gpu_type_applies_with_the_label_and_gpu_memory_never() -> None:
             MigrateNode(node=NodeRef(type="worker", id=1), resource=NodeResource(gpu_type="X"))
         ]
     )
-    moved = plan_change(job(2), [pod(0), pod(1)], move, gpu_types=True)
+    moved = plan_change(job(2), [pod(0), pod(1)], move, PlatformCapabilities(gpu_types=True))
     assert moved.change.node_resources["worker"][1].gpu_type == "X"
     assert adapter.plan_not_applied(move) == ()
     assert resources_from_spec({"gpuType": "X"}).covers(Resources(gpu_type="X"))
