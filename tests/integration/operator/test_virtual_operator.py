@@ -18,8 +18,8 @@ from dlrover_events.errors import UserError
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
+from handlers.operator.virtual import operator as virtual
 from handlers.operator.virtual.operator import ALREADY_APPLIED, SOURCE, VirtualOperator
-from handlers.operator.virtual.operator import operator as virtual
 from handlers.operator.virtual.settings import VirtualSettings
 from handlers.operator.wiring.cli import operator
 from handlers.simulator.cluster import GiB
