@@ -53,6 +53,7 @@ from handlers.operator.platform.bodies import (
     JobView,
     NewPod,
     OperatorJobStatus,
+    PlatformCapabilities,
     PodView,
     Resources,
     pod_name,
@@ -311,11 +312,19 @@ class PlatformConformance:
     # -- the port's own declarations ------------------------------------------------------
 
     async def test_it_says_what_it_is(self, platform: Platform) -> None:
-        """The attributes the reconciler reads before it calls anything."""
+        """The attributes the reconciler reads before it calls anything, and capabilities
+        that agree with them: the brain plans by the capabilities, the reconciler acts by
+        the attributes, so a platform that says one thing in each gets plans it rejects."""
         assert isinstance(platform.name, str) and platform.name
         assert isinstance(platform.namespace, str) and platform.namespace
         assert isinstance(platform.creates_pods, bool)
         assert isinstance(platform.suspends, bool)
+        can = platform.capabilities
+        assert isinstance(can, PlatformCapabilities), can
+        assert can.suspend == platform.suspends, can
+        assert platform.creates_pods or not can.migrates_nodes, (
+            "it migrates nodes, but another controller creates its pods"
+        )
 
     # -- create, get, list ----------------------------------------------------------------
 
@@ -720,11 +729,18 @@ class PlatformConformance:
         pods = await self._pods(platform, job, 1)
         allowed = False
         fenced = FencedPlatform(platform, lambda: allowed)
-        assert (fenced.name, fenced.namespace, fenced.creates_pods, fenced.suspends) == (
+        assert (
+            fenced.name,
+            fenced.namespace,
+            fenced.creates_pods,
+            fenced.suspends,
+            fenced.capabilities,
+        ) == (
             platform.name,
             platform.namespace,
             platform.creates_pods,
             platform.suspends,
+            platform.capabilities,
         )
         change = JobSpecChange(job.resource_version, ("fenced",), replicas={WORKER: 3})
         late = NewPod(WORKER, 1, 1, POD_RESOURCES)
