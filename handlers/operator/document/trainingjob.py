@@ -1,12 +1,14 @@
 """The TrainingJob (deploy/crds/trainingjobs.yaml): the job document of both platforms.
 
 A user writes one TrainingJob and submits it to Kubernetes or to the local platform alike
-(`job submit`, the jobs API); each platform keeps it as it came and reads it here into the
-port's ``JobView``, once, at its edge. What the reconciler decides comes back as a
-``JobSpecChange`` and an ``OperatorJobStatus``, written into the document as merge patches
-(RFC 7386: a custom resource's patch on Kubernetes, the local job store's own): the plan
-ids in the same patch as the change they made, so a plan delivered again after a crash
-finds its change already made.
+(`job submit`, the jobs API) and it is read here into the port's ``JobView``, at the
+platform's edge. On Kubernetes the document is what the cluster keeps: what the reconciler
+decides comes back as a ``JobSpecChange`` and an ``OperatorJobStatus``, written into it as
+merge patches (RFC 7386, a custom resource's patch), the plan ids in the same patch as the
+change they made, so a plan delivered again after a crash finds its change already made.
+The local platform reads the document once, at submission, and keeps the typed job
+(handlers.operator.platform.changes applies the same changes to it, held to this path by
+tests/property/test_job_changes.py); ``render_job`` shows such a job as a document again.
 
 Per-node state the schema has no field for lives in annotations of the job, as JSON:
 the plans applied, the resources a plan gave one node, the ranks a plan removed by name,
@@ -23,6 +25,7 @@ from typing import Any
 
 from handlers.operator.document.quantity import (
     GPU,
+    GPU_TYPE,
     QuantityError,
     resources_from_container,
     resources_from_spec,
@@ -517,6 +520,61 @@ def status_patch(status: OperatorJobStatus) -> dict[str, Any]:
     return {"status": out}
 
 
+# -- JobView -> document, to show it ----------------------------------------------------
+
+_SPEC_RESOURCES = ("cpu", "memory", GPU, GPU_TYPE)
+
+
+def render_job(job: JobView, submitted: Mapping[str, Any]) -> dict[str, Any]:
+    """The TrainingJob document that says ``job`` as it is now, on the document its user
+    submitted: for a platform that keeps its jobs as values (the local platform), where a
+    door shows a job as a document (`job describe --json`, the jobs API). No decision
+    reads it, so it is made only when a door asks."""
+    doc: dict[str, Any] = json.loads(json.dumps(submitted))
+    meta = doc.setdefault("metadata", {})
+    meta.update(
+        name=job.name,
+        namespace=job.namespace,
+        uid=job.uid,
+        resourceVersion=job.resource_version,
+        generation=job.generation,
+    )
+    annotations = dict(meta.get("annotations") or {})
+    said = {
+        ANN_PLANS: list(job.applied_plans),
+        ANN_NODE_RESOURCES: {
+            role: {str(rank): resources_to_spec(res) for rank, res in sorted(ranks.items())}
+            for role, ranks in sorted(job.node_resources.items())
+        },
+        ANN_REMOVE_FIRST: {role: list(ranks) for role, ranks in sorted(job.remove_first.items())},
+    }
+    for key, value in said.items():
+        if value:
+            annotations[key] = json.dumps(value, sort_keys=True)
+        else:
+            annotations.pop(key, None)
+    annotations.pop(ANN_ADMISSION, None)
+    if job.admission is not None:
+        annotations.update(admission_annotation(job.admission))
+    meta["annotations"] = annotations
+    spec = doc.setdefault("spec", {})
+    spec_roles = spec.setdefault("roles", {})
+    for name, role in job.roles.items():
+        entry = spec_roles.setdefault(name, {})
+        others = {
+            k: v for k, v in (entry.get("resources") or {}).items() if k not in _SPEC_RESOURCES
+        }
+        entry["replicas"] = role.replicas
+        entry["resources"] = {**others, **resources_to_spec(role.resources)}
+    if job.suspended or "suspend" in spec:
+        spec["suspend"] = job.suspended
+    doc.pop("status", None)
+    if job.status is not None:
+        status = status_patch(job.status)["status"]
+        doc["status"] = {k: v for k, v in status.items() if v is not None}
+    return doc
+
+
 __all__ = [
     "ANN_ADMISSION",
     "ANN_NODE_RESOURCES",
@@ -541,6 +599,7 @@ __all__ = [
     "parse_status",
     "plan_not_applied",
     "plans_annotation",
+    "render_job",
     "status_patch",
     "training_container",
     "unsupported",

@@ -4,8 +4,9 @@
 so the one reconciler drives it as it drives Kubernetes: plan ids applied once through
 the same ledger and job documents, pods made to match the job, node and job events
 derived from pod states, ScaleResults. The brain cannot tell the two apart. Underneath,
-a job is its TrainingJob document in a file (``store.JobStore``, read and patched by
-handlers.operator.document.trainingjob), and a pod is a process on this machine, a shim
+a job is a typed job in a file (``store.JobStore``: read from its TrainingJob document once,
+at submission; changed and said on as values by handlers.operator.platform.changes, with
+no quantity string nor merge patch in between), and a pod is a process on this machine, a shim
 (``shim.py``) around the node's command, with a record of what it is (``pod.json``:
 its job, role, rank and resources, in numbers), whose pid file lets a restarted operator
 adopt it and whose ``exit.json`` says how it ended. What a pod runs is the reconciler's
@@ -72,9 +73,8 @@ from handlers.operator.platform.bodies import (
     PodView,
     Resources,
     Termination,
-    UnreadableJob,
 )
-from handlers.operator.platform.errors import Expired, Invalid, InvalidJob
+from handlers.operator.platform.errors import Expired, Invalid
 from handlers.operator.reconcile import planning
 from handlers.operator.reconcile.launch import DLROVER_C10D, launch
 from schemas.plans import NotApplied, ScalePlan
@@ -229,45 +229,25 @@ class LocalCluster:
 
     # -- jobs -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _entry(obj: Mapping[str, Any]) -> JobEntry:
-        try:
-            return trainingjob.parse_job(obj)
-        except InvalidJob as e:
-            meta = obj.get("metadata") or {}
-            return UnreadableJob(
-                name=str(meta.get("name", "")),
-                uid=str(meta.get("uid", "")),
-                resource_version=str(meta.get("resourceVersion", "")),
-                reason=str(e),
-            )
-
     async def list_jobs(self) -> tuple[list[JobEntry], str]:
-        return [self._entry(o) for o in self.store.list()], "0"
+        return self.store.list(), "0"
 
     async def get_job(self, name: str) -> JobEntry | None:
         try:
-            obj = self.store.get(name)
+            return self.store.get(name)
         except Invalid:  # not a name a job can have
             return None
-        return None if obj is None else self._entry(obj)
 
     async def submit_job(self, document: Mapping[str, Any]) -> JobView:
-        """The job, stored as its document; one the decisions cannot read is refused
-        (Invalid) before it is stored."""
-        body = with_rendezvous_ports(document)
-        try:
-            trainingjob.parse_job(body)
-        except InvalidJob as e:
-            raise Invalid(f"invalid {trainingjob.KIND}: {e}") from None
-        return _readable(self._entry(self.store.create(body)))
+        """The job, read from its document and stored; one the decisions cannot read is
+        refused (Invalid) before it is stored."""
+        return self.store.create(with_rendezvous_ports(document))
 
     async def change_job(self, job: JobView, change: JobSpecChange) -> JobView:
-        patched = self.store.patch(job.name, trainingjob.job_patch(job, change))
-        return _readable(self._entry(patched))
+        return self.store.change(job.name, change)
 
     async def set_status(self, job: JobView, status: OperatorJobStatus) -> None:
-        self.store.patch(job.name, trainingjob.status_patch(status), status=True)
+        self.store.set_status(job.name, status)
 
     async def delete_job(self, name: str) -> bool:
         try:
@@ -317,7 +297,7 @@ class LocalCluster:
 
     def _workdir(self, job: str) -> str | None:
         """Where the job was submitted (`job submit`'s annotation on its document)."""
-        obj = self.store.get(job) or {}
+        obj = self.store.submitted(job) or {}
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         workdir = annotations.get(trainingjob.ANN_WORKDIR)
         return str(workdir) if workdir else None
@@ -656,7 +636,7 @@ class LocalCluster:
         for name, proc in list(self._shims.items()):
             if proc.poll() is not None:
                 del self._shims[name]
-        jobs = {j.name: j for j in map(self._entry, self.store.list())}
+        jobs = {j.name: j for j in self.store.list()}
         self._diff("jobs", jobs, lambda j: j.resource_version)
         pods = self._pods()
         if self.runs_pods:
@@ -735,12 +715,6 @@ class LocalCluster:
         log.warning(
             "local platform: ended %d node(s) and %d spare(s) on shutdown", len(names), len(kept)
         )
-
-
-def _readable(entry: JobEntry) -> JobView:
-    if isinstance(entry, UnreadableJob):
-        raise Invalid(f"job {entry.name} does not read as a {trainingjob.KIND}: {entry.reason}")
-    return entry
 
 
 def with_rendezvous_ports(body: Mapping[str, Any]) -> dict[str, Any]:

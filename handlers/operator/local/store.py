@@ -1,11 +1,24 @@
-"""The local platform's job objects: TrainingJobs as JSON files under the data dir.
+"""The local platform's jobs: each a typed job (the port's ``JobView``, in numbers) in a
+JSON file under the data dir, beside the document its user submitted.
 
-The local platform's store of jobs: the `job` commands (another process) and the operator
-share it, so every write happens under one file lock and bumps one resourceVersion
-counter, and a write that names an older resourceVersion fails with the port's
-Conflict. That is what lets the reconciler's plan-once logic (the applied plan ids
-written on the job in the same patch as its change) hold here as everywhere. A job is
-kept as its TrainingJob document (handlers.operator.document.trainingjob reads and patches it).
+The `job` commands (another process) and the operator share the store, so every write
+happens under one file lock and bumps one resourceVersion counter, and a write that names
+an older resourceVersion fails with the port's Conflict. That is what lets the
+reconciler's plan-once logic (the applied plan ids written in the same write as the
+change they made) hold here as everywhere.
+
+A TrainingJob document is read once, when it is submitted (handlers.operator.document
+.trainingjob.parse_job: its quantities become numbers there); from then on a change or a
+status is applied to the typed job (handlers.operator.platform.changes) and written as it
+is: no quantity string and no merge patch between a ScalePlan and a process. The document
+as submitted is kept for the doors that show a job as one (``JobView.document``, rendered
+with the job's state only when a door reads it).
+
+A record is ``{"format": 2, "job": <JobView>, "document": <as submitted>}``; a file
+without ``format`` is a TrainingJob document as the store kept jobs before (a data dir
+kept across versions: `make run`'s ``.dlrover-events/``), converted when it is read and
+written in the new form at its next write. A field added to ``JobView`` needs a default
+for older records to read.
 """
 
 from __future__ import annotations
@@ -18,32 +31,33 @@ import os
 import re
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from handlers.operator.platform.errors import Conflict, Invalid, ObjectNotFound
+import msgspec
+
+from handlers.operator.document import trainingjob
+from handlers.operator.platform.api import JobEntry
+from handlers.operator.platform.bodies import (
+    JobSpecChange,
+    JobView,
+    OperatorJobStatus,
+    UnreadableJob,
+)
+from handlers.operator.platform.changes import apply_change, apply_status, spec_changed
+from handlers.operator.platform.errors import Conflict, Invalid, InvalidJob, ObjectNotFound
 
 NAMESPACE = "default"
+#: The form of a job's record (none: a TrainingJob document, the form before it).
+FORMAT = 2
 #: A job object's name is a file name here: the DNS-label rule keeps it one.
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: objects merge key by key, null deletes, the rest replaces."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
 
 
 def check_name(name: str) -> str:
@@ -55,8 +69,58 @@ def check_name(name: str) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class _Record:
+    """A job's file: its typed job and the document it was submitted as."""
+
+    format: int = 0
+    job: JobView | None = None
+    document: dict[str, Any] = field(default_factory=dict)
+
+
+_DECODE_RECORD = msgspec.json.Decoder(_Record)
+
+
+class ShownDocument(Mapping[str, Any]):
+    """A job as a TrainingJob document, for a door that shows it: made from the typed
+    job on the submitted document (trainingjob.render_job) the first time it is read."""
+
+    def __init__(self, job: JobView, submitted: Mapping[str, Any]) -> None:
+        self._job = job
+        self._submitted = submitted
+        self._rendered: dict[str, Any] | None = None
+
+    @property
+    def _doc(self) -> dict[str, Any]:
+        if self._rendered is None:
+            self._rendered = trainingjob.render_job(self._job, self._submitted)
+        return self._rendered
+
+    def __getitem__(self, key: str) -> Any:
+        return self._doc[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._doc)
+
+    def __len__(self) -> int:
+        return len(self._doc)
+
+
+def _shown(job: JobView, submitted: Mapping[str, Any]) -> JobView:
+    return replace(job, document=ShownDocument(replace(job, document={}), submitted))
+
+
+def _unreadable(name: str, meta: Mapping[str, Any], reason: str) -> UnreadableJob:
+    return UnreadableJob(
+        name=str(meta.get("name") or name),
+        uid=str(meta.get("uid", "")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        reason=reason,
+    )
+
+
 class JobStore:
-    """TrainingJob objects of one env of the local platform, on disk."""
+    """The typed jobs of one env of the local platform, on disk."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -90,19 +154,83 @@ class JobStore:
 
     # -- reads ----------------------------------------------------------------------------
 
-    def get(self, name: str) -> dict[str, Any] | None:
-        return read_json(self._path(name))
+    def _load(self, path: Path) -> tuple[JobEntry, dict[str, Any]] | None:
+        """A job's file as its entry and the document it was submitted as; None when there
+        is none (yet, or any more)."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        name = path.stem
+        try:
+            record = _DECODE_RECORD.decode(data)
+        except msgspec.ValidationError as e:
+            return _unreadable(name, {}, f"its record does not read: {e}"), {}
+        except msgspec.DecodeError:
+            return None  # not JSON: never written by write_json, which replaces whole
+        if record.format == FORMAT and record.job is not None:
+            return _shown(record.job, record.document), record.document
+        if record.format != 0:
+            return _unreadable(name, {}, f"its record has an unknown form {record.format}"), {}
+        return self._converted(name, json.loads(data))
 
-    def list(self) -> list[dict[str, Any]]:
-        found = (read_json(path) for path in sorted(self.jobs_dir.glob("*.json")))
-        return [obj for obj in found if obj is not None]
+    @staticmethod
+    def _converted(name: str, doc: Any) -> tuple[JobEntry, dict[str, Any]]:
+        """A job kept as its TrainingJob document (before the typed records): read as
+        the document it is, its status into the typed job."""
+        if not isinstance(doc, dict):
+            return _unreadable(name, {}, "its file is not a TrainingJob document"), {}
+        meta = doc.get("metadata") or {}
+        try:
+            job = trainingjob.parse_job(doc)
+        except InvalidJob as e:
+            return _unreadable(name, meta, str(e)), doc
+        submitted = {k: v for k, v in doc.items() if k != "status"}
+        return _shown(job, submitted), submitted
+
+    def get(self, name: str) -> JobEntry | None:
+        """The job (one that does not read: what it is and why); None when there is none.
+        Invalid when ``name`` cannot be a job's."""
+        found = self._load(self._path(name))
+        return None if found is None else found[0]
+
+    def list(self) -> list[JobEntry]:
+        found = (self._load(path) for path in sorted(self.jobs_dir.glob("*.json")))
+        return [entry for entry, _ in filter(None, found)]
+
+    def submitted(self, name: str) -> dict[str, Any] | None:
+        """The document the job was submitted as (None: no such job)."""
+        found = self._load(self._path(name))
+        return None if found is None else found[1]
+
+    def _current(self, name: str) -> tuple[JobView, dict[str, Any]]:
+        found = self._load(self._path(name))
+        if found is None:
+            raise ObjectNotFound(f"trainingjob {name} not found")
+        job, submitted = found
+        if isinstance(job, UnreadableJob):
+            raise Invalid(f"trainingjob {name} does not read: {job.reason}")
+        return job, submitted
 
     # -- writes ---------------------------------------------------------------------------
 
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        obj = copy.deepcopy(dict(body))
-        meta = obj.setdefault("metadata", {})
+    def _write(self, job: JobView, submitted: Mapping[str, Any]) -> JobView:
+        """Only under ``locked()``: the job as its record says it, and as read back."""
+        record = _Record(FORMAT, replace(job, document={}), dict(submitted))
+        write_bytes(self._path(job.name), msgspec.json.encode(record))
+        return _shown(job, submitted)
+
+    def create(self, body: Mapping[str, Any]) -> JobView:
+        """The job of a TrainingJob document: read once, here (Invalid when the decisions
+        could not read it: nothing is kept), with its uid and first version."""
+        doc = copy.deepcopy(dict(body))
+        doc.pop("status", None)
+        meta = doc.setdefault("metadata", {})
         name = check_name(str(meta.get("name") or ""))
+        try:
+            job = trainingjob.parse_job(doc)
+        except InvalidJob as e:
+            raise Invalid(f"invalid {trainingjob.KIND}: {e}") from None
         with self.locked():
             path = self._path(name)
             if path.exists():
@@ -114,35 +242,38 @@ class JobStore:
                 creationTimestamp=_now(),
                 resourceVersion=self.next_version(),
             )
-            obj.pop("status", None)
-            write_json(path, obj)
-        return obj
+            job = replace(
+                job,
+                namespace=NAMESPACE,
+                uid=meta["uid"],
+                generation=1,
+                resource_version=meta["resourceVersion"],
+            )
+            return self._write(job, doc)
 
-    def patch(self, name: str, patch: Mapping[str, Any], *, status: bool = False) -> dict[str, Any]:
-        """A merge patch of the object (``status``: of its status only, like the
-        subresource). A patch naming a resourceVersion applies only on that version."""
+    def change(self, name: str, change: JobSpecChange) -> JobView:
+        """``change`` made on the job, in one write, on the version it names (else
+        Conflict): its generation moves when its spec does."""
         with self.locked():
-            current = self.get(name)
-            if current is None:
-                raise ObjectNotFound(f"trainingjob {name} not found")
-            meta = current["metadata"]
-            wanted = (patch.get("metadata") or {}).get("resourceVersion")
-            if wanted and wanted != meta["resourceVersion"]:
+            job, submitted = self._current(name)
+            wanted = change.resource_version
+            if wanted and wanted != job.resource_version:
                 raise Conflict(
-                    f"trainingjob {name} changed: version {meta['resourceVersion']}, "
-                    f"the patch is for {wanted}"
+                    f"trainingjob {name} changed: version {job.resource_version}, "
+                    f"the change is for {wanted}"
                 )
-            if status:
-                new = dict(current)
-                new["status"] = merge_patch(current.get("status") or {}, patch.get("status"))
-            else:
-                new = merge_patch(current, {k: v for k, v in patch.items() if k != "status"})
-                new["metadata"] = {**new["metadata"], "uid": meta["uid"], "name": meta["name"]}
-                if new.get("spec") != current.get("spec"):
-                    new["metadata"]["generation"] = int(meta.get("generation") or 1) + 1
-            new["metadata"]["resourceVersion"] = self.next_version()
-            write_json(self._path(name), new)
-            return new
+            after = apply_change(job, change)
+            generation = job.generation + 1 if spec_changed(job, after) else job.generation
+            after = replace(after, resource_version=self.next_version(), generation=generation)
+            return self._write(after, submitted)
+
+    def set_status(self, name: str, status: OperatorJobStatus) -> JobView:
+        """``status`` said on the job (like Kubernetes' status subresource: on whatever
+        version it is, its spec left alone)."""
+        with self.locked():
+            job, submitted = self._current(name)
+            after = replace(apply_status(job, status), resource_version=self.next_version())
+            return self._write(after, submitted)
 
     def delete(self, name: str) -> bool:
         with self.locked():
@@ -166,16 +297,23 @@ def read_json(path: Path) -> dict[str, Any] | None:
 def write_json(path: Path, value: Any) -> None:
     """Atomic: a reader (another process among the commands, the operator and the nodes'
     shims) sees the old file or the new one, never half of one."""
+    write_bytes(path, json.dumps(value).encode())
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """``data`` in ``path``, atomically (see ``write_json``)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value))
+    tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
 __all__ = [
+    "FORMAT",
     "NAMESPACE",
     "JobStore",
+    "ShownDocument",
     "check_name",
-    "merge_patch",
     "read_json",
+    "write_bytes",
     "write_json",
 ]
