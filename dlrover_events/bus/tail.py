@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 
 from dlrover_events.domain.units import human_bytes, parse_duration
+from schemas.cluster import CapacityReported, PlatformCapabilities
 from schemas.codec import CodecError, decode, encode
 from schemas.config import ConfigChange
 from schemas.dlq import DeadLetter
@@ -140,7 +141,33 @@ def summary(event: Event) -> str:
         return f"request={event.request_id} {event.status.value} {event.reason}".strip()
     if isinstance(event, BarrierAck):
         return f"tick={event.tick} decided"
+    if isinstance(event, CapacityReported):
+        return _capacity(event)
     return ""
+
+
+def _capacity(report: CapacityReported) -> str:
+    """What the platform has and what it can apply, as a user checks a plan against it."""
+    if report.hosts_counted:
+        ready = sum(h.schedulable for h in report.hosts)
+        hosts = f"{report.gpus} GPUs on {ready} of {len(report.hosts)} hosts"
+    else:
+        hosts = "hosts not counted"
+    caps = report.capabilities
+    return f"{report.platform}: {hosts}" + ("" if caps is None else f"; {_capabilities(caps)}")
+
+
+def _capabilities(caps: PlatformCapabilities) -> str:
+    said = {
+        "GPU types": caps.gpu_types,
+        "spares": caps.spares,
+        "suspend": caps.suspend,
+        "migrates nodes": caps.migrates_nodes,
+        "replaces the rendezvous host": caps.replaces_rendezvous_host,
+    }
+    can = ", ".join(k for k, v in said.items() if v) or "nothing more"
+    cannot = ", ".join(k for k, v in said.items() if not v)
+    return f"can: {can}" + (f"; cannot: {cannot}" if cannot else "")
 
 
 def _submitted(replicas: int, cpu: float, memory: int, gpus: int) -> NodeGroupResource:

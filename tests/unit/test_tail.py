@@ -104,3 +104,21 @@ def test_a_job_request_and_its_answer_say_who_asked_what_and_what_became_of_it()
     )
     text = format_text(read_line("prod.job.requests", 0, 1, encode(answer)))
     assert "request=r-1 refused invalid job: no roles" in text
+
+
+def test_a_capacity_report_says_what_the_platform_has_and_can_apply() -> None:
+    from schemas.cluster import CapacityReported, HostCapacity, PlatformCapabilities
+
+    local = PlatformCapabilities(spares=True, suspend=True)
+    uncounted = CapacityReported(
+        env="prod", platform="local", hosts_counted=False, capabilities=local
+    )
+    text = format_text(read_line("prod.cluster.capacity", 0, 0, encode(uncounted)))
+    assert text.endswith(
+        "local: hosts not counted; can: spares, suspend, migrates nodes; "
+        "cannot: GPU types, replaces the rendezvous host"
+    )
+    hosts = [HostCapacity(name="a", gpus=8), HostCapacity(name="b", gpus=8, schedulable=False)]
+    counted = CapacityReported(env="prod", platform="kubernetes", hosts=hosts)
+    text = format_text(read_line("prod.cluster.capacity", 0, 1, encode(counted)))
+    assert text.endswith("kubernetes: 8 GPUs on 1 of 2 hosts")
