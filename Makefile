@@ -14,16 +14,16 @@ TEST_WORKERS ?= 2
 
 .PHONY: run test test-deps kube-testenv lint typecheck unit schemas example clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml sdk/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[$(RUN_EXTRAS)]'
+	$(BIN)/python -m pip install --quiet -e ./sdk -e '.[$(RUN_EXTRAS)]'
 	touch $(STAMP)
 
-$(TEST_STAMP): pyproject.toml
+$(TEST_STAMP): pyproject.toml sdk/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[$(TEST_EXTRAS)]'
+	$(BIN)/python -m pip install --quiet -e ./sdk -e '.[$(TEST_EXTRAS)]'
 	touch $(STAMP) $(TEST_STAMP)
 
 ## Start the embedded stack: broker, Postgres, env `prod`, and the services.

@@ -27,7 +27,10 @@ python="${PYTHON:-python3}"
 "${python}" -m venv "${venv}"
 # pip compiles every module as it installs it: a read-only root filesystem never needs a
 # __pycache__ at run time.
-"${venv}/bin/python" -m pip install --no-cache-dir --disable-pip-version-check "${source_dir}"
+# The full distribution depends on the SDK's (sdk/: the schemas and the modules a training
+# pod shares with the services), which no index has: both from the source, in one resolve.
+"${venv}/bin/python" -m pip install --no-cache-dir --disable-pip-version-check \
+  "${source_dir}/sdk" "${source_dir}"
 # The one entrypoint answers, and finds the services and commands of streams/ and
 # handlers/ through its entry points (a broken install fails the build, not the pod).
 "${venv}/bin/dlrover-events" --help >/dev/null

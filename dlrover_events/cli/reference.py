@@ -183,7 +183,9 @@ def named_variables(source_root: Path) -> set[str]:
     """The DLROVER_EVENTS_* names the packages' sources under ``source_root`` spell."""
     named: set[str] = set()
     for package in PACKAGES:
-        for path in sorted((source_root / package).rglob("*.py")):
+        # the SDK's folder holds schemas and the SDK's part of dlrover_events
+        trees = (source_root / package, source_root / "sdk" / package)
+        for path in sorted(p for tree in trees for p in tree.rglob("*.py")):
             if path.relative_to(source_root).as_posix() != VARIABLES_FILE:
                 named |= set(VARIABLE.findall(path.read_text("utf-8")))
     return named

@@ -92,7 +92,7 @@ def test_every_kafka_client_of_the_project_is_built_with_kafka_connection() -> N
     """Each `AIOKafka...(` call of the code spreads `kafka_connection(...)` (or the
     `connection` made from it) into its arguments."""
     offenders = []
-    for package in ("dlrover_events", "streams", "handlers"):
+    for package in ("dlrover_events", "streams", "handlers", "sdk/dlrover_events"):
         for path in (REPO / package).rglob("*.py"):
             text = path.read_text()
             for match in CLIENT.finditer(text):

@@ -36,6 +36,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("schemas", "dlrover_events", "streams", "handlers")
+#: the trees the packages lie in: the repository's root, and the SDK's folder (schemas,
+#: and the SDK's part of the namespace package dlrover_events)
+TREES = (Path("."), Path("sdk"))
 #: what each top-level package may import of the project (itself aside)
 ALLOWED: dict[str, set[str]] = {
     "schemas": set(),
@@ -127,8 +130,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 def _violations(root: Path = ROOT) -> list[str]:
     bad: list[str] = []
     for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            rel = path.relative_to(root)
+        for path in sorted(p for tree in TREES for p in (root / tree / package).rglob("*.py")):
+            rel = _in_tree(root, path)
             sub = rel.parts[1] if package == "handlers" and len(rel.parts) > 2 else None
             for line, module in _imports(path):
                 top = module.split(".")[0]
@@ -147,12 +150,19 @@ def _violations(root: Path = ROOT) -> list[str]:
     return bad
 
 
+def _in_tree(root: Path, path: Path) -> Path:
+    """``path`` from the root of its tree: what its module name is spelled from."""
+    sdk = root / TREES[1]
+    return path.relative_to(sdk if path.is_relative_to(sdk) else root)
+
+
 def _module_file(root: Path, module: str) -> Path | None:
     """The file of a project module (`a.b` -> a/b.py or a/b/__init__.py), if there is one."""
-    base = root.joinpath(*module.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
+    for tree in TREES:
+        base = (root / tree).joinpath(*module.split("."))
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                return path
     return None
 
 
@@ -161,7 +171,7 @@ def _loaded(root: Path, path: Path) -> list[tuple[int, str]]:
     above it (its __init__ runs first), and a submodule named in `from package import x`.
     Relative imports are resolved against the file's package."""
     tree = ast.parse(path.read_text("utf-8"), str(path))
-    package = list(path.relative_to(root).parts[:-1])
+    package = list(_in_tree(root, path).parts[:-1])
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         named: list[str] = []

@@ -44,13 +44,13 @@ def test_every_settings_field_says_what_it_is_for() -> None:
 
 def _settings_classes_in_the_source() -> set[str]:
     found = set()
-    for package in PACKAGES:
-        for path in (REPO / package).rglob("*.py"):
+    for package, tree in ((p, t) for p in PACKAGES for t in (REPO, REPO / "sdk")):
+        for path in (tree / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text("utf-8"))):
                 if isinstance(node, ast.ClassDef) and any(
                     isinstance(base, ast.Name) and base.id == "BaseSettings" for base in node.bases
                 ):
-                    module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+                    module = ".".join(path.relative_to(tree).with_suffix("").parts)
                     found.add(f"{module}.{node.name}")
     return found
 
@@ -67,7 +67,7 @@ def test_every_settings_class_of_the_code_is_registered() -> None:
 def test_every_variable_the_code_names_is_documented() -> None:
     named = set()
     for package in PACKAGES:
-        for path in (REPO / package).rglob("*.py"):
+        for path in [*(REPO / package).rglob("*.py"), *(REPO / "sdk" / package).rglob("*.py")]:
             named |= set(VARIABLE.findall(path.read_text("utf-8")))
     documented = " ".join(doc.read_text("utf-8") for doc in DOCS)
     missing = sorted(v for v in named if not re.search(rf"{v}\b", documented))

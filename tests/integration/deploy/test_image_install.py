@@ -83,9 +83,10 @@ def install_offline(source: Path, venv: Path) -> subprocess.CompletedProcess[str
 def refresh_wheelhouse(source: Path) -> None:
     """Every wheel the runtime install needs (and the build backend), from the index."""
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    done = run([*PIP, "wheel", "-q", "-w", str(WHEELHOUSE), str(source), "setuptools>=77"])
+    done = run([*PIP, "wheel", "-q", "-w", str(WHEELHOUSE), str(source / "sdk"), str(source),
+                "setuptools>=77", "hatchling>=1.21"])  # fmt: skip
     assert done.returncode == 0, f"cannot fill the image's wheelhouse: {done.stderr[-3000:]}"
-    for own in WHEELHOUSE.glob("dlrover_events-*.whl"):
+    for own in [*WHEELHOUSE.glob("dlrover_events-*.whl"), *WHEELHOUSE.glob("dlrover_events_sdk-*")]:
         own.unlink()  # the install builds the repository's own, from the source
 
 
@@ -217,61 +218,77 @@ def test_what_needs_the_simulator_says_so_in_one_line(
 
 
 def test_the_sdk_installs_beside_the_full_package_in_either_order(tmp_path: Path) -> None:
-    """The two distributions own no file in common (the SDK's lie in dlrover_events_sdk/),
-    so either installs, and uninstalls, without touching the other; with both, the full
-    package's code serves every import, the SDK's included."""
+    """The full distribution depends on the SDK's and ships none of its files (the SDK's
+    folder, sdk/, holds schemas and its part of the namespace package dlrover_events): the
+    SDK installed first serves the full one, and installed after it, replaces itself;
+    either way each file has one owner and every import is served."""
     built = sdk.build_offline(tmp_path / "dist")
     if built.returncode != 0:
         sdk.refresh_wheelhouse()
         built = sdk.build_offline(tmp_path / "dist")
     assert built.returncode == 0, built.stderr
     (sdk_wheel,) = (tmp_path / "dist").glob("dlrover_events_sdk-*.whl")
-
-    venv = tmp_path / "venv"
-    made = run([sys.executable, "-m", "venv", str(venv)])
-    assert made.returncode == 0, made.stderr
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
-    sdk_first = run([*pip, "install", "-q", "--no-index", "--find-links", str(sdk.WHEELHOUSE),
-                     str(sdk_wheel)])  # fmt: skip
-    assert sdk_first.returncode == 0, sdk_first.stderr
-    alone = in_venv(venv, "python", "-c", "import dlrover_events as d; print(d.__file__)",
-                    cwd=tmp_path)  # fmt: skip
-    assert "/dlrover_events_sdk/dlrover_events/" in alone.stdout, (alone.stdout, alone.stderr)
-
-    # the full package after the SDK, into the same venv
     source = docker_context(tmp_path / "src")
-    full = install_offline(source, venv)
-    if full.returncode != 0:
-        refresh_wheelhouse(source)
-        full = install_offline(source, venv)
-    assert full.returncode == 0, full.stderr[-3000:]
+    probe = (
+        "import dlrover_events.store, dlrover_events.sdk, dlrover_events.settings, schemas,"
+        " streams, handlers; print(dlrover_events.sdk.__file__)"
+    )
 
-    def records(dist: str) -> set[str]:
-        shown = run([*pip, "show", "-f", dist])
+    def install_sdk(venv: Path) -> None:
+        done = run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
+                    "--find-links", str(sdk.WHEELHOUSE), str(sdk_wheel)])  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    def install_full(venv: Path) -> None:
+        done = install_offline(source, venv)
+        if done.returncode != 0:
+            refresh_wheelhouse(source)
+            done = install_offline(source, venv)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def records(venv: Path, dist: str) -> set[str]:
+        shown = run([str(venv / "bin" / "python"), "-m", "pip", "show", "-f", dist])
         assert shown.returncode == 0, shown.stderr
         listed = shown.stdout.split("Files:", 1)[1].split()
         return {f for f in listed if not f.endswith(".pyc") and ".dist-info/" not in f}
 
-    assert records("dlrover-events") & records("dlrover-events-sdk") == set()
-    probe = (
-        "import dlrover_events, dlrover_events.store, dlrover_events.sdk, streams;"
-        "print(dlrover_events.__file__)"
-    )
-    both = in_venv(venv, "python", "-c", probe, cwd=tmp_path)
-    assert both.returncode == 0, both.stderr
-    assert "/dlrover_events_sdk/" not in both.stdout, "the full package serves the imports"
-    checked = run([*pip, "check"])
-    assert checked.returncode == 0, checked.stdout
+    for order in ("sdk-first", "full-first"):
+        venv = tmp_path / order
+        made = run([sys.executable, "-m", "venv", str(venv)])
+        assert made.returncode == 0, made.stderr
+        if order == "sdk-first":
+            install_sdk(venv)
+            alone = in_venv(venv, "python", "-c", "import dlrover_events.sdk, schemas",
+                            cwd=tmp_path)  # fmt: skip
+            assert alone.returncode == 0, alone.stderr
+            install_full(venv)
+        else:
+            install_full(venv)
+            install_sdk(venv)
+        sdk_files, full_files = records(venv, "dlrover-events-sdk"), records(venv, "dlrover-events")
+        assert sdk_files & full_files == set(), order
+        assert any(f.startswith("schemas/") for f in sdk_files)
+        assert not any(f.startswith(("schemas/", "dlrover_events/sdk/")) for f in full_files)
+        both = in_venv(venv, "python", "-c", probe, cwd=tmp_path)
+        assert both.returncode == 0, (order, both.stderr)
+        assert both.stdout.strip().startswith(str(venv)), both.stdout
+        checked = run([str(venv / "bin" / "python"), "-m", "pip", "check"])
+        assert checked.returncode == 0, (order, checked.stdout)
+        assert in_venv(venv, "dlrover-events", "--help", cwd=tmp_path).returncode == 0
+        # torchrun finds the rendezvous once: only the SDK's distribution declares it
+        points = in_venv(venv, "python", "-c", "from importlib.metadata import entry_points;"
+                         "print([e.value for e in entry_points(group='torchrun.handlers')])",
+                         cwd=tmp_path)  # fmt: skip
+        assert points.stdout.strip() == (
+            "['dlrover_events.sdk.torch.rendezvous_entry:handler_creator']"
+        ), points.stdout
 
-    # the SDK uninstalled: the full package is whole; installed again: still whole
-    gone = run([*pip, "uninstall", "-y", "-q", "dlrover-events-sdk"])
+    # the SDK is a dependency now: taking it away is what pip check says
+    gone = run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-y", "-q",
+                "dlrover-events-sdk"])  # fmt: skip
     assert gone.returncode == 0, gone.stderr
-    assert in_venv(venv, "python", "-c", probe, cwd=tmp_path).returncode == 0
-    again = run([*pip, "install", "-q", "--no-index", "--find-links", str(sdk.WHEELHOUSE),
-                 str(sdk_wheel)])  # fmt: skip
-    assert again.returncode == 0, again.stderr
-    assert in_venv(venv, "python", "-c", probe, cwd=tmp_path).returncode == 0
-    assert in_venv(venv, "dlrover-events", "--help", cwd=tmp_path).returncode == 0
+    broken = run([str(venv / "bin" / "python"), "-m", "pip", "check"])
+    assert broken.returncode != 0 and "dlrover-events-sdk" in broken.stdout, broken.stdout
 
 
 def test_the_dockerfile_runs_the_script_as_a_non_root_user() -> None:

@@ -45,6 +45,20 @@ from importlib.metadata import entry_points
 # torchrun finds the SDK's rendezvous by this (sdk/torch/rendezvous_entry.py)
 (rdzv,) = entry_points(group="torchrun.handlers")
 assert rdzv.name == "dlrover-c10d", rdzv
+# every module the distribution installed imports with it alone (torch's need the extra;
+# the bench is the full install's): a file the SDK needs and lacks fails here
+import importlib
+from importlib.metadata import files
+modules = sorted(
+    ".".join(f.with_suffix("").parts).removesuffix(".__init__")
+    for f in files("dlrover-events-sdk") or []
+    if f.suffix == ".py" and f.parts[0] in ("dlrover_events", "schemas")
+)
+skipped = ("dlrover_events.sdk.torch", "dlrover_events.sdk.bench")
+checked = [m for m in modules if not m.startswith(skipped)]
+assert len(checked) > 30, checked
+for name in checked:
+    importlib.import_module(name)
 from dlrover_events.sdk import JobIdentity, Reporter
 from dlrover_events.config.client import SyncConfigClient
 from dlrover_events.settings import Settings

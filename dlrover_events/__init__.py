@@ -1,1 +1,0 @@
-"""dlrover_events."""
