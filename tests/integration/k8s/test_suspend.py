@@ -30,7 +30,7 @@ from handlers.operator.kube.pytorchjob import PYTORCH_JOB
 from handlers.operator.platform.bodies import KUEUE_QUEUE_LABEL, PRIORITY_LABEL, JobView
 from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.reconciler import RESUMED
-from schemas.cluster import CapacityReported
+from schemas.cluster import CapacityReported, PlatformCapabilities
 from schemas.jobs import JobSubmitted
 from schemas.plans import NodeGroupResource, ScalePlan, ScaleResult, ScaleStatus
 from tests.integration.tap import Tap
@@ -336,6 +336,16 @@ async def test_capacity_follows_nodes_added_cordoned_not_ready_and_deleted(
     first = await until(last(lambda r: r.hosts), "the first capacity report")
     assert hosts(first) == {a: (8, True, "NVIDIA-H100")}
     assert first.platform == "kubernetes" and first.gpus == 8
+    # with it, what a TrainingJob on this cluster can be asked for, never a migration of
+    # an elastic role's rendezvous host (no GPU type: this test's workload adapter is not
+    # configured with the label; the operator configures both from GPU_TYPE_LABEL)
+    assert first.capabilities == PlatformCapabilities(
+        gpu_types=False,
+        spares=True,
+        suspend=True,
+        migrates_nodes=True,
+        replaces_rendezvous_host=False,
+    )
 
     b = await create_node(api, f"{pool}-b", gpus=4, labels={"pool": pool})
     got = await until(last(lambda r: len(r.hosts) == 2), "node b added")
