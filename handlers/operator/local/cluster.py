@@ -15,7 +15,7 @@ variables), meeting the job's other pods at 127.0.0.1.
 
 An in-place elastic role may ask for warm spares (``elastic.spares``): processes of the
 role started ahead, which a new pod of the role takes instead of a cold start
-(``spares.py``).
+(``spares.py``), kept by its collaborator ``spare_keeper.SpareKeeper``.
 
 Slots (``slots``: the operator's ``--slots N``): what this machine has for jobs, as a
 cluster has GPUs. A pod takes as many slots as the GPUs its resources name, one when it
@@ -53,8 +53,10 @@ from typing import Any
 import psutil
 
 from handlers.operator.document import trainingjob
-from handlers.operator.local import shim, spares
+from handlers.operator.local import shim
 from handlers.operator.local.memory import Enforcement
+from handlers.operator.local.shim import PID, POD, alive
+from handlers.operator.local.spare_keeper import SpareKeeper
 from handlers.operator.local.store import NAMESPACE, JobStore, read_json, write_json
 from handlers.operator.platform.api import HostChange, JobEntry, WatchEvent, WatchKind
 from handlers.operator.platform.bodies import (
@@ -81,13 +83,7 @@ from schemas.plans import NotApplied, ScalePlan
 
 log = logging.getLogger(__name__)
 
-#: A pod's record: what it is (its job, role, rank, index and resources), in numbers.
-POD = "pod.json"
-PID = "pid"
 DEFAULT_GRACE_S = 30.0
-#: Seconds before a role's spare is started again after one ended on its own (a spare
-#: that cannot start must not be started in a loop).
-SPARE_BACKOFF_S = 10.0
 _WATCH_QUEUE = 10_000
 _OVERFLOW = object()
 #: The one "container" of a local pod, as a termination names it.
@@ -126,17 +122,6 @@ def _record(job: JobView, pod: NewPod, resources: Resources) -> dict[str, Any]:
         "created": _now(),
         "deleting": None,
     }
-
-
-def _alive(record: Mapping[str, Any]) -> bool:
-    """The process of a pid file is still the one we started (pids are reused)."""
-    try:
-        proc = psutil.Process(int(record["pid"]))
-        if abs(proc.create_time() - float(record["create_time"])) > 0.05:
-            return False
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, KeyError, TypeError, ValueError):
-        return False
 
 
 def host_name() -> str:
@@ -188,9 +173,8 @@ class LocalCluster:
         self.poll_s = poll_s
         self.python = python
         self._shims: dict[str, subprocess.Popen[bytes]] = {}
-        #: spares asked to end, and when a role's spare last ended on its own
-        self._ending_spares: set[str] = set()
-        self._spare_failed: dict[tuple[str, str], float] = {}
+        #: the warm spares of in-place roles (``spares.py``), kept at every scan
+        self._spares = SpareKeeper(self.store.root, self.store.pods_dir, self._start)
         self._seen: dict[str, dict[str, tuple[object, Any]]] = {"jobs": {}, "pods": {}}
         self._subs: dict[str, set[asyncio.Queue[Any]]] = {"jobs": set(), "pods": set()}
         self._poller: asyncio.Task[None] | None = None
@@ -199,10 +183,10 @@ class LocalCluster:
 
     async def start(self) -> None:
         if self.runs_pods and self._poller is None:
-            adopted = [n for n, r in self._pid_records().items() if _alive(r)]
+            adopted = [n for n, r in self._pid_records().items() if alive(r)]
             if adopted:
                 log.warning("local platform: adopted %d running node(s): %s", len(adopted), adopted)
-            kept = [n for n, (_, alive) in self._spares().items() if alive]
+            kept = [n for n, (_, running) in self._spares.every().items() if running]
             if kept:
                 log.warning("local platform: adopted %d warm spare(s): %s", len(kept), kept)
             self._scan()
@@ -287,7 +271,7 @@ class LocalCluster:
             "enforcement": self.enforcement.value,
             "grace_s": float(DEFAULT_GRACE_S if role.grace_s is None else role.grace_s),
         }
-        if self.runs_pods and self._admit_spare(name, record, spec):
+        if self.runs_pods and self._spares.admit(name, record, spec):
             return True
         (pod_dir / shim.SPEC).write_text(json.dumps(spec))
         write_json(pod_dir / POD, record)
@@ -325,7 +309,7 @@ class LocalCluster:
         return None
 
     async def keep_spares(self, job: JobView, pods: Sequence[PodView], env: str) -> None:
-        """Nothing: the node agent keeps each job's spares at every scan (``_keep_spares``),
+        """Nothing: the node agent keeps each job's spares at every scan (``SpareKeeper``),
         where it sees its processes."""
         return None
 
@@ -388,7 +372,7 @@ class LocalCluster:
 
     def _terminate(self, name: str) -> None:
         record = read_json(self._pod_dir(name) / PID)
-        if record is not None and _alive(record):
+        if record is not None and alive(record):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(record["pid"]), signal.SIGTERM)
 
@@ -406,126 +390,8 @@ class LocalCluster:
                     shutil.copyfileobj(src, dst)
             else:
                 os.replace(pod_dir / shim.LOG, kept)
-        self._forget_admission(pod_dir)
+        self._spares.forget_admission(pod_dir)
         shutil.rmtree(pod_dir, ignore_errors=True)
-
-    # -- warm spares ----------------------------------------------------------------------
-
-    @property
-    def _spares_dir(self) -> Path:
-        return self.store.root / spares.SPARES
-
-    def _admission_file(self, spare: str) -> Path:
-        return self.store.root / spares.ADMISSIONS / f"{spare}.json"
-
-    def _forget_admission(self, node_dir: Path) -> None:
-        record = read_json(node_dir / spares.SPARE)
-        if record is not None:
-            with contextlib.suppress(OSError):
-                self._admission_file(str(record["name"])).unlink()
-
-    def _spares(self) -> dict[str, tuple[spares.SpareKey, bool]]:
-        """Every spare: what it was started for, and whether it still runs."""
-        out: dict[str, tuple[spares.SpareKey, bool]] = {}
-        if not self._spares_dir.is_dir():
-            return out
-        for spare_dir in sorted(self._spares_dir.iterdir()):
-            record, pid = read_json(spare_dir / spares.SPARE), read_json(spare_dir / PID)
-            if record is None:
-                continue
-            running = pid is not None and _alive(pid) and not (spare_dir / shim.EXIT).exists()
-            out[spare_dir.name] = (spares.SpareKey.from_record(record), running)
-        return out
-
-    def _admit_spare(self, name: str, record: dict[str, Any], spec: dict[str, Any]) -> bool:
-        """A warm spare becomes the pod ``name`` (see ``spares.py``); False when none fits."""
-        key = spares.SpareKey.of(record["job_uid"], record["role"], spec)
-        ending = self._ending_spares
-        running = {n: k for n, (k, alive) in self._spares().items() if alive and n not in ending}
-        spare = spares.take(running, key)
-        if spare is None:
-            return False
-        pod_dir = self._pod_dir(name)
-        try:
-            os.rename(self._spares_dir / spare, pod_dir)  # onto the empty dir just made
-        except OSError as err:
-            log.warning("local platform: spare %s not admitted as %s: %s", spare, name, err)
-            return False
-        write_json(pod_dir / POD, record)
-        admit = self._admission_file(spare)
-        admit.parent.mkdir(parents=True, exist_ok=True)
-        write_json(admit, spares.admission(name, spec))
-        log.info("local platform: pod %s admitted warm spare %s", name, spare)
-        return True
-
-    def _keep_spares(self, jobs: list[JobEntry], pods: dict[str, PodView]) -> None:
-        """As many running spares per in-place role as it asks for; none for a job that
-        ended or is gone, nor one started for what a pod of the role no longer runs."""
-        views = [j for j in jobs if isinstance(j, JobView)]
-        wanted = spares.wanted(views)
-        by_uid = {v.uid: v for v in views}
-        current: dict[tuple[str, str], spares.SpareKey] = {}
-        for (uid, role), _ in wanted.items():
-            template = self._template(pods, uid, role)
-            if template is not None:
-                current[(uid, role)] = spares.SpareKey.of(uid, role, template[1])
-        keep: dict[tuple[str, str], int] = {}
-        now = asyncio.get_running_loop().time()
-        for name, (key, running) in self._spares().items():
-            spare_dir = self._spares_dir / name
-            where = (key.job_uid, key.role)
-            if not running:
-                if name not in self._ending_spares:
-                    log.warning("local platform: warm spare %s ended on its own", name)
-                    self._spare_failed[where] = now
-                self._ending_spares.discard(name)
-                self._forget_admission(spare_dir)
-                shutil.rmtree(spare_dir, ignore_errors=True)
-                continue
-            if name in self._ending_spares:
-                continue
-            if current.get(where) != key or keep.get(where, 0) >= wanted.get(where, 0):
-                self._end_spare(name)
-                continue
-            keep[where] = keep.get(where, 0) + 1
-        for where, count in wanted.items():
-            if where not in current or keep.get(where, 0) >= count:
-                continue
-            failed = self._spare_failed.get(where)
-            if failed is not None and now - failed < SPARE_BACKOFF_S:
-                continue
-            template = self._template(pods, *where)
-            if template is not None:
-                self._start_spare(by_uid[where[0]].name, current[where], template[1])
-
-    def _template(
-        self, pods: dict[str, PodView], uid: str, role: str
-    ) -> tuple[str, dict[str, Any]] | None:
-        """A pod of the role to make spares of (its shim spec), None before there is one."""
-        for name, pod in sorted(pods.items()):
-            if pod.job_uid != uid or pod.role != role or pod.deleting:
-                continue
-            spec = read_json(self._pod_dir(name) / shim.SPEC)
-            if spec is not None:
-                return name, spec
-        return None
-
-    def _start_spare(self, job: str, key: spares.SpareKey, template: dict[str, Any]) -> None:
-        name = spares.spare_name(job, key.role)
-        spare_dir = self._spares_dir / name
-        spare_dir.mkdir(parents=True)
-        spec = spares.spare_spec(template, name, self._admission_file(name))
-        (spare_dir / shim.SPEC).write_text(json.dumps(spec))
-        write_json(spare_dir / spares.SPARE, {"name": name, **key.as_record()})
-        self._start(name, spare_dir)
-        log.info("local platform: started warm spare %s of %s/%s", name, job, key.role)
-
-    def _end_spare(self, name: str) -> None:
-        record = read_json(self._spares_dir / name / PID)
-        self._ending_spares.add(name)
-        if record is not None and _alive(record):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(record["pid"]), signal.SIGTERM)
 
     def _pid_records(self) -> dict[str, dict[str, Any]]:
         out = {}
@@ -574,7 +440,7 @@ class LocalCluster:
         record = read_json(pod_dir / PID)
         if record is None:
             return PENDING, None
-        if not _alive(record):
+        if not alive(record):
             # The shim itself was killed: the node's ending is unknown, and its
             # processes were ended with it or by it.
             return FAILED, Termination(MAIN, 255, "NodeLost")
@@ -640,7 +506,7 @@ class LocalCluster:
         self._diff("jobs", jobs, lambda j: j.resource_version)
         pods = self._pods()
         if self.runs_pods:
-            self._keep_spares(list(jobs.values()), pods)
+            self._spares.keep(jobs.values(), pods)
         for name, pod in list(pods.items()):
             if pod.deleting and pod.phase != RUNNING:
                 self._terminate(name)  # not started yet, or already ended: nothing runs
@@ -695,23 +561,18 @@ class LocalCluster:
         names = list(self._pid_records())
         for name in names:
             self._terminate(name)
-        kept = list(self._spares())
-        for name in kept:
-            self._end_spare(name)
+        kept = self._spares.end_all()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
-            if not any(_alive(r) for r in self._pid_records().values()) and not any(
-                alive for _, alive in self._spares().values()
+            if not any(alive(r) for r in self._pid_records().values()) and (
+                not self._spares.any_running()
             ):
                 break
             await asyncio.sleep(0.2)
         for name in names:
             self._remove(name)
-        for name in kept:
-            self._forget_admission(self._spares_dir / name)
-            shutil.rmtree(self._spares_dir / name, ignore_errors=True)
-        self._ending_spares.clear()
+        self._spares.remove(kept)
         log.warning(
             "local platform: ended %d node(s) and %d spare(s) on shutdown", len(names), len(kept)
         )

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,27 @@ import psutil
 from handlers.operator.local.memory import Enforcement, NodeMemory
 from handlers.operator.local.store import write_json
 
+# The files of a node's directory (a pod's or a warm spare's)
 SPEC = "spec.json"
 EXIT = "exit.json"
 OOM = "oom.json"
 LOG = "log"
+#: what a pod is (its job, role, rank, index and resources), in numbers: the operator's
+POD = "pod.json"
+#: the shim's pid and start time, written by the operator that started it
+PID = "pid"
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+def alive(record: Mapping[str, Any]) -> bool:
+    """The process of a pid file is still the shim that was started (pids are reused)."""
+    try:
+        proc = psutil.Process(int(record["pid"]))
+        if abs(proc.create_time() - float(record["create_time"])) > 0.05:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
 
 
 def _tree(pid: int) -> list[psutil.Process]:
