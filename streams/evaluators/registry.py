@@ -7,47 +7,44 @@ metrics of it that are better higher.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from types import MappingProxyType
 
+from dlrover_events.registry import Registry
 from streams.evaluators import kpis
 from streams.evaluators.api import EvaluatorSpec, Metrics, UnknownEvaluator
 from streams.evaluators.ledger import JobRecord
 
-EVALUATORS: Mapping[str, EvaluatorSpec] = MappingProxyType(
-    {
-        spec.name: spec
-        for spec in (
-            EvaluatorSpec(
-                "jct",
-                "job completion time (submit -> finish) of the jobs that finished",
-                kpis.jct,
-                higher_is_better=frozenset({"jobs_completed"}),
-            ),
-            EvaluatorSpec("queueing", "delay from submission to start", kpis.queueing),
-            EvaluatorSpec(
-                "gpu_hours",
-                "GPU-hours allocated to the jobs (running ones up to the window end)",
-                kpis.gpu_hours,
-            ),
-            EvaluatorSpec(
-                "throughput",
-                "samples/s per allocated GPU, averaged over runtime samples",
-                kpis.throughput,
-                higher_is_better=frozenset({"throughput_per_gpu"}),
-            ),
-            EvaluatorSpec(
-                "oom",
-                "OOM events, and recurrences: OOMs of a node that had already OOMed",
-                kpis.oom,
-            ),
-            EvaluatorSpec("churn", "plans per job-hour of running time", kpis.churn),
-            EvaluatorSpec(
-                "failures", "jobs that failed, and their share of the finished jobs", kpis.failures
-            ),
-        )
-    }
+EVALUATORS: Registry[EvaluatorSpec] = Registry.of(
+    "evaluator",
+    EvaluatorSpec(
+        "jct",
+        "job completion time (submit -> finish) of the jobs that finished",
+        kpis.jct,
+        higher_is_better=frozenset({"jobs_completed"}),
+    ),
+    EvaluatorSpec("queueing", "delay from submission to start", kpis.queueing),
+    EvaluatorSpec(
+        "gpu_hours",
+        "GPU-hours allocated to the jobs (running ones up to the window end)",
+        kpis.gpu_hours,
+    ),
+    EvaluatorSpec(
+        "throughput",
+        "samples/s per allocated GPU, averaged over runtime samples",
+        kpis.throughput,
+        higher_is_better=frozenset({"throughput_per_gpu"}),
+    ),
+    EvaluatorSpec(
+        "oom",
+        "OOM events, and recurrences: OOMs of a node that had already OOMed",
+        kpis.oom,
+    ),
+    EvaluatorSpec("churn", "plans per job-hour of running time", kpis.churn),
+    EvaluatorSpec(
+        "failures", "jobs that failed, and their share of the finished jobs", kpis.failures
+    ),
+    unknown=UnknownEvaluator,
 )
 
 #: The metrics better higher, of every registered evaluator (the rest are better lower).

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_events.bus.producer import Producer
-from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
 from handlers.operator.doors.jobs import JobRequestError, resume_plan, scale_plan, suspend_plan
 from handlers.operator.platform.api import Platform
@@ -53,9 +52,7 @@ async def open_platform(
     ~/.kube/config, else in-cluster, as kubectl), or the local platform's job objects of
     ``env``. The platform's module is imported on use (platform.PLATFORMS): a process on
     one platform never loads the other's."""
-    entry = PLATFORMS.get(platform)
-    if entry is None:
-        raise UserError(f"unknown platform {platform!r}; known: {', '.join(JOB_PLATFORMS)}")
+    entry = PLATFORMS[platform]
     opener: JobsOpener = entry.load(entry.jobs)
     async with opener(settings, env, {"kubeconfig": kubeconfig, "namespace": namespace}) as jobs:
         yield jobs

@@ -74,10 +74,7 @@ async def _real_env(env: str | None) -> str:
 
 
 def _entry(platform: str) -> PlatformEntry:
-    entry = PLATFORMS.get(platform)
-    if entry is None:
-        raise UserError(f"unknown platform {platform!r}; known: {', '.join(PLATFORMS)}")
-    return entry
+    return PLATFORMS[platform]
 
 
 async def _target(platform: str, env: str | None) -> str:

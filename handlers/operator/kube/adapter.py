@@ -4,9 +4,10 @@ The reconciler (watches, plans, results, events) is the same for every workload 
 every platform; what differs on Kubernetes is which custom resource the job is, where it
 keeps its replicas and resources, who creates its pods, and how they are labelled. An
 adapter reads the kind's objects into the port's typed views and writes the port's
-changes back as that kind's merge patches (``KubeCluster`` calls it); the registry below
-lists the kinds the operator can run: an explicit dict, not discovery, so that what a
-deployment can touch (and so what its RBAC must allow) is visible in one place.
+changes back as that kind's merge patches (``KubeCluster`` calls it). This module is the
+contract; the kinds the operator can run are listed in kube/adapters.py (the registry):
+written out, not discovered, so that what a deployment can touch (and so what its RBAC
+must allow) is visible in one place, and no adapter registers by being imported.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dlrover_events.errors import UserError
 from handlers.operator.document import trainingjob
 from handlers.operator.kube.pods import LABEL_JOB
 from handlers.operator.kube.wiring import PodWiring
@@ -43,6 +43,11 @@ class WorkloadAdapter(ABC):
     #: Whether this operator creates and deletes the job's pods (TrainingJob), or another
     #: controller does from the replicas it patches (PyTorchJob: the training-operator).
     creates_pods: bool
+
+    @property
+    def name(self) -> str:
+        """The name the registry (kube/adapters.py) knows it by: its kind."""
+        return self.kind
 
     @property
     def api_version(self) -> str:
@@ -134,35 +139,4 @@ class PodCreatingAdapter(WorkloadAdapter):
         cluster)."""
 
 
-#: kind -> adapter. Add a workload here (and its verbs to deploy/rbac/operator.yaml).
-_ADAPTERS: dict[str, WorkloadAdapter] = {}
-
-
-def register_adapter(adapter: WorkloadAdapter) -> WorkloadAdapter:
-    _ADAPTERS[adapter.kind] = adapter
-    return adapter
-
-
-def adapter_for(kind: str) -> WorkloadAdapter:
-    """The adapter of ``kind``; a kind without one is the user's to fix."""
-    _load_builtin()
-    try:
-        return _ADAPTERS[kind]
-    except KeyError:
-        raise UserError(
-            f"no workload adapter for kind {kind!r}; the operator supports: "
-            f"{', '.join(sorted(_ADAPTERS))}"
-        ) from None
-
-
-def adapters() -> dict[str, WorkloadAdapter]:
-    _load_builtin()
-    return dict(_ADAPTERS)
-
-
-def _load_builtin() -> None:
-    """The built-in adapters register on import; imported here, late, to avoid a cycle."""
-    from handlers.operator.kube import pytorchjob, trainingjob  # noqa: F401
-
-
-__all__ = ["PodCreatingAdapter", "WorkloadAdapter", "adapter_for", "adapters", "register_adapter"]
+__all__ = ["PodCreatingAdapter", "WorkloadAdapter"]

@@ -38,7 +38,7 @@ from handlers.operator.document.quantity import (
     resources_to_quantities,
 )
 from handlers.operator.document.trainingjob import ANN_PLANS, object_fields, plans_annotation
-from handlers.operator.kube.adapter import WorkloadAdapter, register_adapter
+from handlers.operator.kube.adapter import WorkloadAdapter
 from handlers.operator.kube.pods import (
     LABEL_INDEX,
     LABEL_JOB,
@@ -404,7 +404,7 @@ class PyTorchJobAdapter(WorkloadAdapter):
         return None
 
 
-PYTORCH_JOB = register_adapter(PyTorchJobAdapter())
+PYTORCH_JOB = PyTorchJobAdapter()
 
 __all__ = [
     "CAPABILITIES",

@@ -25,7 +25,7 @@ from typing import Any
 
 from handlers.operator.document import trainingjob
 from handlers.operator.document.quantity import resources_to_quantities
-from handlers.operator.kube.adapter import PodCreatingAdapter, register_adapter
+from handlers.operator.kube.adapter import PodCreatingAdapter
 from handlers.operator.kube.pods import (
     ANN_CONTAINER,
     ANN_GPU_TYPE,
@@ -342,7 +342,7 @@ def pod_manifest(
     }
 
 
-TRAINING_JOB = register_adapter(TrainingJobAdapter())
+TRAINING_JOB = TrainingJobAdapter()
 
 __all__ = [
     "DEFAULT_GPU_TYPE_LABEL",

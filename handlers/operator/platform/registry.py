@@ -12,9 +12,15 @@ the contract of handlers.operator.platform.api.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from dlrover_events.errors import UserError
+from dlrover_events.registry import Registry, UnknownName
+
+
+class UnknownPlatform(UserError, UnknownName):
+    """A platform name nobody registered (`--platform`, the operator's settings)."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,8 @@ class PlatformEntry:
     process on the local platform never loads a Kubernetes client, and a virtual env's
     operator neither platform."""
 
+    #: how users and settings name it (`--platform local`)
+    name: str
     #: its operator: (ServiceContext, options) -> runs until the context's stop
     operator: str
     #: its jobs for the `job` commands: (Settings, env, options) -> an async context
@@ -45,20 +53,24 @@ class PlatformEntry:
 
 
 #: platform name -> its entry. Add a platform here (and its package beside kube/ and local/).
-PLATFORMS: Mapping[str, PlatformEntry] = {
-    "kubernetes": PlatformEntry(
+PLATFORMS: Registry[PlatformEntry] = Registry.of(
+    "platform",
+    PlatformEntry(
+        name="kubernetes",
         operator="handlers.operator.kube.runner:run",
         jobs="handlers.operator.kube.jobs:open_jobs",
         check_operator="handlers.operator.kube.jobs:check_operator",
         env_scoped=False,
         runs_in_workdir=False,
     ),
-    "local": PlatformEntry(
+    PlatformEntry(
+        name="local",
         operator="handlers.operator.local.runner:run",
         jobs="handlers.operator.local.jobs:open_jobs",
         check_operator="handlers.operator.local.jobs:check_operator",
         env_scoped=True,
         runs_in_workdir=True,
     ),
-}
+    unknown=UnknownPlatform,
+)
 DEFAULT_PLATFORM = "kubernetes"

@@ -46,10 +46,7 @@ PLATFORM = "platform"
 
 def platform_of(options: Mapping[str, Any]) -> str:
     given = options.get(PLATFORM) or os.environ.get("DLROVER_EVENTS_OPERATOR_PLATFORM", "")
-    name = str(given).strip().lower() or DEFAULT_PLATFORM
-    if name not in PLATFORMS:
-        raise UserError(f"unknown platform {name!r}; known: {', '.join(sorted(PLATFORMS))}")
-    return name
+    return PLATFORMS[str(given).strip().lower() or DEFAULT_PLATFORM].name
 
 
 def runner_for(mode: EnvMode, platform: str = DEFAULT_PLATFORM) -> Runner:

@@ -15,13 +15,14 @@ where a caller wants to refuse it at once (checking an env's settings).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel
 
+from dlrover_events.registry import Registry as HouseRegistry
 from schemas.bounds import MAX_BYTES, MAX_CPU, MAX_GPUS, MAX_REPLICAS
 from schemas.envelope import Model
 from schemas.plans import NodeGroupResource, NodeResource, ResourcePlan
@@ -139,22 +140,17 @@ class OptimizerSpec:
         return replace(proposal, optimizer=self.name)
 
 
-@dataclass
-class Registry:
-    """Optimizers by name. `Registry.of(...)` makes a read-only one (the brain's);
-    `copy()` gives a registry a user may extend without changing the brain's."""
-
-    specs: dict[str, OptimizerSpec] = field(default_factory=dict)
-    read_only: bool = False
+class Registry(HouseRegistry[OptimizerSpec]):
+    """Optimizers by name (the house's registry: dlrover_events.registry). `Registry.of(...)`
+    makes a read-only one (the brain's); `copy()` gives a registry a user may extend with
+    `register` without changing the brain's."""
 
     @classmethod
-    def of(cls, *specs: OptimizerSpec) -> Registry:
+    def of(cls, *specs: OptimizerSpec) -> Self:  # type: ignore[override]
         """A read-only registry of `specs` (an OptimizerNameError on a bad or taken name)."""
-        registry = cls()
-        for spec in specs:
-            registry.add(spec)
-        registry.read_only = True
-        return registry
+        return cls(
+            "optimizer", specs, unknown=UnknownOptimizer, taken=OptimizerNameError, read_only=True
+        )
 
     def register(
         self, name: str, description: str, params: type[P]
@@ -170,39 +166,5 @@ class Registry:
 
         return decorate
 
-    def add(self, spec: OptimizerSpec) -> None:
-        if self.read_only:
-            raise OptimizerNameError(
-                f"cannot register {spec.name!r}: this registry is read only (register on a copy)"
-            )
-        if not spec.name or spec.name != spec.name.strip():
-            raise OptimizerNameError(f"optimizer name {spec.name!r} must be non-empty, no padding")
-        if spec.name in self.specs:
-            raise OptimizerNameError(f"optimizer {spec.name!r} is already registered")
-        self.specs[spec.name] = spec
-
-    def get(self, name: str) -> OptimizerSpec | None:
-        return self.specs.get(name)
-
-    def spec(self, name: str) -> OptimizerSpec:
-        """The optimizer registered as `name`; an UnknownOptimizer naming the known ones."""
-        found = self.specs.get(name)
-        if found is None:
-            known = ", ".join(self.names())
-            raise UnknownOptimizer(f"unknown optimizer {name!r}; known: {known}")
-        return found
-
-    def names(self) -> list[str]:
-        return sorted(self.specs)
-
     def describe(self) -> list[tuple[str, str]]:
-        return [(name, self.specs[name].description) for name in self.names()]
-
-    def copy(self) -> Registry:
-        return Registry(dict(self.specs))
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.specs
-
-    def __iter__(self) -> Iterator[OptimizerSpec]:
-        return iter(self.specs[name] for name in self.names())
+        return [(name, self[name].description) for name in self.names()]

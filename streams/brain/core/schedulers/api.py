@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from dlrover_events.registry import UnknownName
 from schemas.envelope import Model
 from streams.brain.core.schedulers.goodput import BatchChoice, JobModel
 
@@ -44,7 +45,7 @@ class JobInputError(SchedulerError, ValueError):
     """Jobs a round cannot take: one listed twice, a gang of no replicas, no model."""
 
 
-class UnknownScheduler(SchedulerError, KeyError):
+class UnknownScheduler(SchedulerError, UnknownName):
     """A name no scheduler is registered under (a KeyError, as a mapping's lookup is)."""
 
 

@@ -10,9 +10,9 @@ from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.reconcile.planning import cannot_suspend, plan_change
 from schemas.plan_parts import NO_PLACEMENT
 from schemas.plans import NotApplied
+from tests.unit.operator.reconcile.test_planning import group, job, plan, pod
 
 from . import test_pytorchjob as ptj
-from .test_planning import group, job, plan, pod
 
 PLACEMENT = {"node-a": 4, "node-b": 4}
 PLACED = NotApplied(part="placement", reason=NO_PLACEMENT)

@@ -36,8 +36,7 @@ from handlers.operator.kube.spares import (
 )
 from handlers.operator.kube.trainingjob import pod_manifest
 from handlers.operator.platform.bodies import JobView, NewPod, Resources
-
-from .test_planning import UID, job_obj
+from tests.unit.operator.reconcile.test_planning import UID, job_obj
 
 
 def in_place(spares: int = 1, replicas: int = 2, command: str = "t.py", **role: Any) -> JobView:

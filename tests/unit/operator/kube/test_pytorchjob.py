@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from handlers.operator.document.trainingjob import ANN_PLANS
-from handlers.operator.kube.adapter import PodCreatingAdapter, adapter_for
+from handlers.operator.kube.adapter import PodCreatingAdapter
+from handlers.operator.kube.adapters import adapter_for
 from handlers.operator.kube.pytorchjob import (
     LABEL_JOB_NAME,
     LABEL_OPERATOR_NAME,

@@ -32,8 +32,7 @@ from handlers.operator.reconcile.events import job_meta
 from handlers.operator.reconcile.planning import DEFAULT_GRACE_S, grace_seconds, plan_change
 from schemas.jobs import NodeRef
 from schemas.plans import MigrateNode, NodeResource
-
-from .test_planning import UID, GiB, group, job, job_obj, plan, pod
+from tests.unit.operator.reconcile.test_planning import UID, GiB, group, job, job_obj, plan, pod
 
 ELASTIC = {"elastic": {"command": ["python", "train.py"], "rendezvousPort": 29500}}
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -17,8 +17,7 @@ from handlers.operator.document.trainingjob import parse_job
 from handlers.operator.kube.trainingjob import pod_manifest
 from handlers.operator.kube.wiring import CA_DIR, CERT_DIR, PodWiring, pod_wiring
 from handlers.operator.platform.bodies import NewPod
-
-from .test_planning import job_obj
+from tests.unit.operator.reconcile.test_planning import job_obj
 
 PASSWORD = "s3cret-kafka-password"
 

@@ -19,7 +19,7 @@ from handlers.operator.document.trainingjob import (
     status_patch,
 )
 from handlers.operator.doors.commands import scale_plan_id
-from handlers.operator.kube.adapter import adapter_for, adapters
+from handlers.operator.kube.adapters import ADAPTERS, adapter_for
 from handlers.operator.kube.pods import parse_pod
 from handlers.operator.kube.pytorchjob import PYTORCH_JOB
 from handlers.operator.kube.trainingjob import TRAINING_JOB, pod_manifest
@@ -409,9 +409,11 @@ def test_the_pod_manifest_carries_identity_resources_and_owner() -> None:
 
 
 def test_only_working_adapters_are_registered() -> None:
-    assert adapters() == {"TrainingJob": TRAINING_JOB, "PyTorchJob": PYTORCH_JOB}
+    assert dict(ADAPTERS) == {"TrainingJob": TRAINING_JOB, "PyTorchJob": PYTORCH_JOB}
     assert adapter_for("PyTorchJob") is PYTORCH_JOB
-    with pytest.raises(UserError, match="no workload adapter for kind 'TFJob'"):
+    with pytest.raises(
+        UserError, match="unknown workload kind 'TFJob'; known: PyTorchJob, TrainingJob"
+    ):
         adapter_for("TFJob")
 
 

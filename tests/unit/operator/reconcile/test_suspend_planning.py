@@ -33,8 +33,8 @@ from handlers.operator.reconcile.planning import (
     plan_change,
     remaining,
 )
+from tests.unit.operator.kube import test_pytorchjob as ptj
 
-from . import test_pytorchjob as ptj
 from .test_planning import group, job_obj, plan, pod
 
 

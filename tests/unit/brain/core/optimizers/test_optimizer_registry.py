@@ -43,7 +43,7 @@ def test_the_brains_optimizers_are_the_functions_beside_the_contract() -> None:
             "worker-resource",
         ]
     )
-    for spec in REGISTRY:
+    for spec in REGISTRY.values():
         assert spec.fn.__module__ in (dlrover.__name__, gpu.__name__), spec.name
         assert spec.description
     assert not hasattr(contract, "register")  # nothing registers by being imported
@@ -64,7 +64,7 @@ def test_the_brains_registry_is_read_only_and_a_copy_takes_more() -> None:
 
 def test_an_unknown_name_is_one_line_with_the_known_ones() -> None:
     with pytest.raises(UnknownOptimizer) as err:
-        REGISTRY.spec("no-such")
+        REGISTRY["no-such"]
     assert isinstance(err.value, KeyError) and isinstance(err.value, OptimizerError)
     assert str(err.value).startswith("unknown optimizer 'no-such'; known: goodput, gpu-oom")
-    assert REGISTRY.spec("goodput").name == "goodput"
+    assert REGISTRY["goodput"].name == "goodput"
