@@ -15,7 +15,6 @@ imports it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,10 +32,17 @@ from dlrover_events.envs.control import EnvWatcher
 from dlrover_events.envs.tokens import Scope
 from dlrover_events.errors import UserError
 from dlrover_events.kube import credentials
+from dlrover_events.lifecycle import (
+    Beside,
+    background,
+    cancel_and_wait,
+    wait_for_any,
+    wait_or_stop,
+)
 from dlrover_events.runtime.metrics import OperatorMetrics
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from handlers.operator.kube.adapters import adapter_for
+from handlers.operator.kube.adapter import adapter_for
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, Timing
@@ -290,11 +296,24 @@ class RealOperator:
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         watcher = EnvWatcher(self.settings, on_change=lambda _: self._changed.set())
-        watching = asyncio.create_task(watcher.run(stop), name="operator.control")
+        async with background(watcher.run(stop), name="operator.control") as control:
+            await self._act(watcher, control, stop, ready)
+
+    async def _act(
+        self,
+        watcher: EnvWatcher,
+        control: Beside,
+        stop: asyncio.Event,
+        ready: asyncio.Event | None,
+    ) -> None:
+        """Run the reconciler of the env to act for, kept across turns (a new one when the
+        env changes, again after a backoff when it failed), until ``stop``. The control
+        watch (``control``) failing is raised at once."""
         task: asyncio.Task[None] | None = None
         inner_stop = asyncio.Event()
         try:
-            await self._wait([watching], watcher.caught_up.wait())
+            await wait_for_any([watcher.caught_up], control)
+            control.raise_failure()
             if ready is not None:
                 ready.set()
             while not stop.is_set():
@@ -310,7 +329,8 @@ class RealOperator:
                             task.exception(),
                             self.retry_s,
                         )
-                        await self._wait([watching], asyncio.sleep(self.retry_s), stop=stop)
+                        await wait_or_stop(stop, self.retry_s, control)
+                        control.raise_failure()
                     task, self.active, self.current = None, None, None
                 if want != self.active:
                     if task is not None:
@@ -345,16 +365,11 @@ class RealOperator:
                             want,
                             self.kube.namespace,
                         )
-                waits: list[asyncio.Task[None]] = [watching]
-                if task is not None:
-                    waits.append(task)
-                await self._wait(waits, self._changed.wait(), stop=stop)
+                await wait_for_any([self._changed, stop], [*control, *([task] if task else [])])
+                control.raise_failure()
         finally:
             if task is not None:
                 await self._stop(task, inner_stop, watcher.envs, why="the operator stops")
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
 
     async def _stop(
         self,
@@ -367,9 +382,7 @@ class RealOperator:
     ) -> None:
         env = self.active
         stop.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        await cancel_and_wait(task)
         if lost:
             why = "this replica lost the operator's lease"
         if why is not None:
@@ -382,26 +395,6 @@ class RealOperator:
             env,
             now,
         )
-
-    @staticmethod
-    async def _wait(
-        watch: list[asyncio.Task[None]],
-        awaitable: Any,
-        *,
-        stop: asyncio.Event | None = None,
-    ) -> None:
-        """Until ``awaitable`` is done, or stop; the control watch failing is raised."""
-        main = asyncio.ensure_future(awaitable)
-        extra = [asyncio.ensure_future(stop.wait())] if stop is not None else []
-        try:
-            await asyncio.wait([main, *watch, *extra], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            main.cancel()
-            for e in extra:
-                e.cancel()
-        for w in watch:
-            if w.done() and w.get_name() == "operator.control" and not w.cancelled():
-                w.result()
 
 
 async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
@@ -466,12 +459,12 @@ async def run_elected(
         await operator.run(stop, ready)
         return
     campaign_stop = asyncio.Event()
-    campaign = asyncio.create_task(leader.run(campaign_stop), name="operator.lease")
-    try:
-        await operator.run(stop, ready)
-    finally:
-        campaign_stop.set()
-        await campaign
+    async with background(leader.run(campaign_stop), name="operator.lease") as (campaign,):
+        try:
+            await operator.run(stop, ready)
+        finally:
+            campaign_stop.set()
+            await campaign  # its release, after the operator stopped acting
 
 
 __all__ = [
