@@ -42,7 +42,7 @@ from dlrover_events.lifecycle import (
 from dlrover_events.runtime.metrics import OperatorMetrics
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from handlers.operator.kube.adapter import adapter_for
+from handlers.operator.kube.adapters import adapter_for
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.cluster import KubeCluster
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, Timing
