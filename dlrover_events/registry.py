@@ -100,6 +100,13 @@ class Registry(Mapping[str, E], Generic[E]):
             known = ", ".join(self.names()) or "none"
             raise self.unknown(f"unknown {self.kind} {name!r}; known: {known}") from None
 
+    def get(self, name: str, default: E | None = None) -> E | None:  # type: ignore[override]
+        """The entry, or ``default``: one dict lookup (the brain asks per decision)."""
+        return self._entries.get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
 
