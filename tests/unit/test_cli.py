@@ -266,3 +266,8 @@ def test_a_group_without_its_command_shows_its_help(group: list[str]) -> None:
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("Usage: dlrover-events"), done.stderr  # not "error: Usage"
     assert "Commands:" in done.stderr
+
+
+def test_an_option_the_platform_does_not_take_is_one_line() -> None:
+    result = cli("job", "list", "--platform", "local", "--kubeconfig", "/nowhere")
+    assert "the local platform takes no --kubeconfig" in one_line_error(result)

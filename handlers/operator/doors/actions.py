@@ -28,7 +28,7 @@ from schemas.plans import ScalePlan
 JOB_PLATFORMS = tuple(PLATFORMS)
 
 #: (settings, env, options) -> the platform's jobs, open for the block
-JobsOpener = Callable[[Settings, str, dict[str, Any]], AbstractAsyncContextManager[Platform]]
+JobsOpener = Callable[[Settings, str, Any], AbstractAsyncContextManager[Platform]]
 
 
 class JobNotFound(JobRequestError):
@@ -51,10 +51,12 @@ async def open_platform(
     """The env's jobs where they run: the cluster (``kubeconfig``, else $KUBECONFIG,
     ~/.kube/config, else in-cluster, as kubectl), or the local platform's job objects of
     ``env``. The platform's module is imported on use (platform.PLATFORMS): a process on
-    one platform never loads the other's."""
+    one platform never loads the other's. Each platform takes its own options
+    (``PlatformEntry.options``): one it does not take, given, is a one-line error."""
     entry = PLATFORMS[platform]
+    options = entry.options_of(kubeconfig=kubeconfig, namespace=namespace)
     opener: JobsOpener = entry.load(entry.jobs)
-    async with opener(settings, env, {"kubeconfig": kubeconfig, "namespace": namespace}) as jobs:
+    async with opener(settings, env, options) as jobs:
         yield jobs
 
 

@@ -90,7 +90,7 @@ async def _check_operator(
     own check: platform.registry)."""
     entry = _entry(platform)
     check = entry.load(entry.check_operator)
-    options = {"kubeconfig": kubeconfig, "namespace": namespace}
+    options = entry.options_of(kubeconfig=kubeconfig, namespace=namespace)
     await check(load_settings(), await _target(platform, env), options)
 
 
@@ -103,7 +103,9 @@ def _run(
     env: str | None = None,
 ) -> T:
     """``work`` against the platform's jobs: the cluster with the user's kubeconfig, or
-    the local platform's job objects of the env (the real one unless named)."""
+    the local platform's job objects of the env (the real one unless named). Options the
+    platform does not take are refused before anything is opened."""
+    _entry(platform).options_of(kubeconfig=kubeconfig, namespace=namespace)
 
     async def go() -> T:
         try:

@@ -5,9 +5,8 @@ job submitted now (the operators' Lease is held and renewed)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -22,6 +21,7 @@ from handlers.operator.kube.runner import KubeSettings, connect
 from handlers.operator.kube.trainingjob import TRAINING_JOB
 from handlers.operator.platform.api import Platform
 from handlers.operator.platform.errors import Unavailable
+from handlers.operator.platform.registry import ClusterOptions
 
 #: How long past a Lease's duration its last renewal may lie before its holder is taken for
 #: gone (the operator's clock and this one need not agree to the second).
@@ -30,14 +30,14 @@ LEASE_SLACK_S = 30.0
 
 @contextlib.asynccontextmanager
 async def open_jobs(
-    settings: Settings, env: str, options: Mapping[str, Any]
+    settings: Settings, env: str, options: ClusterOptions
 ) -> AsyncIterator[Platform]:
     """The TrainingJobs of the cluster, with the user's own credentials (``kubeconfig``,
     else $KUBECONFIG, ~/.kube/config, else in-cluster, as kubectl) in ``namespace`` (else
     the context's). A cluster that cannot be reached is ``Unavailable``, saying where, in
     one line (the user's kubeconfig or network)."""
     api, namespace = await connect(
-        KubeSettings(kubeconfig=options.get("kubeconfig"), namespace=options.get("namespace"))
+        KubeSettings(kubeconfig=options.kubeconfig, namespace=options.namespace)
     )
     async with api:
         cluster = KubeCluster(KubeApi(api, TRAINING_JOB, namespace))
@@ -48,14 +48,14 @@ async def open_jobs(
             raise Unavailable(f"cannot reach the cluster at {cluster.host}: {why}") from None
 
 
-async def check_operator(settings: Settings, env: str, options: Mapping[str, Any]) -> None:
+async def check_operator(settings: Settings, env: str, options: ClusterOptions) -> None:
     """Refuse, in one line, a job that no operator would reconcile: the operators' Lease
     (leader election, on by default) is released, or no longer renewed. Without a Lease
     nothing can be told (an operator without leader election holds none), and a cluster
     that does not answer is left to the submission to say so."""
     name = KubeSettings().lease_name
     api, ns = await connect_user(
-        options.get("kubeconfig"), None, options.get("namespace"), hint="pass --kubeconfig"
+        options.kubeconfig, None, options.namespace, hint="pass --kubeconfig"
     )
     async with api:
         try:

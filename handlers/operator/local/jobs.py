@@ -5,8 +5,7 @@ so a submitted job would start."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 from dlrover_events.errors import UserError
 from dlrover_events.runtime.embedded import resolve_postgres
@@ -16,6 +15,7 @@ from dlrover_events.store.database import connect
 from handlers.operator.local.cluster import LocalCluster
 from handlers.operator.local.runner import platform_root
 from handlers.operator.platform.api import Platform
+from handlers.operator.platform.registry import NoOptions
 
 #: What runs an env's TrainingJobs on the local platform: `up`'s service, or the `operator`
 #: command (each holds its service's lock while it runs: dlrover_events.runtime.fence).
@@ -23,14 +23,12 @@ LOCAL_OPERATORS = ("local", "operator")
 
 
 @contextlib.asynccontextmanager
-async def open_jobs(
-    settings: Settings, env: str, options: Mapping[str, Any]
-) -> AsyncIterator[Platform]:
+async def open_jobs(settings: Settings, env: str, options: NoOptions) -> AsyncIterator[Platform]:
     """The env's local jobs: its job store only, no node agent."""
     yield LocalCluster(platform_root(settings, env))
 
 
-async def check_operator(settings: Settings, env: str, options: Mapping[str, Any]) -> None:
+async def check_operator(settings: Settings, env: str, options: NoOptions) -> None:
     """Refuse, in one line, a local job that no operator would start."""
     conn = await connect((await resolve_postgres(settings)).dsn)
     try:

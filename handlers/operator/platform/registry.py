@@ -12,7 +12,8 @@ the contract of handlers.operator.platform.api.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from dlrover_events.errors import UserError
@@ -21,6 +22,27 @@ from dlrover_events.registry import Registry, UnknownName
 
 class UnknownPlatform(UserError, UnknownName):
     """A platform name nobody registered (`--platform`, the operator's settings)."""
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The doors' options of a platform that takes none (the local platform: its jobs are
+    found by the env alone)."""
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """The doors' options of a Kubernetes cluster, as kubectl takes them."""
+
+    #: default: $KUBECONFIG, ~/.kube/config, else in-cluster
+    kubeconfig: Path | None = None
+    #: default: the context's
+    namespace: str | None = None
+
+
+class NotAnOption(UserError):
+    """An option given for a platform that takes no such option (--kubeconfig with the local
+    platform)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +67,18 @@ class PlatformEntry:
     #: whether a submitted job's commands run in the submitter's working directory (a
     #: platform of this machine's processes), which the submission then records
     runs_in_workdir: bool
+    #: what its doors take besides the env (``jobs`` and ``check_operator`` get an instance)
+    options: type[Any] = NoOptions
+
+    def options_of(self, **given: Any) -> Any:
+        """The platform's options from what a door was given (None: not given); an option
+        the platform does not take, given, is a one-line NotAnOption."""
+        known = {f.name for f in fields(self.options)}
+        for key, value in given.items():
+            if value is not None and key not in known:
+                flag = "--" + key.replace("_", "-")
+                raise NotAnOption(f"the {self.name} platform takes no {flag}")
+        return self.options(**{k: v for k, v in given.items() if k in known})
 
     def load(self, door: str) -> Any:
         """The object a "module:function" door names, its module imported now."""
@@ -62,6 +96,7 @@ PLATFORMS: Registry[PlatformEntry] = Registry.of(
         check_operator="handlers.operator.kube.jobs:check_operator",
         env_scoped=False,
         runs_in_workdir=False,
+        options=ClusterOptions,
     ),
     PlatformEntry(
         name="local",
