@@ -157,6 +157,13 @@ class KubeCluster:
         return None if obj is None else self._entry(obj)
 
     async def submit_job(self, document: Mapping[str, Any]) -> JobView:
+        """The job made from its document. One the decisions cannot read is refused
+        (Invalid) before it is made: the CRD's schema cannot say every rule (minReplicas
+        over maxReplicas), and a refusal after the create left a job no one submitted."""
+        try:
+            self.workload.parse(document)
+        except InvalidJob as e:
+            raise Invalid(f"invalid {self.workload.kind}: {e}") from None
         with _said_as_port_errors():
             obj = await self.api.create_job(dict(document))
         return self._readable(obj, f"{self.workload.kind.lower()} created")

@@ -55,6 +55,7 @@ class IgnoresVersions(LocalCluster):
 
 class _Broken(PlatformConformance):
     watch_resumes = False
+    expires = frozenset()
     broken: type[LocalCluster] = LocalCluster
 
     @pytest.fixture(autouse=True)

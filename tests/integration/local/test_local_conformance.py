@@ -3,9 +3,10 @@
 machine, in a root of each test's own.
 
 What the local platform declares: its watch does not resume from a version (its lists
-answer "0"; a watch starts with every current object, then what its poller sees), so the
-suite checks that instead of Expired; its capacity is this machine's slots, a setting
-that does not change while it runs.
+answer "0"; a watch starts with every current object, then what its poller sees) and lets
+no version go, so the suite checks that a watch from any version shows every object
+instead of Expired; its capacity is this machine's slots, a setting that does not change
+while it runs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ async def started(root: Path, cluster: type[LocalCluster] = LocalCluster) -> Loc
 
 class TestLocalPlatform(PlatformConformance):
     watch_resumes = False
+    expires = frozenset()
 
     @pytest.fixture
     async def platform(self, tmp_path: Path) -> AsyncIterator[LocalCluster]:
