@@ -52,6 +52,7 @@ from typing import Any
 
 import psutil
 
+from dlrover_events.lifecycle import cancel_and_wait
 from handlers.operator.document import trainingjob
 from handlers.operator.local import shim
 from handlers.operator.local.memory import Enforcement
@@ -196,11 +197,8 @@ class LocalCluster:
         """Stop following; with ``end_pods`` end every node's processes and forget the pods
         (the job objects stay: a later operator starts their pods again, and a job that
         checkpoints resumes)."""
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-            self._poller = None
+        await cancel_and_wait(self._poller)
+        self._poller = None
         if end_pods:
             await self._end_all()
 
