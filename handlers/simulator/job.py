@@ -2,10 +2,13 @@
 
 The virtual environment closes the brain's loop without a cluster: a ScalePlan goes in,
 and the runtime samples, node events and completion that a real job would produce come out,
-on a simulated clock that is just a number. Speed comes from the measured Pollux traces
-(throughput.py), usefulness of a step from their gradient statistics, and memory failures
-from a small per-application memory model (MEMORY_MODELS), so a plan that starves a job of
-memory is answered the way Kubernetes answers it: OOMKilled, exit code 137.
+on a simulated clock that is just a number. A plan that starves a job of memory is answered
+the way Kubernetes answers it: OOMKilled, exit code 137.
+
+This module is the job's life (admission, restarts, stalls, suspends, completion) and its
+snapshot; the roles it leans on are apart: job_plan.py reads what a plan asks, training.py
+is the model of how the gang trains (speed from the Pollux traces, gradient statistics,
+memory), job_events.py stamps what the job says.
 
 Pure: no I/O, no sleeping, no wall clock. Event ids and timestamps derive from the job, a
 per-job sequence number and the simulated clock, so the same inputs give the same events.
@@ -14,48 +17,40 @@ per-job sequence number and the simulated clock, so the same inputs give the sam
 from __future__ import annotations
 
 import math
-import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
-from handlers.simulator.cluster import Allocation, Cluster, GiB, PodRequest
-from handlers.simulator.throughput import OutOfTraceError, SimulatedApplication, StepTime
+from handlers.simulator.cluster import Allocation, Cluster, PodRequest
+from handlers.simulator.job_events import DEFAULT_ORIGIN, TERMINATED_EXIT_CODE, JobVoice
+from handlers.simulator.job_plan import (
+    UNSUPPORTED,
+    desired_after,
+    gives_replicas,
+    holds,
+    node_names,
+    override_after,
+    pin_after,
+    pinned,
+)
+from handlers.simulator.throughput import OutOfTraceError, SimulatedApplication
+from handlers.simulator.training import (
+    EPS,
+    MEMORY_MODELS,
+    TRAINING_ROLES,
+    MemoryModel,
+    TrainingModel,
+    memory_model,
+    replicas,
+)
 from schemas.env_settings import SIM_RESTART_DELAY_S
-from schemas.jobs import (
-    JobCompleted,
-    JobEvent,
-    JobFailed,
-    JobMeta,
-    JobStarted,
-    JobSubmitted,
-    NodeExited,
-    NodeOOM,
-    NodeRef,
-    NodeStarted,
-    NodeUsage,
-    OOMKind,
-    RuntimeSample,
-)
+from schemas.jobs import JobEvent, JobMeta, JobSubmitted
 from schemas.plan_parts import not_applied
-from schemas.plans import (
-    TRAINING_KNOBS,
-    NodeResource,
-    NotApplied,
-    ScalePlan,
-    ScaleStatus,
-    TrainingApplied,
-)
-
-MiB = 1024**2
-
-#: Roles whose pods are data-parallel replicas: one replica per GPU of such a pod.
-TRAINING_ROLES: frozenset[str] = frozenset({"worker", "chief"})
+from schemas.plans import TRAINING_KNOBS, NotApplied, ScalePlan, ScaleStatus
 
 #: Pollux's simulator charges every re-allocation 30 s of checkpoint-restart (the restart
 #: figure of schemas/rescale_cost.py, where its source is kept).
@@ -71,64 +66,7 @@ Admission = Literal["cluster", "brain"]
 AWAITING_SCHEDULER = "the scheduler"
 AWAITING_RESUME = "a plan that resumes it"
 
-#: The exit code of a pod the platform stopped (SIGTERM, 128 + 15), as Kubernetes reports it.
-TERMINATED_EXIT_CODE = 143
-
-#: A plan's placement names nodes as the simulated cluster does: node-<index from 0>.
-_NODE_NAME = re.compile(r"node-(0|[1-9][0-9]*)")
-
-#: Simulated time 0; fixed so that two runs of the same input give equal timestamps.
-DEFAULT_ORIGIN = datetime(2021, 1, 1, tzinfo=UTC)
-
-_EVENT_NAMESPACE = uuid.UUID("6f1c1d3e-4b5a-4f0e-9a7c-5d8e2b1a0c93")
-
-#: Slack when the clock lands on an epoch boundary computed along another path (float sums).
-_EPS = 1e-6
-
 _PARTS: TypeAdapter[list[NotApplied]] = TypeAdapter(list[NotApplied])
-
-#: What a plan may ask that the simulated cluster does not model: its pods have GPUs,
-#: cores and memory, and a GPU out of memory is a micro-batch beyond the traced one.
-UNSUPPORTED = {
-    "gpu_type": "the simulated cluster has no GPU types",
-    "gpu_memory": "the simulated cluster does not model GPU memory sizes",
-    "priority": "the simulated cluster has no priorities",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryModel:
-    """Host memory one training replica needs: a fixed part (framework, model, optimizer
-    state, data-loader workers) and a part that grows with the local batch (prefetched
-    samples). These are assumptions of scale, not measurements: the Pollux traces record
-    no host memory."""
-
-    base: int
-    per_sample: int
-
-    def need(self, local_bsz: int) -> int:
-        return self.base + self.per_sample * local_bsz
-
-
-MEMORY_MODELS: Mapping[str, MemoryModel] = {
-    # BERT-base fine-tuning on SQuAD: large model and tokenised dataset in memory.
-    "bert": MemoryModel(base=6 * GiB, per_sample=32 * MiB),
-    # ResNet-18 on CIFAR-10: the whole dataset (~180 MB) fits in memory.
-    "cifar10": MemoryModel(base=2 * GiB, per_sample=1 * MiB),
-    # DeepSpeech2 on LibriSpeech: spectrogram batches are large.
-    "deepspeech2": MemoryModel(base=4 * GiB, per_sample=32 * MiB),
-    # ResNet-50 on ImageNet: JPEG decoding workers and their prefetch queues.
-    "imagenet": MemoryModel(base=8 * GiB, per_sample=16 * MiB),
-    # NeuMF on MovieLens: rating matrix and embedding tables, tiny samples.
-    "ncf": MemoryModel(base=4 * GiB, per_sample=4 * 1024),
-    # YOLOv3 on PASCAL VOC: augmentation workers on 416x416 images.
-    "yolov3": MemoryModel(base=6 * GiB, per_sample=64 * MiB),
-}
-DEFAULT_MEMORY_MODEL = MemoryModel(base=4 * GiB, per_sample=8 * MiB)
-
-
-def memory_model(application: str) -> MemoryModel:
-    return MEMORY_MODELS.get(application, DEFAULT_MEMORY_MODEL)
 
 
 class JobPhase(StrEnum):
@@ -203,7 +141,13 @@ def _finite(value: float) -> float | None:
 
 class JobSimulator:
     """One job on a simulated cluster, driven by ScalePlans and a clock that only moves
-    when advance() is called."""
+    when advance() is called.
+
+    This is the job's life: which pods it wants and holds, when it starts, restarts,
+    stalls, is suspended, completes or fails. What a plan asks is read by job_plan.py,
+    how the gang trains by its TrainingModel (training.py), and what the job says is
+    stamped by its JobVoice (job_events.py).
+    """
 
     def __init__(
         self,
@@ -220,22 +164,16 @@ class JobSimulator:
         source: str = "simulator",
         admission: Admission = "cluster",
     ) -> None:
-        self.job = submitted.job
-        self.env = submitted.env
-        self.app = application
+        self._voice = JobVoice(submitted.env, submitted.job, source, origin)
         self.cluster = cluster
-        self.origin = origin
         self.restart_delay = restart_delay
         #: a job that rescales in place (None: it restarts): a new allocation that keeps
         #: one of its pods where it was costs this instead of restart_delay
         self.in_place_delay = in_place_delay
         self.sample_interval = sample_interval
-        self.memory = memory or memory_model(application.name)
-        self.source = source
         self.admission: Admission = admission
         self.submitted_at = clock
         self._clock = clock
-        self._seq = 0
         self._desired: dict[tuple[str, int], PodRequest] = {}
         # Every traced application trains on GPUs: a worker that names no GPU still has one,
         # and a submission that names no worker is one worker, as the Pollux jobs are.
@@ -245,8 +183,11 @@ class JobSimulator:
                 self._desired[(role, index)] = PodRequest(role, index, gpu, spec.cpu, spec.memory)
         if not any(p.role in TRAINING_ROLES for p in self._desired.values()):
             self._desired[("worker", 0)] = PodRequest("worker", 0, 1)
-        self._target_batch = submitted.batch_size or application.init_batch_size
-        self._batch_override: tuple[int, int] | None = None
+        self._model = TrainingModel(
+            application,
+            memory or memory_model(application.name),
+            submitted.batch_size or application.init_batch_size,
+        )
         self._allocation: Allocation | None = None
         self._state = JobPhase.PENDING
         # Whether the job may hold pods: the cluster grants it at submission, a brain
@@ -268,11 +209,38 @@ class JobSimulator:
         # (training.applied), as a real training process would.
         self._to_confirm: str | None = None
 
+    # -- who it is ------------------------------------------------------------------------
+
+    @property
+    def job(self) -> JobMeta:
+        return self._voice.job
+
+    @property
+    def env(self) -> str:
+        return self._voice.env
+
+    @property
+    def source(self) -> str:
+        return self._voice.source
+
+    @property
+    def origin(self) -> datetime:
+        return self._voice.origin
+
+    @property
+    def app(self) -> SimulatedApplication:
+        return self._model.app
+
+    @property
+    def memory(self) -> MemoryModel:
+        return self._model.memory
+
     # -- snapshots ------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the job is, JSON-able (the application by name): ``restore`` gives
         back a job that says what this one would have said, event for event."""
+        override = self._model.override
         return {
             "job": self.job.model_dump(mode="json"),
             "env": self.env,
@@ -286,10 +254,10 @@ class JobSimulator:
             "pin": None if self._pin is None else sorted([n, g] for n, g in self._pin.items()),
             "submitted_at": self.submitted_at,
             "clock": self._clock,
-            "seq": self._seq,
+            "seq": self._voice.seq,
             "desired": [_pod_state(p) for p in self._desired.values()],
-            "target_batch": self._target_batch,
-            "batch_override": None if self._batch_override is None else list(self._batch_override),
+            "target_batch": self._model.target_batch,
+            "batch_override": None if override is None else list(override),
             "allocation": None if self._allocation is None else self._allocation.snapshot(),
             "state": self._state.value,
             "waiting_for": self._waiting_for,
@@ -319,16 +287,13 @@ class JobSimulator:
         if application.name != state["application"]:
             raise ValueError(f"snapshot of a {state['application']} job given {application.name}")
         job = cls.__new__(cls)
-        job.job = JobMeta.model_validate(state["job"])
-        job.env = state["env"]
-        job.app = application
+        job._voice = JobVoice(
+            state["env"], JobMeta.model_validate(state["job"]), source, origin, state["seq"]
+        )
         job.cluster = cluster
-        job.origin = origin
         job.restart_delay = state["restart_delay"]
         job.in_place_delay = state.get("in_place_delay")  # (absent before it existed)
         job.sample_interval = state["sample_interval"]
-        job.memory = MemoryModel(*state["memory"])
-        job.source = source
         # (absent from a snapshot made before they existed: a cluster-admitted job)
         admission = state.get("admission", "cluster")
         if admission not in ("cluster", "brain"):
@@ -339,11 +304,14 @@ class JobSimulator:
         job._pin = None if pin is None else {int(n): int(g) for n, g in pin}
         job.submitted_at = state["submitted_at"]
         job._clock = state["clock"]
-        job._seq = state["seq"]
         job._desired = {(p.role, p.index): p for p in map(_pod, state["desired"])}
-        job._target_batch = state["target_batch"]
         override = state["batch_override"]
-        job._batch_override = None if override is None else (override[0], override[1])
+        job._model = TrainingModel(
+            application,
+            MemoryModel(*state["memory"]),
+            state["target_batch"],
+            None if override is None else (override[0], override[1]),
+        )
         allocation = state["allocation"]
         job._allocation = None if allocation is None else Allocation.restore(allocation)
         job._state = JobPhase(state["state"])
@@ -374,54 +342,40 @@ class JobSimulator:
     def completed_at(self) -> float | None:
         return self._completed_at
 
-    def _replicas(self, pods: Mapping[tuple[str, int], PodRequest]) -> int:
-        return sum(p.gpu for p in pods.values() if p.role in TRAINING_ROLES)
-
     def _placement(self) -> tuple[int, ...]:
         if self._allocation is None:
             return ()
         return self._allocation.gpus_per_node(TRAINING_ROLES)
 
-    def _batch(self, replicas: int) -> tuple[int, int]:
-        """(local_bsz, accumulation_steps) at a replica count: the plan's, else the rule's."""
-        if self._batch_override is not None:
-            return self._batch_override
-        return self.app.split_batch(self._target_batch, max(replicas, 1))
-
     def _running_pods(self) -> Mapping[tuple[str, int], PodRequest]:
         return {} if self._allocation is None else self._allocation.pods
 
-    def _rates(self) -> tuple[StepTime, float, int, float]:
-        """(step time, iteration time, global batch, goodput) of the running configuration."""
-        replicas = self._replicas(self._running_pods())
-        local_bsz, accumulation = self._batch(replicas)
-        step = self.app.step_time(self._placement(), local_bsz)
-        iteration = step.iteration_time(accumulation)
-        batch = replicas * local_bsz * accumulation
-        epoch = min(self.app.epoch_at(self._progress), self.app.max_epochs - 1)
-        return step, iteration, batch, self.app.gain(batch, epoch) / iteration
+    def _rates_check(self) -> None:
+        """OutOfTraceError when the running configuration is beyond what was measured."""
+        self._model.rates(self._running_pods(), self._placement(), self._progress)
 
     def status(self) -> JobSnapshot:
-        replicas = self._replicas(self._running_pods() or self._desired)
-        local_bsz, accumulation = self._batch(replicas)
+        count = replicas(self._running_pods() or self._desired)
+        local_bsz, accumulation = self._model.batch(count)
         speed = samples = goodput = 0.0
         if self._state is JobPhase.RUNNING:
-            _, iteration, batch, goodput = self._rates()
-            speed, samples = 1 / iteration, batch / iteration
+            rates = self._model.rates(self._running_pods(), self._placement(), self._progress)
+            iteration, goodput = rates.iteration, rates.goodput
+            speed, samples = 1 / iteration, rates.batch / iteration
         return JobSnapshot(
             state=self._state,
             clock=self._clock,
             speed=speed,
             samples_per_s=samples,
             goodput=goodput,
-            global_step=int(self._steps + _EPS),
+            global_step=int(self._steps + EPS),
             progress=self._progress,
             target_progress=self.app.target_progress,
             epoch=min(self.app.epoch_at(self._progress), self.app.max_epochs),
-            batch_size=replicas * local_bsz * accumulation,
+            batch_size=count * local_bsz * accumulation,
             local_batch_size=local_bsz,
             accumulation_steps=accumulation,
-            replicas=replicas,
+            replicas=count,
             placement=self._placement(),
             waiting_for=self._waiting_for,
             started_at=self._started_at,
@@ -443,72 +397,6 @@ class JobSimulator:
             )
             role["pending" if running.get(key) != pod else phase] += 1
         return counts
-
-    # -- events ---------------------------------------------------------------------------
-
-    def _meta(self, kind: str) -> dict[str, Any]:
-        self._seq += 1
-        return {
-            "env": self.env,
-            "job": self.job,
-            "source": self.source,
-            "event_id": uuid.uuid5(_EVENT_NAMESPACE, f"{self.job.uuid}/{self._seq}/{kind}"),
-            "occurred_at": self.origin + timedelta(seconds=self._clock),
-        }
-
-    def _node(self, pod: PodRequest) -> NodeRef:
-        return NodeRef(
-            type=pod.role,
-            id=pod.index,
-            name=f"{self.job.name or self.job.uuid}-{pod.role}-{pod.index}",
-        )
-
-    def _sample(self) -> RuntimeSample:
-        step, iteration, batch, _ = self._rates()
-        local_bsz, accumulation = self._batch(self._replicas(self._running_pods()))
-        nodes = [
-            NodeUsage(
-                type=pod.role,
-                id=pod.index,
-                cpu=pod.cpu,
-                memory=self._memory_used(pod, local_bsz),
-                gpu_util=(step.compute_time / step.step_time) if pod.gpu else None,
-                step_time=iteration,
-            )
-            for pod in self._running_pods().values()
-        ]
-        epoch = min(self.app.epoch_at(self._progress), self.app.max_epochs - 1)
-        stats = self.app.grad_stats(batch, epoch)  # None: the application has none
-        placement = self._placement()
-        world_size = self._replicas(self._running_pods())
-        # Per optimizer step: the all-reduce the compute did not hide happens once, after
-        # the last micro-step; the rest is compute (k micro-steps). One replica reduces
-        # with no one: what its trace calls sync is step overhead, i.e. compute.
-        allreduce = step.sync_time if world_size > 1 else 0.0
-        return RuntimeSample(
-            **self._meta("sample"),
-            global_step=int(self._steps + _EPS),
-            speed=1 / iteration,
-            samples_per_s=batch / iteration,
-            batch_size=batch,
-            local_batch_size=local_bsz,
-            accumulation_steps=accumulation,
-            world_size=world_size,
-            nodes=nodes,
-            num_nodes=len(placement),
-            grad_sqr=None if stats is None else stats[0],
-            # The traces' variance is that of a mean over the initial batch; the sample's
-            # is that of one sample's gradient (schemas.jobs.RuntimeSample.grad_var).
-            grad_var=None if stats is None else stats[1] * self.app.init_batch_size,
-            compute_s=iteration - allreduce,
-            allreduce_s=allreduce,
-        )
-
-    def _memory_used(self, pod: PodRequest, local_bsz: int) -> int:
-        if pod.role not in TRAINING_ROLES:
-            return 0
-        need = self.memory.need(local_bsz)
-        return min(need, pod.memory) if pod.memory else need
 
     # -- plans ----------------------------------------------------------------------------
 
@@ -536,28 +424,31 @@ class JobSimulator:
                 )
             return self._answer(plan, self._suspend())
         try:
-            desired = self._desired_after(plan)
-            override = self._override_after(plan.training, desired)
-            pin = self._pin_after(plan, desired)
+            desired = desired_after(self._desired, plan)
+            override = override_after(plan.training, desired, self._model)
+            shape = self.cluster.shape
+            pin = pin_after(plan, desired, self._pin, (shape[0], shape[1]))
         except ValueError as e:
             return PlanOutcome(ScaleStatus.REJECTED, str(e))
         if not any(p.role in TRAINING_ROLES and p.gpu for p in desired.values()):
             return PlanOutcome(
                 ScaleStatus.REJECTED, "plan leaves the job without training replicas"
             )
-        if not self.cluster.can_ever_fit(list(desired.values()), self._pinned(desired, pin)):
-            where = "" if pin is None else f" on {_node_names(pin)}"
+        if not self.cluster.can_ever_fit(list(desired.values()), pinned(desired, pin)):
+            where = "" if pin is None else f" on {node_names(pin)}"
             return PlanOutcome(ScaleStatus.REJECTED, f"the job's pods cannot fit{where}")
-        pods_changed = desired != self._desired or self._allocation is None or not self._holds(pin)
+        pods_changed = (
+            desired != self._desired or self._allocation is None or not holds(self._allocation, pin)
+        )
         self._desired, self._pin = desired, pin
-        if _gives_replicas(plan):
+        if gives_replicas(plan):
             self._granted = True
         events: list[JobEvent] = []
         if any(knob in plan.training for knob in TRAINING_KNOBS):
             self._to_confirm = plan.plan_id
-        batch_changed = override != self._batch_override
+        batch_changed = override != self._model.override
         if batch_changed:
-            self._batch_override = override
+            self._model.override = override
             self._eta = None
         if pods_changed:
             events.extend(self.try_admit())
@@ -601,12 +492,7 @@ class JobSimulator:
             self._waiting_for = AWAITING_SCHEDULER
         else:
             self._waiting_for = AWAITING_RESUME
-        return [
-            NodeExited(
-                **self._meta("node.exited"), node=self._node(pod), exit_code=TERMINATED_EXIT_CODE
-            )
-            for pod in stopped
-        ]
+        return self._voice.exited(stopped, self._clock)
 
     def _rebatch(self) -> list[JobEvent]:
         """New knobs in a running gang, from this step on: the job confirms them, or its
@@ -618,121 +504,10 @@ class JobSimulator:
             self._eta = None
             return oom
         try:
-            self._rates()
+            self._rates_check()
         except OutOfTraceError as e:
             return self._unsimulable(e)
         return self._confirm()
-
-    def _pin_after(
-        self, plan: ScalePlan, desired: Mapping[tuple[str, int], PodRequest]
-    ) -> dict[int, int] | None:
-        """The nodes the plan puts the training replicas on: its placement, else the
-        ones they were put on before while they still match the replicas; None: the
-        cluster chooses. A placement it cannot follow is refused (ValueError)."""
-        replicas = self._replicas(desired)
-        if not plan.placement:
-            kept = self._pin
-            if kept is None or sum(kept.values()) != replicas:
-                return None
-            try:
-                self._pinned(desired, kept)
-            except ValueError:
-                return None
-            return kept
-        num_nodes, gpus_per_node, _, _ = self.cluster.shape
-        pin: dict[int, int] = {}
-        for name, gpus in plan.placement.items():
-            match = _NODE_NAME.fullmatch(name)
-            if match is None or int(match.group(1)) >= num_nodes:
-                raise ValueError(
-                    f"placement names {name!r}: the simulated cluster's nodes are "
-                    f"node-0 to node-{num_nodes - 1}"
-                )
-            if gpus > gpus_per_node:
-                raise ValueError(f"placement puts {gpus} GPUs on {name}, which has {gpus_per_node}")
-            if gpus:
-                pin[int(match.group(1))] = gpus
-        if sum(pin.values()) != replicas:
-            raise ValueError(
-                f"placement holds {sum(pin.values())} GPUs, the job's training replicas "
-                f"need {replicas}"
-            )
-        self._pinned(desired, pin)
-        return pin
-
-    def _pinned(
-        self, pods: Mapping[tuple[str, int], PodRequest], pin: Mapping[int, int] | None
-    ) -> dict[tuple[str, int], int] | None:
-        """The node of each training pod under ``pin``: lowest node first, pods in index
-        order, a node filled to its GPUs before the next. ValueError when the pods do not
-        split that way (a pod of 2 GPUs cannot take one GPU here and one there)."""
-        if pin is None:
-            return None
-        training = sorted(
-            (p for p in pods.values() if p.role in TRAINING_ROLES and p.gpu),
-            key=lambda p: (p.role, p.index),
-        )
-        nodes: dict[tuple[str, int], int] = {}
-        slots = iter(sorted(pin.items()))
-        node, left = next(slots, (-1, 0))
-        for pod in training:
-            while left == 0:
-                node, left = next(slots, (-1, -1))
-            if pod.gpu > left:
-                raise ValueError(
-                    f"placement {_node_names(pin)} does not split into the job's pods of "
-                    f"{pod.gpu} GPUs each"
-                )
-            nodes[pod.key] = node
-            left -= pod.gpu
-        return nodes
-
-    def _holds(self, pin: Mapping[int, int] | None) -> bool:
-        """Whether the running gang already sits where ``pin`` puts it."""
-        if pin is None or self._allocation is None:
-            return True
-        have: dict[int, int] = {}
-        for key, node in self._allocation.nodes.items():
-            pod = self._allocation.pods[key]
-            if pod.role in TRAINING_ROLES and pod.gpu:
-                have[node] = have.get(node, 0) + pod.gpu
-        return have == dict(pin)
-
-    def _desired_after(self, plan: ScalePlan) -> dict[tuple[str, int], PodRequest]:
-        pods = dict(self._desired)
-        for role, group in plan.node_group_resources.items():
-            current = sorted((k for k in pods if k[0] == role), key=lambda k: k[1])
-            template = (
-                pods[current[0]]
-                if current
-                else PodRequest(role, 0, 1 if role in TRAINING_ROLES else 0)
-            )
-            template = _with_resource(template, group.node_resource)
-            for key in current:
-                pods[key] = _with_resource(pods[key], group.node_resource)
-            if group.count:
-                for key in current[group.count :]:  # highest index first
-                    del pods[key]
-                next_index = (current[-1][1] + 1) if current else 0
-                for index in range(next_index, next_index + max(0, group.count - len(current))):
-                    pods[(role, index)] = replace(template, index=index)
-        for ref in plan.remove_nodes:
-            pods.pop((ref.type, ref.id), None)
-        for node in plan.launch_nodes:
-            key = (node.type, node.id)
-            siblings = [p for p in pods.values() if p.role == node.type]
-            base = (
-                siblings[0]
-                if siblings
-                else PodRequest(node.type, node.id, 1 if node.type in TRAINING_ROLES else 0)
-            )
-            pods[key] = _with_resource(replace(base, index=node.id), node.resource)
-        for move in plan.migrate_nodes:
-            key = (move.node.type, move.node.id)
-            if key not in pods:
-                raise ValueError(f"cannot migrate {move.node.type}-{move.node.id}: no such node")
-            pods[key] = _with_resource(pods[key], move.resource)
-        return pods
 
     def _confirm(self) -> list[JobEvent]:
         """training.applied for the plan whose knobs the job now trains with: said by its
@@ -744,30 +519,17 @@ class JobSimulator:
         )
         if plan_id is None or not training:
             return []
-        local_bsz, accumulation = self._batch(self._replicas(self._running_pods()))
+        local_bsz, accumulation = self._model.batch(replicas(self._running_pods()))
         return [
-            TrainingApplied(
-                **self._meta("training.applied"),
-                plan_id=plan_id,
-                node=self._node(training[0]),
-                training={"local_batch_size": local_bsz, "accumulation_steps": accumulation},
-                global_step=int(self._steps + _EPS),
+            self._voice.training_applied(
+                plan_id,
+                training[0],
+                local_bsz,
+                accumulation,
+                int(self._steps + EPS),
+                self._clock,
             )
         ]
-
-    def _override_after(
-        self, training: Mapping[str, Any], desired: Mapping[tuple[str, int], PodRequest]
-    ) -> tuple[int, int] | None:
-        """The (local batch, accumulation) the plan sets; a knob it leaves out is what the
-        job would use at the plan's replicas."""
-        if "local_batch_size" not in training and "accumulation_steps" not in training:
-            return self._batch_override
-        local_bsz, accumulation = self._batch(self._replicas(desired))
-        local_bsz = int(training.get("local_batch_size", local_bsz))
-        accumulation = int(training.get("accumulation_steps", accumulation))
-        if local_bsz < 1 or accumulation < 1:
-            raise ValueError("local_batch_size and accumulation_steps must be >= 1")
-        return (local_bsz, accumulation)
 
     def try_admit(self) -> list[JobEvent]:
         """Ask the cluster for the desired gang, on its planned nodes if it has any; on
@@ -777,25 +539,23 @@ class JobSimulator:
         if (
             self._allocation is not None
             and dict(self._allocation.pods) == self._desired
-            and self._holds(self._pin)
+            and holds(self._allocation, self._pin)
         ):
             return []
         pods = list(self._desired.values())
-        pinned = self._pinned(self._desired, self._pin)
-        if not self.cluster.can_ever_fit(pods, pinned):
+        placed = pinned(self._desired, self._pin)
+        if not self.cluster.can_ever_fit(pods, placed):
             self._state = JobPhase.FAILED
             self._waiting_for = ""
             self.cluster.release(self.job.uuid)
             self._allocation = None
-            return [
-                JobFailed(**self._meta("failed"), reason="the job's pods cannot fit on the cluster")
-            ]
-        allocation = self.cluster.admit(self.job.uuid, pods, pinned)
+            return [self._voice.job_failed("the job's pods cannot fit on the cluster", self._clock)]
+        allocation = self.cluster.admit(self.job.uuid, pods, placed)
         if allocation is None:
             self._waiting_for = (
-                f"capacity: {self._replicas(self._desired)} GPUs as one gang"
+                f"capacity: {replicas(self._desired)} GPUs as one gang"
                 if self._pin is None
-                else f"room on {_node_names(self._pin)}"
+                else f"room on {node_names(self._pin)}"
             )
             if self.admission == "brain" and self._allocation is not None:
                 return self._give_up_old_gang()
@@ -808,13 +568,14 @@ class JobSimulator:
         self._eta = None
         # A pod that changed is a new pod; so is one a plan's placement moved to another
         # node (the cluster's own re-packing of a gang is its affair, said as before).
-        return [
-            NodeStarted(**self._meta("node.started"), node=self._node(pod))
+        started = [
+            pod
             for key, pod in allocation.pods.items()
             if previous is None
             or previous.pods.get(key) != pod
             or (self._pin is not None and previous.nodes.get(key) != allocation.nodes[key])
         ]
+        return self._voice.started(started, self._clock)
 
     def _rescale_delay(self, previous: Allocation | None, allocation: Allocation) -> float:
         """What the change from ``previous`` to ``allocation`` costs: in place when the job
@@ -839,12 +600,7 @@ class JobSimulator:
         self._allocation = None
         self._state = JobPhase.PENDING
         self._eta = None
-        return [
-            NodeExited(
-                **self._meta("node.exited"), node=self._node(pod), exit_code=TERMINATED_EXIT_CODE
-            )
-            for pod in stopped
-        ]
+        return self._voice.exited(stopped, self._clock)
 
     # -- time -----------------------------------------------------------------------------
 
@@ -867,33 +623,9 @@ class JobSimulator:
 
     def _oom_events(self) -> list[JobEvent]:
         """What the training replicas say at their first step with the current batch
-        when it does not fit: the GPU's memory (a micro-batch beyond the largest traced)
-        or the pod's (OOMKilled); nothing when it fits."""
-        replicas = self._replicas(self._running_pods())
-        local_bsz, _ = self._batch(replicas)
-        training = [p for p in self._running_pods().values() if p.role in TRAINING_ROLES]
-        if local_bsz > self.app.max_local_bsz:
-            return [
-                NodeOOM(
-                    **self._meta("node.oom"),
-                    node=self._node(pod),
-                    kind=OOMKind.GPU_MEMORY,
-                    exit_code=1,
-                )
-                for pod in training
-            ]
-        need = self.memory.need(local_bsz)
-        return [
-            NodeOOM(
-                **self._meta("node.oom"),
-                node=self._node(pod),
-                kind=OOMKind.HOST_MEMORY,
-                memory=need,
-                exit_code=137,
-            )
-            for pod in training
-            if pod.memory and pod.memory < need
-        ]
+        when it does not fit; nothing when it fits."""
+        kind, need, starved = self._model.out_of_memory(self._running_pods())
+        return self._voice.out_of_memory(kind, need, starved, self._clock)
 
     def _unsimulable(self, error: OutOfTraceError) -> list[JobEvent]:
         """Beyond what was measured the simulator would only guess; it says so loudly."""
@@ -901,14 +633,14 @@ class JobSimulator:
         self._waiting_for = ""
         self.cluster.release(self.job.uuid)
         self._allocation = None
-        return [JobFailed(**self._meta("failed"), reason=f"not simulable: {error}")]
+        return [self._voice.job_failed(f"not simulable: {error}", self._clock)]
 
     def _resume(self) -> list[JobEvent]:
         """Training starts on the new gang, unless its pods do not have the memory."""
         events = self._oom_events()
         if not events:
             try:
-                self._rates()
+                self._rates_check()
             except OutOfTraceError as e:
                 return self._unsimulable(e)
         if events:
@@ -924,33 +656,32 @@ class JobSimulator:
             ) * self.sample_interval
         if self._started_at is None:
             self._started_at = self._clock
-            events.append(JobStarted(**self._meta("job.started")))
+            events.append(self._voice.job_started(self._clock))
         return events
 
     def _train_until(self, end: float) -> list[JobEvent]:
         """Train to the first of: end, the next sample, the end of the current epoch."""
-        _, iteration, _, goodput = self._rates()
-        epoch = self.app.epoch_at(self._progress)
-        boundary = self.app.epoch_end_progress(epoch)
-        to_boundary = (boundary - self._progress) / goodput
-        horizon = min(end, self._next_sample)
-        if self._clock + to_boundary <= horizon + _EPS:
-            self._clock += to_boundary
-            self._steps += to_boundary / iteration
-            self._progress = boundary
-            if epoch + 1 >= self.app.max_epochs:
-                return self._complete()
-            return []
-        # An epoch end reached within _EPS past the horizon may leave the clock just beyond it.
-        elapsed = max(0.0, horizon - self._clock)
-        self._clock += elapsed
-        self._steps += elapsed / iteration
-        self._progress += goodput * elapsed
+        stretch = self._model.train(
+            self._running_pods(),
+            self._placement(),
+            self._clock,
+            self._steps,
+            self._progress,
+            min(end, self._next_sample),
+        )
+        self._clock, self._steps, self._progress = stretch.clock, stretch.steps, stretch.progress
+        if stretch.epoch_ended:
+            return self._complete() if stretch.last else []
         if self._clock >= self._next_sample:
             assert self.sample_interval is not None
             self._next_sample += self.sample_interval
             return [self._sample()]
         return []
+
+    def _sample(self) -> JobEvent:
+        pods = self._running_pods()
+        measured = self._model.measured(pods, self._placement(), self._progress, self._steps)
+        return self._voice.sample(measured, self._clock)
 
     def _complete(self) -> list[JobEvent]:
         events: list[JobEvent] = [self._sample()] if self.sample_interval else []
@@ -959,7 +690,7 @@ class JobSimulator:
         self._eta = self._clock
         self.cluster.release(self.job.uuid)
         self._allocation = None
-        events.append(JobCompleted(**self._meta("job.completed")))
+        events.append(self._voice.job_completed(self._clock))
         return events
 
     def next_event_at(self) -> float | None:
@@ -978,61 +709,18 @@ class JobSimulator:
         if self._eta is not None:
             return self._eta
         if self._state is JobPhase.RUNNING:
-            t, progress = self._clock, self._progress
+            t = self._clock
         elif self._state is JobPhase.RESTARTING:
-            t, progress = self._resume_at, self._progress
-            local_bsz, _ = self._batch(self._replicas(self._running_pods()))
-            if local_bsz > self.app.max_local_bsz:
-                return None
-            need = self.memory.need(local_bsz)
-            if any(
-                p.memory and p.memory < need
-                for p in self._running_pods().values()
-                if p.role in TRAINING_ROLES
-            ):
+            t = self._resume_at
+            if self._model.starves(self._running_pods()):
                 return None
         else:
             return None
-        saved = self._progress
-        try:
-            self._rates()
-        except OutOfTraceError:
+        eta = self._model.finish_at(self._running_pods(), self._placement(), t, self._progress)
+        if eta is None:
             return None
-        try:
-            for epoch in range(self.app.epoch_at(progress), self.app.max_epochs):
-                self._progress = progress
-                _, _, _, goodput = self._rates()
-                boundary = self.app.epoch_end_progress(epoch)
-                t += (boundary - progress) / goodput
-                progress = boundary
-        finally:
-            self._progress = saved
-        self._eta = t
-        return t
-
-
-def _gives_replicas(plan: ScalePlan) -> bool:
-    """Whether the plan gives the job training replicas: what lets a brain's scheduler
-    start (or resume) a job, as opposed to re-tuning one."""
-    return (
-        bool(plan.placement)
-        or any(g.count for r, g in plan.node_group_resources.items() if r in TRAINING_ROLES)
-        or any(n.type in TRAINING_ROLES for n in plan.launch_nodes)
-    )
-
-
-def _node_names(pin: Mapping[int, int]) -> str:
-    return ", ".join(f"node-{n} ({g} GPUs)" for n, g in sorted(pin.items()))
-
-
-def _with_resource(pod: PodRequest, resource: NodeResource) -> PodRequest:
-    """Apply a plan's resources to a pod: a 0 field means unchanged."""
-    return replace(
-        pod,
-        gpu=resource.gpu_num or pod.gpu,
-        cpu=resource.cpu or pod.cpu,
-        memory=resource.memory or pod.memory,
-    )
+        self._eta = eta
+        return eta
 
 
 __all__ = [
