@@ -18,8 +18,8 @@ its fixtures; the reconciler, which cannot tell the platforms apart, then works 
 
 Where a platform legitimately lacks something, it says so in a class attribute of its
 subclass (``watch_resumes``, ``stale_writes_conflict``, ``keeps_status``), or the port's
-own flags say it (``suspends``, ``creates_pods``), and the suite checks that it behaves as
-declared instead: no check is skipped. What each check covers is its docstring; a failure
+own declarations say it (``capabilities``, ``creates_pods``), and the suite checks that it
+behaves as declared instead: no check is skipped. What each check covers is its docstring; a failure
 says which part of the contract broke, with what was seen.
 
 Runs: tests/integration/local/test_local_conformance.py (processes on this machine),
@@ -316,15 +316,14 @@ class PlatformConformance:
 
     async def test_it_says_what_it_is(self, platform: Platform) -> None:
         """The attributes the reconciler reads before it calls anything, and capabilities
-        that agree with them: the brain plans by the capabilities, the reconciler acts by
-        the attributes, so a platform that says one thing in each gets plans it rejects."""
+        that agree with them: the brain plans by the capabilities and the reconciler acts by
+        them (a suspend, a migration), so a platform that says one thing in each gets plans
+        it rejects."""
         assert isinstance(platform.name, str) and platform.name
         assert isinstance(platform.namespace, str) and platform.namespace
         assert isinstance(platform.creates_pods, bool)
-        assert isinstance(platform.suspends, bool)
         can = platform.capabilities
         assert isinstance(can, PlatformCapabilities), can
-        assert can.suspend == platform.suspends, can
         assert platform.creates_pods or not can.migrates_nodes, (
             "it migrates nodes, but another controller creates its pods"
         )
@@ -455,15 +454,16 @@ class PlatformConformance:
     # -- suspend and resume ---------------------------------------------------------------
 
     async def test_suspend_and_resume(self, platform: Platform) -> None:
-        """Where the platform ``suspends``: a suspend keeps the job and its size and says
-        who suspended it, in one write; a resume undoes it; a job submitted suspended reads
-        so (queued). Where it does not, a suspend is refused or leaves the job running."""
+        """Where the platform can suspend (``capabilities.suspend``): a suspend keeps the job
+        and its size and says who suspended it, in one write; a resume undoes it; a job
+        submitted suspended reads so (queued). Where it does not, a suspend is refused or
+        leaves the job running."""
         job = await self.submit(platform)
         stop = JobAdmission(SUSPENDED, "Preempted", "suspended by the suite", "suite-suspend")
         suspend = JobSpecChange(
             job.resource_version, ("suite-suspend",), suspend=True, admission=stop
         )
-        if not platform.suspends:
+        if not platform.capabilities.suspend:
             with contextlib.suppress(Invalid):
                 await platform.change_job(job, suspend)
             assert not _job(await platform.get_job(job.name)).suspended
@@ -747,13 +747,11 @@ class PlatformConformance:
             fenced.name,
             fenced.namespace,
             fenced.creates_pods,
-            fenced.suspends,
             fenced.capabilities,
         ) == (
             platform.name,
             platform.namespace,
             platform.creates_pods,
-            platform.suspends,
             platform.capabilities,
         )
         change = JobSpecChange(job.resource_version, ("fenced",), replicas={WORKER: 3})

@@ -96,8 +96,6 @@ class KubeCluster:
     """One namespace's jobs of one kind, and their pods."""
 
     name = "Kubernetes"
-    #: a job's suspend is its workload's field (spec.suspend, spec.runPolicy.suspend)
-    suspends = True
     #: where elastic pods find their rendezvous store: None, the job's headless Service
     rendezvous_host: str | None = None
 

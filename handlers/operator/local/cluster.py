@@ -146,8 +146,9 @@ class LocalCluster:
 
     name = "local"
     creates_pods = True
-    #: a suspended job's pods are ended and its document kept
-    suspends = True
+    #: a suspended job's pods are ended and its job kept (capabilities.suspend; a test
+    #: turns it off to play a platform that cannot suspend)
+    can_suspend = True
     #: where an elastic role's pods find their rendezvous store
     rendezvous_host = "127.0.0.1"
     #: the pods run this machine's torchrun, beside the SDK: a node stopped by a shrink
@@ -329,12 +330,12 @@ class LocalCluster:
     @property
     def capabilities(self) -> PlatformCapabilities:
         """One machine: no GPU type to select; warm spares kept by the node agent; a job
-        suspended as ``suspends`` says; any node replaced but an elastic role's
+        suspended as ``can_suspend`` says; any node replaced but an elastic role's
         rendezvous host, whose agent holds the c10d store the others meet at."""
         return PlatformCapabilities(
             gpu_types=False,
             spares=True,
-            suspend=self.suspends,
+            suspend=self.can_suspend,
             migrates_nodes=True,
             replaces_rendezvous_host=False,
         )

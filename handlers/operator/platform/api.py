@@ -19,7 +19,7 @@ A job's *pods* are its nodes (the brain's NodeRef: role and rank) as the platfor
 them: a Kubernetes Pod, or a process tree under a shim on the local platform.
 
 For a cluster scheduler (issue 26): a job's suspend state (``JobView.suspended``, written
-by ``JobSpecChange.suspend`` on a platform whose ``suspends`` is true: TrainingJob
+by ``JobSpecChange.suspend`` on a platform whose ``capabilities.suspend`` is true: TrainingJob
 ``spec.suspend``, PyTorchJob ``spec.runPolicy.suspend``, the field Kueue uses), who admitted
 or suspended it and why (``JobAdmission``, kept on the job in the same write as the
 suspend), and the cluster's capacity (``Host``s and their allocatable GPUs, schedulable or
@@ -68,10 +68,6 @@ class Platform(Protocol):
     #: whether the reconciler creates and deletes the jobs' pods (False: another
     #: controller does, from the replicas a change sets: a PyTorchJob's training-operator)
     creates_pods: bool
-    #: whether a JobSpecChange's ``suspend`` is honoured: a suspended job's pods are deleted
-    #: (with their grace period) and its place kept, for a cluster scheduler's queue and
-    #: preemption
-    suspends: bool
 
     @property
     def capabilities(self) -> PlatformCapabilities:

@@ -31,7 +31,6 @@ class FencedPlatform:
         self.name = platform.name
         self.namespace = platform.namespace
         self.creates_pods = platform.creates_pods
-        self.suspends = platform.suspends
 
     @property
     def capabilities(self) -> PlatformCapabilities:

@@ -19,7 +19,7 @@ alike, in the port's typed views and errors; it imports no platform.
   its pods are deleted with their grace period (the training checkpoints on SIGTERM) and
   the plan is answered ``applied`` only once they are gone; a plan with a count resumes a
   suspended job (or admits a queued one), answered once its pods are back (created, as
-  the platform says). A platform that cannot suspend (``Platform.suspends`` false) rejects
+  the platform says). A platform that cannot suspend (``capabilities.suspend`` false) rejects
   a suspend, nothing changed.
 - With a cluster scheduler in the env's settings (brain.scheduler, followed live on
   dlrover.control), a new job is suspended before its first pod: queued until a plan
@@ -424,7 +424,7 @@ class EnvReconciler:
     async def _converge(self, job: JobView, *, last_plan: str | None = None) -> list[PodView]:
         """Pods made to match the job, status and job events updated; returns the pods."""
         pods = await self._pods_of(job.name)
-        if self.platform.suspends:
+        if self.platform.capabilities.suspend:
             admission = planning.admission_change(job, pods, self.scheduler)
             if admission is not None and admission.admission is not None:
                 job = await self.platform.change_job(job, admission)
@@ -621,7 +621,7 @@ class EnvReconciler:
         return job
 
     async def _apply(self, plan: ScalePlan) -> ApplyResult:
-        if plan.suspend and not self.platform.suspends:
+        if plan.suspend and not self.platform.capabilities.suspend:
             # this platform cannot hold a job's place while its pods are gone
             reason = planning.cannot_suspend(self.platform.name)
             return ApplyResult(ScaleStatus.REJECTED, reason, {})
@@ -692,7 +692,7 @@ class EnvReconciler:
         platform says), before the plan is answered; the pods then. A plan that neither
         suspends nor resumes does not wait. Failed, naming the pods, when they are not
         within the grace period and SETTLE_MARGIN_S."""
-        if not self.platform.suspends:
+        if not self.platform.capabilities.suspend:
             return pods
         suspending = plan.suspend and job.suspended
         admission = job.admission

@@ -95,7 +95,7 @@ async def test_a_platform_that_cannot_suspend_rejects_a_suspend_and_changes_noth
     tmp_path: Path,
 ) -> None:
     cluster, reconciler, meta = await _cluster_with_job(tmp_path)
-    cluster.suspends = False  # as a platform without a suspend field would be
+    cluster.can_suspend = False  # as a platform without a suspend field would be
     before = copy.deepcopy(await cluster.get_job("j"))
     plan = ScalePlan(env="prod", job=meta, plan_id="suspend-1", suspend=True)
 

@@ -91,7 +91,7 @@ def test_each_platform_declares_what_it_can_apply(tmp_path: Path) -> None:
         migrates_nodes=True,
         replaces_rendezvous_host=False,
     )
-    local.suspends = False  # (as a platform without a suspend would be)
+    local.can_suspend = False  # (as a platform without a suspend would be)
     assert local.capabilities.suspend is False
     fenced = FencedPlatform(local, lambda: True)
     assert fenced.capabilities == local.capabilities
