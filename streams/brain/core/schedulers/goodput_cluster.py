@@ -351,25 +351,41 @@ def _nodes_text(placement: Placement) -> str:
     return "+".join(f"{name}:{g}" for name, g in placement) or "none"
 
 
-def schedule(
-    now: float,
-    cluster: ClusterCapacity,
-    jobs: Sequence[JobInput],
-    params: GoodputClusterParams | None = None,
-) -> Schedule:
-    """The allocation of this round, as the changes to make (see the module docstring)."""
-    p = params or GoodputClusterParams()
+def _arrived(now: float, jobs: Sequence[JobInput]) -> list[JobInput]:
+    """Inputs checked: the jobs submitted at or before `now`, by id, each with the
+    goodput model this scheduler needs (JobInputError otherwise)."""
     check_jobs(jobs)
     arrived = sorted((j for j in jobs if j.submitted_at <= now), key=lambda j: j.job_id)
-    if not arrived:
-        return Schedule((), (), 0.0, 0.0)
     for j in arrived:
         if j.model is None:
             raise JobInputError(f"job {j.job_id!r} has no goodput model: goodput-cluster needs one")
+    return arrived
+
+
+@dataclass(slots=True)
+class _Round:
+    """What one round decides over: the jobs it decides (Kueue's running jobs with what
+    they hold, the rest with what is left open), and the figures every job's value uses."""
+
+    p: GoodputClusterParams
+    cluster: ClusterCapacity
+    open_cluster: ClusterCapacity
+    kueue_held: dict[str, dict[str, int]]
+    state: dict[str, _Job]
+    total: int  # GPUs handed out here (Kueue's held set aside)
+    fair: int  # GPUs of a fair share, for the speedups and the reasons
+    scale: float  # nodes per GPU: the speedups' scale
+    full: dict[str, int]  # node -> its GPUs
+
+
+def _candidates(
+    now: float, cluster: ClusterCapacity, arrived: Sequence[JobInput], p: GoodputClusterParams
+) -> _Round:
+    """Candidates: per decided job, its speedup at every size the whole-node rule allows,
+    what it holds now and may keep, and the restart factor a change would cost it."""
     # what Kueue's running jobs hold is theirs; the rest is handed out here
     open_cluster, kueue_held = set_aside(cluster, arrived)
     decided = [j for j in arrived if not j.kueue_managed or j.job_id in kueue_held]
-    total = open_cluster.total_gpus
     menus = {kind: _menu(open_cluster, kind) for kind in {None, *(j.gpu_type for j in decided)}}
     grids: Grids = {}
     fair = fair_share(cluster.total_gpus, len(decided))
@@ -399,8 +415,15 @@ def schedule(
             pinned=kueue or (running and not j.preemptible and ok and current > 0),
             kueue=kueue,
         )
+    return _Round(
+        p, cluster, open_cluster, kueue_held, state, open_cluster.total_gpus, fair, scale, full
+    )
 
+
+def _terms(rnd: _Round) -> Callable[[str, int], float]:
+    """The objective's term of a job at a size, computed once per round and size."""
     terms: dict[tuple[str, int], float] = {}
+    state, scale, p = rnd.state, rnd.scale, rnd.p
 
     def term(key: str, r: int) -> float:
         """The job's term of the objective at `r` GPUs (kept when it holds them now)."""
@@ -411,34 +434,45 @@ def schedule(
             got = terms[key, r] = utility(value, p.fairness_p, p.epsilon)
         return got
 
-    # Kueue's jobs: the size worth most within what they hold (keeping it, on a tie)
+    return term
+
+
+def _kueue_sizes(rnd: _Round) -> tuple[dict[str, int], dict[str, Placement]]:
+    """Kueue's jobs: the size worth most within what they hold (keeping it, on a tie)."""
+    p = rnd.p
     fixed_counts: dict[str, int] = {}
     fixed_placed: dict[str, Placement] = {}
-    for key, job in state.items():
+    for key, job in rnd.state.items():
         if not job.kueue:
             continue
-        held = kueue_held[key]
+        held = rnd.kueue_held[key]
         options: list[tuple[float, bool, int, Placement]] = []
         if job.table is not None:
             for r in job.table.sizes:
-                placement = _within(r, held, full, open_cluster.gpus_per_node)
+                placement = _within(r, held, rnd.full, rnd.open_cluster.gpus_per_node)
                 if placement is None or job.table.choice(r) is None:
                     continue
                 kept = job.valid_current and _same(placement, job.spec.placement)
-                value = _value(job, r, kept, scale, p.hysteresis)
+                value = _value(job, r, kept, rnd.scale, p.hysteresis)
                 options.append((utility(value, p.fairness_p, p.epsilon), kept, r, placement))
         if options:
             _, _, r, placement = max(options, key=lambda o: (o[0], o[1], o[2]))
         else:
             r, placement = job.spec.replicas, job.spec.placement  # (nothing to decide)
         fixed_counts[key], fixed_placed[key] = r, placement
+    return fixed_counts, fixed_placed
 
-    ours = {k: job for k, job in state.items() if not job.kueue}
-    packer = Packer(
-        open_cluster,
-        {k: PackedJob(j.spec.placement, j.current, j.spec.gpu_type) for k, j in ours.items()},
-    )
-    # quotas: each group's jobs, priority first, get their smallest size while it has room
+
+def _floors(
+    rnd: _Round,
+    ours: Mapping[str, _Job],
+    packer: Packer,
+    term: Callable[[str, int], float],
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Quotas: each group's jobs, priority first, get their smallest size while it has
+    room, then grow into what the quota has left; the floors are those that pack (the
+    last claims dropped until they do), set on each job. Returns the floors and each
+    job's smallest size (`need`)."""
     held_anyway = {k: job.current for k, job in ours.items() if job.pinned}
     need = {
         k: next((r for r in job.table.sizes if job.table.choice(r)), 0)
@@ -449,8 +483,8 @@ def schedule(
         (job.spec for job in ours.values()),
         key=lambda j: (-j.priority, not j.placement, j.submitted_at, j.job_id),
     )
-    kueue_gpus = sum(g for held in kueue_held.values() for g in held.values())
-    owed = cluster.guaranteed(kueue_gpus)
+    kueue_gpus = sum(g for held in rnd.kueue_held.values() for g in held.values())
+    owed = rnd.cluster.guaranteed(kueue_gpus)
     least = guarantee(by_claim, need, held_anyway, owed)
     # ... then grow, the step of most gain per GPU first, into what each quota has left:
     # a quota is the GPUs its jobs can use, not one each
@@ -473,9 +507,27 @@ def schedule(
             start = {k: (j.current if j.pinned else floors.get(k, 0)) for k, j in ours.items()}
             if packer.pack(start) is not None:
                 break
-    floor_start = {k: (job.current if job.pinned else floors.get(k, 0)) for k, job in ours.items()}
     for key, size in floors.items():
         ours[key].floor = size
+    return floors, need
+
+
+def _search(
+    rnd: _Round,
+    ours: Mapping[str, _Job],
+    packer: Packer,
+    term: Callable[[str, int], float],
+    floors: Mapping[str, int],
+    need: Mapping[str, int],
+    fixed: tuple[dict[str, int], dict[str, Placement]],
+) -> tuple[float, float, dict[str, int], dict[str, Placement]]:
+    """Search, admission and preemption: the greedy run from the current allocation and
+    from the floors; the better of those fair to quotas and priority, or the current
+    allocation when neither beats it. Returns the objective after and before, and the
+    GPUs and placement of every decided job (Kueue's included)."""
+    p, state, scale, total = rnd.p, rnd.state, rnd.scale, rnd.total
+    fixed_counts, fixed_placed = fixed
+    floor_start = {k: (job.current if job.pinned else floors.get(k, 0)) for k, job in ours.items()}
     keep = {k: job.current for k, job in ours.items()}
     keep_start = {k: max(job.current, job.floor) for k, job in ours.items()}
 
@@ -524,8 +576,20 @@ def schedule(
     if best is None:  # (nothing placeable: keep what runs)
         best = (before, keep, current_placed)
     value, counts, placed = best
-    counts, placed = {**counts, **fixed_counts}, {**placed, **fixed_placed}
+    return value, before, {**counts, **fixed_counts}, {**placed, **fixed_placed}
 
+
+def _plans(
+    rnd: _Round,
+    arrived: Sequence[JobInput],
+    counts: Mapping[str, int],
+    placed: Mapping[str, Placement],
+    value: float,
+    before: float,
+) -> Schedule:
+    """Plans: what every arrived job holds after the round, and the changes to make (a
+    new placement, with why; a batch change in place only past the hysteresis)."""
+    p, state, fair = rnd.p, rnd.state, rnd.fair
     decisions: list[JobChange] = []
     allocations: list[JobHolding] = []
     for spec in arrived:
@@ -604,6 +668,32 @@ def schedule(
         )
     decisions.sort(key=change_order)
     return Schedule(tuple(decisions), tuple(allocations), value, before)
+
+
+def schedule(
+    now: float,
+    cluster: ClusterCapacity,
+    jobs: Sequence[JobInput],
+    params: GoodputClusterParams | None = None,
+) -> Schedule:
+    """The allocation of this round, as the changes to make (see the module docstring),
+    in the round's stages: inputs checked, candidates, Kueue's sizes and the quotas'
+    floors, the search (admission and preemption), the plans."""
+    p = params or GoodputClusterParams()
+    arrived = _arrived(now, jobs)
+    if not arrived:
+        return Schedule((), (), 0.0, 0.0)
+    rnd = _candidates(now, cluster, arrived, p)
+    term = _terms(rnd)
+    fixed = _kueue_sizes(rnd)
+    ours = {k: job for k, job in rnd.state.items() if not job.kueue}
+    packer = Packer(
+        rnd.open_cluster,
+        {k: PackedJob(j.spec.placement, j.current, j.spec.gpu_type) for k, j in ours.items()},
+    )
+    floors, need = _floors(rnd, ours, packer, term)
+    value, before, counts, placed = _search(rnd, ours, packer, term, floors, need, fixed)
+    return _plans(rnd, arrived, counts, placed, value, before)
 
 
 __all__ = ["GoodputClusterParams", "schedule"]
