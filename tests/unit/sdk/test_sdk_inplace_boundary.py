@@ -22,7 +22,7 @@ MEMBER = textwrap.dedent(
     import json, sys, threading, time
     import torch
     from torch import nn
-    from dlrover_events.sdk.torch.inplace import InPlaceGroup
+    from dlrover_events.sdk.torch.inplace import InPlaceGroup, InPlaceSettings
     from schemas.jobs import JobMeta
     from schemas.plans import NodeGroupResource, ScalePlan
 
@@ -34,11 +34,11 @@ MEMBER = textwrap.dedent(
             return None
         wanted = {"worker": NodeGroupResource(count=spec["plan_count"])}
         return ScalePlan(env="it", job=JobMeta(uuid="j"), plan_id="p", node_group_resources=wanted)
-    group = InPlaceGroup(
-        "127.0.0.1", port, hosts_store=rank == 0, member=f"m{rank}", expect=3,
-        timeout_s=30, handle_sigterm=False,
-        check_every=spec["check_every"], gather_s=spec["gather_s"], plan=plan,
+    settings = InPlaceSettings(
+        "127.0.0.1", port, hosts_store=rank == 0, expect=3, timeout_s=30,
+        check_every=spec["check_every"], gather_s=spec["gather_s"],
     )
+    group = InPlaceGroup(settings, member=f"m{rank}", handle_sigterm=False, plan=plan)
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dlrover_events.runtime.embedded import free_port
-from dlrover_events.sdk.torch.inplace import InPlaceGroup, ReformFailed
+from dlrover_events.sdk.torch.inplace import InPlaceGroup, InPlaceSettings, ReformFailed
 
 
 def waiting_joiner() -> tuple[dist.TCPStore, InPlaceGroup, dict[str, Any], threading.Thread]:
@@ -21,9 +21,8 @@ def waiting_joiner() -> tuple[dist.TCPStore, InPlaceGroup, dict[str, Any], threa
     port = free_port()
     host = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     host.set("epoch", "e1")
-    group = InPlaceGroup(
-        "127.0.0.1", port, hosts_store=False, member="m", timeout_s=5, handle_sigterm=False
-    )
+    settings = InPlaceSettings("127.0.0.1", port, hosts_store=False, timeout_s=5)
+    group = InPlaceGroup(settings, member="m", handle_sigterm=False)
     result: dict[str, Any] = {}
 
     def run() -> None:

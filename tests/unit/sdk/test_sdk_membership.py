@@ -257,7 +257,7 @@ SYNC_WORKER = textwrap.dedent(
     import sys
     from datetime import timedelta
     import torch, torch.distributed as dist
-    from dlrover_events.sdk.torch.inplace import StateSync
+    from dlrover_events.sdk.torch.inplace_state import StateSync
     rank, port = int(sys.argv[1]), int(sys.argv[2])
     store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, wait_for_workers=False,
                           timeout=timedelta(seconds=60))

@@ -20,9 +20,13 @@ optimizer state from a member by broadcast (no checkpoint file on the way):
   form the job again from the checkpoint. The first generation formed so reports
   ``training.rescaled`` with mode ``restart``.
 
-The decisions are pure (``dlrover_events.sdk.membership``); this is the torch shell. The
-training knobs switch at the same boundary (``StepKnobs.resize`` keeps the global batch,
-then a plan's knobs are decided at once). Rank 0 reports each rescale with its phases.
+The decisions are pure (``dlrover_events.sdk.membership``); this is the torch shell, cut
+by role: ``inplace_settings`` (what the platform says, ``InPlaceSettings``),
+``inplace_store`` (the protocol's records in the job's store), ``inplace_ddp`` (the process
+group and DDP of a generation) and ``inplace_state`` (the state broadcast); the group here
+keeps the loop's side (the step, leaving, rescales and their reports). The training knobs
+switch at the same boundary (``StepKnobs.resize`` keeps the global batch, then a plan's
+knobs are decided at once). Rank 0 reports each rescale with its phases.
 
     group = InPlaceGroup.from_env(reporter=reporter, knobs=knobs)
     group.join(model, optimizer, checkpoint=ckpt)
@@ -47,154 +51,51 @@ import os
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
-from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
-from dlrover_events.sdk.identity import (
-    ELASTIC_ADMIT_ENV,
-    ELASTIC_EXPECT_ENV,
-    ELASTIC_STORE_ENV,
-    ELASTIC_STORE_HOST_ENV,
-    RANK_ENV,
-    ROLE_ENV,
-)
+from dlrover_events.sdk.identity import ELASTIC_ADMIT_ENV, ELASTIC_STORE_ENV, RANK_ENV
 from dlrover_events.sdk.knobs import StepKnobs
 from dlrover_events.sdk.membership import (
     FROM_CHECKPOINT,
     Check,
     Decision,
-    Joiner,
     Rescale,
-    Survivor,
     check_vector,
-    first_generation,
     gather_wait,
     plan_for,
-    planned,
     read_check,
-    recovered,
 )
 from dlrover_events.sdk.probes import process_started_at
 from dlrover_events.sdk.reporter import Reporter
 from dlrover_events.sdk.torch import ElasticCheckpoint, is_peer_failure, knob_sync
+from dlrover_events.sdk.torch.inplace_ddp import GenerationGroup
+from dlrover_events.sdk.torch.inplace_settings import (
+    DEFAULT_GATHER_S,
+    DEFAULT_SETTLE_S,
+    DEFAULT_TIMEOUT_S,
+    GATHER_ENV,
+    OVERRIDABLE,
+    SETTLE_ENV,
+    TIMEOUT_ENV,
+    InPlaceSettings,
+)
+from dlrover_events.sdk.torch.inplace_state import StateSync
+from dlrover_events.sdk.torch.inplace_store import (
+    CONNECT_S,
+    POLL_S,
+    MembershipStore,
+    ReformFailed,
+    first_line,
+)
 from schemas.plans import RescaleMode, ScalePlan, TrainingRescaled
 
 log = logging.getLogger(__name__)
-
-#: Seconds a first generation waits for the members it expects before it forms with those
-#: that came (the others join it in place).
-SETTLE_ENV = "DLROVER_EVENTS_ELASTIC_SETTLE_S"
-#: Seconds a collective, a group's formation or a read of the store may take: a member
-#: lost without closing its connections is noticed after this long.
-TIMEOUT_ENV = "DLROVER_EVENTS_ELASTIC_TIMEOUT_S"
-#: Seconds after the first SIGTERM of a resize within which every member that gets one
-#: leaves in the same generation (``membership.gather_wait``). The same for every member
-#: of a role: whether to take the check again is decided from the agreed check.
-GATHER_ENV = "DLROVER_EVENTS_ELASTIC_GATHER_S"
-DEFAULT_SETTLE_S = 30.0
-DEFAULT_GATHER_S = 0.1
-DEFAULT_TIMEOUT_S = 60.0
-#: Seconds a newcomer waits for the store's host to come up (it may still import torch).
-CONNECT_S = 300.0
-#: How often a waiting process looks at the store or at its admission file.
-POLL_S = 0.02
-
-
-class ReformFailed(RuntimeError):
-    """The group could not be re-formed in place: exit non-zero, the agent restarts it."""
-
-
-class StateSync:
-    """A nested state (dicts, lists, tuples of tensors and plain values) from one rank to
-    every rank of the group: its shape pickled once (``broadcast_object_list``), its
-    tensors in one flat ``broadcast`` per dtype on the group's device."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def broadcast(self, state: Any, src: int) -> Any:
-        me = dist.get_rank()
-        tensors: list[torch.Tensor] = []
-        shape = _strip(state, tensors) if me == src else None
-        box: list[Any] = [shape]
-        dist.broadcast_object_list(box, src, device=self.device)
-        shape = box[0]
-        specs: list[tuple[int, torch.Size, torch.dtype, str]] = []
-        _specs(shape, specs)
-        out: dict[int, torch.Tensor] = {}
-        by_dtype: dict[torch.dtype, list[tuple[int, torch.Size, torch.dtype, str]]] = {}
-        for spec in specs:
-            by_dtype.setdefault(spec[2], []).append(spec)
-        for dtype, group in by_dtype.items():
-            total = sum(int(torch.Size(s[1]).numel()) for s in group)
-            if me == src:
-                flat = torch.cat(
-                    [tensors[s[0]].detach().reshape(-1).to(self.device) for s in group]
-                )
-            else:
-                flat = torch.empty(total, dtype=dtype, device=self.device)
-            dist.broadcast(flat, src)
-            offset = 0
-            for index, size, _, device_type in group:
-                n = int(torch.Size(size).numel())
-                t = flat[offset : offset + n].view(size).clone()
-                out[index] = t.cpu() if device_type == "cpu" else t
-                offset += n
-        return _fill(shape, out)
-
-
-class _TensorSpec:
-    __slots__ = ("device_type", "dtype", "index", "size")
-
-    def __init__(self, index: int, t: torch.Tensor) -> None:
-        self.index = index
-        self.size = tuple(t.shape)
-        self.dtype = t.dtype
-        self.device_type = t.device.type
-
-
-def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj)
-        return _TensorSpec(len(tensors) - 1, obj)
-    if isinstance(obj, Mapping):
-        return {k: _strip(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_strip(v, tensors) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_strip(v, tensors) for v in obj)
-    return obj
-
-
-def _specs(obj: Any, out: list[tuple[int, torch.Size, torch.dtype, str]]) -> None:
-    if isinstance(obj, _TensorSpec):
-        out.append((obj.index, torch.Size(obj.size), obj.dtype, obj.device_type))
-    elif isinstance(obj, Mapping):
-        for v in obj.values():
-            _specs(v, out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _specs(v, out)
-
-
-def _fill(obj: Any, tensors: Mapping[int, torch.Tensor]) -> Any:
-    if isinstance(obj, _TensorSpec):
-        return tensors[obj.index]
-    if isinstance(obj, Mapping):
-        return {k: _fill(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_fill(v, tensors) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_fill(v, tensors) for v in obj)
-    return obj
 
 
 def wait_admitted(path: str | os.PathLike[str] | None = None, *, poll_s: float = POLL_S) -> bool:
@@ -234,23 +135,17 @@ def wait_admitted(path: str | os.PathLike[str] | None = None, *, poll_s: float =
 
 
 class InPlaceGroup:
-    """This process's membership of an in-place elastic job (see the module)."""
+    """This process's membership of an in-place elastic job (see the module). Its parts by
+    role: ``settings`` (what the platform said), the membership store (the protocol's
+    records, ``inplace_store``), the process group and DDP (``inplace_ddp``) and the state
+    broadcast (``inplace_state``); the group keeps the loop's side: the step, leaving, the
+    rescales and their reports."""
 
     def __init__(
         self,
-        store_host: str,
-        store_port: int,
+        settings: InPlaceSettings,
         *,
-        hosts_store: bool,
         member: str | None = None,
-        role: str = "worker",
-        backend: str | None = None,
-        expect: int = 1,
-        settle_s: float = DEFAULT_SETTLE_S,
-        gather_s: float = DEFAULT_GATHER_S,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        check_every: int = 1,
-        recover_window_s: float = 1.0,
         reporter: Reporter | None = None,
         knobs: StepKnobs | None = None,
         plan: Callable[[], ScalePlan | None] | None = None,
@@ -258,34 +153,21 @@ class InPlaceGroup:
         on_rescaled: Callable[[Rescale], object] | None = None,
         handle_sigterm: bool = True,
     ) -> None:
-        if check_every < 1 or expect < 1 or timeout_s <= 0 or gather_s < 0:
-            raise ValueError("check_every and expect must be >= 1, timeout_s > 0, gather_s >= 0")
-        self.store_host, self.store_port = store_host, store_port
-        self.hosts_store = hosts_store
+        self.settings = settings
         self._member = member
-        self.role = role
-        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        self.expect = expect
-        self.settle_s = settle_s
-        self.gather_s = gather_s
-        self.timeout_s = timeout_s
-        self.check_every = check_every
-        self.recover_window_s = recover_window_s
         self.reporter = reporter
         self.knobs = knobs
         self.plan = plan
-        self.ddp_kwargs = dict(ddp_kwargs or {})
         self.on_rescaled = on_rescaled
+        self._store = MembershipStore(settings)
+        self._group = GenerationGroup(settings.backend, settings.timeout_s, ddp_kwargs)
         #: steps done: the loop trains step ``step + 1`` next
         self.step = 0
         self.left = False
         self.rescales: list[Rescale] = []
-        self._store: dist.TCPStore | None = None
-        self._epoch = ""
         self._decision: Decision | None = None
         self._rank = 0
         self._module: torch.nn.Module | None = None
-        self._ddp: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._checkpoint: ElasticCheckpoint | None = None
         self._leave_at: float | None = None
@@ -299,22 +181,24 @@ class InPlaceGroup:
     @classmethod
     def from_env(cls, **kwargs: Any) -> InPlaceGroup | None:
         """The group the platform set up for this process, None when it is not in-place
-        (no DLROVER_EVENTS_ELASTIC_STORE). Call it after ``wait_admitted``."""
-        addr = os.environ.get(ELASTIC_STORE_ENV, "").strip()
-        if not addr:
+        (no DLROVER_EVENTS_ELASTIC_STORE). Call it after ``wait_admitted``. ``kwargs``: the
+        constructor's, and any ``InPlaceSettings`` field (but the store's address), which
+        wins over the environment."""
+        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in OVERRIDABLE}
+        settings = InPlaceSettings.from_env(**overrides)
+        if settings is None:
             return None
-        host, _, port = addr.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"{ELASTIC_STORE_ENV} must be host:port, got {addr!r}")
-        kwargs.setdefault("hosts_store", os.environ.get(ELASTIC_STORE_HOST_ENV) == "1")
-        kwargs.setdefault("expect", int(os.environ.get(ELASTIC_EXPECT_ENV) or 1))
-        kwargs.setdefault("settle_s", float(os.environ.get(SETTLE_ENV) or DEFAULT_SETTLE_S))
-        kwargs.setdefault("gather_s", float(os.environ.get(GATHER_ENV) or DEFAULT_GATHER_S))
-        kwargs.setdefault("timeout_s", float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S))
-        kwargs.setdefault("role", os.environ.get(ROLE_ENV) or "worker")
-        return cls(host, int(port), **kwargs)
+        return cls(settings, **kwargs)
 
     # -- who we are ----------------------------------------------------------------------
+
+    @property
+    def role(self) -> str:
+        return self.settings.role
+
+    @property
+    def backend(self) -> str:
+        return self._group.backend
 
     @property
     def member(self) -> str:
@@ -342,15 +226,13 @@ class InPlaceGroup:
     def model(self) -> torch.nn.Module:
         """The model to train this step (DDP around the module; rebuilt at each re-form:
         read it anew each step, do not keep it)."""
-        if self._ddp is None:
+        if self._group.ddp is None:
             raise RuntimeError("join() first")
-        return self._ddp
+        return self._group.ddp
 
     @property
     def device(self) -> torch.device:
-        if self.backend == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
+        return self._group.device
 
     # -- leaving -------------------------------------------------------------------------
 
@@ -376,61 +258,6 @@ class InPlaceGroup:
         if self._leave_at is None:
             self._leave_at = time.time()
 
-    # -- the store -------------------------------------------------------------------------
-
-    def _connect(self) -> dist.TCPStore:
-        if self._store is None:
-            store = dist.TCPStore(
-                self.store_host,
-                self.store_port,
-                is_master=self.hosts_store,
-                wait_for_workers=False,
-                timeout=timedelta(seconds=CONNECT_S),
-            )
-            store.set_timeout(timedelta(seconds=self.timeout_s))
-            if self.hosts_store:
-                store.set("epoch", uuid.uuid4().hex)
-            else:
-                store.wait(["epoch"], timedelta(seconds=CONNECT_S))
-            self._epoch = store.get("epoch").decode()
-            self._store = store
-        return self._store
-
-    def _same_store(self) -> dist.TCPStore:
-        """The store, checked to be the one this group formed in (its host restarted
-        would be a new, empty store on the same port)."""
-        store = self._store
-        if store is None:
-            raise ReformFailed("no store")
-        try:
-            epoch = store.get("epoch").decode()
-        except Exception as err:
-            raise ReformFailed(f"the job's store is gone: {_first_line(err)}") from err
-        if epoch != self._epoch:
-            raise ReformFailed("the job's store was started again (its host restarted)")
-        return store
-
-    def _register(self, store: dist.TCPStore) -> int:
-        ticket = int(store.add("joiners", 1))
-        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        record = Joiner(ticket, self.member, time.time(), os.getpid(), restarts)
-        store.set(f"joiner/{ticket}", record.encode())
-        return ticket
-
-    def _joiners(self, store: dist.TCPStore, after: int, upto: int) -> list[Joiner]:
-        out = []
-        for ticket in range(after + 1, upto + 1):
-            if store.check([f"joiner/{ticket}/withdrawn"]):
-                continue
-            store.wait([f"joiner/{ticket}"])
-            out.append(Joiner.decode(store.get(f"joiner/{ticket}")))
-        return out
-
-    def _decide(self, store: dist.TCPStore, key: str, decision: Decision) -> Decision:
-        """Write ``decision`` at ``key`` unless another is there: the first one wins."""
-        won = store.compare_set(key, "", decision.encode())
-        return Decision.decode(won)
-
     # -- joining ---------------------------------------------------------------------------
 
     def join(
@@ -445,63 +272,32 @@ class InPlaceGroup:
         module (the group wraps it in DDP)."""
         self._module, self._optimizer, self._checkpoint = model, optimizer, checkpoint
         try:
-            store = self._connect()
+            self._store.connect()
         except Exception as err:
-            raise ReformFailed(f"cannot reach the job's store: {_first_line(err)}") from err
+            raise ReformFailed(f"cannot reach the job's store: {first_line(err)}") from err
         try:
-            self._admit_and_enter(store, time.time())
+            self._admit_and_enter(time.time())
         except _Lost as lost:  # a member of the generation it joined did not come
             self.recover(lost.err, lost.decision)
         except RuntimeError as err:
             if isinstance(err, ReformFailed):
                 raise
             # the store went away while this process waited (its host restarted)
-            raise ReformFailed(f"joining failed: {_first_line(err)}") from err
+            raise ReformFailed(f"joining failed: {first_line(err)}") from err
         return self.step
 
-    def _admit_and_enter(self, store: dist.TCPStore, since: float) -> None:
-        ticket = self._register(store)
-        if self.hosts_store and not store.check(["gen/0/next"]):
-            self._form_first(store)
-        decision = self._await_admission(store, ticket)
+    def _admit_and_enter(self, since: float) -> None:
+        store = self._store
+        ticket = store.register(self.member)
+        if self.settings.hosts_store and not store.first_formed():
+            store.form_first()
+        decision = store.await_admission(ticket, lambda: self.leaving)
         if decision is None:
             self.left = True
             return
         self._enter(decision, RescaleMode.IN_PLACE, boundary_at=since)
 
-    def _form_first(self, store: dist.TCPStore) -> None:
-        deadline = time.monotonic() + self.settle_s
-        while int(store.add("joiners", 0)) < self.expect and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-        joiners = self._joiners(store, 0, int(store.add("joiners", 0)))
-        decision = self._decide(store, "gen/0/next", first_generation(joiners))
-        for j in joiners:
-            store.set(f"admit/{j.ticket}", decision.encode())
-        store.set("gen", str(decision.generation))
-
-    def _await_admission(self, store: dist.TCPStore, ticket: int) -> Decision | None:
-        key = f"admit/{ticket}"
-        said = time.monotonic()
-        while not store.check([key]):
-            if self.leaving:
-                store.set(f"joiner/{ticket}/withdrawn", "1")
-                if not store.check([key]):
-                    log.info("told to stop before being admitted: leaving")
-                    return None
-                break  # admitted meanwhile: join, and leave at the first boundary
-            if time.monotonic() - said > 30:
-                said = time.monotonic()
-                log.info("waiting to be admitted to the job (ticket %d)", ticket)
-            time.sleep(POLL_S)
-        return Decision.decode(store.get(key))
-
     # -- re-forming -------------------------------------------------------------------------
-
-    def _teardown(self) -> None:
-        self._ddp = None
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
 
     def _enter(
         self,
@@ -537,15 +333,11 @@ class InPlaceGroup:
             boundary_at=boundary_at,
             agreed_at=agreed_at,
         )
-        self._teardown()
-        store = self._same_store()
+        self._group.teardown()
+        self._store.verify()
         try:
-            dist.init_process_group(
-                self.backend,
-                store=dist.PrefixStore(f"gen/{decision.generation}/pg", store),
-                rank=rank,
-                world_size=decision.world_size,
-                timeout=timedelta(seconds=self.timeout_s),
+            self._group.form(
+                self._store.process_group_store(decision.generation), rank, decision.world_size
             )
         except Exception as err:
             raise _Lost(decision, err) from err
@@ -557,7 +349,7 @@ class InPlaceGroup:
             self._take_state(decision, rank, first)
             rescale.state_at = time.time()
             assert self._module is not None
-            self._ddp = DistributedDataParallel(self._module, init_sync=False, **self._ddp_args())
+            self._group.wrap(self._module)
             if self._optimizer is not None:
                 self._optimizer.zero_grad(set_to_none=True)
             if self.knobs is not None:
@@ -596,12 +388,6 @@ class InPlaceGroup:
         elif decision.joined or decision.reason == "peer lost":
             self._transfer(decision.source)
 
-    def _ddp_args(self) -> dict[str, Any]:
-        args = dict(self.ddp_kwargs)
-        if self.backend == "nccl":
-            args.setdefault("device_ids", [self.device.index])
-        return args
-
     def _transfer(self, src: int) -> None:
         """The source rank's model, optimizer, step and knobs to every member."""
         assert self._module is not None
@@ -630,22 +416,23 @@ class InPlaceGroup:
         waits (a collective every ``check_every`` steps). The rescale made, or None."""
         if self.left or self._decision is None:
             return None
-        if self.step % self.check_every:
+        if self.step % self.settings.check_every:
             # every member is at the same step here (a newcomer too: it takes the step
             # with the state), so all of them skip the same boundaries; a leaver waits for
             # the next check, since a collective it started alone would meet the others'
             return None
         decision = self._decision
         boundary_at = time.time()
+        gather_s = self.settings.gather_s
         try:
             check = self._check(decision)
-            if check.leaving and self.gather_s > 0:
+            if check.leaving and gather_s > 0:
                 # every member saw the same leavers, so every member checks again: the
                 # pods one plan removes then leave together
                 wait = gather_wait(
                     check,
                     time.time(),
-                    self.gather_s,
+                    gather_s,
                     world_size=decision.world_size,
                     expected=self._planned_replicas(),
                 )
@@ -669,16 +456,10 @@ class InPlaceGroup:
         return None if group is None else group.count
 
     def _check(self, decision: Decision) -> Check:
-        store = self._store
-        assert store is not None
         rank, world = self.rank, decision.world_size
         newest, sign = 0, self._leave_at
         if rank == 0:
-            try:
-                newest = int(store.add("joiners", 0))
-                waiting = self._joiners(store, decision.admitted, newest)
-            except Exception as err:
-                raise ReformFailed(f"the job's store is gone: {_first_line(err)}") from err
+            newest, waiting = self._store.waiting(decision.admitted)
             times = [j.registered_at for j in waiting]
             if sign is not None:
                 times.append(sign)
@@ -697,22 +478,14 @@ class InPlaceGroup:
             # agreed: the others go on without this rank, which needs nothing more
             self._leave(decision)
             return None
-        store = self._same_store()
+        self._store.verify()
         staying = [r for r in range(decision.world_size) if r not in check.leaving]
-        key = f"gen/{decision.generation}/next"
         if staying and self.rank == staying[0]:
-            joiners = self._joiners(store, decision.admitted, check.newest_ticket)
-            nxt = planned(decision, check, joiners, step=self.step)
-            if nxt is not None:
-                nxt = self._decide(store, key, nxt)
-                for j in joiners:
-                    if j.member in nxt.joined:
-                        store.set(f"admit/{j.ticket}", nxt.encode())
-                store.set("gen", str(nxt.generation))
+            self._store.propose(decision, check, self.step)
         try:
-            nxt = Decision.decode(store.get(key))
+            nxt = self._store.agreed(decision.generation)
         except Exception as err:
-            raise ReformFailed(f"no agreement in the job's store: {_first_line(err)}") from err
+            raise ReformFailed(f"no agreement in the job's store: {first_line(err)}") from err
         agreed_at = time.time()
         if nxt.rank_of(self.member) is None:
             self._leave(decision)
@@ -729,7 +502,7 @@ class InPlaceGroup:
         asked = "" if self._leave_at is None else f", asked at {self._leave_at:.3f}"
         log.info("left the job at step %d (generation %d%s)", self.step, decision.generation, asked)
         self.left = True
-        self._teardown()
+        self._group.teardown()
 
     # -- around each step -----------------------------------------------------------------
 
@@ -759,22 +532,22 @@ class InPlaceGroup:
         re-form with the survivors (see the module). ReformFailed when it cannot."""
         decision = decision or self._decision
         if decision is None:
-            raise ReformFailed(f"a peer was lost before any generation: {_first_line(err)}")
+            raise ReformFailed(f"a peer was lost before any generation: {first_line(err)}")
         failed_at = time.time()
         log.warning(
             "a peer was lost at step %d of generation %d: %s",
             self.step + 1,
             decision.generation,
-            _first_line(err),
+            first_line(err),
         )
         for _ in range(5):
-            self._teardown()
-            store = self._same_store()
+            self._group.teardown()
+            self._store.verify()
             try:
-                nxt = self._survive(store, decision)
+                nxt = self._store.survive(decision, self.member, self.step)
                 if nxt.rank_of(self.member) is None:
                     log.warning("left out of generation %d: joining again", nxt.generation)
-                    self._admit_and_enter(store, failed_at)
+                    self._admit_and_enter(failed_at)
                 else:
                     self._enter(
                         nxt,
@@ -788,37 +561,12 @@ class InPlaceGroup:
             except ReformFailed:
                 raise
             except Exception as err2:
-                raise ReformFailed(f"re-forming failed: {_first_line(err2)}") from err2
+                raise ReformFailed(f"re-forming failed: {first_line(err2)}") from err2
             if self._pending is not None:
                 self._pending.sign_at = self._pending.sign_at or failed_at
                 self.rescales.append(self._pending)
             return self._pending
         raise ReformFailed("re-forming failed five times in a row")
-
-    def _survive(self, store: dist.TCPStore, decision: Decision) -> Decision:
-        g = decision.generation
-        key = f"gen/{g}/next"
-        n = int(store.add(f"gen/{g}/survivors", 1))
-        rank = decision.rank_of(self.member)
-        me = Survivor(self.member, rank if rank is not None else -1, self.step)
-        store.set(f"gen/{g}/survivor/{n}", me.encode())
-        if n == 1 and not store.check([key]):
-            count, changed = 1, time.monotonic()
-            deadline = changed + self.timeout_s
-            while count < decision.world_size and time.monotonic() < deadline:
-                time.sleep(POLL_S)
-                now = int(store.add(f"gen/{g}/survivors", 0))
-                if now != count:
-                    count, changed = now, time.monotonic()
-                elif time.monotonic() - changed >= self.recover_window_s:
-                    break
-            survivors = []
-            for i in range(1, count + 1):
-                store.wait([f"gen/{g}/survivor/{i}"])
-                survivors.append(Survivor.decode(store.get(f"gen/{g}/survivor/{i}")))
-            nxt = self._decide(store, key, recovered(decision, survivors))
-            store.set("gen", str(nxt.generation))
-        return Decision.decode(store.get(key))
 
     # -- reporting ----------------------------------------------------------------------------
 
@@ -836,7 +584,7 @@ class InPlaceGroup:
 
     def close(self) -> None:
         """Leave the group (the end of training)."""
-        self._teardown()
+        self._group.teardown()
         if self._previous_handler is not None:
             with contextlib.suppress(ValueError):
                 signal.signal(signal.SIGTERM, self._previous_handler)
@@ -902,16 +650,16 @@ def _reason(decision: Decision) -> str:
     return ", ".join(parts) or "re-formed"
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:300]
-
-
 __all__ = [
+    "CONNECT_S",
     "DEFAULT_GATHER_S",
     "DEFAULT_SETTLE_S",
     "DEFAULT_TIMEOUT_S",
+    "GATHER_ENV",
+    "SETTLE_ENV",
+    "TIMEOUT_ENV",
     "InPlaceGroup",
+    "InPlaceSettings",
     "ReformFailed",
     "StateSync",
     "publish_rescale",
