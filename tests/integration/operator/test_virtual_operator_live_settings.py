@@ -12,7 +12,7 @@ import pytest
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
-from handlers.operator.virtual.operator import operator as virtual
+from handlers.operator.virtual import operator as virtual
 from tests.conftest import EnvFactory
 from tests.integration.brain.workload import wait_for
 
