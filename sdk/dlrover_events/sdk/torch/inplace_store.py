@@ -27,6 +27,7 @@ from dlrover_events.sdk.membership import (
 )
 from dlrover_events.sdk.torch.inplace_settings import InPlaceSettings
 
+#: the group's logger: what the store protocol says is the in-place group's word in the logs
 log = logging.getLogger("dlrover_events.sdk.torch.inplace")
 
 #: Seconds a newcomer waits for the store's host to come up (it may still import torch).
