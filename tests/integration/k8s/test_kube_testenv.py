@@ -512,6 +512,11 @@ async def test_operator_rbac_is_least_privilege(
         got.spec.holder_identity = "op-b"
         await leases.replace_namespaced_lease("dlrover-events-operator", namespace, got)
 
+        # A job a stream processor asked for (a JobRequest): created in its own namespace.
+        await custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, trainingjob("requested", {"worker": worker_role()})
+        )
+
         # Denied: secrets, configmaps (the gateway's), other namespaces, anything else.
         denied: list[Callable[[], Awaitable[Any]]] = [
             lambda: leases.delete_namespaced_lease("dlrover-events-operator", namespace),
@@ -528,7 +533,7 @@ async def test_operator_rbac_is_least_privilege(
             lambda: core.read_node(node),
             lambda: client.AppsV1Api(sa).list_namespaced_deployment(namespace),
             lambda: custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, trainingjob("other", {"worker": worker_role()})
+                GROUP, VERSION, other, PLURAL, trainingjob("other", {"worker": worker_role()})
             ),
             lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job),
             lambda: custom.list_namespaced_custom_object(GROUP, VERSION, other, PLURAL),

@@ -63,6 +63,7 @@ async def test_env_create_gives_each_kind_of_topic_its_retention(
         "job.events": "7200000",
         "brain.plans": "-1",
         "scale.plans": "-1",
+        "job.requests": "-1",
         "scale.results": "86400000",
         "eval.reports": "172800000",
         "dlq": "1209600000",
