@@ -53,7 +53,13 @@ async def test_a_gpu_oom_plan_changes_the_micro_batch_of_the_running_job(
     (workdir / "examples").symlink_to(ROOT / "examples")
     ctx, task = await local.start_operator(gateway_url=gateway.url)
     try:
-        job = await local.submit(example_job("knobs", replicas=2), workdir)
+        body = example_job("knobs", replicas=2)
+        # At the planner's floor (min_cpu 4, min_memory 6 GiB): the brain's worker-resource
+        # optimizer then asks for nothing, so no migration restarts the job while its knobs
+        # plan is followed (since the brain plans only what the platform can apply, such a
+        # migration of the other workers is applied, where it used to be rejected whole).
+        body["spec"]["roles"]["worker"]["resources"] = {"cpu": 4, "memory": "6Gi"}
+        job = await local.submit(body, workdir)
         uid = job.uid
         submitted = await local.tap.first(JobSubmitted, uid, lambda e: True, "job.submitted")
         await wait_for(
