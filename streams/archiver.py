@@ -16,13 +16,12 @@ import logging
 
 import typer
 
-from dlrover_events.backoff import Backoff
 from dlrover_events.bus.consumer import Consumer, Received
 from dlrover_events.bus.topics import ENV_TOPIC_NAMES, check_env_name
 from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
-from dlrover_events.lifecycle import wait_or_stop
 from dlrover_events.runtime.metrics import ArchiverMetrics
+from dlrover_events.runtime.restarts import restart_until_stopped
 from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.runtime.standalone import serve_alone
 from dlrover_events.settings import Settings, load_settings
@@ -31,9 +30,6 @@ from dlrover_events.store import EnvStore
 log = logging.getLogger(__name__)
 
 GROUP = "archiver"
-#: The wait before starting again after a failure (a run that became healthy starts the
-#: series again).
-RESTART = Backoff(initial_s=0.5, max_s=10.0)
 
 
 def archiver_consumer(
@@ -66,26 +62,11 @@ async def run(ctx: ServiceContext) -> None:
     metrics = ArchiverMetrics(ctx.metrics, ctx.env)
     store = await EnvStore.open(ctx.pg_dsn, ctx.env, max_size=2)
     try:
-        failures = 0
-        while not ctx.stop.is_set():
-            healthy = asyncio.Event()
-            try:
-                await _consume(ctx, store, metrics, healthy)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                failures = 1 if healthy.is_set() else failures + 1
-                delay = RESTART.delay(failures)
-                log.error(
-                    "archiver of env %s failed (%s: %s); starting again from its last"
-                    " commit in %.1f s",
-                    ctx.env,
-                    type(err).__name__,
-                    err,
-                    delay,
-                    exc_info=failures == 1,
-                )
-                await wait_or_stop(ctx.stop, delay)
+        await restart_until_stopped(
+            ctx.stop,
+            lambda healthy: _consume(ctx, store, metrics, healthy),
+            what=f"archiver of env {ctx.env}",
+        )
     finally:
         await store.close()
 

@@ -32,6 +32,10 @@ from dlrover_events.settings import Settings
 from dlrover_events.store.database import quote_ident
 from schemas.control import EnvMode
 
+#: The test control plane's fixtures (kube, api, namespace), for any folder whose tests
+#: run against the kube-apiserver: one definition, so one control plane per session.
+pytest_plugins = ("tests.integration.k8s.control_plane",)
+
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 #: how brains read runtime samples (streams/brain/core/inputs.py)

@@ -11,7 +11,8 @@
 # The runtime only: no `dev` (tests, linters), no `torch` (training images add the SDK
 # instead: `pip install ./sdk`, see deploy/README.md), no `embedded` extra (the embedded
 # broker and Postgres of `make run`: a cluster has its own Kafka and Postgres) and no `sim`
-# (numpy, scipy, matplotlib: the simulator and the A/B report only).
+# (numpy, scipy, matplotlib: the simulator and the A/B report only; numpy comes all the
+# same, with Optuna, the searchers' samplers).
 # pip reads its usual environment (PIP_INDEX_URL, PIP_NO_INDEX, PIP_FIND_LINKS,
 # PIP_CONSTRAINT, ...), so a mirror, a wheelhouse or pinned versions need no change here.
 set -eu

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
+from aiokafka.errors import CommitFailedError
 
 from dlrover_events.backoff import Backoff
 from dlrover_events.bus.dead_letters import dead_letter, log_dead_letters, send_dead_letters
@@ -124,7 +125,19 @@ class Consumer(AsyncResource):
         records = [r for rs in batch.values() for r in rs]
         await self._process(records)
         offsets = {tp: rs[-1].offset + 1 for tp, rs in batch.items()}
-        await self._consumer.commit(offsets)
+        try:
+            await self._consumer.commit(offsets)
+        except CommitFailedError as err:
+            # the group rebalanced under the batch (a broker restarted: a new coordinator,
+            # a new generation): its effects are done and idempotent; whoever reads these
+            # partitions next reads it again from the last commit. Ending the consumer
+            # here ended a standalone operator (issue 37's chaos test)
+            log.warning(
+                "consumer %s: commit refused after a rebalance (%s); the batch will be read "
+                "again from the last commit",
+                self.group,
+                err.args[-1] if err.args else err,
+            )
         return len(records)
 
     async def _process(self, records: list[ConsumerRecord]) -> None:

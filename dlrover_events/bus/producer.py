@@ -73,10 +73,13 @@ class Producer(AsyncResource):
         return len(futures)
 
     async def enqueue(
-        self, topic_name: str, value: bytes | None, key: bytes | None
+        self, topic_name: str, value: bytes | None, key: bytes | None, partition: int | None = None
     ) -> asyncio.Future[Any]:
-        """Queue without waiting for the ack (the returned future has it); pair with flush()."""
-        future: asyncio.Future[Any] = await self._producer.send(topic_name, value, key=key)
+        """Queue without waiting for the ack (the returned future has it, with the record's
+        partition and offset); pair with flush(). ``partition``: that one, not the key's."""
+        future: asyncio.Future[Any] = await self._producer.send(
+            topic_name, value, key=key, partition=partition
+        )
         return future
 
     async def send_raw(self, topic_name: str, value: bytes | None, key: bytes | None) -> None:

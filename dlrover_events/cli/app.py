@@ -32,14 +32,21 @@ BENCH_GROUP = "dlrover_events.benches"
 #: path: read instead of importing the command.
 SHORT_HELP: Mapping[str, str] = {
     "ab": "A/B tests of brain settings in virtual envs.",
+    "agent": "Run this host's agent for the hosts platform: its slots reported, the pods "
+    "placed on it run.",
     "archiver": "Run the archiver of one env alone: every valid event into the env's Postgres.",
     "bench": "Benchmarks: each prints, last, one JSON line of measurements.",
     "bench ab": "Run a lockstep A/B of the workload's first JOBS jobs RUNS times and split a "
     "tick's wall time by what the services recorded; the last line is one JSON object.",
     "bench brain": "Pre-load EVENTS for JOBS into a fresh env, run the brain over them, then "
     "measure plan latency at a controlled rate; the last line is one JSON object.",
+    "bench checkpoint": "Blocking time per save and persist time of ElasticCheckpoint against "
+    "torch.save in the loop, and the training throughput with saves every N steps against none.",
     "bench elastic": "Seconds from a plan to the first step at the new world size, restart "
     "and in place.",
+    "bench experiments": "Trial metric reports stored per second through the experiments "
+    "recorder (median of RUNS, beside Optuna's storages), then the searcher's decision latency "
+    "from a report to its decision; the last line is one JSON object.",
     "bench fuzz": "Send BAD labelled bad messages among VALID valid events into a fresh env "
     "with an archiver and a brain running, and report per consumer what it dead-lettered "
     "(and why), processed, and wrongly refused; the last line is one JSON object.",
@@ -52,6 +59,9 @@ SHORT_HELP: Mapping[str, str] = {
     "bootstrap": "Set up an install: migrations, the real and standby envs (settings, "
     "topics), and the gateway tokens (Kubernetes Secrets in a pod, else files).",
     "brain": "Run the brain of one env: job topics in, OptimizePlans and ScalePlans out.",
+    "checkpoint": "The env's checkpoints: what each job committed, kept or deleted.",
+    "checkpoints": "Run the checkpoints service of one env alone: its checkpoints recorded, "
+    "those its retention policy no longer keeps deleted.",
     "console": (
         "Serve the web console until Ctrl-C: envs, jobs, A/B results, dead letters, "
         "configs; actions with an admin token (tokens: `gateway-token create`)."
@@ -61,18 +71,25 @@ SHORT_HELP: Mapping[str, str] = {
     "evaluate": "Print the KPIs of an env from everything its topics hold now.",
     "evaluator": "Run the evaluator of one env alone: its KPIs reported to <env>.eval.reports "
     "and Postgres every --interval seconds (`evaluate` prints them once).",
+    "experiment": "Experiments: create one from a file, list, describe, pause, activate, kill.",
+    "experiments-recorder": "Run the experiments recorder of one env alone: its experiments, "
+    "trial decisions and trial metrics into the env's Postgres.",
     "gateway": "Serve the config gateway of one env until Ctrl-C.",
     "gateway-token": "Bearer tokens of an env's config gateway (stored hashed; shown once).",
     "job": "TrainingJobs on the cluster: submit, list, describe, scale, delete.",
     "metrics": "The Prometheus metrics the services serve.",
+    "model": "The model registry: versions of checkpoints, with their lineage.",
     "operator": "Apply an env's ScalePlans: on the cluster when the env is real (only that "
     "operator loads cluster credentials), on the simulated cluster when it is virtual.",
     "optimize": "Print the OptimizePlan and ScalePlan the brain would make for a job state.",
     "optimizers": "List the optimizers the brain knows, with what each is for.",
     "replay": "Copy one env's inputs (or a trace's job arrivals) into a virtual env.",
+    "searcher": "Run the searcher of one env alone: experiments and trial metrics in, trial "
+    "decisions and their job requests and plans out.",
     "schemas": "Export or check the JSON Schema files of every event, render the settings' doc.",
     "settings": "The settings of the processes (DLROVER_EVENTS_*).",
     "tail": "Follow env topics live, one line per event (colour on a terminal).",
+    "trial": "An experiment's trials: what each reported.",
     "up": "Start the broker (tansu), Postgres, the real env and its services on 127.0.0.1.",
     "watchdog": "Watch the real env; when too many jobs fail, promote the standby env, then "
     "keep running (a Deployment's container) until Ctrl-C or SIGTERM.",

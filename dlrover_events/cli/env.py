@@ -23,6 +23,7 @@ from dlrover_events.envs.env_settings import (
     read_settings_file,
     render,
 )
+from dlrover_events.envs.failover import last_switch, role, standby_name
 from dlrover_events.errors import EnvError, UserError
 from dlrover_events.settings import load_settings
 from schemas.control import EnvMode
@@ -76,29 +77,47 @@ def create(
 
 @app.command("list")
 def list_envs(as_json: bool = json_option("a JSON list of the envs")) -> None:
-    """List envs with their mode and partitions."""
+    """List envs with their mode, role (real, the watchdog's standby, virtual) and
+    partitions, and the last switch of the real env with its reason."""
 
     async def go() -> None:
         registry = await _registry()
         envs = await registry.list()
+        standby = standby_name()
+        switch = last_switch(await registry.changes())
         if as_json:
             print_json(
                 [
                     {
                         "name": e.name,
                         "mode": e.mode,
+                        "role": role(e.name, e.mode, standby),
                         "partitions": e.partitions,
                         "created_at": e.created_at,
                         "settings_version": e.settings_version,
+                        # the promotion that made it real (the real env's only)
+                        "switch": switch.as_json()
+                        if switch is not None and e.mode == EnvMode.REAL and switch.to == e.name
+                        else None,
                     }
                     for e in envs
                 ]
             )
             return
-        table = Table("name", "mode", "partitions", "created")
+        table = Table("name", "mode", "role", "partitions", "created")
         for e in envs:
-            table.add_row(e.name, e.mode.value, str(e.partitions), e.created_at.isoformat())
-        Console().print(table)
+            table.add_row(
+                e.name,
+                e.mode.value,
+                role(e.name, e.mode, standby).value,
+                str(e.partitions),
+                e.created_at.isoformat(),
+            )
+        console = Console()
+        console.print(table)
+        if standby is not None and standby not in {e.name for e in envs}:
+            console.print(f"standby: {standby} (DLROVER_EVENTS_WATCHDOG_STANDBY) is no env yet")
+        console.print(f"last switch: {switch.line()}" if switch else "last switch: none yet")
 
     run_async(go())
 

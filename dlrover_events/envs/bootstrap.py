@@ -2,7 +2,8 @@
 so that running it again changes nothing and says so.
 
 In order: the Postgres migrations (the registry's and every env's); the real env and the
-standby env the watchdog promotes, with their settings (the registry's create and settings
+standby env the watchdog promotes, with their settings (a standby given none is made with
+the real env's, as stored then; the registry's create and settings
 change: the path `env create --settings` and `env settings` take; an existing env keeps
 settings changed since, unless told to apply the given ones) and their topics (unless
 `create_topics` is off: then they are only checked); then the gateway tokens each env
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -298,10 +299,17 @@ async def bootstrap(
     registry = EnvRegistry(settings, dsn)
     async with TopicAdmin(settings) as admin:
         existing = set(await admin.list_topics())
+    real: EnvRecord | None = None
     for spec in plan.envs:
-        await ensure_env(
+        made_as_real = spec.mode == EnvMode.VIRTUAL and spec.settings is None and real is not None
+        if made_as_real and await registry.get(spec.name) is None:
+            assert real is not None
+            spec = replace(spec, settings=real.settings)  # a standby is made as the real env is
+        record = await ensure_env(
             registry, spec, existing, plan.partitions, report, apply_settings=plan.apply_settings
         )
+        if record.mode == EnvMode.REAL:
+            real = record
     for spec in plan.envs:
         for scope in (Scope.ADMIN, Scope.READ):
             await ensure_token(dsn, spec.name, scope, keeper, plan.rotate, report)

@@ -30,6 +30,27 @@ class Scope(StrEnum):
     ADMIN = "admin"
 
 
+#: A token of one job: what a platform gives the pods of a role that may scale the job's
+#: other roles (``scales``), which grants that job's scale requests and nothing else
+#: (``job:<uid>``; the uid, not the name, so a job submitted again under the same name is
+#: another job).
+JOB_SCOPE_PREFIX = "job:"
+
+
+def job_scope(job_uid: str) -> str:
+    """The scope of one job's token."""
+    if not job_uid:
+        raise ValueError("a job scope needs the job's uid")
+    return f"{JOB_SCOPE_PREFIX}{job_uid}"
+
+
+def _scope_value(scope: Scope | str) -> str:
+    """A scope as stored: one of ``Scope``, or a job's."""
+    if isinstance(scope, str) and scope.startswith(JOB_SCOPE_PREFIX) and len(scope) > 4:
+        return scope
+    return Scope(scope).value
+
+
 PREFIX = "dle"
 _TOKEN = re.compile(r"^dle\.([a-z][a-z0-9-]{0,30})\.([0-9a-f]{8,32})\.([A-Za-z0-9_-]{16,128})$")
 
@@ -55,8 +76,9 @@ def token_id_of(token: str) -> str | None:
     return m.group(2) if m else None
 
 
-def grants(scopes: Collection[str], needed: Scope) -> bool:
-    return needed.value in scopes or Scope.ADMIN.value in scopes
+def grants(scopes: Collection[str], needed: Scope | str) -> bool:
+    """Admin grants everything; a job's scope only that job's."""
+    return _scope_value(needed) in scopes or Scope.ADMIN.value in scopes
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +88,12 @@ class Verdict:
     status: int
     message: str = ""
     token_id: str | None = None
+    #: the token's scopes (empty unless it was verified)
+    scopes: frozenset[str] = frozenset()
+
+    @property
+    def admin(self) -> bool:
+        return Scope.ADMIN.value in self.scopes
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +120,7 @@ class Tokens:
         self.ttl_s = ttl_s
         self._cache: dict[str, tuple[float, _Known | None]] = {}
 
-    async def mint(self, name: str, scopes: Collection[Scope]) -> tuple[str, str]:
+    async def mint(self, name: str, scopes: Collection[Scope | str]) -> tuple[str, str]:
         """Store a new token's hash; returns ``(token_id, token)``."""
         if not scopes:
             raise ValueError("a token needs at least one scope")
@@ -100,7 +128,9 @@ class Tokens:
         await self.add(token_id, token, name, scopes)
         return token_id, token
 
-    async def add(self, token_id: str, token: str, name: str, scopes: Collection[Scope]) -> None:
+    async def add(
+        self, token_id: str, token: str, name: str, scopes: Collection[Scope | str]
+    ) -> None:
         await self.pool.execute(
             "INSERT INTO gateway_tokens (token_id, name, token_hash, scopes)"
             " VALUES ($1, $2, $3, $4) ON CONFLICT (token_hash) DO UPDATE"
@@ -108,7 +138,7 @@ class Tokens:
             token_id,
             name,
             hash_token(token),
-            sorted(Scope(s).value for s in scopes),
+            sorted(_scope_value(s) for s in scopes),
         )
 
     async def state(self, token: str) -> str:
@@ -136,7 +166,9 @@ class Tokens:
         )
         return [TokenInfo(**dict(r)) for r in rows]
 
-    async def verify(self, authorization: str | None, needed: Scope) -> Verdict:
+    async def verify(self, authorization: str | None, needed: Scope | str) -> Verdict:
+        """Who is calling, and whether its token grants ``needed`` (a ``Scope``, or a job's
+        scope: ``job_scope``)."""
         if not authorization:
             return Verdict(401, "missing bearer token (Authorization: Bearer <token>)")
         scheme, _, token = authorization.partition(" ")
@@ -150,13 +182,21 @@ class Tokens:
         if known is None:
             return Verdict(401, "unknown or revoked token")
         if not grants(known.scopes, needed):
+            wanted = _scope_value(needed)
+            if any(s.startswith(JOB_SCOPE_PREFIX) for s in known.scopes):
+                what = (
+                    "is another job's"
+                    if wanted.startswith(JOB_SCOPE_PREFIX)
+                    else f"is a job's token; this needs the {wanted!r} scope"
+                )
+                return Verdict(403, f"token {known.token_id} {what}", known.token_id)
             return Verdict(
                 403,
-                f"token {known.token_id} lacks the {needed.value!r} scope "
+                f"token {known.token_id} lacks the {wanted!r} scope "
                 f"(it has: {', '.join(sorted(known.scopes))})",
                 known.token_id,
             )
-        return Verdict(200, "", known.token_id)
+        return Verdict(200, "", known.token_id, known.scopes)
 
     async def _lookup(self, digest: str) -> _Known | None:
         now = time.monotonic()

@@ -23,6 +23,20 @@ commit is capped at the log's end, and what it made of the lost records is redon
 lost with them (the delivery rules: at least once, idempotent writes).
 
 One `up` at a time may own a journal: a session-level advisory lock says so.
+
+A journal is its stack's: by default its tables are in the schema ``broker_journal`` of the
+stack's own database (the one its envs and checkpoints are in), so a second stack with its
+own database has its own journal and a dropped database takes its journal along. The
+journal records whose it is (the stack's database: server, name and oid, which a database
+dropped and made again under its name does not keep) and refuses, in one line, a stack
+that is not that one (a `broker_database` shared by two stacks). Before, every stack's
+journal was the database ``dlrover_tansu``: a second stack started with the first one's
+topics, records and group offsets while its own Postgres knew none of it (issue 37).
+
+The journal also says, in ``broker_journal.stack``, which broker it follows and whether it
+is refilling it, and in ``broker_journal.copied`` how far it copied each partition: what a
+consumer that checkpoints elsewhere (the brain) reads to hold its checkpoint to what a
+crash keeps (`journal_view`).
 """
 
 from __future__ import annotations
@@ -31,18 +45,26 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    RebalanceInProgressError,
+    TopicAlreadyExistsError,
+    UnknownMemberIdError,
+)
 from aiokafka.structs import OffsetAndMetadata
 
 from dlrover_events.bus.kafka_client import kafka_connection, start_kafka_client, stop_consumer
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import close_quietly, wait_or_stop
+from dlrover_events.runtime.embedded import with_database
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import _redact, connect
 
@@ -57,10 +79,41 @@ GROUPS_EVERY_S = 2.0
 BATCH = 5000
 #: Records in flight while a broker is refilled.
 REFILL_WINDOW = 2000
+#: Tries to make again the journal's topics that a client made first (`_make_topics`).
+MAKE_TRIES = 5
+
+#: what Kafka answers a group-less commit for a group that has members
+_GROUP_HAS_MEMBERS = (
+    CommitFailedError,
+    UnknownMemberIdError,
+    IllegalGenerationError,
+    RebalanceInProgressError,
+)
 
 _LOCK_KEY = 0x646C726F  # 'dlro': the advisory lock of the journal's owner
 
-SCHEMA = """
+#: the journal's schema, in the stack's database (or in `broker_database`)
+JOURNAL_SCHEMA = "broker_journal"
+#: where every stack's journal was before it was its stack's (tables in its public schema)
+OLD_JOURNAL_DATABASE = "dlrover_tansu"
+
+SCHEMA = f"""
+CREATE SCHEMA IF NOT EXISTS {JOURNAL_SCHEMA};
+CREATE TABLE IF NOT EXISTS {JOURNAL_SCHEMA}.stack (
+    id int PRIMARY KEY CHECK (id = 1),
+    identity text NOT NULL,
+    bootstrap_servers text NOT NULL DEFAULT '',
+    refilling boolean NOT NULL DEFAULT false,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE {JOURNAL_SCHEMA}.stack ADD COLUMN IF NOT EXISTS refills bigint NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS {JOURNAL_SCHEMA}.copied (
+    topic text NOT NULL,
+    part int NOT NULL,
+    next_offset bigint NOT NULL,
+    PRIMARY KEY (topic, part)
+);
+ALTER TABLE {JOURNAL_SCHEMA}.copied ADD COLUMN IF NOT EXISTS refilled bigint NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS broker_topics (
     name text PRIMARY KEY,
     partitions int NOT NULL,
@@ -86,6 +139,18 @@ CREATE TABLE IF NOT EXISTS broker_commits (
 );
 """
 
+_COPIED = """
+INSERT INTO copied (topic, part, next_offset)
+SELECT t, p, o FROM unnest($1::text[], $2::int[], $3::bigint[]) AS x(t, p, o)
+ON CONFLICT (topic, part) DO UPDATE SET next_offset = EXCLUDED.next_offset
+"""
+
+#: where the last refill ended each partition (what a broker that died lost came after)
+_REFILLED = """
+INSERT INTO copied (topic, part, next_offset, refilled)
+SELECT t, p, o, o FROM unnest($1::text[], $2::int[], $3::bigint[]) AS x(t, p, o)
+"""
+
 _COLUMNS = ["topic", "part", "offset", "ts", "key", "value", "header_keys", "header_values"]
 
 
@@ -97,6 +162,12 @@ class Refill:
     records: int
     groups: int
     seconds: float
+    #: groups whose commits were not put back: they had live members (see _refill_commits)
+    left_to_members: tuple[str, ...] = ()
+
+
+class RefillError(RuntimeError):
+    """A refill that cannot put the journal back as it was (`up` tries a new broker)."""
 
 
 class JournalNotRefilled(RuntimeError):
@@ -112,10 +183,12 @@ class BrokerJournal:
     """The journal of one embedded broker: ``refill`` a new broker from it, then ``run``
     to keep copying; ``drain`` before the broker stops."""
 
-    def __init__(self, settings: Settings, conn: asyncpg.Connection, dsn: str) -> None:
+    def __init__(self, settings: Settings, conn: asyncpg.Connection, dsn: str, stack: str) -> None:
         self._settings = settings
         self._conn = conn
         self._dsn = dsn
+        #: whose journal it is (`database_identity` of the stack's database)
+        self.stack = stack
         #: the next offset the journal expects, per partition
         self._next: dict[TopicPartition, int] = {}
         self._topics: dict[str, int] = {}
@@ -126,10 +199,12 @@ class BrokerJournal:
         self._refilled = False
 
     @classmethod
-    async def open(cls, settings: Settings, dsn: str) -> BrokerJournal:
-        """Own the journal at ``dsn`` (its tables made if missing); a second `up` on the
-        same database is refused in one line."""
-        conn = await connect(dsn)
+    async def open(cls, settings: Settings, dsn: str, *, stack: str | None = None) -> BrokerJournal:
+        """Own the journal at ``dsn`` (its tables made if missing) for the stack whose
+        database is ``stack`` (`database_identity`; None: the journal's own database, the
+        default where the journal is in the stack's database). A second `up` on the same
+        journal, or a journal another stack wrote, is refused in one line."""
+        conn = await connect(dsn, schema=JOURNAL_SCHEMA)
         try:
             if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _LOCK_KEY):
                 raise UserError(
@@ -137,10 +212,30 @@ class BrokerJournal:
                     "set DLROVER_EVENTS_BROKER_DATABASE (or DLROVER_EVENTS_BROKER_STORAGE=memory)"
                 )
             await conn.execute(SCHEMA)
+            mine = stack or await database_identity(conn)
+            theirs = await conn.fetchval("SELECT identity FROM stack WHERE id = 1")
+            if theirs is not None and theirs != mine:
+                raise UserError(
+                    f"the broker journal in {_redact(dsn)} is the stack of {theirs}'s, not this "
+                    f"one's ({mine}): set DLROVER_EVENTS_BROKER_DATABASE to a database of this "
+                    f"stack's (unset: its own), or drop schema {JOURNAL_SCHEMA} there"
+                )
+            await conn.execute(
+                "INSERT INTO stack (id, identity) VALUES (1, $1) ON CONFLICT (id) DO NOTHING", mine
+            )
+            if stack is None:
+                said = await old_journal(conn, dsn)
+                if said is not None:
+                    log.warning("%s", said)
         except BaseException:
             await conn.close()
             raise
-        return cls(settings, conn, dsn)
+        return cls(settings, conn, dsn, mine)
+
+    @property
+    def where(self) -> str:
+        """Where the journal is and whose, to say so (no password)."""
+        return f"{_redact(self._dsn)}, schema {JOURNAL_SCHEMA}, of the stack of {self.stack}"
 
     async def close(self) -> None:
         await self._stop_clients()
@@ -154,6 +249,10 @@ class BrokerJournal:
         await self._stop_clients()
         self._settings = self._settings.with_overrides(bootstrap_servers=bootstrap_servers)
         self._refilled = False
+        await self._conn.execute(
+            "UPDATE stack SET bootstrap_servers = $1, updated_at = now() WHERE id = 1",
+            bootstrap_servers,
+        )
 
     async def refill(self) -> Refill:
         """Put the journal back into the broker, new and empty: its topics, their
@@ -162,34 +261,116 @@ class BrokerJournal:
         self._refilled = False
         await self._stop_clients()
         settings = self._settings
+        await self._say_refilling(True)
         topics = await self._conn.fetch("SELECT name, partitions, configs FROM broker_topics")
         admin = AIOKafkaAdminClient(**kafka_connection(settings), client_id="broker-journal")
         await start_kafka_client(admin, settings)
         try:
             if topics:
-                await admin.create_topics(
-                    [
-                        NewTopic(t["name"], t["partitions"], 1, topic_configs=dict(t["configs"]))
-                        for t in topics
-                    ]
-                )
+                await self._make_topics(admin, settings, topics)
         finally:
             await admin.close()
         records = await self._refill_records(settings)
         ends = await self._ends(settings, [self._tp(r) for r in records])
-        for tp, end in records.items():
-            if ends.get(self._tp(tp), 0) != end:
-                log.warning(
-                    "refilled %s[%d] ends at offset %d, its journal at %d: offsets differ",
-                    tp[0],
-                    tp[1],
-                    ends.get(self._tp(tp), 0),
-                    end,
-                )
-        groups = await self._refill_commits(settings, ends)
+        differ = {tp: ends.get(self._tp(tp), 0) for tp, end in records.items()}
+        differ = {tp: got for tp, got in differ.items() if got != records[tp]}
+        if differ:
+            # a client outside `up` (a standalone operator's producer, retrying) wrote into
+            # a topic between its creation and the end of its refill: every offset after
+            # its record is shifted. Not served: `up` starts a new broker and refills again
+            (name, part), got = min(differ.items())
+            raise RefillError(
+                f"{len(differ)} refilled partition(s) do not end where their journal does "
+                f"({name}[{part}]: {got}, journal {records[(name, part)]}): a client wrote "
+                "into them during the refill"
+            )
+        groups, left = await self._refill_commits(settings, ends)
         self._next = {self._tp(tp): end for tp, end in records.items()}
+        async with self._conn.transaction():
+            await self._conn.execute("DELETE FROM copied")
+            await self._conn.execute(
+                _REFILLED,
+                [t for t, _ in records],
+                [p for _, p in records],
+                list(records.values()),
+            )
         self._refilled = True
-        return Refill(len(topics), sum(records.values()), groups, time.monotonic() - started)
+        await self._say_refilling(False)
+        return Refill(len(topics), sum(records.values()), groups, time.monotonic() - started, left)
+
+    async def _make_topics(
+        self, admin: AIOKafkaAdminClient, settings: Settings, topics: list[asyncpg.Record]
+    ) -> None:
+        """Make the journal's topics with their partitions and configs.
+
+        tansu makes a topic a client asks about (metadata: a standalone brain or operator
+        reconnecting to the new broker before the refill made its topics), with its own
+        number of partitions (4) and no config. Such a topic, still empty, is deleted and
+        made again as the journal says (a client may make it again meanwhile: tried
+        MAKE_TRIES times); one a client already wrote into is a RefillError (its offsets
+        would shift: the caller starts a new broker). Before, every topic made by a client
+        was a RefillError and a new broker, which the clients asking again at once could
+        make lose the same race again (issue 37: a 20-kill chaos run of the stack stalled
+        on a refill racing a topic tansu made)."""
+        wanted = {t["name"]: t for t in topics}
+        todo = sorted(wanted)
+        for _ in range(MAKE_TRIES):
+            response = await admin.create_topics(
+                [
+                    NewTopic(
+                        n, wanted[n]["partitions"], 1, topic_configs=dict(wanted[n]["configs"])
+                    )
+                    for n in todo
+                ]
+            )
+            # made by a client first (any other error: `_check_made` says it)
+            todo = sorted(
+                name
+                for name, code, *_ in response.topic_errors
+                if code == TopicAlreadyExistsError.errno
+            )
+            if not todo:
+                break
+            described = await admin.describe_topics(todo)
+            parts = {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0}
+            ends = await self._ends(
+                settings, [TopicPartition(n, p) for n, count in parts.items() for p in range(count)]
+            )
+            written = sorted({tp.topic for tp, end in ends.items() if end > 0})
+            if written:
+                raise RefillError(
+                    f"topics made and written into by a client before the refill: {written}"
+                )
+            log.info("refill: topics a client made first, made again: %s", todo)
+            await admin.delete_topics(todo)
+        await self._check_made(admin, {t["name"]: t["partitions"] for t in topics})
+
+    @staticmethod
+    async def _check_made(admin: AIOKafkaAdminClient, wanted: dict[str, int]) -> None:
+        """tansu makes a topic a client asks about: a consumer that reconnected before the
+        refill may have made one of the journal's topics with tansu's partitions and no config.
+        Refilling that would shift offsets or lose compaction; the caller starts a new
+        broker instead."""
+        described = await admin.describe_topics(sorted(wanted))
+        made = {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0}
+        wrong = {n: made.get(n, 0) for n, p in wanted.items() if made.get(n) != p}
+        if wrong:
+            raise RefillError(
+                "topics made by a client before the refill, or not made: "
+                + ", ".join(f"{n} ({p} partitions, journal {wanted[n]})" for n, p in wrong.items())
+            )
+
+    async def _say_refilling(self, refilling: bool) -> None:
+        """Readers of `journal_view` (a standalone service's readiness, the brain) take a
+        broker being refilled for one that is not there yet. Each refill counts
+        (``refills``): a producer that notes what it published knows by it that records
+        acknowledged before it and not copied are gone (`dlrover_events.runtime.unjournaled`)."""
+        await self._conn.execute(
+            "UPDATE stack SET refilling = $1, bootstrap_servers = $2, updated_at = now(), "
+            "refills = refills + CASE WHEN $1 THEN 1 ELSE 0 END WHERE id = 1",
+            refilling,
+            self._settings.bootstrap_servers,
+        )
 
     @staticmethod
     def _tp(key: tuple[str, int]) -> TopicPartition:
@@ -278,7 +459,19 @@ class BrokerJournal:
         finally:
             await stop_consumer(consumer)
 
-    async def _refill_commits(self, settings: Settings, ends: dict[TopicPartition, int]) -> int:
+    async def _refill_commits(
+        self, settings: Settings, ends: dict[TopicPartition, int]
+    ) -> tuple[int, tuple[str, ...]]:
+        """Each group's journaled commits, capped at what was refilled; the number of groups
+        committed, and those left to their members.
+
+        A group that has members on the new broker (a consumer outside `up`, reconnected
+        before the refill) cannot be committed for: Kafka takes a group-less commit only
+        for an empty group and answers UnknownMemberId (CommitFailedError) otherwise. Such
+        a group is left to its members rather than paused or waited for: they resume as
+        any member of a group without a commit does (this project's consumers from the
+        beginning, their effects idempotent; the brain from its checkpoint in Postgres),
+        whereas waiting would hold the stack for a consumer `up` does not own."""
         rows = await self._conn.fetch('SELECT grp, topic, part, "offset" FROM broker_commits')
         by_group: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
         for row in rows:
@@ -287,7 +480,9 @@ class BrokerJournal:
                 continue
             offset = min(row["offset"], ends[tp])  # not past what was refilled
             by_group.setdefault(row["grp"], {})[tp] = OffsetAndMetadata(offset, "")
-        for group, offsets in by_group.items():
+        committed = 0
+        left: list[str] = []
+        for group, offsets in sorted(by_group.items()):
             consumer = AIOKafkaConsumer(
                 **kafka_connection(settings),
                 client_id="broker-journal",
@@ -298,9 +493,19 @@ class BrokerJournal:
             try:
                 consumer.assign(list(offsets))
                 await consumer.commit(offsets)
+                committed += 1
+            except _GROUP_HAS_MEMBERS:
+                left.append(group)
             finally:
                 await stop_consumer(consumer)
-        return len(by_group)
+        if left:
+            log.warning(
+                "refill: the commits of %d group(s) left to their live members (they resume "
+                "without them): %s",
+                len(left),
+                ", ".join(left),
+            )
+        return committed, tuple(left)
 
     # --- copying -------------------------------------------------------------------
 
@@ -451,6 +656,7 @@ class BrokerJournal:
                 ("broker_topics", "name"),
                 ("broker_records", "topic"),
                 ("broker_commits", "topic"),
+                ("copied", "topic"),
             ):
                 await self._conn.execute(
                     f"DELETE FROM {table} WHERE {column} = ANY($1::text[])", topics
@@ -494,7 +700,17 @@ class BrokerJournal:
                 )
             self._next[tp] = records[-1].offset + 1
         if rows:
-            await self._conn.copy_records_to_table("broker_records", records=rows, columns=_COLUMNS)
+            copied = sorted({(r[0], r[1]) for r in rows})
+            async with self._conn.transaction():
+                await self._conn.copy_records_to_table(
+                    "broker_records", records=rows, columns=_COLUMNS
+                )
+                await self._conn.execute(
+                    _COPIED,
+                    [t for t, _ in copied],
+                    [p for _, p in copied],
+                    [self._next[TopicPartition(t, p)] for t, p in copied],
+                )
 
     async def _copy_commits(self) -> None:
         admin = await self._admin_client()
@@ -515,3 +731,114 @@ class BrokerJournal:
                 'ON CONFLICT (grp, topic, part) DO UPDATE SET "offset" = $4',
                 rows,
             )
+
+
+async def old_journal(
+    conn: asyncpg.Connection, dsn: str, old: str = OLD_JOURNAL_DATABASE
+) -> str | None:
+    """One line on the journal of before (database ``old`` on the same server, its tables
+    in the public schema, written by every stack on that server), if it holds records:
+    what it holds and how to bring it into this stack's journal (``conn``, on ``dsn``).
+
+    It is not taken by itself: it records no stack, and a second stack that took it as its
+    own started with the first one's topics, records and group offsets (issue 37)."""
+    if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", old):
+        return None
+    old_dsn = with_database(dsn, old)
+    try:
+        theirs = await connect(old_dsn)
+    except Exception:
+        return None  # (not ours to read: nothing to say)
+    try:
+        row = await theirs.fetchrow(
+            "SELECT count(*) AS records, array_agg(DISTINCT topic) AS topics "
+            "FROM public.broker_records"
+        )
+    except (asyncpg.UndefinedTableError, asyncpg.InsufficientPrivilegeError):
+        return None
+    finally:
+        await theirs.close()
+    if row is None or not row["records"]:
+        return None
+    envs = sorted({t.split(".", 1)[0] for t in row["topics"] if "." in t})
+    mine = await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {JOURNAL_SCHEMA}.broker_records)")
+    first = (
+        f"psql {_redact(dsn)!r} -c 'DROP SCHEMA {JOURNAL_SCHEMA} CASCADE' (its records since "
+        "are lost), then "
+        if mine
+        else ""
+    )
+    return (
+        f"database {old} holds a broker journal of before journals were their stack's "
+        f"({row['records']} records of {len(row['topics'])} topics, envs "
+        f"{', '.join(envs[:5]) or '-'}{', ...' if len(envs) > 5 else ''}; whose stack it was "
+        "is not recorded), not taken by this stack: to bring it over once, stop `up`, "
+        f"{first}run pg_dump --data-only -t 'public.broker_*' {_redact(old_dsn)!r} | sed "
+        f"'s/public\\.broker_/{JOURNAL_SCHEMA}.broker_/' | psql -q {_redact(dsn)!r}; "
+        f"or drop database {old} to be told no more"
+    )
+
+
+async def database_identity(conn: asyncpg.Connection) -> str:
+    """Which database ``conn`` is on: server, name and oid (a database dropped and made again
+    under its name gets a new oid, and is another stack's)."""
+    row = await conn.fetchrow(
+        "SELECT coalesce(host(inet_server_addr()), 'local') AS host, inet_server_port() AS port,"
+        " current_database() AS name,"
+        " (SELECT oid::bigint FROM pg_database WHERE datname = current_database()) AS oid"
+    )
+    assert row is not None
+    return f"database {row['name']} (oid {row['oid']}) on {row['host']}:{row['port']}"
+
+
+@dataclass(frozen=True)
+class JournalView:
+    """What the live journal of a broker says: whether it is refilling the broker (whose
+    topics are then not all back), and how far it copied each partition asked about."""
+
+    refilling: bool
+    copied: dict[tuple[str, int], int]
+    #: how many refills the journal began: one more than when a record was acknowledged
+    #: means that a record it has not copied was lost with the broker
+    refills: int = 0
+    #: where the last refill ended each partition asked about (0: none refilled)
+    refilled: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+async def journal_view(
+    conn: asyncpg.Connection | asyncpg.Pool, bootstrap_servers: str, topics: Iterable[str]
+) -> JournalView | None:
+    """The journal in ``conn``'s database of the broker at ``bootstrap_servers``, or None:
+    none is kept there, or it follows another broker, or no `up` owns it now (its advisory
+    lock is free: `up` stopped, or keeps its broker in memory)."""
+    try:
+        row = await conn.fetchrow(
+            f"SELECT bootstrap_servers, refilling, refills FROM {JOURNAL_SCHEMA}.stack WHERE id = 1"
+        )
+    except (
+        asyncpg.UndefinedTableError,
+        asyncpg.InvalidSchemaNameError,
+        asyncpg.UndefinedColumnError,  # (a journal of an `up` older than `refills`)
+    ):
+        return None
+    if row is None or row["bootstrap_servers"] != bootstrap_servers:
+        return None
+    live = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND classid::bigint = 0 AND objid::bigint = $1"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
+        _LOCK_KEY,
+    )
+    if not live:
+        return None
+    rows = await conn.fetch(
+        f"SELECT topic, part, next_offset, refilled FROM {JOURNAL_SCHEMA}.copied"
+        " WHERE topic = ANY($1::text[])",
+        sorted(set(topics)),
+    )
+    return JournalView(
+        row["refilling"],
+        {(r["topic"], r["part"]): r["next_offset"] for r in rows},
+        row["refills"],
+        {(r["topic"], r["part"]): r["refilled"] for r in rows},
+    )

@@ -74,6 +74,15 @@ class BrainMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         ).labels(env)
+        self.plan_publication_latency = Histogram(
+            "dlrover_events_brain_plan_publication_latency_seconds",
+            "from the publication of the input record that caused a plan (its record's "
+            "timestamp) to the broker's ack of the plan: the fetch, the wait behind a backlog, "
+            "the decision and the publication",
+            ["env"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(env)
         self.checkpoint_duration = Histogram(
             "dlrover_events_brain_checkpoint_duration_seconds",
             "one checkpoint: job states and offsets to Postgres, then the commit",
@@ -176,6 +185,43 @@ class ArchiverMetrics:
         self.batch_duration = Histogram(
             "dlrover_events_archiver_batch_duration_seconds",
             "one batch written to Postgres and committed",
+            ["env"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(env)
+
+
+class SearcherMetrics:
+    def __init__(self, registry: CollectorRegistry, env: str) -> None:
+        self.inputs = Counter(
+            "dlrover_events_searcher_inputs_total",
+            "inputs that concern an experiment, decided (actions, trial metrics, the "
+            "operator's answers, trial jobs' ends)",
+            ["env"],
+            registry=registry,
+        ).labels(env)
+        self.skipped = Counter(
+            "dlrover_events_searcher_skipped_total",
+            "inputs read again and skipped: its checkpoint had them already (read again "
+            "after a restart, or after another instance had them)",
+            ["env"],
+            registry=registry,
+        ).labels(env)
+        self.decisions = Counter(
+            "dlrover_events_searcher_decisions_total",
+            "trial decisions made, by kind (create, run, pause, resume, stop, complete, done)",
+            ["env", "decision"],
+            registry=registry,
+        )
+        self.dead_letters = Counter(
+            "dlrover_events_searcher_dead_letters_total",
+            "records sent to the env's DLQ, by failure kind",
+            ["env", "kind"],
+            registry=registry,
+        )
+        self.batch_duration = Histogram(
+            "dlrover_events_searcher_batch_duration_seconds",
+            "one batch decided, checkpointed with its outbox, published and committed",
             ["env"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
@@ -350,6 +396,7 @@ def _every_service(registry: CollectorRegistry) -> list[object]:
         BrainMetrics(registry, env),
         OperatorMetrics(registry, env, "<platform>"),
         ArchiverMetrics(registry, env),
+        SearcherMetrics(registry, env),
         EvaluatorMetrics(registry, env),
         ConsoleMetrics(registry, env),
         GatewayMetrics(
@@ -511,6 +558,7 @@ __all__ = [
     "MetricInfo",
     "MetricsServer",
     "OperatorMetrics",
+    "SearcherMetrics",
     "ServiceMetrics",
     "catalogue",
     "catalogue_markdown",

@@ -1,7 +1,7 @@
 """A service run as its own command (`brain`, `operator`, `gateway`, `console`, `archiver`,
-`evaluator`, `watchdog`, `replay`) gets what `up` gives the services it runs: it is fenced
-to its env (it stops when the env is deleted), its metrics and probes are served, and
-SIGINT/SIGTERM stop it cleanly.
+`evaluator`, `watchdog`, `searcher`, `experiments-recorder`, `replay`) gets what `up` gives
+the services it runs: it is fenced to its env (it stops when the env is deleted), its
+metrics and probes are served, and SIGINT/SIGTERM stop it cleanly.
 
 The probes are `up`'s (`MetricsServer` and `supervisor.readiness`, one implementation):
 `/healthz` answers while the event loop does; `/readyz` answers 200 once the service said
@@ -23,8 +23,11 @@ import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from dlrover_events.lifecycle import background, wait_for_any
+import asyncpg
+
+from dlrover_events.lifecycle import background, close_quietly, wait_for_any
 from dlrover_events.runtime import logs
+from dlrover_events.runtime.broker_journal import journal_view
 from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.runtime.fence import fenced
 from dlrover_events.runtime.logs import log_fields
@@ -32,6 +35,7 @@ from dlrover_events.runtime.metrics import MetricsServer
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.runtime.supervisor import BusWatch, State, readiness
 from dlrover_events.settings import Settings
+from dlrover_events.store.database import connect
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +70,12 @@ async def _standalone(ctx: ServiceContext, service: str, *, signals: bool) -> As
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, ctx.stop.set)
     settings = ctx.settings
-    bus = BusWatch(settings.bootstrap_servers, ctx.stop, probe_s=settings.bus_probe_s)
+    hold = JournalHold(settings.bootstrap_servers, ctx.pg_dsn)
+    bus = BusWatch(
+        settings.bootstrap_servers, ctx.stop, probe_s=settings.bus_probe_s, held=hold.why
+    )
     ctx.bus = bus.up
-    async with fenced(ctx, (service,)) as fence:
+    async with contextlib.aclosing(hold), fenced(ctx, (service,)) as fence:
 
         def ready() -> tuple[bool, dict[str, Any]]:
             return readiness(bus, {service: service_state(ctx)}, postgres=fence.holds)
@@ -93,6 +100,35 @@ async def _standalone(ctx: ServiceContext, service: str, *, signals: bool) -> As
                 yield
         finally:
             await server.stop()
+
+
+class JournalHold:
+    """Why the broker of a stack's `up` is not usable though it answers: `up` is refilling
+    it from its journal (its topics are coming back). A service run alone cannot tell that
+    from the broker, which answers from its restart on; the journal says it in the stack's
+    database. Postgres away or no journal: nothing to say (the fence watches Postgres)."""
+
+    def __init__(self, bootstrap_servers: str, pg_dsn: str) -> None:
+        self._bootstrap_servers = bootstrap_servers
+        self._dsn = pg_dsn
+        self._conn: asyncpg.Connection | None = None
+
+    async def why(self) -> str | None:
+        try:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await connect(self._dsn)
+            view = await journal_view(self._conn, self._bootstrap_servers, ())
+        except Exception:
+            await self.aclose()
+            return None
+        if view is not None and view.refilling:
+            return f"the broker at {self._bootstrap_servers} is being refilled from its journal"
+        return None
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await close_quietly(conn.close())
 
 
 #: a service's body: runs until ``ctx.stop`` (the `run` of a `Service`, or a command's own)

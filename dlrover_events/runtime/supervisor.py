@@ -28,7 +28,7 @@ from prometheus_client.metrics_core import Metric
 
 from dlrover_events.backoff import Backoff
 from dlrover_events.errors import BusUnavailable, StoreUnavailable, UserError
-from dlrover_events.lifecycle import end_within, wait_for_any, wait_or_stop
+from dlrover_events.lifecycle import cancel_and_wait, end_within, wait_for_any, wait_or_stop
 from dlrover_events.runtime.embedded import Broker, kafka_reachable
 from dlrover_events.runtime.logs import log_fields
 from dlrover_events.runtime.metrics import ServiceMetrics
@@ -103,6 +103,9 @@ class Supervised:
         self.failed = asyncio.Event()
         self.registry = RegistrySlot()
         self.ctx: ServiceContext | None = None
+        #: how long a stop may take before the service is cancelled: `up` shortens it when
+        #: its broker died (nothing a service could still write would reach it)
+        self.grace_s = STOP_GRACE_S
 
     def _gauge(self, value: int) -> None:
         if self._metrics is not None:
@@ -171,12 +174,19 @@ class Supervised:
 
     async def _end(self, task: asyncio.Task[None], own_stop: asyncio.Event) -> None:
         own_stop.set()
-        if await end_within([task], STOP_GRACE_S):
-            log.warning("service %s did not stop within %.0fs: cancelled", self.name, STOP_GRACE_S)
+        if await end_within([task], self.grace_s) and self.grace_s >= STOP_GRACE_S:
+            log.warning("service %s did not stop within %.0fs: cancelled", self.name, self.grace_s)
 
 
 class BusWatch:
-    """Probes the bus; restarts an embedded broker that exited, then ``on_restart``."""
+    """Probes the bus; restarts an embedded broker that exited, then ``on_restart``.
+
+    Besides a probe every ``probe_s``, it holds one idle connection to the broker: a broker
+    that dies closes it, which says so at once (within a tick, 0.25 s), even when the broker
+    is back on its port before the next probe (`up` restarts its broker within a second or
+    two, and a probe that found the port open said ready from an empty broker). ``held``,
+    when given, says why a broker that answers is not usable yet (its refill from the
+    journal), or None."""
 
     def __init__(
         self,
@@ -188,6 +198,7 @@ class BusWatch:
         on_restart: Callable[[], Awaitable[Sized]] | None = None,
         backoff: Backoff = Backoff(),
         metrics: ServiceMetrics | None = None,
+        held: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self._stop = stop
@@ -196,11 +207,13 @@ class BusWatch:
         self._on_restart = on_restart
         self._backoff = backoff
         self._metrics = metrics
+        self._held = held
         #: set while the bus answers
         self.up = asyncio.Event()
         self.up.set()
         self._away_since: float | None = None
         self._resync_pending = False
+        self._watch: asyncio.Task[None] | None = None
         self._set_gauge(1)
 
     def _set_gauge(self, value: int) -> None:
@@ -208,10 +221,10 @@ class BusWatch:
             self._metrics.bus_up.set(value)
 
     def _away(self, why: str) -> None:
+        self.up.clear()
+        self._set_gauge(0)
         if self._away_since is None:
             self._away_since = time.monotonic()
-            self.up.clear()
-            self._set_gauge(0)
             log.error("%s: services wait for it and /readyz says not ready", why)
 
     def _back(self) -> None:
@@ -228,22 +241,55 @@ class BusWatch:
     async def run(self) -> None:
         tick = min(0.25, self._probe_s)
         next_probe = 0.0
-        while not await wait_or_stop(self._stop, tick):
-            if self._broker is not None and (code := self._broker.exit_code()) is not None:
-                self._away(
-                    f"broker tansu (pid {self._broker.pid}) on {self.bootstrap_servers} "
-                    f"exited with code {code}; starting it again"
-                )
-                await self._restart_broker()
-                continue
-            if self._resync_pending:
-                await self._resync()
-            if time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + self._probe_s
-                if await asyncio.to_thread(kafka_reachable, self.bootstrap_servers):
-                    self._back()
-                else:
-                    self._away(f"bus at {self.bootstrap_servers} does not answer")
+        try:
+            while not await wait_or_stop(self._stop, tick):
+                if self._broker is not None and (code := self._broker.exit_code()) is not None:
+                    self._away(
+                        f"broker tansu (pid {self._broker.pid}) on {self.bootstrap_servers} "
+                        f"exited with code {code}; starting it again"
+                    )
+                    await self._restart_broker()
+                    continue
+                if self._resync_pending:
+                    await self._resync()
+                lost = self._watch is not None and self._watch.done()
+                if lost:
+                    self._watch = None
+                    self._away(
+                        f"bus at {self.bootstrap_servers} does not answer (connection closed)"
+                    )
+                if lost or self._away_since is not None or time.monotonic() >= next_probe:
+                    next_probe = time.monotonic() + self._probe_s
+                    await self._probe()
+        finally:
+            if self._watch is not None:
+                await cancel_and_wait(self._watch)
+
+    async def _probe(self) -> None:
+        if not await asyncio.to_thread(kafka_reachable, self.bootstrap_servers):
+            self._away(f"bus at {self.bootstrap_servers} does not answer")
+            return
+        why = await self._held() if self._held is not None else None
+        if why is not None:
+            self._away(why)
+            return
+        if self._watch is None:
+            self._watch = asyncio.create_task(self._hold_connection(), name="bus watch")
+        self._back()
+
+    async def _hold_connection(self) -> None:
+        """Returns when the broker closes the connection (or it cannot be opened)."""
+        host, _, port = self.bootstrap_servers.split(",")[0].strip().rpartition(":")
+        try:
+            reader, writer = await asyncio.open_connection(host or "127.0.0.1", int(port))
+        except (OSError, ValueError):
+            return
+        try:
+            await reader.read(1)  # the broker never speaks first: only its end returns
+        except OSError:
+            pass
+        finally:
+            writer.close()
 
     async def _restart_broker(self) -> None:
         assert self._broker is not None

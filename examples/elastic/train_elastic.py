@@ -64,6 +64,7 @@ from dlrover_events.sdk.knobs import StepKnobs, Switch
 from dlrover_events.sdk.membership import Rescale, plan_for
 from dlrover_events.sdk.probes import process_started_at
 from dlrover_events.sdk.torch import (
+    CheckpointError,
     ElasticCheckpoint,
     TorchHook,
     exit_promptly,
@@ -192,7 +193,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--checkpoint",
         default=None,
-        help="checkpoint file (default: $DLROVER_EVENTS_CHECKPOINT_DIR/<job>.pt, else none)",
+        help="checkpoint directory or URL (default: $DLROVER_EVENTS_CHECKPOINT_DIR/<job>.pt, "
+        "else none)",
     )
     p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
     p.add_argument("--step-sleep-s", type=float, default=0.0, help="added to each step")
@@ -267,11 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     path = args.checkpoint or default_checkpoint_path(identity.job.uuid)
     ckpt = (
-        ElasticCheckpoint(path, model, optimizer, every=args.checkpoint_every, knobs=knobs)
+        ElasticCheckpoint(
+            path, model, optimizer, every=args.checkpoint_every, knobs=knobs, reporter=reporter
+        )
         if path
         else None
     )
-    step = ckpt.restore() if ckpt is not None else 0
+    try:
+        step = ckpt.restore() if ckpt is not None else 0
+    except CheckpointError as err:  # a torn manifest: one line, not a traceback
+        log.error("%s", err)
+        return 2
     rescale.state_at = time.time()
     rescale.step = step
     rescale.world_before = ckpt.restored_world_size if ckpt is not None else None
@@ -415,7 +423,13 @@ def in_place(
     path = args.checkpoint or default_checkpoint_path(identity.job.uuid)
     ckpt = (
         ElasticCheckpoint(
-            path, model, optimizer, every=args.checkpoint_every, knobs=knobs, handle_sigterm=False
+            path,
+            model,
+            optimizer,
+            every=args.checkpoint_every,
+            knobs=knobs,
+            handle_sigterm=False,
+            reporter=reporter,
         )
         if path
         else None

@@ -1,5 +1,6 @@
 """What an operator does from the console, behind the env's admin token: scale, suspend,
-resume and delete a job, promote an env, revoke a token. Each goes the way the CLI goes: a
+resume and delete a job, promote an env, revoke a token (and pause, activate or kill an
+experiment: experiments.py). Each goes the way the CLI goes: a
 job through handlers/operator/doors/actions.py (a scale, a suspend and a resume are each a
 ScalePlan on the env's scale.plans, applied once by the env's operator and answered with a
 ScaleResult, as `job scale|suspend|resume` and the jobs API do), an env through the
@@ -193,7 +194,27 @@ JOB_ACTIONS: tuple[JobAction, ...] = (
 )
 
 
-async def _body(request: web.Request) -> Any:
+#: The actions on an experiment (handlers/console/experiments.py), as whoami lists them
+#: for the page's buttons: an ExperimentAction each, in any env.
+EXPERIMENT_ACTIONS: tuple[dict[str, str], ...] = (
+    {
+        "kind": "experiment",
+        "name": "pause",
+        "label": "Pause",
+        "confirm": "Pause experiment {experiment}? Its running trials are suspended, "
+        "their checkpoints kept.",
+    },
+    {"kind": "experiment", "name": "activate", "label": "Activate", "confirm": ""},
+    {
+        "kind": "experiment",
+        "name": "kill",
+        "label": "Kill",
+        "confirm": "Kill experiment {experiment}? Every trial stops and its job is deleted.",
+    },
+)
+
+
+async def body_of(request: web.Request) -> Any:
     if request.content_length is not None and request.content_length > MAX_BODY:
         raise ActionError(413, "too_large", f"a request body is at most {MAX_BODY} bytes")
     raw = await request.content.read(MAX_BODY + 1)
@@ -212,7 +233,7 @@ async def admin_verdict(request: web.Request, env: str) -> Verdict:
     return await tokens.verify(request.headers.get("Authorization"), Scope.ADMIN)
 
 
-async def _need_admin(request: web.Request, env: str) -> None:
+async def need_admin(request: web.Request, env: str) -> None:
     verdict = await admin_verdict(request, env)
     if verdict.status != 200:
         code = "unauthorized" if verdict.status == 401 else "forbidden"
@@ -236,9 +257,9 @@ def _job_route(action: JobAction) -> Handler:
 
         env, job = request.match_info["env"], request.match_info["job"]
         actor = request.app[ACTOR]
-        await _need_admin(request, env)
+        await need_admin(request, env)
         await _real(actor, env)
-        body = await _body(request)
+        body = await body_of(request)
         try:
             done = await action.run(actor, env, job, body)
         except JobNotFound as e:
@@ -267,7 +288,7 @@ async def promote(request: web.Request) -> web.StreamResponse:
     that is real now may hand its place over (an admin of a virtual env may not take it);
     with no real env, an admin of NAME."""
     actor = request.app[ACTOR]
-    body = await _body(request)
+    body = await body_of(request)
     target, reason = body.get("env") if isinstance(body, dict) else None, ""
     if isinstance(body, dict):
         reason = body.get("reason") or ""
@@ -277,7 +298,7 @@ async def promote(request: web.Request) -> web.StreamResponse:
     real = next(
         (e.name for e in await actor.views.envs(fresh=True) if e.mode == EnvMode.REAL), None
     )
-    await _need_admin(request, real or target)
+    await need_admin(request, real or target)
     try:
         new, old = await actor.views.registry.promote(target, reason=reason or "from the console")
     except EnvError as e:
@@ -288,7 +309,7 @@ async def promote(request: web.Request) -> web.StreamResponse:
 
 async def revoke(request: web.Request) -> web.StreamResponse:
     env, token_id = request.match_info["env"], request.match_info["token_id"]
-    await _need_admin(request, env)
+    await need_admin(request, env)
     tokens: Tokens = await request.app[ACTOR].views.tokens(env)
     if not await tokens.revoke(token_id):
         raise ActionError(404, "not_found", f"no active token {token_id!r} in env {env!r}")
@@ -297,7 +318,7 @@ async def revoke(request: web.Request) -> web.StreamResponse:
 
 async def token_list(request: web.Request) -> web.StreamResponse:
     env = request.match_info["env"]
-    await _need_admin(request, env)
+    await need_admin(request, env)
     tokens = await request.app[ACTOR].views.tokens(env)
     rows = [
         {
@@ -322,6 +343,7 @@ async def allowed(request: web.Request, env: str, real: bool) -> list[dict[str, 
         out += [{"kind": "job", **a.describe()} for a in JOB_ACTIONS]
         out.append({"kind": "env", "name": "promote", "label": "Promote"})
     out.append({"kind": "token", "name": "revoke", "label": "Revoke"})
+    out += [dict(a) for a in EXPERIMENT_ACTIONS]  # any env: the bus carries them
     return out
 
 
@@ -348,6 +370,7 @@ def add_routes(app: web.Application, actor: Actor) -> None:
 
 __all__ = [
     "ACTOR",
+    "EXPERIMENT_ACTIONS",
     "JOB_ACTIONS",
     "ActionError",
     "Actor",
@@ -356,4 +379,6 @@ __all__ = [
     "action_errors",
     "add_routes",
     "allowed",
+    "body_of",
+    "need_admin",
 ]

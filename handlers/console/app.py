@@ -1,6 +1,7 @@
 """The console's HTTP face: the page and its static files, and per env the live tail
-(server-sent events), the jobs and one job's page, the dead letters, the config documents
-and the A/B results; the actions are handlers.console.actions'.
+(server-sent events), the jobs and one job's page, the dead letters, the config documents,
+the A/B results and the experiments (handlers.console.experiments); the actions are
+handlers.console.actions'.
 
 Every ``/v1/envs/{env}`` route needs a bearer token of that env with the read scope,
 checked by the env's ``Tokens`` (one set of tokens for a job's config and an operator's
@@ -20,8 +21,9 @@ from aiohttp.typedefs import Handler
 
 from dlrover_events.bus.tail import Filter, Line, summary
 from dlrover_events.bus.topics import ENV_TOPIC_NAMES
+from dlrover_events.envs.failover import last_switch, role, standby_name
 from dlrover_events.envs.tokens import Scope, token_env
-from handlers.console import ab, configs
+from handlers.console import ab, configs, experiments, models
 from handlers.console.actions import Actor, action_errors, add_routes, allowed, error
 from handlers.console.envs import EnvViews, NoSuchEnv, TooManyEnvs
 from handlers.console.hub import Repeat, Subscription
@@ -180,15 +182,22 @@ async def _stream(resp: web.StreamResponse, sub: Subscription) -> None:
 
 
 async def envs(request: web.Request) -> web.Response:
+    """The registry's envs, each with its role (real, the watchdog's standby, virtual), and
+    the last switch of the real env with its reason."""
     views = request.app[VIEWS]
     listed = await views.envs(fresh=True)
+    standby = standby_name()
+    switch = last_switch(await views.registry.changes())
     return _json(
         {
             "home": views.home,
+            "standby": standby,
+            "last_switch": switch.as_json() if switch is not None else None,
             "envs": [
                 {
                     "name": e.name,
                     "mode": e.mode.value,
+                    "role": role(e.name, e.mode, standby).value,
                     "partitions": e.partitions,
                     "settings_version": e.settings_version,
                     "updated_at": e.updated_at.isoformat(),
@@ -294,6 +303,8 @@ def build_app(views: EnvViews, actor: Actor, ab_folders: tuple[Path, ...] = ()) 
     app.router.add_get("/v1/envs/{env}/configs", config_list)
     app.router.add_get("/v1/envs/{env}/configs/{name}", config_get)
     app.router.add_get("/v1/envs/{env}/ab", ab_results)
+    experiments.add_routes(app)
+    models.add_routes(app)
     add_routes(app, actor)
     return app
 

@@ -22,9 +22,11 @@ from typing import Any
 import orjson
 
 from handlers.simulator.cluster import Cluster
+from handlers.simulator.curves import LearningCurve
 from handlers.simulator.fleet import Loader, VirtualCluster
 from handlers.simulator.lockstep import TickClock, TickGate
 from handlers.simulator.throughput import load_application
+from handlers.simulator.trial import Reporting
 from schemas.codec import decode, encode
 from schemas.envelope import Event
 from schemas.plans import ScalePlan
@@ -32,12 +34,13 @@ from schemas.plans import ScalePlan
 #: Bumped when the layout changes; a checkpoint of another version is refused with a reason.
 #: 2: the admission (cluster or brain), each job's claim to pods and its pinned nodes.
 #: 3: the plans kept for jobs that have not arrived yet on the simulated clock.
-VERSION = 3
+#: 4: the searcher's inputs read and not yet taken, and what was said to the searcher.
+VERSION = 4
 
 #: Versions this code restores: a version-1 checkpoint is of a cluster that admitted its
 #: jobs itself and pinned none, one of version 2 kept no plans for jobs still to arrive
-#: (what the absent fields default to).
-READABLE = frozenset({1, 2, VERSION})
+#: (what the absent fields default to), one of version 3 had no searcher's inputs.
+READABLE = frozenset({1, 2, 3, VERSION})
 
 #: An input partition: (full topic name, partition).
 TopicPartition = tuple[str, int]
@@ -69,6 +72,12 @@ class OperatorState:
     outbox: list[Outgoing] = field(default_factory=list)
     #: something was published since the last lockstep barrier
     unbarriered: bool = False
+    #: the searcher's inputs read and not yet taken: the clock's next stop takes them, in
+    #: one order (handlers/operator/virtual/trials.py, canonical)
+    pending: list[Event] = field(default_factory=list)
+    #: per partition of a topic the searcher reads, the offset after the last record
+    #: published there: what the searcher must have decided before the clock moves on
+    said: dict[TopicPartition, int] = field(default_factory=dict)
 
     def fresh(self, topic: str, partition: int, offset: int) -> bool:
         """Whether a record read is new to this state: one below the saved offset was
@@ -90,6 +99,8 @@ def dump(state: OperatorState) -> bytes:
             "offsets": [[t, p, o] for (t, p), o in sorted(state.offsets.items())],
             "outbox": [[encode(o.event).decode(), list(o.broadcast)] for o in state.outbox],
             "unbarriered": state.unbarriered,
+            "pending": [encode(e).decode() for e in state.pending],
+            "said": [[t, p, o] for (t, p), o in sorted(state.said.items())],
         }
     )
 
@@ -100,10 +111,13 @@ def load(
     source: str = "virtual-operator",
     loader: Loader = load_application,
     published: bool = False,
+    curve: LearningCurve | None = None,
+    reporting: Reporting = Reporting(),
 ) -> OperatorState:
     """The state saved in ``data``; ``published``: its outbox is known to be on the bus
-    (left out). CheckpointError says why it cannot be restored; a TraceDataError from
-    ``loader`` says that an application's traces are gone."""
+    (left out); ``curve`` and ``reporting``: what its trials follow (the operator's
+    settings, not the checkpoint's). CheckpointError says why it cannot be restored; a
+    TraceDataError from ``loader`` says that an application's traces are gone."""
     try:
         raw = orjson.loads(data)
     except orjson.JSONDecodeError as e:
@@ -116,12 +130,16 @@ def load(
         return OperatorState(
             fleet=None
             if raw["fleet"] is None
-            else VirtualCluster.restore(raw["fleet"], source=source, loader=loader),
+            else VirtualCluster.restore(
+                raw["fleet"], source=source, loader=loader, curve=curve, reporting=reporting
+            ),
             ticks=None if raw["ticks"] is None else TickClock.restore(raw["ticks"]),
             gate=None if raw["gate"] is None else TickGate.restore(raw["gate"]),
             offsets={(t, p): o for t, p, o in raw["offsets"]},
             outbox=[] if published else [_outgoing(text, to) for text, to in raw["outbox"]],
             unbarriered=raw["unbarriered"],
+            pending=[decode(text.encode()) for text in raw.get("pending", [])],
+            said={(t, p): o for t, p, o in raw.get("said", [])},
         )
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"a damaged checkpoint: {type(e).__name__}: {e}") from None

@@ -9,6 +9,12 @@ waiting gang starts at that moment, not at the next wake-up of whatever drives t
 A plan may come before its job has arrived on the simulated clock: a brain on event time
 reads a trace fed all at once, ahead of the clock. The plan is kept and takes effect at
 the job's arrival, as the job's desired state would have had it arrived already.
+
+Jobs asked for on the bus (a JobRequest: an experiment's trials) join the same queue
+(``request``); a trial among them trains along a learning curve to the budgets its
+searcher's decisions give it (trial.py, ``decide``). The fleet keeps each requested job's
+document by name, so its operator answers a request or a deletion by the same rules as the
+reconciler's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from handlers.simulator.cluster import Cluster
+from handlers.simulator.curves import LearningCurve, ParametricCurve
 from handlers.simulator.job import (
     DEFAULT_ORIGIN,
     DEFAULT_RESTART_DELAY,
@@ -36,7 +43,15 @@ from handlers.simulator.throughput import (
     TraceDataError,
     load_application,
 )
+from handlers.simulator.trial import Reporting, TrialJob, TrialSpec
 from schemas.codec import decode, encode
+from schemas.experiments import (
+    DecisionKind,
+    ExperimentSubmitted,
+    TrialDecision,
+    TrialMetrics,
+    trial_job_name,
+)
 from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted, RuntimeSample
 from schemas.plans import ScalePlan, ScaleStatus
 
@@ -69,8 +84,13 @@ class VirtualCluster:
         source: str = "virtual-operator",
         loader: Loader = load_application,
         admission: Admission = "cluster",
+        curve: LearningCurve | None = None,
+        reporting: Reporting = Reporting(),
     ) -> None:
         self.cluster = cluster
+        #: what the trials measure (curves.py), and how often they say it
+        self.curve: LearningCurve = curve if curve is not None else ParametricCurve()
+        self.reporting = reporting
         self.admission: Admission = admission
         self.origin = origin
         self.restart_delay = restart_delay
@@ -101,6 +121,18 @@ class VirtualCluster:
         # Plans for jobs whose submission is here but has not arrived on the clock, in the
         # order to apply them at its arrival (see _kept_with).
         self._early: dict[str, list[ScalePlan]] = {}
+        # Jobs asked for on the bus: their documents by name (as created), and the
+        # trials among them by job uuid.
+        self._requested: dict[str, dict[str, Any]] = {}
+        self._trials: dict[str, TrialSpec] = {}
+        # Experiments seen: their metric, and whether they are done.
+        self._experiments: dict[str, dict[str, Any]] = {}
+        # Per experiment, the seq of the last decision taken (a decision delivered again
+        # is taken once); decisions about trials whose job is not here yet, by job name.
+        self._decided: dict[str, int] = {}
+        self._undelivered: dict[str, list[TrialDecision]] = {}
+        # What the trials reported and nobody has taken yet (take_reports), in order.
+        self._reports: list[TrialMetrics] = []
 
     @property
     def clock(self) -> float:
@@ -128,6 +160,11 @@ class VirtualCluster:
             "measured": {k: v.snapshot() for k, v in sorted(self._measured.items())},
             "outcomes": {k: v.snapshot() for k, v in self._outcomes.items()},
             "early": {k: [_text(p) for p in v] for k, v in sorted(self._early.items())},
+            "requested": dict(sorted(self._requested.items())),
+            "trials": {k: v.snapshot() for k, v in sorted(self._trials.items())},
+            "experiments": dict(sorted(self._experiments.items())),
+            "decided": dict(sorted(self._decided.items())),
+            "undelivered": {k: [_text(d) for d in v] for k, v in sorted(self._undelivered.items())},
         }
 
     @classmethod
@@ -137,9 +174,12 @@ class VirtualCluster:
         *,
         source: str = "virtual-operator",
         loader: Loader = load_application,
+        curve: LearningCurve | None = None,
+        reporting: Reporting = Reporting(),
     ) -> VirtualCluster:
-        """The cluster a snapshot describes; TraceDataError when an application's traces
-        are gone (its jobs could not go on)."""
+        """The cluster a snapshot describes (its trials following ``curve``, which is not
+        in the snapshot: the operator's settings give it); TraceDataError when an
+        application's traces are gone (its jobs could not go on)."""
         origin = None if state["origin"] is None else datetime.fromisoformat(state["origin"])
         fleet = cls(
             Cluster.restore(state["cluster"]),
@@ -151,6 +191,8 @@ class VirtualCluster:
             loader=loader,
             # (absent from a snapshot made before it existed: the cluster admitted)
             admission=_admission(state.get("admission", "cluster")),
+            curve=curve,
+            reporting=reporting,
         )
         fleet._clock = state["clock"]
         # (absent from a snapshot made before measured jobs existed: none)
@@ -161,8 +203,21 @@ class VirtualCluster:
             assert origin is not None, "jobs run only once the clock has started"
             measured = fleet._measured.get(raw["job"]["uuid"])
             application = measured if measured else loader(raw["application"])
-            job = JobSimulator.restore(
-                raw, application, fleet.cluster, origin=origin, source=source
+            job = (
+                TrialJob.restore_trial(
+                    raw,
+                    application,
+                    fleet.cluster,
+                    origin=origin,
+                    source=source,
+                    curve=fleet.curve,
+                    reporting=reporting,
+                    reports=fleet._reports,
+                )
+                if "trial" in raw
+                else JobSimulator.restore(
+                    raw, application, fleet.cluster, origin=origin, source=source
+                )
             )
             fleet._jobs[job.job.uuid] = job
         fleet._arrivals = [
@@ -176,6 +231,15 @@ class VirtualCluster:
         fleet._outcomes = {k: PlanOutcome.restore(v) for k, v in state["outcomes"].items()}
         # (absent from a snapshot made before plans were kept for jobs to arrive: none)
         fleet._early = {k: [_plan(t) for t in v] for k, v in state.get("early", {}).items()}
+        # (absent from a snapshot made before requested jobs and trials existed: none)
+        fleet._requested = dict(state.get("requested", {}))
+        fleet._trials = {k: TrialSpec.restore(v) for k, v in state.get("trials", {}).items()}
+        fleet._experiments = dict(state.get("experiments", {}))
+        fleet._decided = dict(state.get("decided", {}))
+        fleet._undelivered = {
+            k: [_decision(t) for t in v] for k, v in state.get("undelivered", {}).items()
+        }
+        fleet._reports.extend(_report(t) for t in state.get("reports", []))
         return fleet
 
     @property
@@ -260,18 +324,30 @@ class VirtualCluster:
         measured: MeasuredApplication | None,
         cluster: Cluster,
     ) -> JobSimulator:
-        return JobSimulator(
+        common: dict[str, Any] = {
+            "clock": self._clock,
+            "origin": self.origin or DEFAULT_ORIGIN,
+            "restart_delay": self.restart_delay,
+            "in_place_delay": self.in_place_delay,
+            "sample_interval": self.sample_interval,
+            "source": self.source,
+            "admission": self.admission,
+            "memory": measured.memory if measured is not None else None,
+        }
+        spec = self._trials.get(event.job.uuid)
+        if spec is None:
+            return JobSimulator(event, application, cluster, **common)
+        known = self._experiments.get(spec.experiment, {})
+        return TrialJob(
             event,
             application,
             cluster,
-            clock=self._clock,
-            origin=self.origin or DEFAULT_ORIGIN,
-            restart_delay=self.restart_delay,
-            in_place_delay=self.in_place_delay,
-            sample_interval=self.sample_interval,
-            source=self.source,
-            admission=self.admission,
-            memory=measured.memory if measured is not None else None,
+            spec=spec,
+            curve=self.curve,
+            reporting=self.reporting,
+            metric=known.get("metric"),
+            reports=self._reports,
+            **common,
         )
 
     def _arrive(self, event: JobSubmitted) -> list[JobEvent]:
@@ -302,6 +378,9 @@ class VirtualCluster:
         events: list[JobEvent] = []
         for plan in early:
             events.extend(job.update(plan).events)
+        if isinstance(job, TrialJob):
+            for decision in self._undelivered.pop(job.job.name, []):
+                events.extend(job.decide(decision))
         return [*events, *self._admit()]
 
     def apply(self, plan: ScalePlan) -> PlanOutcome:
@@ -376,6 +455,109 @@ class VirtualCluster:
     def observed(self, job_uuid: str) -> dict[str, dict[str, int]]:
         job = self._jobs.get(job_uuid)
         return job.observed() if job is not None else {}
+
+    # -- requested jobs and trials ----------------------------------------------------------
+
+    def request(
+        self, event: JobSubmitted, document: Mapping[str, Any], trial: TrialSpec | None = None
+    ) -> list[JobEvent]:
+        """A job asked for on the bus joins the queue now (``event`` stamped with the
+        fleet's time): its ``document`` kept by name, a trial simulated along its curve."""
+        self._requested[event.job.name] = dict(document)
+        if trial is not None:
+            self._trials[event.job.uuid] = trial
+        return self.submit(event)
+
+    def requested(self, name: str) -> Mapping[str, Any] | None:
+        """The document job ``name`` was created from by a request, if one created it."""
+        return self._requested.get(name)
+
+    def job_named(self, name: str) -> JobSimulator | None:
+        """The job of that name that has arrived, if any (a requested job's name is its
+        own; a replayed job's, the name its submission gives)."""
+        return next((j for j in self._jobs.values() if j.job.name == name), None)
+
+    @property
+    def has_reports(self) -> bool:
+        return bool(self._reports)
+
+    def take_reports(self) -> list[TrialMetrics]:
+        """What the trials reported since the last call, in the order they reported it
+        (for ``<env>.trial.metrics``; the job events go their own way, on other topics).
+        Taken, they are the caller's: a snapshot keeps none, so take them before it."""
+        taken, self._reports[:] = list(self._reports), []
+        return taken
+
+    def trials(self) -> tuple[TrialJob, ...]:
+        return tuple(j for j in self._jobs.values() if isinstance(j, TrialJob))
+
+    def experiment(self, event: ExperimentSubmitted) -> None:
+        """An experiment's metric, for its trials' reports. Submitted again: kept as first
+        seen (an experiment's spec never changes under its trials)."""
+        if event.experiment in self._experiments:
+            return
+        metric = event.spec.searcher.metric
+        self._experiments[event.experiment] = {"metric": metric, "done": False}
+        for trial in self.trials():
+            if trial.spec.experiment == event.experiment:
+                trial.metric = metric
+
+    def decide(self, decision: TrialDecision) -> list[JobEvent]:
+        """A searcher's decision: the trial it names acts on it (trial.py), ``done`` ends
+        the experiment's trials that have not ended (those left held at a rung: their
+        experiment will not resume them). Each (experiment, seq) is taken once."""
+        experiment = decision.experiment
+        if decision.seq <= self._decided.get(experiment, -1):
+            return []
+        self._decided[experiment] = decision.seq
+        if decision.decision is DecisionKind.DONE:
+            self._experiments.setdefault(experiment, {"metric": None})["done"] = True
+            ended: list[JobEvent] = []
+            for trial in self.trials():
+                if trial.spec.experiment == experiment and not trial.ended:
+                    ended.extend(trial.end())
+            return [*ended, *self._admit()] if ended else []
+        assert decision.trial is not None  # (only done names no trial)
+        name = trial_job_name(experiment, decision.trial)
+        job = self.job_named(name)
+        if not isinstance(job, TrialJob):
+            if decision.decision is not DecisionKind.CREATE:
+                self._undelivered.setdefault(name, []).append(decision)
+            return []
+        events = job.decide(decision)
+        return [*events, *self._admit()] if job.ended else events
+
+    def delete(self, name: str) -> list[JobEvent]:
+        """Job ``name`` deleted (its owner's JobDeletion): its pods stop, and it is gone
+        from the cluster, as a deleted TrainingJob is (no event says it ended)."""
+        self._requested.pop(name, None)
+        events: list[JobEvent] = []
+        job = self.job_named(name)
+        if job is not None:
+            events.extend(job.stop_pods())
+            del self._jobs[job.job.uuid]
+            self._trials.pop(job.job.uuid, None)
+        arriving = [a for a in self._arrivals if a[3].job.name == name]
+        if arriving:
+            self._arrivals = [a for a in self._arrivals if a[3].job.name != name]
+            heapq.heapify(self._arrivals)
+        for *_, submission in arriving:
+            self._arriving.discard(submission.job.uuid)
+            self._trials.pop(submission.job.uuid, None)
+        held = [e for e in self._held if e.job.name == name]
+        self._held = [e for e in self._held if e.job.name != name]
+        for submission in held:
+            self._arriving.discard(submission.job.uuid)
+            self._trials.pop(submission.job.uuid, None)
+        return [*events, *self._admit()] if events else events
+
+    def active_experiments(self) -> tuple[str, ...]:
+        """Experiments seen and not done, or with a trial that has not ended: while there
+        are any, the searcher's decisions shape what the cluster does next."""
+        live = {n for n, e in self._experiments.items() if not e.get("done")}
+        live |= {t.spec.experiment for t in self.trials() if not t.ended}
+        live |= {s.experiment for k, s in self._trials.items() if k not in self._jobs}
+        return tuple(sorted(live))
 
     # -- time -----------------------------------------------------------------------------
 
@@ -478,7 +660,7 @@ def _kept_with(kept: list[ScalePlan], plan: ScalePlan) -> list[ScalePlan]:
     return [_knobs_of(p) if _sets_pods(p) else p for p in kept if p.training] + [plan]
 
 
-def _text(event: JobSubmitted | ScalePlan) -> str:
+def _text(event: JobSubmitted | ScalePlan | TrialDecision | TrialMetrics) -> str:
     return encode(event).decode()
 
 
@@ -486,6 +668,20 @@ def _submission(text: str) -> JobSubmitted:
     event = decode(text.encode())
     if not isinstance(event, JobSubmitted):
         raise ValueError(f"a snapshot's submission is a {event.type}")
+    return event
+
+
+def _decision(text: str) -> TrialDecision:
+    event = decode(text.encode())
+    if not isinstance(event, TrialDecision):
+        raise ValueError(f"a snapshot's decision is a {event.type}")
+    return event
+
+
+def _report(text: str) -> TrialMetrics:
+    event = decode(text.encode())
+    if not isinstance(event, TrialMetrics):
+        raise ValueError(f"a snapshot's trial report is a {event.type}")
     return event
 
 

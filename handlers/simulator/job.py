@@ -65,6 +65,7 @@ Admission = Literal["cluster", "brain"]
 #: What the job waits for while only its scheduler can start it.
 AWAITING_SCHEDULER = "the scheduler"
 AWAITING_RESUME = "a plan that resumes it"
+AWAITING_RELEASE = "its owner to release it (a plan with hold false)"
 
 _PARTS: TypeAdapter[list[NotApplied]] = TypeAdapter(list[NotApplied])
 
@@ -208,6 +209,9 @@ class JobSimulator:
         # The plan whose knobs the job trains with from its next start, and confirms then
         # (training.applied), as a real training process would.
         self._to_confirm: str | None = None
+        # Held by its owner (a plan with hold true: an experiment's trial paused at a
+        # rung): suspended, and no plan resumes or resizes it until one releases it.
+        self._held = False
 
     # -- who it is ------------------------------------------------------------------------
 
@@ -270,6 +274,7 @@ class JobSimulator:
             "applied": {k: v.snapshot() for k, v in self._applied.items()},
             "eta": self._eta,
             "to_confirm": self._to_confirm,
+            "held": self._held,
         }
 
     @classmethod
@@ -326,6 +331,7 @@ class JobSimulator:
         job._applied = {k: PlanOutcome.restore(v) for k, v in state["applied"].items()}
         job._eta = state["eta"]
         job._to_confirm = state["to_confirm"]
+        job._held = state.get("held", False)  # (absent before holds existed)
         return job
 
     # -- what the job is doing ------------------------------------------------------------
@@ -407,7 +413,11 @@ class JobSimulator:
         rendezvous). A change of batch settings alone does not: the training process
         applies its knobs at a step boundary and confirms them at once, as the SDK does.
         A gang that does not fit yet waits (see try_admit). A suspend frees every pod
-        and keeps the progress for a later plan that gives replicas again.
+        and keeps the progress for a later plan that gives replicas again. A suspend with
+        ``hold`` holds the job for its owner (an experiment's trial paused at a rung): no
+        plan resumes or resizes it until a plan with ``hold`` false releases it, which
+        resumes it at once under the cluster's admission and leaves it to the scheduler's
+        plans under a brain's (as the reconciler does: reconcile/planning.py).
         """
         if plan.job.uuid != self.job.uuid:
             return PlanOutcome(ScaleStatus.REJECTED, f"plan is for job {plan.job.uuid}")
@@ -416,13 +426,27 @@ class JobSimulator:
             return replace(earlier, reason="already applied", events=[])
         if self._state in (JobPhase.COMPLETED, JobPhase.FAILED):
             return PlanOutcome(ScaleStatus.REJECTED, f"job is {self._state.value}")
+        if plan.hold is False:
+            released, reason = self._release(plan)
+            return self._answer(plan, released, reason=reason)
+        if self._held and not plan.suspend:
+            return PlanOutcome(
+                ScaleStatus.REJECTED,
+                f"job {self.job.name or self.job.uuid} is held by its owner; no plan resumes "
+                "or resizes it until a plan with hold false releases it",
+            )
         if plan.suspend:
             if plan.node_group_resources or plan.remove_nodes or plan.training:
                 return PlanOutcome(
                     ScaleStatus.REJECTED,
                     "a suspend plan carries nothing else: a later plan with a count resumes it",
                 )
-            return self._answer(plan, self._suspend())
+            stopped = self._suspend()
+            if plan.hold:
+                self._held = True
+                self._waiting_for = AWAITING_RELEASE
+                stopped.append(self._voice.job_held(True, plan.plan_id, "held", self._clock))
+            return self._answer(plan, stopped)
         try:
             desired = desired_after(self._desired, plan)
             override = override_after(plan.training, desired, self._model)
@@ -462,18 +486,52 @@ class JobSimulator:
             events.extend(self._confirm())  # it trains with them already
         return self._answer(plan, events)
 
-    def _answer(self, plan: ScalePlan, events: list[JobEvent]) -> PlanOutcome:
+    def _answer(
+        self, plan: ScalePlan, events: list[JobEvent], *, reason: str | None = None
+    ) -> PlanOutcome:
         """The outcome of an accepted plan, kept for a plan given again."""
         left_out = not_applied(plan, UNSUPPORTED, pins_nodes=True)
         status = ScaleStatus.PARTIAL if left_out else ScaleStatus.APPLIED
-        reason = (
-            f"waiting for {self._waiting_for}"
-            if self._desired != dict(self._running_pods())
-            else ""
-        )
+        if reason is None:
+            reason = (
+                f"waiting for {self._waiting_for}"
+                if self._desired != dict(self._running_pods())
+                else ""
+            )
         outcome = PlanOutcome(status, reason, events, left_out)
         self._applied[plan.plan_id] = replace(outcome, events=[])
         return outcome
+
+    def stop_pods(self) -> list[JobEvent]:
+        """Its pods stopped for good (the job deleted): they exit, their GPUs are free."""
+        stopped = sorted(self._running_pods().values(), key=lambda p: (p.role, p.index))
+        self.cluster.release(self.job.uuid)
+        self._allocation = None
+        self._granted = False
+        return self._voice.exited(stopped, self._clock)
+
+    @property
+    def held(self) -> bool:
+        """Whether the job is held by its owner (see update)."""
+        return self._held
+
+    def _release(self, plan: ScalePlan) -> tuple[list[JobEvent], str]:
+        """A held job released to the queue: under the cluster's admission it resumes at
+        once (if its gang fits), under a brain's it waits for a plan that gives it
+        replicas. One that is not held is left as it is (a release delivered again, or
+        one that came before its hold)."""
+        if not self._held:
+            return [], "not held: nothing to release"
+        self._held = False
+        reason = "released to the queue"
+        events: list[JobEvent] = [self._voice.job_held(False, plan.plan_id, reason, self._clock)]
+        if self.admission == "cluster":
+            self._granted = True
+            self._waiting_for = "admission"
+            events.extend(self.try_admit())
+        else:
+            self._waiting_for = AWAITING_SCHEDULER
+        return events, reason
 
     def _suspend(self) -> list[JobEvent]:
         """Preempted: every pod stops (its checkpoint keeps the progress) and nothing

@@ -18,6 +18,7 @@ from schemas.jobs import (
     JobCompleted,
     JobEvent,
     JobFailed,
+    JobHeld,
     JobMeta,
     JobStarted,
     NodeExited,
@@ -132,6 +133,10 @@ class JobVoice:
 
     def job_completed(self, clock: float) -> JobCompleted:
         return JobCompleted(**self.meta("job.completed", clock))
+
+    def job_held(self, held: bool, plan_id: str, reason: str, clock: float) -> JobHeld:
+        """The job held by its owner or released (what a cluster scheduler reads)."""
+        return JobHeld(**self.meta("job.held", clock), held=held, plan_id=plan_id, reason=reason)
 
     def job_failed(self, reason: str, clock: float) -> JobFailed:
         return JobFailed(**self.meta("failed", clock), reason=reason)

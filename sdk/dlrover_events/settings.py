@@ -184,12 +184,14 @@ class Settings(BaseSettings):
     broker_storage: Literal["postgres", "memory"] = Field(
         default="postgres",
         description="where the embedded broker's records are kept: `postgres` (a journal in "
-        "broker_database, so a restarted `up` has its topics back) or `memory` (gone when "
+        "the stack's database, so a restarted `up` has its topics back) or `memory` (gone when "
         "the broker stops)",
     )
     broker_database: str = Field(
-        default="dlrover_tansu",
-        description="database of the embedded broker's journal, on `up`'s Postgres",
+        default="",
+        description="database of the embedded broker's journal (schema broker_journal), on "
+        "`up`'s Postgres; empty: the stack's own database (pg_database), so each stack has "
+        "its own; a journal another stack wrote is refused",
     )
     data_dir: Path = Field(
         default=Path(".dlrover-events"),

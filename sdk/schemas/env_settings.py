@@ -172,6 +172,80 @@ class BrainSettings(Model):
     )
 
 
+class CurveSettings(Model):
+    """`operator.trials.curves`: what a virtual env's simulated trials measure
+    (handlers/simulator/curves.py). ``parametric``: the built-in family loss = f(lr, width,
+    budget), deterministic given ``seed``; ``table``: the curves of a CSV or JSON file
+    (``path``); ``recorded``: the curves experiment ``experiment`` of env ``env`` stored in
+    its Postgres (trial_metrics). A trial whose hyperparameters were not recorded follows the
+    nearest recorded configuration (docs/experiments.md, Trials in a virtual env)."""
+
+    kind: Literal["parametric", "table", "recorded"] = Field(
+        default="parametric", description="parametric, table or recorded"
+    )
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="parametric: its noise's seed")
+    scale: float = Field(
+        default=100.0,
+        gt=0,
+        le=1e15,
+        description="parametric: the budget at which a trial at its best rate has come half "
+        "way down",
+    )
+    noise: float = Field(
+        default=0.01, ge=0, le=1, description="parametric: relative noise of a validation loss"
+    )
+    path: Text | None = Field(
+        default=None, max_length=4096, description="table: the CSV or JSON file (by suffix)"
+    )
+    env: str | None = Field(
+        default=None,
+        pattern=r"^[a-z][a-z0-9-]{0,30}$",
+        description="recorded: the env whose Postgres holds the experiment's curves",
+    )
+    experiment: str | None = Field(
+        default=None, max_length=50, description="recorded: the experiment whose curves to take"
+    )
+
+    @model_validator(mode="after")
+    def _says_where(self) -> CurveSettings:
+        if self.kind == "table" and not self.path:
+            raise ValueError("table curves need a path")
+        if self.kind == "recorded" and not (self.env and self.experiment):
+            raise ValueError("recorded curves need the env and the experiment")
+        return self
+
+
+class TrialSimSettings(Model):
+    """`operator.trials`: how a virtual env simulates an experiment's trials (jobs asked
+    for on the bus with a trial's variables): their learning curves, how often they report,
+    and whether the simulated clock waits for the searcher's decisions."""
+
+    curves: CurveSettings = Field(
+        default_factory=CurveSettings, description="where the trials' learning curves come from"
+    )
+    application: Text = Field(
+        default="cifar10",
+        max_length=64,
+        description="the traced application whose speed a trial has when its job names none "
+        "(label dlrover-events.io/app)",
+    )
+    validate_every: float = Field(
+        default=0.0,
+        ge=0,
+        le=1e15,
+        description="a validation report every so much budget (0: only at a trial's budget)",
+    )
+    train_every: float = Field(
+        default=0.0, ge=0, le=1e15, description="a training-loss report every so much (0: none)"
+    )
+    wait_for_searcher: bool = Field(
+        default=True,
+        description="out of wall-clock pace, the clock stops while an experiment's searcher "
+        "has reports or answers to decide on, so the same searcher and seed give the same "
+        "decisions however fast it runs",
+    )
+
+
 class OperatorSettings(Model):
     """`operator`: a virtual env's simulated cluster and its pace (the real env's
     operator reads none of these). Options of the `operator` command override them."""
@@ -237,6 +311,10 @@ class OperatorSettings(Model):
         gt=0,
         le=60,
         description="wall seconds the clock waits at most between looks",
+    )
+    trials: TrialSimSettings = Field(
+        default_factory=TrialSimSettings,
+        description="how an experiment's trials are simulated (docs/experiments.md)",
     )
 
     @property
@@ -330,10 +408,12 @@ __all__ = [
     "MAX_SETTINGS_BYTES",
     "SETTING",
     "BrainSettings",
+    "CurveSettings",
     "EnvSettings",
     "JobDefaults",
     "LimitSettings",
     "OperatorSettings",
     "SchedulerSettings",
+    "TrialSimSettings",
     "problem",
 ]

@@ -6,15 +6,19 @@ from typing import Annotated
 
 from pydantic import Field
 
+from schemas.checkpoints import CheckpointCommitted, CheckpointDeleted
 from schemas.cluster import CapacityReported
 from schemas.config import ConfigChange
 from schemas.control import EnvAnnouncement
 from schemas.dlq import DeadLetter
 from schemas.envelope import Event
 from schemas.evaluation import EvaluationReport
+from schemas.experiments import ExperimentAction, ExperimentSubmitted, TrialDecision, TrialMetrics
+from schemas.hosts import HostOrders, HostReported
 from schemas.jobs import (
     JobCompleted,
     JobFailed,
+    JobHeld,
     JobStarted,
     JobSubmitted,
     NodeExited,
@@ -32,11 +36,12 @@ from schemas.plans import (
     TrainingApplied,
     TrainingRescaled,
 )
-from schemas.requests import JobRequest, JobRequestResult
+from schemas.requests import JobDeletion, JobRequest, JobRequestResult
 
 AnyEvent = Annotated[
     JobSubmitted
     | JobStarted
+    | JobHeld
     | JobCompleted
     | JobFailed
     | NodeStarted
@@ -58,13 +63,23 @@ AnyEvent = Annotated[
     | BarrierAck
     | CapacityReported
     | JobRequest
-    | JobRequestResult,
+    | JobRequestResult
+    | JobDeletion
+    | ExperimentSubmitted
+    | ExperimentAction
+    | TrialMetrics
+    | TrialDecision
+    | CheckpointCommitted
+    | CheckpointDeleted
+    | HostReported
+    | HostOrders,
     Field(discriminator="type"),
 ]
 
 EVENT_CLASSES: tuple[type[Event], ...] = (
     JobSubmitted,
     JobStarted,
+    JobHeld,
     JobCompleted,
     JobFailed,
     NodeStarted,
@@ -87,6 +102,15 @@ EVENT_CLASSES: tuple[type[Event], ...] = (
     CapacityReported,
     JobRequest,
     JobRequestResult,
+    JobDeletion,
+    ExperimentSubmitted,
+    ExperimentAction,
+    TrialMetrics,
+    TrialDecision,
+    CheckpointCommitted,
+    CheckpointDeleted,
+    HostReported,
+    HostOrders,
 )
 
 

@@ -167,6 +167,19 @@ class JobSubmitted(JobEvent):
         return self
 
 
+class JobHeld(JobEvent):
+    """The job was held by its owner (``held``: suspended, and no plan resumes it until
+    it is released) or released to the queue, by plan ``plan_id``: an experiment's trial
+    paused at a rung, or promoted. Published by the operator when it applied that plan,
+    so a cluster scheduler frees the held job's GPUs in its view and never admits it
+    while it is held."""
+
+    type: Literal["job.held"] = "job.held"
+    held: bool
+    plan_id: Text = Field(min_length=1)
+    reason: Text = Field(default="", max_length=1024)
+
+
 class JobStarted(JobEvent):
     type: Literal["job.started"] = "job.started"
 

@@ -134,12 +134,25 @@ class ScalePlan(JobEvent):
         description="preempt: stop every training replica and free its GPUs, progress "
         "kept (checkpoint); a later plan with a count resumes the job",
     )
+    hold: bool | None = Field(
+        default=None,
+        exclude_if=_none,
+        description="true (with suspend): the job is held by its owner (an experiment's "
+        "searcher pausing a trial at a rung): suspended, and no plan resumes it, a cluster "
+        "scheduler's included, until a plan with hold false releases it; false: release "
+        "a held job to the queue (a cluster scheduler admits it when it has room; without "
+        "one the operator resumes it)",
+    )
 
     @model_validator(mode="after")
     def _suspend_is_alone(self) -> ScalePlan:
         # A suspend that also resized or placed the job would say two things at once.
         if self.suspend and (self.placement or self.launch_nodes or self.migrate_nodes):
             raise ValueError("a suspend plan places, launches and migrates nothing")
+        if self.hold is True and not self.suspend:
+            raise ValueError("a plan that holds a job suspends it (suspend: true)")
+        if self.hold is False and (self.suspend or self.placement or self.launch_nodes):
+            raise ValueError("a plan that releases a held job only releases it")
         return self
 
 

@@ -74,6 +74,30 @@ class JobRequest(Event):
         return self
 
 
+class JobDeletion(Event):
+    """Delete job ``name``, asked by ``source`` on behalf of ``owner`` (an experiment
+    killed, a trial no longer wanted). Only a job whose label dlrover-events.io/owner is
+    ``owner`` is deleted: a requester can never delete someone else's job. Answered by a
+    JobRequestResult (``deleted``, ``absent`` or ``refused``) on the same topic and key."""
+
+    topic: ClassVar[str] = JOB_REQUESTS_TOPIC
+    type: Literal["job.deletion"] = "job.deletion"
+    request_id: LabelValue
+    name: JobName
+    owner: LabelValue
+    reason: Text = Field(default="", max_length=1024)
+
+    @model_validator(mode="after")
+    def _key_is_name_and_source_says_who(self) -> JobDeletion:
+        if not self.source:
+            raise ValueError("a job deletion says who asks (source)")
+        if self.key is None:
+            self.key = self.name
+        elif self.key != self.name:
+            raise ValueError(f"key {self.key!r} must be the job's name {self.name!r}")
+        return self
+
+
 class JobRequestStatus(StrEnum):
     """What became of a job request. ``created``: the job was created by this request
     (also when the same request is delivered again). ``exists``: a job of that name
@@ -85,6 +109,8 @@ class JobRequestStatus(StrEnum):
     EXISTS = "exists"
     REFUSED = "refused"
     FAILED = "failed"
+    DELETED = "deleted"
+    ABSENT = "absent"
 
 
 class JobRequestResult(Event):
@@ -118,6 +144,7 @@ class JobRequestResult(Event):
 
 __all__ = [
     "JOB_REQUESTS_TOPIC",
+    "JobDeletion",
     "JobName",
     "JobRequest",
     "JobRequestResult",

@@ -13,13 +13,16 @@ from dlrover_events.cli.params import duration, env_name, json_option
 from dlrover_events.cli.runner import run_async
 from dlrover_events.domain.units import parse_speed
 from dlrover_events.errors import UserError
+from dlrover_events.experiments.document import ExperimentInvalid, experiment_yaml
 from dlrover_events.extras import SIM
 from dlrover_events.runtime.embedded import bench_broker, resolve_postgres
 from dlrover_events.settings import Settings, load_settings
+from schemas.experiments import ExperimentDocument
 from streams.ab.arms import parse_arms
 from streams.ab.report import compare, table, write_report
 from streams.ab.runner import ABTest, ArmCluster
 from streams.ab.summary import SUMMARY_FILE, build_summary, write_summary
+from streams.searcher.core.registry import SEARCHERS
 
 app = typer.Typer(help="A/B tests of brain settings in virtual envs.", no_args_is_help=True)
 
@@ -38,6 +41,21 @@ def run(
         "name=settings.yaml, or name= (the default brain); repeat, the first is the baseline",
     ),
     trace: Path | None = typer.Option(None, "--trace", help="workload trace to feed every arm"),
+    experiment: Path | None = typer.Option(
+        None,
+        "--experiment",
+        help="an experiment (the YAML `experiment create` takes) every arm runs beside its "
+        "input; an arm's `experiment:` section changes its searcher or its trials' size",
+    ),
+    target: float | None = typer.Option(
+        None, "--target", help="with --experiment: the metric value whose time to reach is a KPI"
+    ),
+    deadline: float | None = typer.Option(
+        None,
+        "--deadline",
+        parser=duration,
+        help="with --experiment: the simulated time by which the best metric is a KPI",
+    ),
     source: str | None = typer.Option(
         None, "--from", parser=env_name, help="env whose inputs feed every arm"
     ),
@@ -70,8 +88,13 @@ def run(
     stops them after."""
     SIM.require()
     arms = parse_arms(arm)
-    if (trace is None) == (source is None):
-        raise UserError("give exactly one of --trace FILE and --from ENV")
+    if trace is not None and source is not None:
+        raise UserError("give at most one of --trace FILE and --from ENV")
+    if trace is None and source is None and experiment is None:
+        raise UserError("give --trace FILE, --from ENV or --experiment FILE")
+    if (target is not None or deadline is not None) and experiment is None:
+        raise UserError("--target and --deadline measure an experiment: give --experiment")
+    document = _experiment(experiment) if experiment is not None else None
     if trace is not None and not trace.is_file():
         raise UserError(f"trace file {trace} does not exist")
     if jobs is not None and trace is None:
@@ -105,6 +128,9 @@ def run(
             cluster=cluster,
             timeout_s=timeout,
             keep_envs=keep_envs,
+            experiment=document,
+            target=target,
+            deadline_s=deadline,
         )
         task = asyncio.current_task()
         if task is not None:  # SIGTERM like Ctrl-C: cancel, so the arms' envs are cleaned up
@@ -121,7 +147,8 @@ def run(
         console.print(f"A/B run {test.run_id}: arms {', '.join(a.name for a in arms)}")
         results = await test.run(progress)
         comparison = compare(results)
-        html, png = write_report(comparison, out, f"A/B {test.run_id}: {trace or source}")
+        what = " + ".join(str(x) for x in (trace or source, experiment) if x is not None)
+        html, png = write_report(comparison, out, f"A/B {test.run_id}: {what}")
         summary = build_summary(comparison, test.run_info())
         written = write_summary(out, summary)
         if as_json:
@@ -142,6 +169,18 @@ def run(
         raise UserError(
             "the A/B run was stopped before every job finished; its envs were deleted"
         ) from None
+
+
+def _experiment(path: Path) -> ExperimentDocument:
+    """The experiment file, checked as `experiment create` checks one (one line)."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise UserError(f"--experiment {path}: {err.strerror}") from None
+    try:
+        return experiment_yaml(text, searchers=list(SEARCHERS))
+    except ExperimentInvalid as err:
+        raise UserError(f"--experiment {path}: {err}") from None
 
 
 def _first_jobs(trace: Path, jobs: int, out: Path) -> Path:

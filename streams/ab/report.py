@@ -121,7 +121,8 @@ def plot_png(c: Comparison) -> bytes:
     )
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # (an experiment alone has no jobs' JCTs)
+            ax.legend()
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlrover_events.bus.producer import Producer
 from dlrover_events.bus.tail import Line
 from dlrover_events.bus.tailer import follow
-from dlrover_events.bus.topics import JOB_EVENTS
+from dlrover_events.bus.topics import JOB_EVENTS, TRIAL_DECISIONS
 from dlrover_events.domain.workloads import read_trace
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.errors import UserError
@@ -44,8 +45,10 @@ from dlrover_events.runtime.services import ServiceContext, discover_services
 from dlrover_events.settings import Settings
 from schemas.control import EnvMode
 from schemas.envelope import Event
+from schemas.experiments import DecisionKind, ExperimentDocument, TrialDecision
 from schemas.jobs import JobSubmitted
 from streams.ab.arms import Arm
+from streams.ab.experiment import arm_experiment, env_settings_of, experiment_metrics, submitted
 from streams.ab.report import ArmResult
 from streams.ab.summary import RunInfo
 from streams.brain.core.schedulers.registry import SCHEDULERS
@@ -96,6 +99,11 @@ class ABTest:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     keep_envs: bool = False
     poll_s: float = 2.0
+    #: An experiment every arm runs (an arm's ``experiment`` section changes it), with
+    #: the target and deadline its KPIs are measured against (streams/ab/experiment.py).
+    experiment: ExperimentDocument | None = None
+    target: float | None = None
+    deadline_s: float | None = None
     #: Wall seconds the last run() took, from creating the arms' envs to the verdict.
     wall_s: float | None = field(default=None, init=False)
 
@@ -107,7 +115,8 @@ class ABTest:
         barriers that no operator sends would never decide. An arm may opt out with
         ``operator: {lockstep: false}``.
         """
-        own = arm.settings.get("operator", {})
+        settings = env_settings_of(arm.settings)
+        own = settings.get("operator", {})
         rescale = own.get("rescale_mode") if isinstance(own, dict) else None
         lockstep = _brain(arm) and bool(own.get("lockstep", self.cluster.lockstep))
         if lockstep:
@@ -116,7 +125,7 @@ class ABTest:
             pace = {"fast": True}
         else:
             pace = {"speed": self.cluster.speed}
-        brain = arm.settings.get("brain", {})
+        brain = settings.get("brain", {})
         scheduler = False
         if isinstance(brain, dict):
             gpus = self.cluster.nodes * self.cluster.gpus_per_node
@@ -147,14 +156,22 @@ class ABTest:
             **own,
             "lockstep": lockstep,
         }
-        return {**arm.settings, "brain": brain, "operator": operator}
+        return {**settings, "brain": brain, "operator": operator}
 
     async def run(self, progress: ArmProgress | None = None) -> list[ArmResult]:
-        if (self.trace is None) == (self.source is None):
-            raise UserError("an A/B test takes its input from exactly one of --trace and --from")
+        if self.trace is not None and self.source is not None:
+            raise UserError("an A/B test takes its input from at most one of --trace and --from")
+        if self.trace is None and self.source is None and self.experiment is None:
+            raise UserError("an A/B test needs an input: --trace, --from or --experiment")
+        experiments = (
+            {a.name: arm_experiment(self.experiment, a.name, a.settings) for a in self.arms}
+            if self.experiment is not None
+            else {}
+        )
         services = discover_services()
-        missing = [s for s in ("operator", "brain") if s not in services]
-        if "operator" in missing or ("brain" in missing and any(_brain(a) for a in self.arms)):
+        needed = ["operator", "brain", *(["searcher"] if experiments else [])]
+        missing = [s for s in needed if s not in services]
+        if set(missing) - {"brain"} or ("brain" in missing and any(_brain(a) for a in self.arms)):
             raise UserError(f"the A/B test needs the {' and '.join(missing)} service(s)")
         started = time.monotonic()
         registry = EnvRegistry(self.settings, self.dsn)
@@ -165,12 +182,18 @@ class ABTest:
         try:
             # counted from the input: a paced arm's env holds its submissions only later
             expected = await self._submissions()
-            if expected == 0:
+            if expected == 0 and not experiments:
                 raise UserError("the input holds no job submissions")
             for arm in self.arms:
                 env = arm.env(self.run_id)
                 await registry.create(env, EnvMode.VIRTUAL, settings=self.env_settings(arm))
                 created.append(env)
+                if arm.name in experiments:
+                    # before the services start: the operator reads it with its backlog,
+                    # so the trials begin at the simulated clock's start, however fast
+                    # the services come up
+                    async with Producer(self.settings) as producer:
+                        await producer.publish(submitted(env, experiments[arm.name]))
                 if self.feed_speed(arm) is None:
                     await self._feed(env)
                 else:
@@ -178,6 +201,7 @@ class ABTest:
             contexts = []
             for arm in self.arms:
                 names = ["operator", *(["brain"] if _brain(arm) else [])]
+                names += ["searcher"] if experiments else []
                 for name in names:
                     ctx = ServiceContext(self.settings, arm.env(self.run_id), self.dsn, stop=stop)
                     contexts.append(ctx)
@@ -188,7 +212,9 @@ class ABTest:
                     env = arm.env(self.run_id)
                     feed = self._paced_feed(env, speed, stop)
                     feeds.append(asyncio.create_task(feed, name=f"feed of {env}"))
-            ledgers = await self._until_done(expected, tasks, progress, feeds=feeds)
+            ledgers = await self._until_done(
+                expected, tasks, progress, feeds=feeds, experiments=bool(experiments)
+            )
         finally:
             stop.set()
             # a paced feed may sleep until its next submission is due: nothing waits for it
@@ -213,6 +239,7 @@ class ABTest:
             gpus_per_node=self.cluster.gpus_per_node,
             wall_s=0.0 if self.wall_s is None else self.wall_s,
             seed=seed,
+            experiment=None if self.experiment is None else self.experiment.metadata.name,
         )
 
     def feed_speed(self, arm: Arm) -> float | None:
@@ -236,7 +263,8 @@ class ABTest:
         now (read before any copy starts, so a copy cannot have fewer)."""
         if self.trace is not None:
             return count_submissions(e for _, e in read_trace(self.trace, "ab-count"))
-        assert self.source is not None
+        if self.source is None:
+            return 0  # an experiment alone
         ledger = await ledger_of(self.settings, self.source, [JOB_EVENTS])
         return sum(1 for j in ledger.jobs.values() if j.submitted_at is not None)
 
@@ -266,8 +294,9 @@ class ABTest:
         """Copy the whole input into the arm's env at once; returns how many jobs it submits."""
         if self.trace is not None:
             await replay_trace(self.settings, self.trace, env, pacer=Pacer(None))
+        elif self.source is None:
+            return 0  # an experiment alone: published once the arm's services run
         else:
-            assert self.source is not None
             await Replay(
                 self.settings, self.source, env, pacer=Pacer(None), selection=Selection()
             ).run()
@@ -290,26 +319,32 @@ class ABTest:
         progress: ArmProgress | None,
         *,
         feeds: Sequence[asyncio.Task[None]] = (),
+        experiments: bool = False,
     ) -> dict[str, Ledger]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         # Completions are on job.events alone, followed as they come: re-reading the
         # whole topic at every look would cost more the longer the arms run, on the
-        # cores the arms share.
+        # cores the arms share. An experiment's end is its searcher's done.
         watched = {a.env(self.run_id): Ledger() for a in self.arms}
+        ended: set[str] = set()
         enough = asyncio.Event()
 
-        def fold_into(ledger: Ledger) -> Callable[[Line], None]:
+        def fold_into(env: str, ledger: Ledger) -> Callable[[Line], None]:
             def fold(line: Line) -> None:
-                if line.event is not None:
+                if isinstance(line.event, TrialDecision):
+                    if line.event.decision is DecisionKind.DONE:
+                        ended.add(env)
+                elif line.event is not None:
                     ledger.observe(line.event)
 
             return fold
 
+        topics = [JOB_EVENTS, *([TRIAL_DECISIONS] if experiments else [])]
         followers = [
             asyncio.create_task(
                 follow(
-                    self.settings, env, [JOB_EVENTS], fold_into(led), start="earliest", stop=enough
+                    self.settings, env, topics, fold_into(env, led), start="earliest", stop=enough
                 )
             )
             for env, led in watched.items()
@@ -323,13 +358,18 @@ class ABTest:
                 for feed in feeds:
                     if feed.done():
                         feed.result()  # a feed that failed fails the run with its reason
+                # (an experiment's trials are not the input's jobs)
                 finished = {
-                    env: sum(1 for j in led.jobs.values() if j.done) for env, led in watched.items()
+                    env: sum(1 for j in led.jobs.values() if j.done and j.experiment is None)
+                    for env, led in watched.items()
                 }
                 if progress is not None:
                     for arm in self.arms:
                         progress(arm.name, finished[arm.env(self.run_id)], expected)
-                if all(n >= expected for n in finished.values()) or loop.time() > deadline:
+                done = all(n >= expected for n in finished.values())
+                if experiments:
+                    done = done and ended >= set(watched)
+                if done or loop.time() > deadline:
                     if loop.time() > deadline:
                         log.warning(
                             "A/B test timed out after %.0f s; reporting what finished",
@@ -346,15 +386,20 @@ class ABTest:
 
     def _result(self, arm: Arm, ledger: Ledger, expected: int) -> ArmResult:
         jobs = ledger.in_window(None, None)
-        jct = {j.job: v for j in jobs if (v := j.jct_s()) is not None and not j.failed}
+        # The compared JCTs are the input's jobs'; an experiment's trials have its KPIs.
+        inputs = [j for j in jobs if j.experiment is None]
+        jct = {j.job: v for j in inputs if (v := j.jct_s()) is not None and not j.failed}
+        metrics = evaluate(jobs, ledger.last_event_at)
+        if self.experiment is not None:
+            metrics |= experiment_metrics(jobs, target=self.target, deadline_s=self.deadline_s)
         return ArmResult(
             name=arm.name,
             env=arm.env(self.run_id),
             settings_source=arm.source,
             jct=jct,
-            metrics=evaluate(jobs, ledger.last_event_at),
+            metrics=metrics,
             gpu_use=gpu_use(jobs, step_s=300.0),
-            unfinished=max(0, expected - sum(1 for j in jobs if j.done)),
+            unfinished=max(0, expected - sum(1 for j in inputs if j.done)),
         )
 
 

@@ -40,6 +40,7 @@ class RunInfo:
     gpus_per_node: int
     wall_s: float
     seed: int = 0  # the bootstrap's seed: the same results give the same intervals
+    experiment: str | None = None  # the experiment every arm ran (--experiment), or None
 
 
 def _number(value: float | None) -> float | None:
@@ -105,6 +106,7 @@ def build_summary(c: Comparison, run: RunInfo) -> dict[str, Any]:
         "run_id": run.run_id,
         "trace": run.trace,
         "source": run.source,
+        "experiment": run.experiment,
         "baseline": baseline,
         "speed": run.speed,
         "cluster": {"nodes": run.nodes, "gpus_per_node": run.gpus_per_node},

@@ -65,3 +65,78 @@ def failures(jobs: Sequence[JobRecord], _: datetime | None) -> Metrics:
         "failed_jobs": float(failed),
         "failed_rate": failed / len(finished) if finished else 0.0,
     }
+
+
+# -- experiments ----------------------------------------------------------------------------
+
+
+def trials_of(jobs: Sequence[JobRecord]) -> list[JobRecord]:
+    """The jobs that are trials of an experiment (their name and label say so)."""
+    return [j for j in jobs if j.experiment is not None]
+
+
+def experiment_start(jobs: Sequence[JobRecord]) -> datetime | None:
+    """When the experiment began: its first trial's submission."""
+    return min((j.submitted_at for j in trials_of(jobs) if j.submitted_at), default=None)
+
+
+def progress(jobs: Sequence[JobRecord]) -> list[tuple[float, float]]:
+    """The experiment's best value so far after each validation report that improved it:
+    (seconds since the experiment began, best value), in time order. One experiment's
+    trials (the objective of the first trial that knows its own)."""
+    trials = trials_of(jobs)
+    start = experiment_start(trials)
+    objective = next((j.objective for j in trials if j.objective is not None), None)
+    if start is None or objective is None:
+        return []
+    values = sorted(
+        (r.at, r.metrics[objective.metric])
+        for j in trials
+        for r in j.reports
+        if objective.metric in r.metrics
+    )
+    out: list[tuple[float, float]] = []
+    for at, value in values:
+        if not out or objective.better(value, out[-1][1]):
+            out.append(((at - start).total_seconds(), value))
+    return out
+
+
+def time_to_target(jobs: Sequence[JobRecord], target: float) -> float | None:
+    """Seconds from the experiment's start to the first validation report at the target
+    or better; None if no trial reached it."""
+    trials = trials_of(jobs)
+    objective = next((j.objective for j in trials if j.objective is not None), None)
+    if objective is None:
+        return None
+    for at_s, value in progress(trials):
+        if value == target or objective.better(value, target):
+            return at_s
+    return None
+
+
+def best_by(jobs: Sequence[JobRecord], deadline_s: float) -> float | None:
+    """The best validation value reported within ``deadline_s`` of the experiment's start
+    (None: nothing reported by then)."""
+    reached = [value for at_s, value in progress(jobs) if at_s <= deadline_s]
+    return reached[-1] if reached else None
+
+
+def experiments(jobs: Sequence[JobRecord], until: datetime | None) -> Metrics:
+    """An experiment's trials against the other jobs of the env: the best validation value
+    of its metric and when it was first reached, the trials' GPU-hours, and the other
+    jobs' completion times (what sharing the cluster with the trials cost them)."""
+    trials = trials_of(jobs)
+    others = [j for j in jobs if j.experiment is None]
+    other_jct = [v for j in others if (v := j.jct_s()) is not None and not j.failed]
+    reached = progress(trials)
+    out: Metrics = {
+        "trials": float(len(trials)),
+        "trial_gpu_hours": sum(j.gpu_seconds(until) for j in trials) / 3600.0,
+        "other_jct_mean_s": _mean(other_jct),
+        "other_jobs_completed": float(len(other_jct)),
+    }
+    if reached:
+        out["best_metric"] = reached[-1][1]
+        out["time_to_best_s"] = reached[-1][0]
+    return out

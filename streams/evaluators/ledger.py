@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from schemas.envelope import Event
+from schemas.experiments import ExperimentSubmitted, TrialMetrics, trial_of_job
 from schemas.jobs import (
     JobCompleted,
     JobFailed,
@@ -133,6 +134,30 @@ class PodFact:
     running: bool
 
 
+#: The label a trial's job carries naming its experiment (streams/searcher/trials.py).
+EXPERIMENT_LABEL = "dlrover-events.io/experiment"
+
+
+@dataclass(frozen=True, slots=True)
+class TrialReport:
+    """A validation report of a trial: when, at what budget used, what it measured."""
+
+    at: datetime
+    budget: float
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """What an experiment optimizes: its metric, and which way is better."""
+
+    metric: str
+    smaller_is_better: bool = True
+
+    def better(self, a: float, b: float) -> bool:
+        return a < b if self.smaller_is_better else a > b
+
+
 @dataclass
 class JobRecord:
     job: str
@@ -148,6 +173,13 @@ class JobRecord:
     samples: list[tuple[datetime, float]] = field(default_factory=list)  # (at, samples/s)
     ooms: list[str] = field(default_factory=list)  # node keys, one per OOM event
     optimize_plans: int = 0
+    #: the job's name, and the experiment it is a trial of (its name ``<exp>-t<i>`` and
+    #: its experiment label agree), with that experiment's objective once known
+    name: str = ""
+    experiment: str | None = None
+    objective: Objective | None = None
+    #: a trial's validation reports, in any order
+    reports: list[TrialReport] = field(default_factory=list)
     _line: list[tuple[datetime, int]] | None = field(default=None, repr=False, compare=False)
 
     def changed(self) -> None:
@@ -270,6 +302,13 @@ class Ledger:
     seen: int = 0
     #: event ids of the pod facts kept: a re-delivered start must not undo a later stop
     pod_events: set[str] = field(default_factory=set)
+    #: experiments' objectives, by experiment
+    objectives: dict[str, Objective] = field(default_factory=dict)
+    #: trials' validation reports by job name, until the trial's job is seen; the trials'
+    #: jobs by name; the report ids kept (a report delivered again counts once)
+    unclaimed: dict[str, list[TrialReport]] = field(default_factory=dict)
+    trial_jobs: dict[str, str] = field(default_factory=dict)
+    report_ids: set[str] = field(default_factory=set)
 
     def job(self, uuid: str) -> JobRecord:
         rec = self.jobs.get(uuid)
@@ -282,6 +321,15 @@ class Ledger:
             # The simulated clock's ticks, not facts about jobs: a barrier stamped at its
             # tick's end would stretch the window past the last thing that happened.
             return
+        if isinstance(event, ExperimentSubmitted):
+            # (stamped by whoever submitted it, not on the jobs' clock: no time of it kept)
+            searcher = event.spec.searcher
+            objective = Objective(searcher.metric, searcher.smaller_is_better)
+            self.objectives.setdefault(event.experiment, objective)
+            for rec in self.jobs.values():
+                if rec.experiment == event.experiment and rec.objective is None:
+                    rec.objective = self.objectives[event.experiment]
+            return
         self.seen += 1
         at = event.occurred_at
         if self.last_event_at is None or at > self.last_event_at:
@@ -292,7 +340,24 @@ class Ledger:
             rec.requested = {
                 r: RoleAllocation(_first(s.replicas), s.gpu_num) for r, s in event.roles.items()
             }
+            rec.name = event.job.name
+            found = trial_of_job(event.job.name)
+            if found is not None and event.job.labels.get(EXPERIMENT_LABEL) == found[0]:
+                rec.experiment = found[0]
+                rec.objective = self.objectives.get(found[0])
+                self.trial_jobs[event.job.name] = rec.job
+                rec.reports.extend(self.unclaimed.pop(event.job.name, []))
             rec.changed()
+        elif isinstance(event, TrialMetrics):
+            if event.validation and str(event.event_id) not in self.report_ids:
+                self.report_ids.add(str(event.event_id))
+                report = TrialReport(at, event.budget, dict(event.metrics))
+                name = f"{event.experiment}-t{event.trial}"
+                owner = self.trial_jobs.get(name)
+                if owner is None:
+                    self.unclaimed.setdefault(name, []).append(report)
+                else:
+                    self.jobs[owner].reports.append(report)
         elif isinstance(event, JobStarted):
             rec = self.job(event.job.uuid)
             rec.started_at = min(rec.started_at or at, at)

@@ -44,6 +44,13 @@ EVALUATORS: Registry[EvaluatorSpec] = Registry.of(
     EvaluatorSpec(
         "failures", "jobs that failed, and their share of the finished jobs", kpis.failures
     ),
+    EvaluatorSpec(
+        "experiments",
+        "an experiment's best validation metric (lower is better: a loss) and when it was "
+        "reached, its trials' GPU-hours, and the other jobs' mean JCT beside them",
+        kpis.experiments,
+        higher_is_better=frozenset({"other_jobs_completed"}),
+    ),
     unknown=UnknownEvaluator,
 )
 

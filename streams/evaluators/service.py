@@ -23,10 +23,12 @@ from dlrover_events.bus.tailer import follow
 from dlrover_events.bus.topic_reader import read_topic
 from dlrover_events.bus.topics import (
     BRAIN_PLANS,
+    EXPERIMENTS,
     JOB_EVENTS,
     JOB_METRICS,
     SCALE_PLANS,
     SCALE_RESULTS,
+    TRIAL_METRICS,
     topic,
 )
 from dlrover_events.cli.params import duration, env_name, json_option, print_json
@@ -44,7 +46,16 @@ from schemas.evaluation import EvaluationReport
 from streams.evaluators.ledger import Ledger
 from streams.evaluators.registry import EVALUATORS, evaluate
 
-INPUTS = (JOB_EVENTS, JOB_METRICS, BRAIN_PLANS, SCALE_PLANS, SCALE_RESULTS)
+#: (experiments and trial metrics: what the experiments evaluator reads of trials)
+INPUTS = (
+    JOB_EVENTS,
+    JOB_METRICS,
+    BRAIN_PLANS,
+    SCALE_PLANS,
+    SCALE_RESULTS,
+    EXPERIMENTS,
+    TRIAL_METRICS,
+)
 
 
 def reports(env: str, ledger: Ledger, now: datetime) -> list[EvaluationReport]:

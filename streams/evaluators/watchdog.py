@@ -10,7 +10,7 @@ import asyncio
 import functools
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import typer
@@ -23,8 +23,9 @@ from dlrover_events.bus.topics import JOB_EVENTS, check_env_name
 from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
 from dlrover_events.domain.units import parse_duration
+from dlrover_events.envs.failover import last_switch
 from dlrover_events.envs.registry import EnvRegistry
-from dlrover_events.errors import UserError
+from dlrover_events.errors import EnvError, UserError
 from dlrover_events.lifecycle import wait_or_stop
 from dlrover_events.runtime.embedded import resolve_postgres
 from dlrover_events.runtime.services import Service, ServiceContext
@@ -44,12 +45,18 @@ class WatchdogPolicy:
     min_finished: int = 5
 
 
-def failover_reason(ledger: Ledger, policy: WatchdogPolicy) -> str | None:
-    """Why the standby should take over now, or None."""
+def failover_reason(
+    ledger: Ledger, policy: WatchdogPolicy, real_since: datetime | None = None
+) -> str | None:
+    """Why the standby should take over now, or None. Only jobs that finished while the
+    env was real count (``real_since``: when it last became real): an env promoted back
+    after a failover is not judged again on the failures that made it fail over."""
     now = ledger.last_event_at
     if now is None:
         return None
     since = now - policy.window
+    if real_since is not None and real_since > since:
+        since = real_since
     finished = [
         j for j in ledger.jobs.values() if j.finished_at is not None and j.finished_at >= since
     ]
@@ -71,9 +78,10 @@ async def watch(ctx: ServiceContext, policy: WatchdogPolicy, check_every_s: floa
     env = await registry.get(ctx.env)
     if env is None or env.mode != EnvMode.REAL:
         raise UserError(f"the watchdog watches the real env; {ctx.env!r} is not it")
-    standby = await registry.get(policy.standby)
-    if standby is None or standby.mode != EnvMode.VIRTUAL:
-        raise UserError(f"standby {policy.standby!r} must be an existing virtual env")
+    standby = Standby(registry, policy.standby, ctx)
+    await standby.ready()  # said once when it is not: the watchdog goes on, and looks again
+    switch = last_switch(await registry.changes())
+    real_since = switch.at if switch is not None and switch.to == ctx.env else None
     ledger = Ledger()
 
     def fold(line: Line) -> None:
@@ -91,15 +99,55 @@ async def watch(ctx: ServiceContext, policy: WatchdogPolicy, check_every_s: floa
             await wait_or_stop(ctx.stop, check_every_s)
             if tail.done():
                 tail.result()
-            reason = failover_reason(ledger, policy)
-            if reason is not None:
-                await registry.promote(policy.standby, reason=reason)
+            reason = failover_reason(ledger, policy, real_since)
+            if reason is not None and await standby.ready():
+                try:
+                    await registry.promote(policy.standby, reason=reason)
+                except EnvError as err:  # deleted, or promoted by hand, meanwhile
+                    log.warning("the watchdog could not promote %s: %s", policy.standby, err)
+                    continue
                 log.warning("%s: %s took over from %s", reason, policy.standby, ctx.env)
                 return reason
         return ""
     finally:
         tail_stop.set()
         await asyncio.gather(tail, return_exceptions=True)
+
+
+def standby_problem(name: str, mode: EnvMode | None) -> str | None:
+    """Why ``name`` cannot be promoted now, or None (pure): it must be a virtual env."""
+    if mode is None:
+        return (
+            f"standby {name!r} is not an env (yet): the watchdog keeps watching and promotes "
+            f"it once it exists (`dlrover-events env create {name}`; `up` and `bootstrap` "
+            "make it)"
+        )
+    if mode != EnvMode.VIRTUAL:
+        return f"standby {name!r} is the {mode.value} env, not a virtual one: nothing to promote"
+    return None
+
+
+class Standby:
+    """The standby as the watchdog sees it: looked up again each time it is asked, and a
+    problem said once (a warning, and on the service's endpoints), not once a check."""
+
+    def __init__(self, registry: EnvRegistry, name: str, ctx: ServiceContext) -> None:
+        self.registry = registry
+        self.name = name
+        self.ctx = ctx
+        self._said: str | None = None
+
+    async def ready(self) -> bool:
+        record = await self.registry.get(self.name)
+        problem = standby_problem(self.name, record.mode if record is not None else None)
+        if problem is not None and problem != self._said:
+            log.warning("%s", problem)
+            self.ctx.endpoints["standby"] = problem
+        elif problem is None and self._said is not None:
+            log.warning("standby %s is a virtual env now: the watchdog may promote it", self.name)
+            self.ctx.endpoints["standby"] = f"{self.name} (virtual)"
+        self._said = problem
+        return problem is None
 
 
 def parse_window(text: str, option: str = "--window") -> timedelta:

@@ -24,8 +24,9 @@ says which part of the contract broke, with what was seen.
 
 Runs: tests/integration/local/test_local_conformance.py (processes on this machine),
 tests/integration/k8s/test_kube_conformance.py (the test kube-apiserver, its kubelet played
-by the test); tests/integration/local/test_broken_platforms.py shows the suite failing on
-platforms broken on purpose.
+by the test), tests/integration/k8s/test_pytorchjob_conformance.py (Kubernetes on Kubeflow's
+PyTorchJobs, the training-operator played too); tests/integration/local/
+test_broken_platforms.py shows the suite failing on platforms broken on purpose.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import contextlib
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import pytest
@@ -309,6 +310,20 @@ class PlatformConformance:
             "spec": {"roles": {WORKER: worker}, **spec},
         }
 
+    def broken_document(self, breaks: str) -> dict[str, Any]:
+        """A job of the platform's kind that it must refuse, broken as ``breaks`` says:
+        ``min-over-max`` (the worker role's minReplicas 3 over its maxReplicas 1),
+        ``no-roles``, ``name-not-a-label``. A platform that overrides ``document``
+        overrides this too."""
+        document = self.document(unique("bad"))
+        if breaks == "min-over-max":
+            document["spec"]["roles"][WORKER].update(minReplicas=3, maxReplicas=1)
+        elif breaks == "no-roles":
+            document["spec"]["roles"] = {}
+        else:
+            document["metadata"]["name"] = f"Not_A_Label_{uuid.uuid4().hex[:6]}"
+        return document
+
     async def submit(self, platform: Platform, prefix: str = "job", **spec: Any) -> JobView:
         return await platform.submit_job(self.document(unique(prefix), **spec))
 
@@ -370,14 +385,8 @@ class PlatformConformance:
         """A job the decisions could not read (min over max, no roles) or the platform
         cannot name is refused with Invalid, and nothing of it is kept: a refusal made
         after storing it would leave a job no one submitted."""
-        name = unique("bad")
-        document = self.document(name)
-        if breaks == "min-over-max":
-            document["spec"]["roles"][WORKER].update(minReplicas=3, maxReplicas=1)
-        elif breaks == "no-roles":
-            document["spec"]["roles"] = {}
-        else:
-            name = document["metadata"]["name"] = f"Not_A_Label_{uuid.uuid4().hex[:6]}"
+        document = self.broken_document(breaks)
+        name = document["metadata"]["name"]
         with pytest.raises(Invalid):
             await platform.submit_job(document)
         listed, _ = await platform.list_jobs()
@@ -388,7 +397,13 @@ class PlatformConformance:
     async def test_a_change_is_written_whole_and_read_back(self, platform: Platform) -> None:
         """Every part of a JobSpecChange lands in one write: replicas, a role's and a
         node's resources, the ranks removed first and the plans applied; the job's version
-        and generation move on."""
+        and generation move on.
+
+        Where another controller makes the pods (``creates_pods`` False), one template per
+        role and removing the highest indexes itself, the ranks removed first are not
+        kept (they would say what no one does); where no node can have resources of its
+        own (``capabilities.migrates_nodes`` False), a change that gives one some is
+        refused (Invalid) and changes nothing, rather than kept and never honoured."""
         job = await self.submit(platform)
         change = JobSpecChange(
             resource_version=job.resource_version,
@@ -398,13 +413,20 @@ class PlatformConformance:
             node_resources={WORKER: {1: Resources(cpu_milli=2000, memory=4 * GiB)}},
             remove_first={WORKER: (1,)},
         )
+        if not platform.capabilities.migrates_nodes:
+            with pytest.raises(Invalid):
+                await platform.change_job(job, change)
+            got = _job(await platform.get_job(job.name))
+            assert (got.resource_version, got.roles) == (job.resource_version, job.roles)
+            change = replace(change, node_resources={})
         changed = await platform.change_job(job, change)
+        kept_removals = change.remove_first if platform.creates_pods else {}
         for view in (changed, _job(await platform.get_job(job.name))):
             assert view.uid == job.uid
             assert view.roles[WORKER].replicas == 3
             assert view.roles[WORKER].resources == Resources(cpu_milli=1500, memory=2 * GiB)
-            assert view.node_resources == {WORKER: {1: Resources(cpu_milli=2000, memory=4 * GiB)}}
-            assert view.remove_first == {WORKER: (1,)}
+            assert view.node_resources == change.node_resources
+            assert view.remove_first == kept_removals
             assert view.applied_plans == ("conformance-1",)
             assert view.resource_version != job.resource_version
             assert view.generation > job.generation
@@ -498,8 +520,10 @@ class PlatformConformance:
         self, platform: Platform
     ) -> None:
         """A deleted job is not got nor listed, a second delete says False, and a change or
-        status on it is ObjectNotFound. What remains are its pods, for the reconciler to
-        delete (a platform's own collector may take them first); its name is free again."""
+        status on it is ObjectNotFound (a status where the platform keeps one: else
+        ``set_status`` is a no-op, on a job or none). What remains are its pods, for the
+        reconciler to delete (a platform's own collector may take them first); its name is
+        free again."""
         job = await self.submit(platform)
         pods = await self._pods(platform, job, 2)
         assert await platform.delete_job(job.name) is True
@@ -509,8 +533,13 @@ class PlatformConformance:
         assert await platform.delete_job(job.name) is False
         with pytest.raises(ObjectNotFound):
             await platform.change_job(job, JobSpecChange(job.resource_version, ("late",)))
-        with pytest.raises(ObjectNotFound):
-            await platform.set_status(job, OperatorJobStatus(RUNNING, {}, job.generation))
+        gone = OperatorJobStatus(RUNNING, {}, job.generation)
+        if self.keeps_status:
+            with pytest.raises(ObjectNotFound):
+                await platform.set_status(job, gone)
+        else:
+            await platform.set_status(job, gone)
+            assert await platform.get_job(job.name) is None
 
         for name in pods:
             assert await platform.delete_pod(name) in (True, False)
@@ -523,13 +552,21 @@ class PlatformConformance:
     # -- pods -----------------------------------------------------------------------------
 
     async def _pods(self, platform: Platform, job: JobView, n: int) -> list[str]:
-        """``n`` pods of the job's worker role, created; their names."""
+        """``n`` pods of the job's worker role, created (where another controller makes
+        them, made by it: waited for); their names."""
         names = []
         for rank in range(n):
             new = NewPod(WORKER, rank, rank, POD_RESOURCES)
             if platform.creates_pods:
                 assert await platform.create_pod(job, new, ENV) is True
             names.append(new.name(job.name))
+        if not platform.creates_pods:
+
+            async def made() -> bool:
+                pods, _ = await platform.list_pods(job.name)
+                return set(names) <= {p.name for p in pods}
+
+            await until(f"pods {names} made by the job's controller", made)
         return names
 
     @staticmethod
@@ -738,8 +775,9 @@ class PlatformConformance:
 
     async def test_a_fenced_platform_refuses_writes_and_reads_on(self, platform: Platform) -> None:
         """Behind FencedPlatform, while ``may_act`` says no, every write is NotLeader and
-        changes nothing; reads go on; once it says yes, writes pass."""
-        job = await self.submit(platform)
+        changes nothing; reads go on; once it says yes, writes pass. (One replica: where
+        another controller makes the pods, it makes just the one the check names.)"""
+        job = await self.submit(platform, replicas=1)
         pods = await self._pods(platform, job, 1)
         allowed = False
         fenced = FencedPlatform(platform, lambda: allowed)

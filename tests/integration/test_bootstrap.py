@@ -204,3 +204,24 @@ async def test_bootstrap_refuses_a_second_real_env(
         f"error: env {first!r} is the real env already; bootstrap it (--env {first}) "
         f"or promote {second!r} later (`env promote`)"
     )
+
+
+async def test_bootstrap_makes_a_missing_standby_with_the_real_env_s_settings(
+    own_settings: Settings, own_pg: str, tmp_path: Path
+) -> None:
+    """A standby given no settings of its own is made as the real env is now (tuned since
+    with `env settings` too): the env that takes over decides as the real env did (issue 38)."""
+    conf = own_settings
+    environ = cli_environ(conf, own_pg)
+    real, standby = unique_env("prod"), unique_env("standby")
+    tokens = ["--tokens-dir", str(tmp_path / "tokens")]
+    code, out = await bootstrap(environ, "--env", real, *tokens)
+    assert code == 0, out
+    tuned = {"brain": {"job_config": {"optimizer": "goodput"}}}
+    registry = EnvRegistry(conf, own_pg)
+    await registry.change_settings(real, lambda _: tuned, reason="tuned by hand")
+    code, out = await bootstrap(environ, "--env", real, "--standby", standby, *tokens)
+    assert code == 0, out
+    record = await registry.get(standby)
+    assert record is not None and record.mode == EnvMode.VIRTUAL
+    assert record.settings == tuned

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -16,7 +17,11 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from dlrover_events.bus.kafka_client import stop_consumer
 from dlrover_events.errors import UserError
-from dlrover_events.runtime.broker_journal import BrokerJournal
+from dlrover_events.runtime.broker_journal import (
+    BrokerJournal,
+    RefillError,
+    database_identity,
+)
 from dlrover_events.runtime.embedded import Broker, ensure_database
 from dlrover_events.settings import Settings
 from dlrover_events.store.database import quote_ident
@@ -215,6 +220,55 @@ async def test_a_broker_not_refilled_is_not_followed_and_the_journal_keeps_all(
     assert await journal._conn.fetchval("SELECT count(*) FROM broker_records") == 306
 
 
+async def test_topics_a_client_made_before_the_refill_are_made_again_as_the_journal_says(
+    journal: BrokerJournal,
+) -> None:
+    """A client that reconnects to a restarted broker before its refill makes the topics it
+    asks about (tansu makes a topic a client asks about: four partitions, no config). Empty,
+    they are made again with the journal's partitions and configs and refilled; before, the
+    refill failed (RefillError) and `up` tried a new broker, which the clients could race
+    again (issue 37: a 20-kill chaos run stalled on it). One a client wrote into still
+    fails the refill: its offsets would shift."""
+    first = new_broker()
+    try:
+        await journal_filled(journal, first.bootstrap_servers)
+        events = await read_all(first.bootstrap_servers, "j.events", 2)
+        docs = await read_all(first.bootstrap_servers, "j.docs", 1)
+    finally:
+        first.stop()
+    second = new_broker()
+    try:
+        producer = AIOKafkaProducer(bootstrap_servers=second.bootstrap_servers)
+        await producer.start()
+        try:
+            made = {n: await producer.partitions_for(n) for n in ("j.events", "j.docs")}
+        finally:
+            await producer.stop()
+        # tansu made them as a client asked, with its own partitions (4), not the journal's
+        assert {n: len(p) for n, p in made.items()} == {"j.events": 4, "j.docs": 4}
+        await journal.attach(second.bootstrap_servers)
+        refill = await journal.refill()
+        assert (refill.topics, refill.records) == (2, 306)
+        assert await read_all(second.bootstrap_servers, "j.events", 2) == events
+        assert await read_all(second.bootstrap_servers, "j.docs", 1) == docs
+        assert (await configs(second.bootstrap_servers, "j.docs"))["cleanup.policy"] == "compact"
+    finally:
+        second.stop()
+    third = new_broker()
+    try:
+        producer = AIOKafkaProducer(bootstrap_servers=third.bootstrap_servers)
+        await producer.start()
+        try:
+            await producer.send_and_wait("j.docs", b"early", key=b"doc")
+        finally:
+            await producer.stop()
+        await journal.attach(third.bootstrap_servers)
+        with pytest.raises(RefillError, match="written into by a client"):
+            await journal.refill()
+    finally:
+        third.stop()
+
+
 async def test_one_up_at_a_time_owns_a_journal(journal: BrokerJournal, own_pg: str) -> None:
     with pytest.raises(UserError, match="another `up` keeps its broker's records"):
         await BrokerJournal.open(Settings(), own_pg)
@@ -231,3 +285,76 @@ async def test_a_journal_database_that_cannot_be_made_is_one_line(pg_dsn: str) -
             await ensure_database(as_role, "dle_never_made")
     finally:
         await _admin(pg_dsn, f"DROP ROLE {quote_ident(role)}")
+
+
+async def test_a_refill_leaves_a_group_with_live_members_to_them(journal: BrokerJournal) -> None:
+    """A consumer of a group is connected when the broker comes back (a standalone brain
+    reconnects within milliseconds): Kafka refuses a group-less commit for a group with
+    members, and that refusal ended the refill and `up` with it (issue 37: `up` exited
+    with a traceback, CommitFailedError). The refill leaves such a group to its members
+    (who resume as they do without a commit) and commits the other groups'."""
+    first = new_broker()
+    try:
+        await journal_filled(journal, first.bootstrap_servers)
+        await committed_by(first.bootstrap_servers, "j-other", TopicPartition("j.events", 1), 7)
+        assert await journal.drain()
+    finally:
+        first.stop()
+    second = new_broker()
+    admin = AIOKafkaAdminClient(bootstrap_servers=second.bootstrap_servers)
+    await admin.start()
+    await admin.create_topics([NewTopic("j.events", 2, 1)])  # as the refill makes it
+    await admin.close()
+    member = AIOKafkaConsumer(
+        "j.events",
+        bootstrap_servers=second.bootstrap_servers,
+        group_id="j-group",
+        enable_auto_commit=False,
+        session_timeout_ms=10000,
+        heartbeat_interval_ms=300,
+    )
+    await member.start()
+    try:
+        while not member.assignment():
+            await member.getmany(timeout_ms=100)
+        await journal.attach(second.bootstrap_servers)
+        refill = await journal.refill()
+        assert refill.records == 306
+        assert (refill.groups, refill.left_to_members) == (1, ("j-group",))
+        tp = TopicPartition("j.events", 1)
+        assert await committed(second.bootstrap_servers, "j-other", tp) == 7
+    finally:
+        await stop_consumer(member)
+        second.stop()
+
+
+async def committed_by(servers: str, group: str, tp: TopicPartition, offset: int) -> None:
+    consumer = AIOKafkaConsumer(bootstrap_servers=servers, group_id=group)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await consumer.commit({tp: offset})
+    finally:
+        await stop_consumer(consumer)
+
+
+async def test_a_journal_is_its_stacks_and_refuses_another_in_one_line(own_pg: str) -> None:
+    """A second stack named the first one's journal database: before, it started with the
+    first one's topics, records and group offsets (issue 37)."""
+    first = await BrokerJournal.open(Settings(), own_pg, stack="database a (oid 1) on x:5432")
+    await first.close()
+    with pytest.raises(UserError, match=r"is the stack of database a \(oid 1\) on x:5432's"):
+        await BrokerJournal.open(Settings(), own_pg, stack="database b (oid 2) on x:5432")
+    again = await BrokerJournal.open(Settings(), own_pg, stack="database a (oid 1) on x:5432")
+    await again.close()
+
+
+async def test_by_default_a_journal_is_its_own_databases(
+    journal: BrokerJournal, own_pg: str
+) -> None:
+    conn = await asyncpg.connect(own_pg)
+    try:
+        assert journal.stack == await database_identity(conn)
+        assert await conn.fetchval("SELECT count(*) FROM broker_journal.stack") == 1
+    finally:
+        await conn.close()

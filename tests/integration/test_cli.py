@@ -16,15 +16,22 @@ from typing import Any
 import pytest
 
 from dlrover_events.bus.producer import Producer
+from dlrover_events.checkpoints.store import Batch as CheckpointBatch
+from dlrover_events.checkpoints.store import CheckpointStore
 from dlrover_events.cli.app import root_command
 from dlrover_events.cli.reference import all_commands
 from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.experiments.store import Batch, ExperimentStore
 from dlrover_events.runtime.embedded import free_port
 from dlrover_events.runtime.fence import EnvFence
 from dlrover_events.settings import Settings
+from dlrover_events.store import create_pool, env_schema
 from schemas import JobMeta, JobStarted
+from schemas.checkpoints import CheckpointCommitted
 from schemas.control import EnvMode
+from schemas.experiments import ExperimentSpec, ExperimentSubmitted, TrialMetrics
 from tests.conftest import REPO, EnvFactory, cli_environ
+from tests.unit.experiments.documents import document
 
 pytestmark = pytest.mark.integration
 
@@ -51,6 +58,14 @@ JSON_COMMANDS: dict[str, list[str]] = {
     "job list": ["job", "list", "--platform", "local", "--env", "{env}", "--json"],
     "job describe": ["job", "describe", "{job}", "--platform", "local", "--env", "{env}", "--json"],
     "tail": ["tail", "--env", "{env}", "--from-beginning", "--limit", "1", "--json"],
+    "experiment list": ["experiment", "list", "--env", "{env}", "--json"],
+    "experiment describe": ["experiment", "describe", "sweep", "--env", "{env}", "--json"],
+    "trial metrics": ["trial", "metrics", "sweep", "0", "--env", "{env}", "--json"],
+    "checkpoint list": ["checkpoint", "list", "j", "--env", "{env}", "--json"],
+    "model register": ["model", "register", "m", "--from", "j-1", "--env", "{env}", "--json"],
+    "model list": ["model", "list", "--env", "{env}", "--json"],
+    "model describe": ["model", "describe", "m", "--env", "{env}", "--json"],
+    "model versions": ["model", "versions", "m", "--env", "{env}", "--json"],
     "ab run": [
         "ab", "run", "--trace", "{trace}", "--jobs", "2", "--arm", "static", "--arm",
         "still={static}", "--nodes", "1", "--speed", "max", "--timeout", "4m", "--out",
@@ -89,6 +104,8 @@ async def test_every_json_output_parses(
     environ = {**cli_environ(settings, pg_dsn), "DLROVER_EVENTS_DATA_DIR": str(tmp_path / "data")}
     async with Producer(settings) as producer:
         await producer.publish(JobStarted(env=env, job=JobMeta(uuid="j")))
+    await _record_an_experiment(pg_dsn, env)
+    await _record_a_checkpoint(pg_dsn, env)
     submitted = await asyncio.to_thread(
         run, ["job", "submit", str(JOB), "--platform", "local", "--env", env, "--queue"], environ
     )
@@ -118,6 +135,14 @@ async def test_every_json_output_parses(
         "job list": lambda d: [j["metadata"]["name"] for j in d] == [job],
         "job describe": lambda d: d["job"]["metadata"]["name"] == job and d["pods"] == [],
         "tail": lambda d: d[0]["type"] == "job.started",
+        "experiment list": lambda d: [e["name"] for e in d] == ["sweep"],
+        "experiment describe": lambda d: d["name"] == "sweep" and d["trials"][0]["trial"] == 0,
+        "trial metrics": lambda d: [m["step"] for m in d] == [3],
+        "checkpoint list": lambda d: [c["checkpoint_id"] for c in d] == ["j-1"],
+        "model register": lambda d: d["version"]["version"] == 1,
+        "model list": lambda d: [m["name"] for m in d] == ["m"],
+        "model describe": lambda d: d["version"]["checkpoint"]["checkpoint_id"] == "j-1",
+        "model versions": lambda d: [v["version"] for v in d] == [1],
         "ab run": lambda d: (
             [a["name"] for a in d["arms"]] == ["static", "still"]
             and all(len(a["jobs"]) == 2 for a in d["arms"])
@@ -135,6 +160,38 @@ async def test_every_json_output_parses(
         assert checks[name](document), (name, document)
         if name == "ab run":
             assert "started an embedded broker" in done.stderr
+
+
+async def _record_an_experiment(pg_dsn: str, env: str) -> None:
+    """An experiment with one trial and one report in the env's tables, as the experiments
+    recorder stores them."""
+    spec = ExperimentSpec.model_validate(document("sweep")["spec"])
+    batch = Batch()
+    batch.add(ExperimentSubmitted(env=env, experiment="sweep", spec=spec))
+    batch.add(
+        TrialMetrics(env=env, experiment="sweep", trial=0, step=3, budget=3, metrics={"loss": 1.0})
+    )
+    pool = await create_pool(pg_dsn, env_schema(env), max_size=1)
+    try:
+        await ExperimentStore(pool).record(batch)
+    finally:
+        await pool.close()
+
+
+async def _record_a_checkpoint(pg_dsn: str, env: str) -> None:
+    """A checkpoint of job `j` in the env's catalog, as the checkpoints service stores it."""
+    batch = CheckpointBatch()
+    batch.add(
+        CheckpointCommitted(
+            env=env, job=JobMeta(uuid="j", name="j"), checkpoint_id="j-1", url="file:///ck/j/1",
+            step=1, world_size=1, size_bytes=10, blocking_s=0.1, persist_s=0.2,
+        )
+    )  # fmt: skip
+    pool = await create_pool(pg_dsn, env_schema(env), max_size=1)
+    try:
+        await CheckpointStore(pool).record(batch)
+    finally:
+        await pool.close()
 
 
 async def test_job_submit_says_when_no_operator_runs_the_env(

@@ -51,6 +51,8 @@ COMMANDS: dict[str, tuple[str, list[str]]] = {
     "archiver": ("real", []),
     "evaluator": ("real", ["--interval", "1"]),
     "watchdog": ("real", []),  # standby from DLROVER_EVENTS_WATCHDOG_STANDBY
+    "searcher": ("real", []),
+    "experiments-recorder": ("real", []),
 }
 
 

@@ -21,6 +21,10 @@ The brain's core (`streams/brain/core/`) decides and does no I/O: nothing it imp
 anything that imports in turn, may reach a broker, database, HTTP or Kubernetes client,
 a process or socket, or the brain's runtime wing (streams/brain/__init__.py).
 
+The searcher's core (`streams/searcher/core/`) decides the same way: nothing it imports, nor
+anything that imports in turn, may reach I/O or the searcher's runtime wing, its CLI or its
+recorder.
+
 The operator's reconciler is platform-neutral (`handlers/operator/reconcile/`, with the port
 it drives and the job document every platform reads), and the local platform runs where no
 cluster is: neither may reach a Kubernetes client, nor the Kubernetes platform's modules
@@ -50,7 +54,7 @@ ALLOWED: dict[str, set[str]] = {
 HANDLERS_ALLOWED: dict[str, set[str]] = {
     "gateway": set(),
     "console": {"operator.doors.actions", "operator.doors.jobs"},
-    "operator": {"simulator"},
+    "operator": {"simulator", "experiments"},
     "simulator": set(),
 }
 
@@ -80,12 +84,19 @@ IO_MODULES = frozenset(
 CORE = Path("streams/brain/core")
 #: project packages the core must not reach (the I/O wing and the benches)
 CORE_FORBIDDEN = ("streams.brain.runtime", "streams.brain.bench")
+SEARCHER_CORE = Path("streams/searcher/core")
+#: what the searcher's core must not reach: its I/O wing and what stands on it
+SEARCHER_CORE_FORBIDDEN = (
+    "streams.searcher.runtime",
+    "streams.searcher.cli",
+    "streams.searcher.recorder",
+)
 
 KUBERNETES_CLIENTS = frozenset({"kubernetes_asyncio", "kubernetes"})
 #: the Kubernetes platform, and the cluster plumbing it shares with the gateway
 KUBERNETES_PLATFORM = ("handlers.operator.kube", "dlrover_events.kube")
 _OP = "handlers.operator"
-PLATFORMS_MODULES = (f"{_OP}.kube", f"{_OP}.local", "dlrover_events.kube")
+PLATFORMS_MODULES = (f"{_OP}.kube", f"{_OP}.local", f"{_OP}.hosts", "dlrover_events.kube")
 #: operator wing -> the project modules it must not reach (directly or transitively); none
 #: of them may reach a Kubernetes client either.
 OPERATOR_WINGS: dict[str, tuple[str, ...]] = {
@@ -111,6 +122,10 @@ OPERATOR_WINGS: dict[str, tuple[str, ...]] = {
     ),
     "handlers/operator/doors": (*PLATFORMS_MODULES, f"{_OP}.virtual", f"{_OP}.wiring"),
     "handlers/operator/local": (*KUBERNETES_PLATFORM, f"{_OP}.virtual", f"{_OP}.wiring"),
+    "handlers/operator/hosts": (*KUBERNETES_PLATFORM, f"{_OP}.virtual", f"{_OP}.wiring"),
+    # a plain host's agent: the light install (no Kubernetes client, no simulator), and it
+    # meets the operator only on topics
+    "handlers/agent": (*KUBERNETES_PLATFORM, "handlers.operator", "handlers.simulator"),
 }
 
 
@@ -256,6 +271,22 @@ def test_the_brains_core_reaches_no_io() -> None:
     assert _core_violations() == []
 
 
+def test_the_searchers_core_reaches_no_io() -> None:
+    found = _core_violations(ROOT, (SEARCHER_CORE,), IO_MODULES, SEARCHER_CORE_FORBIDDEN)
+    assert found == []
+
+
+def test_the_searcher_core_check_finds_its_runtime(tmp_path: Path) -> None:
+    """(a check that finds nothing proves nothing)"""
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    core = tmp_path / SEARCHER_CORE
+    core.mkdir(parents=True)
+    (core / "x.py").write_text("import math\nfrom streams.searcher.runtime import app\n")
+    found = _core_violations(tmp_path, (SEARCHER_CORE,), IO_MODULES, SEARCHER_CORE_FORBIDDEN)
+    assert found == [f"{SEARCHER_CORE / 'x.py'}:2 imports streams.searcher.runtime"]
+
+
 def _operator_violations(root: Path = ROOT) -> list[str]:
     bad: list[str] = []
     for wing, forbidden in OPERATOR_WINGS.items():
@@ -355,6 +386,13 @@ CONTRACTS: dict[str, tuple[str, ...]] = {
         "streams.brain.core.schedulers.tiresias",
     ),
     "dlrover_events/domain/workloads.py": ("handlers",),
+    "streams/searcher/core/api.py": (
+        "streams.searcher.core.registry",
+        "streams.searcher.core.state",
+        "streams.searcher.core.grid",
+        "streams.searcher.core.random",
+        "streams.searcher.core.asha",
+    ),
     "handlers/operator/platform/api.py": (
         "handlers.operator.platform.registry",
         "handlers.operator.platform.fencing",

@@ -14,6 +14,7 @@ from handlers.operator.platform.registry import PLATFORMS
 from streams.brain.core.optimizers import REGISTRY
 from streams.brain.core.schedulers.registry import SCHEDULERS
 from streams.evaluators.registry import EVALUATORS
+from streams.searcher.core.registry import SEARCHERS
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Thing:
 
 
 def test_every_registry_of_the_house_is_one_and_read_only() -> None:
-    for registry in (REGISTRY, SCHEDULERS, EVALUATORS, PLATFORMS, ADAPTERS):
+    for registry in (REGISTRY, SCHEDULERS, EVALUATORS, PLATFORMS, ADAPTERS, SEARCHERS):
         assert isinstance(registry, Registry)
         assert registry.read_only and len(registry) >= 2
         name = next(iter(registry))

@@ -1,6 +1,7 @@
 // The console's page: one env at a time (the switcher), its live events, jobs and each
-// job's page (timeline, world size and throughput charts), the A/B results, the dead
-// letters, the config documents, the envs and tokens; actions where the env's token
+// job's page (timeline, world size and throughput charts), its experiments and each
+// experiment's page (learning curves, rungs, best trial, decisions), the A/B results, the
+// dead letters, the config documents, the envs and tokens; actions where the env's token
 // allows them (the server lists them in whoami: a read-only token gets none).
 // Tokens are kept per env in sessionStorage; a token given as #token=... goes to the env
 // written in it. Nothing here is fetched from outside this console.
@@ -12,6 +13,7 @@ const home = document.body.dataset.home;
 const state = {
   env: home, view: "overview", job: null, tokens: {}, me: null, controller: null,
   received: 0, skipped: 0, charts: {}, jobName: null, envs: [],
+  experiment: null, curves: null, curvesKey: "",
 };
 
 const $ = (id) => document.getElementById(id);
@@ -56,12 +58,14 @@ function readHash() {
   state.env = q.get("env") || state.env;
   state.view = q.get("view") || "overview";
   state.job = q.get("job");
+  state.experiment = q.get("experiment");
   if (token) history.replaceState(null, "", "#" + q);
   return !!token;
 }
 function writeHash() {
   const q = new URLSearchParams({env: state.env, view: state.view});
   if (state.job) q.set("job", state.job);
+  if (state.experiment) q.set("experiment", state.experiment);
   history.replaceState(null, "", "#" + q);
 }
 function auth(env) { return {Authorization: "Bearer " + (state.tokens[env || state.env] || "")}; }
@@ -128,6 +132,11 @@ async function refreshEnvList() {
   try {
     const body = await call("GET", "v1/envs");
     state.envs = body.envs;
+    const sw = body.last_switch;
+    $("last-switch").textContent = sw
+      ? "Last switch: " + sw.at.slice(0, 19).replace("T", " ") + ", " + sw.to + " became the real env" +
+        (sw.from ? " (was " + sw.from + ")" : "") + ": " + (sw.reason || "no reason given")
+      : "Last switch: none yet";
     const sel = $("env-select");
     const names = body.envs.map((e) => e.name);
     if (!names.includes(state.env)) names.push(state.env);
@@ -139,8 +148,9 @@ async function refreshEnvList() {
 }
 function switchEnv(env) {
   if (env === state.env) return;
-  state.env = env; state.job = null;
+  state.env = env; state.job = null; state.experiment = null; dropCurves();
   if (state.view === "job") state.view = "overview";
+  if (state.view === "experiment") state.view = "experiments";
   state.received = 0; state.skipped = 0; showCounts();
   for (const c of Object.values(state.charts)) c.destroy();
   state.charts = {};
@@ -152,19 +162,22 @@ function switchEnv(env) {
 const REFRESH = {
   overview: () => refreshJobs(), job: () => refreshJob(), ab: () => refreshAB(),
   dlq: () => refreshDLQ(), configs: () => refreshConfigs(), envs: () => refreshEnvs(),
+  experiments: () => refreshExperiments(), experiment: () => refreshExperiment(),
 };
 function showView(view) {
   if (!REFRESH[view] || (view === "job" && !state.job)) view = "overview";
+  if (view === "experiment" && !state.experiment) view = "experiments";
   state.view = view; writeHash();
   for (const name of Object.keys(REFRESH)) $("view-" + name).hidden = name !== view;
   for (const a of document.querySelectorAll("#tabs a")) a.classList.toggle("on", a.dataset.view === view);
   $("tab-job").hidden = !state.job;
+  $("tab-experiment").hidden = !state.experiment;
   REFRESH[view]();
 }
 let ticks = 0;
 setInterval(() => {
   if ($("main").hidden) return;
-  if (["overview", "job", "dlq"].includes(state.view)) REFRESH[state.view]();
+  if (["overview", "job", "dlq", "experiments", "experiment"].includes(state.view)) REFRESH[state.view]();
   if (++ticks % 5 === 0) refreshEnvList();  // envs come and go
 }, REFRESH_MS);
 
@@ -404,6 +417,186 @@ $("action-form").addEventListener("submit", (ev) => {
 });
 $("action-cancel").addEventListener("click", () => { $("action-form").hidden = true; });
 
+// --- experiments --------------------------------------------------------------------
+function experimentLink(name) {
+  const a = el("a", name, "job-link");
+  a.href = "#" + new URLSearchParams({env: state.env, view: "experiment", experiment: name});
+  a.addEventListener("click", (ev) => { ev.preventDefault(); openExperiment(name); });
+  return a;
+}
+async function refreshExperiments() {
+  let body;
+  try { body = await get("/experiments"); }
+  catch (e) { $("experiments-count").textContent = e.message; return; }
+  $("experiments-count").textContent = "(" + body.experiments.length + ")";
+  $("experiments").replaceChildren(...body.experiments.map((x) => {
+    const tr = el("tr"); tr.dataset.experiment = x.name; tr.dataset.status = x.status;
+    cell(tr, "").append(experimentLink(x.name));
+    cell(tr, x.status, statusClass(x.status), x.status_reason);
+    cell(tr, x.searcher || "");
+    cell(tr, x.metric ? x.metric + (x.smaller_is_better ? " \u2193" : " \u2191") : "");
+    cell(tr, String(x.trials) + (x.max_trials ? " / " + x.max_trials : ""));
+    cell(tr, x.best_trial === null ? "" : "trial " + x.best_trial);
+    cell(tr, num(x.best_value, 5));
+    cell(tr, (x.submitted_at || "").slice(0, 19).replace("T", " "), "muted");
+    return tr;
+  }));
+}
+function statusClass(status) {
+  return {completed: "applied", killed: "failed", refused: "failed", paused: "partial"}[status] || "";
+}
+function dropCurves() {
+  if (state.curves) state.curves.destroy();
+  state.curves = null; state.curvesKey = "";
+}
+function openExperiment(name) {
+  if (state.experiment !== name) {
+    dropCurves();
+    $("experiment-result").textContent = ""; $("experiment-actions").dataset.for = "";
+    for (const id of ["trials", "decisions", "rungs", "best-trial"]) $(id).replaceChildren();
+  }
+  state.experiment = name; showView("experiment");
+}
+const PALETTE = ["#2563eb", "#b45309", "#1b7f3b", "#6d28d9", "#b42318", "#0e7490", "#a16207",
+                 "#be185d", "#4d7c0f", "#475569"];
+const hparamText = (h) => Object.entries(h || {}).map(([k, v]) => k + "=" +
+  (typeof v === "number" ? num(v, 4) : String(v))).join(" ");
+// Every trial's curve (validation metric against budget) on one budget axis, the rungs'
+// budgets as dashed lines, the best trial drawn thicker.
+function drawCurves(x) {
+  const holder = $("chart-curves");
+  const trials = Object.keys(x.curves).map(Number).sort((a, b) => a - b);
+  const rungs = x.rungs.filter((r) => r.budget !== null);
+  const best = x.best_trial ? x.best_trial.trial : null;
+  let points = 0;
+  for (const t of trials) points += x.curves[t].length;
+  holder.dataset.trials = trials.join(",");
+  holder.dataset.points = String(points);
+  holder.dataset.rungs = rungs.map((r) => r.budget).join(",");
+  holder.dataset.best = best === null ? "" : String(best);
+  $("curves-what").textContent = x.metric
+    ? "(" + x.metric + " at each validation, against the budget used" +
+      (x.curves_of < x.trials.length ? "; the first " + x.curves_of + " trials" : "") + ")"
+    : "";
+  if (typeof uPlot === "undefined") { holder.textContent = "charts unavailable"; return; }
+  if (!points) { dropCurves(); holder.textContent = "no validation reported yet"; return; }
+  const xs = [...new Set(trials.flatMap((t) => x.curves[t].map((p) => p[0])))].sort((a, b) => a - b);
+  const at = new Map(xs.map((v, i) => [v, i]));
+  const data = [xs, ...trials.map((t) => {
+    const ys = new Array(xs.length).fill(null);
+    for (const [b, v] of x.curves[t]) ys[at.get(b)] = v;
+    return ys;
+  })];
+  const key = trials.join(",") + "|" + holder.dataset.rungs + "|" + best;
+  if (state.curves && state.curvesKey === key) { state.curves.setData(data); return; }
+  dropCurves();
+  holder.replaceChildren();
+  const rungLines = (u) => {
+    const ctx = u.ctx; ctx.save();
+    ctx.strokeStyle = "#9ca3af"; ctx.fillStyle = "#6b7280"; ctx.setLineDash([6, 4]); ctx.lineWidth = 1;
+    ctx.font = 11 * devicePixelRatio + "px system-ui";
+    for (const r of rungs) {
+      const px = u.valToPos(r.budget, "x", true);
+      if (px < u.bbox.left || px > u.bbox.left + u.bbox.width) continue;
+      ctx.beginPath(); ctx.moveTo(px, u.bbox.top); ctx.lineTo(px, u.bbox.top + u.bbox.height); ctx.stroke();
+      ctx.fillText("rung " + r.rung, px + 3 * devicePixelRatio, u.bbox.top + 12 * devicePixelRatio);
+    }
+    ctx.restore();
+  };
+  const top = Math.max(...xs, ...rungs.map((r) => r.budget));
+  state.curves = new uPlot({
+    width: Math.max(holder.clientWidth, 300), height: 300,
+    scales: {x: {time: false, range: [0, top * 1.05 || 1]}},
+    series: [{label: "budget"}, ...trials.map((t, i) => ({
+      label: "trial " + t, stroke: PALETTE[i % PALETTE.length], spanGaps: true,
+      width: t === best ? 3 : 1.5, points: {show: true, size: t === best ? 6 : 4},
+    }))],
+    axes: [{label: "budget (" + budgetUnit(x) + ")"}, {label: x.metric || ""}],
+    hooks: {draw: [rungLines]},
+  }, data, holder);
+  state.curvesKey = key;
+}
+const budgetUnit = (x) => ((x.spec || {}).searcher || {}).budget?.unit || "steps";
+function experimentActions() { return envActions("experiment"); }
+function renderExperimentActions(x) {
+  const box = $("experiment-actions");
+  const fits = {pause: x.status === "active", activate: x.status === "paused",
+                kill: x.status === "active" || x.status === "paused"};
+  const actions = experimentActions().filter((a) => fits[a.name]);
+  const key = x.name + "/" + actions.map((a) => a.name).join(",");
+  if (box.dataset.for === key) return;
+  box.dataset.for = key;
+  box.replaceChildren(...actions.map((a) => {
+    const b = el("button", a.label, "action" + (a.name === "kill" ? " danger" : ""));
+    b.type = "button"; b.dataset.action = a.name;
+    b.addEventListener("click", () => runExperimentAction(a));
+    return b;
+  }));
+}
+async function runExperimentAction(a) {
+  const name = state.experiment;
+  if (a.confirm && !confirm(a.confirm.replace("{experiment}", name))) return;
+  const out = $("experiment-result");
+  out.className = "muted"; out.textContent = a.label + "\u2026";
+  try {
+    const done = await call("POST", envPath("/experiments/" + enc(name) + "/" + a.name),
+                            {reason: a.name + " from the console"});
+    out.className = "applied";
+    out.textContent = a.name + " published (" + done.event_id + "); the searcher acts on it";
+  } catch (e) {
+    out.className = "error"; out.textContent = a.label + " refused: " + e.message;
+  }
+  refreshExperiment();
+}
+async function refreshExperiment() {
+  if (!state.experiment) return;
+  let x;
+  try { x = await get("/experiments/" + enc(state.experiment)); }
+  catch (e) { $("experiment-facts").textContent = e.message; return; }
+  if (x.name !== state.experiment) return;  // another was opened meanwhile
+  $("experiment-title").textContent = x.name;
+  const facts = $("experiment-facts");
+  facts.dataset.status = x.status;
+  facts.textContent = [x.status + (x.status_reason ? " (" + x.status_reason + ")" : ""),
+    "searcher " + (x.searcher || "?"),
+    x.metric ? x.metric + (x.smaller_is_better ? ", smaller is better" : ", larger is better") : "",
+    x.trials.length + " trials"].filter(Boolean).join(" \u00b7 ");
+  renderExperimentActions(x);
+  drawCurves(x);
+  const best = x.best_trial;
+  $("best-trial").replaceChildren(...(best ? [
+    ["trial", String(best.trial)], ["value", num(best.value, 6)],
+    ...Object.entries(best.hparams).map(([k, v]) => [k, typeof v === "number" ? num(v, 6) : String(v)]),
+  ] : [["", "no validation reported yet"]]).map(([k, v]) => {
+    const tr = el("tr"); tr.dataset.key = k; cell(tr, k, "muted"); cell(tr, v); return tr;
+  }));
+  $("rungs").replaceChildren(...x.rungs.map((r) => {
+    const tr = el("tr"); tr.dataset.rung = r.rung;
+    cell(tr, String(r.rung)); cell(tr, num(r.budget, 6)); cell(tr, r.trials.join(", "), "summary");
+    return tr;
+  }));
+  $("trials").replaceChildren(...x.trials.map((t) => {
+    const tr = el("tr"); tr.dataset.trial = t.trial; tr.dataset.status = t.status;
+    if (best && best.trial === t.trial) tr.className = "best";
+    cell(tr, String(t.trial)); cell(tr, t.status, statusClass(t.status));
+    cell(tr, hparamText(t.hparams), "summary");
+    cell(tr, num(t.budget, 6)); cell(tr, t.rung === null ? "" : String(t.rung));
+    cell(tr, num(t.budget_used, 6)); cell(tr, num(t.best_value, 5)); cell(tr, num(t.last_value, 5));
+    return tr;
+  }));
+  const told = x.trials.flatMap((t) => t.decisions.map((d) => ({...d, trial: t.trial})))
+    .concat(x.decisions).sort((a, b) => b.seq - a.seq);
+  $("decisions").replaceChildren(...told.map((d) => {
+    const tr = el("tr"); tr.className = "decision";
+    tr.dataset.seq = d.seq; tr.dataset.decision = d.decision; tr.dataset.trial = d.trial ?? "";
+    cell(tr, String(d.seq), "muted"); cell(tr, hhmmss(d.occurred_at), "muted", d.occurred_at);
+    cell(tr, d.trial === null ? "-" : String(d.trial)); cell(tr, d.decision);
+    cell(tr, num(d.budget, 6)); cell(tr, d.rung === null ? "" : String(d.rung));
+    cell(tr, d.reason, "summary", d.reason);
+    return tr;
+  }));
+}
+
 // --- A/B results --------------------------------------------------------------------
 function abChart(holder, arms) {
   if (typeof uPlot === "undefined") { holder.textContent = "charts unavailable"; return; }
@@ -524,7 +717,7 @@ async function refreshEnvs() {
     const a = el("a", e.name, "job-link"); a.href = "#";
     a.addEventListener("click", (ev) => { ev.preventDefault(); switchEnv(e.name); });
     cell(tr, "").append(a);
-    cell(tr, e.mode, e.mode === "real" ? "failed" : ""); cell(tr, String(e.partitions));
+    cell(tr, e.role || e.mode, e.mode === "real" ? "failed" : ""); cell(tr, String(e.partitions));
     cell(tr, "v" + e.settings_version); cell(tr, e.updated_at.slice(0, 19).replace("T", " "));
     const td = cell(tr, "");
     if (promote && e.mode === "virtual") {
@@ -571,6 +764,88 @@ async function doRevoke(tokenId) {
   try { await call("POST", envPath("/tokens/" + enc(tokenId) + "/revoke")); }
   catch (e) { $("tokens-note").textContent = "revoke refused: " + e.message; }
   refreshEnvs();
+}
+
+// --- models -------------------------------------------------------------------------
+// The env's model registry: every model, one model's versions, and the lineage of the
+// version chosen (its checkpoint, the job, trial and experiment it came from, the
+// hyperparameters, the plans it trained under). `#view=models&model=NAME` opens one.
+REFRESH.models = () => refreshModels();
+state.model = new URLSearchParams(location.hash.slice(1)).get("model");
+state.modelVersion = null;
+const modelTime = (iso) => (iso || "").slice(0, 19).replace("T", " ");
+const modelKv = (o) => Object.entries(o || {}).map(([k, v]) => k + "=" +
+  (typeof v === "number" ? num(v, 5) : String(v))).join(" ");
+function openModel(name, version) {
+  state.model = name; state.modelVersion = version || null;
+  const q = new URLSearchParams({env: state.env, view: "models", model: name});
+  history.replaceState(null, "", "#" + q);
+  refreshModel();
+}
+async function refreshModels() {
+  let body;
+  try { body = await get("/models"); }
+  catch (e) { $("models-count").textContent = e.message; return; }
+  $("models-count").textContent = "(" + body.models.length + ")";
+  $("models").replaceChildren(...body.models.map((m) => {
+    const tr = el("tr"); tr.dataset.model = m.name;
+    const a = el("a", m.name, "model-link");
+    a.href = "#" + new URLSearchParams({env: state.env, view: "models", model: m.name});
+    a.addEventListener("click", (ev) => { ev.preventDefault(); openModel(m.name); });
+    cell(tr, "").append(a);
+    cell(tr, String(m.versions)); cell(tr, m.latest === null ? "-" : String(m.latest));
+    cell(tr, modelTime(m.updated_at), "muted"); cell(tr, m.description || "");
+    return tr;
+  }));
+  await refreshModel();
+}
+function factRow(name, value) {
+  const tr = el("tr"); tr.dataset.fact = name;
+  cell(tr, name, "muted"); cell(tr, value === null || value === undefined || value === "" ? "-" : String(value));
+  return tr;
+}
+async function refreshModel() {
+  const box = $("model-detail");
+  if (!state.model) { box.hidden = true; return; }
+  const path = "/models/" + enc(state.model) + (state.modelVersion ? "?version=" + state.modelVersion : "");
+  let x;
+  try { x = await get(path); }
+  catch (e) { box.hidden = false; $("model-title").textContent = state.model + ": " + e.message; return; }
+  box.hidden = false; box.dataset.model = x.name; box.dataset.version = x.version.version;
+  $("model-title").textContent = x.name + " version " + x.version.version + " of " + x.versions;
+  $("model-versions").replaceChildren(...x.all_versions.map((v) => {
+    const tr = el("tr"); tr.dataset.version = v.version;
+    if (v.version === x.version.version) tr.className = "on";
+    const a = el("a", String(v.version), "version-link"); a.href = "#";
+    a.addEventListener("click", (ev) => { ev.preventDefault(); openModel(x.name, v.version); });
+    cell(tr, "").append(a);
+    cell(tr, v.checkpoint_id);
+    cell(tr, v.job_name + (v.experiment ? " (" + v.experiment + " #" + v.trial + ")" : ""));
+    cell(tr, String(v.step)); cell(tr, modelKv(v.metrics)); cell(tr, (v.labels || []).join(", "));
+    cell(tr, v.state, v.state === "kept" ? "" : "failed");
+    cell(tr, modelTime(v.created_at), "muted");
+    return tr;
+  }));
+  const v = x.version, c = v.checkpoint, l = v.lineage;
+  const searcher = l.searcher ? l.searcher.name + " on " + l.searcher.metric +
+    (l.searcher.smaller_is_better ? " \u2193" : " \u2191") : null;
+  $("model-lineage").replaceChildren(
+    factRow("notes", v.notes), factRow("labels", (v.labels || []).join(", ")),
+    factRow("registered", modelTime(v.created_at) + " by " + (v.registered_by || "-")),
+    factRow("checkpoint", c.checkpoint_id + " (" + c.state + ")"), factRow("url", c.url),
+    factRow("step", c.step), factRow("world size", c.world_size),
+    factRow("job", (l.job.name || "-") + " (" + l.job.uuid + ")"),
+    factRow("experiment", l.experiment), factRow("trial", l.trial),
+    factRow("searcher", searcher), factRow("hyperparameters", modelKv(l.hyperparameters)),
+    factRow("metrics", modelKv(l.metrics)), factRow("plan in force", l.plan_in_force),
+  );
+  $("model-plans").replaceChildren(...l.plans.map((p) => {
+    const tr = el("tr"); tr.dataset.plan = p.plan_id;
+    cell(tr, p.plan_id); cell(tr, p.first_step + "\u2013" + p.last_step);
+    cell(tr, p.world_sizes.join("/")); cell(tr, p.status || "-"); cell(tr, p.optimizer || "-");
+    cell(tr, p.reason || "");
+    return tr;
+  }));
 }
 
 // --- wiring -------------------------------------------------------------------------

@@ -53,6 +53,13 @@ def submission(body: Any, *, workdir: str | None = None, annotation: str = "") -
         "metadata": {k: meta[k] for k in _SUBMITTED_META if k in meta},
         "spec": body.get("spec"),
     }
+    unknown = trainingjob.unknown_fields(out["spec"])
+    if unknown:
+        raise JobRequestError(
+            f"{', '.join(unknown)}: no such field of a {kind} (a role has "
+            f"{', '.join(trainingjob.ROLE_FIELDS)}; its spec "
+            f"{', '.join(trainingjob.SPEC_FIELDS)}); the API server would drop it"
+        )
     try:
         check_bounds(trainingjob.parse_job({**out, "metadata": {**out["metadata"], "uid": ""}}))
     except InvalidJob as e:

@@ -54,6 +54,7 @@ from handlers.operator.platform.bodies import (
     OperatorJobStatus,
     Resources,
     RoleView,
+    VolumeMount,
 )
 from handlers.operator.platform.errors import InvalidJob
 from schemas.plan_parts import not_applied
@@ -307,10 +308,16 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
             template=template,
             elastic=_elastic(name, role.get("elastic")),
             container=container,
+            port=_port(name, role.get("port")),
+            start_after=_role_names(name, "startAfter", role.get("startAfter")),
+            scales=_role_names(name, "scales", role.get("scales")),
+            volumes=_mounts(name, role.get("volumes")),
             **_template_fields(template, container),
         )
     if not roles:
         raise InvalidJob("the job has no roles")
+    volumes = _volumes(spec.get("volumes"))
+    _check_relations(roles, volumes)
     success_roles = _success_roles(spec.get("successPolicy"), roles)
     overrides = _annotation(meta, ANN_NODE_RESOURCES, {})
     try:
@@ -340,8 +347,155 @@ def parse_job(obj: Mapping[str, Any]) -> JobView:
         success_roles=success_roles,
         suspended=suspend,
         batch=batch,
+        volumes=volumes,
         document=obj,
     )
+
+
+#: The fields of a TrainingJob's spec and of a role (deploy/crds/trainingjobs.yaml): any
+#: other is refused at submission, since the API server's schema would drop it silently.
+SPEC_FIELDS = ("roles", "suspend", "batch", "successPolicy", "volumes")
+ROLE_FIELDS = (
+    "replicas",
+    "minReplicas",
+    "maxReplicas",
+    "container",
+    "resources",
+    "elastic",
+    "restartPolicy",
+    "template",
+    "port",
+    "startAfter",
+    "scales",
+    "volumes",
+)
+
+
+def unknown_fields(spec: Any) -> list[str]:
+    """The fields of ``spec`` (and of its roles) a TrainingJob does not have, by path."""
+    if not isinstance(spec, Mapping):
+        return []
+    out = [f"spec.{k}" for k in spec if k not in SPEC_FIELDS]
+    roles = spec.get("roles")
+    for name, role in (roles or {}).items() if isinstance(roles, Mapping) else ():
+        if isinstance(role, Mapping):
+            out.extend(f"spec.roles.{name}.{k}" for k in role if k not in ROLE_FIELDS)
+    return out
+
+
+_VOLUME_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+
+
+def _port(role: str, raw: Any) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 65535:
+        raise InvalidJob(f"role {role}: port must be a whole number in 1..65535, got {raw!r}")
+    return raw
+
+
+def _role_names(role: str, key: str, raw: Any) -> tuple[str, ...]:
+    """A role's list of other roles (``startAfter``, ``scales``); whether they exist is
+    checked once every role is read."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(r, str) for r in raw):
+        raise InvalidJob(f"role {role}: {key} must be a list of role names")
+    if role in raw:
+        raise InvalidJob(f"role {role}: {key} names the role itself")
+    return tuple(dict.fromkeys(raw))
+
+
+def _mounts(role: str, raw: Any) -> tuple[VolumeMount, ...]:
+    """``roles.<r>.volumes``: the job volumes the role mounts, each once, at an absolute
+    path of its own."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, (list, tuple)):
+        raise InvalidJob(f"role {role}: volumes must be a list of {{name, mountPath}}")
+    out: list[VolumeMount] = []
+    for item in raw:
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            raise InvalidJob(f"role {role}: each of its volumes needs a name")
+        path = item.get("mountPath")
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise InvalidJob(
+                f"role {role}: volume {item['name']}: mountPath must be an absolute path, "
+                f"got {path!r}"
+            )
+        read_only = item.get("readOnly", False)
+        if not isinstance(read_only, bool):
+            raise InvalidJob(f"role {role}: volume {item['name']}: readOnly must be a boolean")
+        out.append(VolumeMount(item["name"], path.rstrip("/") or "/", read_only))
+    names = [m.name for m in out]
+    paths = [m.mount_path for m in out]
+    if len(set(names)) != len(names) or len(set(paths)) != len(paths):
+        raise InvalidJob(f"role {role}: a volume is mounted twice, or two at one path")
+    return tuple(out)
+
+
+def _volumes(raw: Any) -> dict[str, dict[str, Any]]:
+    """``spec.volumes``: Kubernetes volumes (a name and one source), by name."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, (list, tuple)):
+        raise InvalidJob("spec.volumes must be a list of volumes ({name, <source>})")
+    out: dict[str, dict[str, Any]] = {}
+    for item in raw:
+        name = item.get("name") if isinstance(item, Mapping) else None
+        if not isinstance(name, str) or not _VOLUME_NAME.match(name):
+            raise InvalidJob(f"spec.volumes: {name!r} is no volume name (a DNS label)")
+        if name in out:
+            raise InvalidJob(f"spec.volumes: volume {name} is given twice")
+        sources = [k for k in item if k != "name"]
+        if len(sources) != 1 or not isinstance(item[sources[0]], Mapping):
+            raise InvalidJob(
+                f"spec.volumes: volume {name} must have exactly one source (hostPath, "
+                f"emptyDir, persistentVolumeClaim, ...), got {', '.join(sources) or 'none'}"
+            )
+        out[name] = json.loads(json.dumps(dict(item)))
+    return out
+
+
+def _check_relations(roles: Mapping[str, RoleView], volumes: Mapping[str, Any]) -> None:
+    """What one role says of others and of the job's volumes: roles that exist, an order
+    without a cycle, bounds for every role another may scale, volumes the job has."""
+    for role in roles.values():
+        for key, named in (("startAfter", role.start_after), ("scales", role.scales)):
+            unknown = [r for r in named if r not in roles]
+            if unknown:
+                raise InvalidJob(
+                    f"role {role.name}: {key} names role(s) {', '.join(unknown)} the job "
+                    f"does not have (roles: {', '.join(roles)})"
+                )
+        for target in role.scales:
+            if roles[target].max_replicas is None:
+                raise InvalidJob(
+                    f"role {role.name} scales {target}, which declares no maxReplicas: a "
+                    "role scaled by another needs its bounds"
+                )
+        missing = [m.name for m in role.volumes if m.name not in volumes]
+        if missing:
+            raise InvalidJob(
+                f"role {role.name}: volume(s) {', '.join(missing)} not in spec.volumes "
+                f"(volumes: {', '.join(volumes) or 'none'})"
+            )
+    # startAfter must leave an order: a depth-first walk finds any cycle
+    state: dict[str, int] = {}
+
+    def walk(name: str, path: tuple[str, ...]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = " -> ".join((*path[path.index(name) :], name))
+            raise InvalidJob(f"startAfter makes a cycle: {cycle}")
+        state[name] = 1
+        for before in roles[name].start_after:
+            walk(before, (*path, name))
+        state[name] = 2
+
+    for name in roles:
+        walk(name, ())
 
 
 #: spec.batch's fields, as JobBatch names them.
@@ -585,7 +739,9 @@ __all__ = [
     "GROUP",
     "KIND",
     "PLURAL",
+    "ROLE_FIELDS",
     "ROLE_NAME",
+    "SPEC_FIELDS",
     "UNSUPPORTED",
     "VERSION",
     "admission_annotation",
@@ -602,5 +758,6 @@ __all__ = [
     "render_job",
     "status_patch",
     "training_container",
+    "unknown_fields",
     "unsupported",
 ]

@@ -51,7 +51,9 @@ NAMESPACE = typer.Option(None, "--namespace", "-n", help="default: the context's
 
 
 PLATFORM = typer.Option(
-    "kubernetes", "--platform", help="where the jobs run: kubernetes, or local (this machine)"
+    "kubernetes",
+    "--platform",
+    help="where the jobs run: kubernetes, local (this machine) or hosts (agents)",
 )
 ENV = typer.Option(
     None, "--env", "-e", parser=env_name, help="default: the real env (the registry's)"
@@ -240,13 +242,17 @@ def describe(
         low, high = (
             "-" if bound is None else bound for bound in (role.min_replicas, role.max_replicas)
         )
+        order = f" after {', '.join(role.start_after)}" if role.start_after else ""
+        ready = sum(1 for p in pods if p.role == role_name and p.ready and not p.deleting)
         typer.echo(
             f"role {role_name}: {role.replicas} replicas [{low}, {high}] resources "
-            f"{role.resources.describe()} restart {role.restart_policy}; "
-            + ", ".join(f"{k} {v}" for k, v in sorted(seen.items()))
+            f"{role.resources.describe()} restart {role.restart_policy}{order}; "
+            + ", ".join([*(f"{k} {v}" for k, v in sorted(seen.items())), f"ready {ready}"])
         )
     for pod in pods:
-        typer.echo(f"  pod {pod.name}: {pod.phase}{' (deleting)' if pod.deleting else ''}")
+        said = " (deleting)" if pod.deleting else " (ready)" if pod.ready else ""
+        on = f" on {pod.node_name}" if pod.node_name else ""
+        typer.echo(f"  pod {pod.name}: {pod.phase}{on}{said}")
 
 
 @job_app.command("scale")

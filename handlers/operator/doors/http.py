@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from dlrover_events.bus.producer import Producer
-from dlrover_events.envs.tokens import Scope, Tokens
+from dlrover_events.envs.tokens import Scope, Tokens, job_scope
 from handlers.operator.doors.actions import (
     JobNotFound,
     JobUnreadable,
@@ -28,7 +28,15 @@ from handlers.operator.doors.actions import (
     scale_job,
     suspend_job,
 )
-from handlers.operator.doors.jobs import JobRequestError, scale_request, submission, summary
+from handlers.operator.doors.jobs import (
+    JobRequestError,
+    ScaleForbidden,
+    check_job_scale,
+    scale_request,
+    scale_request_by,
+    submission,
+    summary,
+)
 from handlers.operator.platform.api import Platform
 from handlers.operator.platform.errors import Conflict, Invalid, ObjectNotFound, PlatformError
 
@@ -53,13 +61,20 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+#: The route a job's own token may call too (its role that ``scales`` others).
+_JOB_SCALE = "job-scale"
+
+
 @web.middleware
 async def _admin_only(request: web.Request, handler: Handler) -> web.StreamResponse:
-    verdict = await request.app[TOKENS_KEY].verify(
-        request.headers.get("Authorization"), Scope.ADMIN
-    )
-    if verdict.status != 200:
-        return _error(verdict.status, verdict.message)
+    """An admin token on every call; a job's scale also takes that job's own token (the
+    handler checks it: the job's uid is its scope)."""
+    if request.match_info.route.name != _JOB_SCALE:
+        verdict = await request.app[TOKENS_KEY].verify(
+            request.headers.get("Authorization"), Scope.ADMIN
+        )
+        if verdict.status != 200:
+            return _error(verdict.status, verdict.message)
     try:
         return await handler(request)
     except PlatformError as e:
@@ -90,6 +105,8 @@ def _guarded(handler: Handler) -> Handler:
             return _error(e.status, str(e))
         except JobNotFound as e:
             return _error(404, str(e))
+        except ScaleForbidden as e:
+            return _error(403, str(e))
         except JobUnreadable as e:
             return _error(409, str(e))
         except JobRequestError as e:
@@ -122,17 +139,31 @@ async def _get(request: web.Request) -> web.StreamResponse:
 
 
 async def _scale(request: web.Request) -> web.StreamResponse:
-    role, replicas = scale_request(await _json(request))
+    """A scale by an admin (source ``api``), or by the job itself with its own token: a
+    role one of its roles ``scales``, within its bounds, the plan's source naming who asked
+    (``job/<job>/<by>``, and the token) so the brain, the console and the audit see it."""
+    app = request.app
+    name = request.match_info["job"]
+    authorization = request.headers.get("Authorization")
+    verdict = await app[TOKENS_KEY].verify(authorization, Scope.ADMIN)
+    if verdict.status == 403:  # a good token, not an admin's: the job's own?
+        job = await job_of(app[PLATFORM_KEY], name)
+        verdict = await app[TOKENS_KEY].verify(authorization, job_scope(job.uid))
+    if verdict.status != 200:
+        return _error(verdict.status, verdict.message)
+    body = await _json(request)
+    role, replicas = scale_request(body)
+    source = "api"
+    if not verdict.admin:
+        check_job_scale(job, role, replicas)
+        by = scale_request_by(body) or "pod"
+        source = f"job/{name}/{by} (token {verdict.token_id})"
     plan = await scale_job(
-        request.app[PLATFORM_KEY],
-        request.app[PRODUCER_KEY],
-        request.app[ENV_KEY],
-        request.match_info["job"],
-        role,
-        replicas,
-        source="api",
+        app[PLATFORM_KEY], app[PRODUCER_KEY], app[ENV_KEY], name, role, replicas, source=source
     )
-    return web.json_response({"plan_id": plan.plan_id, "env": plan.env}, status=202)
+    return web.json_response(
+        {"plan_id": plan.plan_id, "env": plan.env, "source": plan.source}, status=202
+    )
 
 
 async def _suspend(request: web.Request) -> web.StreamResponse:
@@ -173,7 +204,7 @@ def jobs_app(
     app.router.add_post("/v1/jobs", _guarded(_submit))
     app.router.add_get("/v1/jobs", _guarded(_list))
     app.router.add_get("/v1/jobs/{job}", _guarded(_get))
-    app.router.add_post("/v1/jobs/{job}/scale", _guarded(_scale))
+    app.router.add_post("/v1/jobs/{job}/scale", _guarded(_scale), name=_JOB_SCALE)
     app.router.add_post("/v1/jobs/{job}/suspend", _guarded(_suspend))
     app.router.add_post("/v1/jobs/{job}/resume", _guarded(_resume))
     app.router.add_delete("/v1/jobs/{job}", _guarded(_delete))

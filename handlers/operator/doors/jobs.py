@@ -70,6 +70,43 @@ def scale_request(body: Any) -> tuple[str, int]:
     return role, replicas
 
 
+class ScaleForbidden(JobRequestError):
+    """A job's own token asked for what its job does not let any of its roles do."""
+
+
+def scale_request_by(body: Any) -> str:
+    """Who in the job asks (``by``: a pod, e.g. ``coordinator-0``), as its plan's author
+    says it; empty when the body does not say."""
+    by = body.get("by", "") if isinstance(body, Mapping) else ""
+    if not isinstance(by, str) or len(by) > 80 or not all(c.isalnum() or c in "-_." for c in by):
+        raise JobRequestError("by must be a pod's name: at most 80 letters, digits, '-_.'")
+    return by
+
+
+def check_job_scale(job: JobView, role: str, replicas: int) -> None:
+    """What a job may ask of itself with its own token: a role that one of its roles
+    ``scales``, to a count within that role's declared bounds. ScaleForbidden (no role
+    may scale it) or JobRequestError (beyond the bounds) says why not."""
+    if role not in job.roles:
+        raise JobRequestError(
+            f"trainingjob {job.name} has no role {role!r} (roles: {', '.join(job.roles)})"
+        )
+    scalers = sorted(r.name for r in job.roles.values() if role in r.scales)
+    if not scalers:
+        raise ScaleForbidden(
+            f"no role of trainingjob {job.name} may scale {role} (a role's `scales` says "
+            "which roles it may scale)"
+        )
+    target = job.roles[role]
+    low = max(target.min_replicas or 0, 1)
+    high = target.max_replicas if target.max_replicas is not None else target.replicas
+    if not low <= replicas <= high:
+        raise JobRequestError(
+            f"{role} {replicas} is beyond trainingjob {job.name}'s bounds for it: "
+            f"{low}..{high} (minReplicas..maxReplicas)"
+        )
+
+
 def scale_plan_id(uid: str, generation: int, role: str, replicas: int) -> str:
     """The same request on the same version of the job: the same plan."""
     return "cli-" + str(uuid.uuid5(_PLAN_NAMESPACE, f"{uid}/{generation}/{role}/{replicas}"))
@@ -142,11 +179,14 @@ def resume_plan(env: str, job: JobView, source: str) -> ScalePlan:
 
 __all__ = [
     "JobRequestError",
+    "ScaleForbidden",
     "admission",
+    "check_job_scale",
     "resume_plan",
     "scale_plan",
     "scale_plan_id",
     "scale_request",
+    "scale_request_by",
     "submission",
     "summary",
     "suspend_plan",

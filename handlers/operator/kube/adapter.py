@@ -102,6 +102,11 @@ class WorkloadAdapter(ABC):
         deploy/README.md) is the same adapter."""
         return self
 
+    def pod_annotations(self, job: JobView) -> dict[str, str]:
+        """Annotations every pod of the job should carry as the job is now (the
+        operator patches those that differ): none by default."""
+        return {}
+
     def services(self, job: JobView, *, rendezvous_host: str | None = None) -> list[dict[str, Any]]:
         """The Services the job's pods need, made before them and deleted with the job
         (only called when ``creates_pods``): none, unless its pods rendezvous at one

@@ -20,7 +20,7 @@ from handlers.operator.kube.adapter import WorkloadAdapter
 MERGE_PATCH = "application/merge-patch+json"
 
 
-async def _merge_patch(method: Callable[..., Awaitable[Any]], *args: Any) -> dict[str, Any]:
+async def merge_patch(method: Callable[..., Awaitable[Any]], *args: Any) -> dict[str, Any]:
     """A JSON merge patch (RFC 7386): custom resources refuse the client's default
     strategic-merge patch, and its type stubs leave ``_content_type`` out."""
     got: dict[str, Any] = await method(*args, _content_type=MERGE_PATCH)
@@ -68,12 +68,12 @@ class KubeApi:
         return got
 
     async def patch_job(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await _merge_patch(
+        return await merge_patch(
             self.custom.patch_namespaced_custom_object, *self._crd(), name, body
         )
 
     async def patch_job_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await _merge_patch(
+        return await merge_patch(
             self.custom.patch_namespaced_custom_object_status, *self._crd(), name, body
         )
 
@@ -103,7 +103,7 @@ class KubeApi:
     async def patch_pod(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """A merge patch of the pod's metadata (a warm spare's admission: its labels and
         annotation); a ``metadata.resourceVersion`` in ``body`` makes it conditional."""
-        return await _merge_patch(self.core.patch_namespaced_pod, name, self.namespace, body)
+        return await merge_patch(self.core.patch_namespaced_pod, name, self.namespace, body)
 
     async def delete_pod(self, name: str, grace_period_s: int | None = None) -> bool:
         """``grace_period_s``: how long its containers have after SIGTERM (None: the
@@ -171,4 +171,4 @@ class KubeApi:
             yield event
 
 
-__all__ = ["MERGE_PATCH", "KubeApi"]
+__all__ = ["MERGE_PATCH", "KubeApi", "merge_patch"]

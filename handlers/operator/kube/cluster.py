@@ -33,6 +33,8 @@ from dlrover_events.kube.api import api_error
 from handlers.operator.kube import spares
 from handlers.operator.kube.adapter import PodCreatingAdapter
 from handlers.operator.kube.client import KubeApi
+from handlers.operator.kube.experiment import with_owner
+from handlers.operator.kube.experiments import owner_of
 from handlers.operator.kube.nodes import DEFAULT_GPU_RESOURCE, parse_node
 from handlers.operator.kube.pods import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 from handlers.operator.kube.trainingjob import service_changes
@@ -163,7 +165,10 @@ class KubeCluster:
         except InvalidJob as e:
             raise Invalid(f"invalid {self.workload.kind}: {e}") from None
         with _said_as_port_errors():
-            obj = await self.api.create_job(dict(document))
+            # a trial's job is owned by its Experiment resource, if it has one
+            owner = await owner_of(self.api.api, self.namespace, document)
+            body = dict(document) if owner is None else with_owner(document, owner)
+            obj = await self.api.create_job(body)
         return self._readable(obj, f"{self.workload.kind.lower()} created")
 
     async def change_job(self, job: JobView, change: JobSpecChange) -> JobView:
@@ -283,9 +288,13 @@ class KubeCluster:
             return await self.api.delete_pod(name, grace_s)
 
     async def prepare(self, job: JobView) -> None:
-        """The job's Services, before its pods: an elastic role's pods find their
-        rendezvous host by one. Listed only for a job that needs some."""
+        """The job's Services, before its pods: every role's pods are found under one (and
+        an elastic role's rendezvous host by another); and the annotations its pods carry
+        as the job is now (the peers document), patched where they differ."""
         wanted = self.workload.services(job, rendezvous_host=self.rendezvous_host)
+        annotations = self.workload.pod_annotations(job)
+        if annotations:
+            await self._annotate_pods(job, annotations)
         if not wanted:
             return
         with _said_as_port_errors():
@@ -296,6 +305,27 @@ class KubeCluster:
             for svc in changes.create:
                 if await self.api.create_service(svc):
                     log.info("created service %s", svc["metadata"]["name"])
+
+    async def _annotate_pods(self, job: JobView, annotations: Mapping[str, str]) -> None:
+        with _said_as_port_errors():
+            items, _ = await self.api.list_pods(self.workload.job_pod_selector(job.name))
+            for obj in items:
+                meta = obj.get("metadata") or {}
+                have = meta.get("annotations") or {}
+                spare = (meta.get("labels") or {}).get(spares.LABEL_SPARE)
+                if (
+                    spare
+                    or meta.get("deletionTimestamp")
+                    or all(have.get(k) == v for k, v in annotations.items())
+                ):
+                    continue
+                try:
+                    await self.api.patch_pod(
+                        meta["name"], {"metadata": {"annotations": dict(annotations)}}
+                    )
+                except ApiException as e:
+                    if e.status != 404:  # gone meanwhile: nothing to say to it
+                        raise
 
     async def release(self, job: str) -> None:
         """The job's Services and warm spares, once it is gone."""

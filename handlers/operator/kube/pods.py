@@ -28,6 +28,9 @@ MANAGED_BY = "dlrover-events-operator"
 #: (the role's ``container``; absent: the first), and the GPU type its node selector asks.
 ANN_CONTAINER = f"{DOMAIN}/container"
 ANN_GPU_TYPE = f"{DOMAIN}/gpu-type"
+#: On a pod: its job's peers document (reconcile.peers.peers_document), which a
+#: downward-API volume shows its containers as a file; kept current as the job is scaled.
+ANN_PEERS = f"{DOMAIN}/peers"
 
 
 def _termination(status: Mapping[str, Any]) -> Termination | None:
@@ -82,12 +85,18 @@ def parse_pod(obj: Mapping[str, Any]) -> PodView | None:
         termination=_termination(status),
         node_name=spec.get("nodeName"),
         resource_version=str(meta.get("resourceVersion") or ""),
+        ready=any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+            if isinstance(c, Mapping)
+        ),
     )
 
 
 __all__ = [
     "ANN_CONTAINER",
     "ANN_GPU_TYPE",
+    "ANN_PEERS",
     "LABEL_INDEX",
     "LABEL_JOB",
     "LABEL_JOB_UID",

@@ -63,7 +63,7 @@ from handlers.operator.platform.bodies import (
     Resources,
     RoleView,
 )
-from handlers.operator.platform.errors import InvalidJob, PlanRejected
+from handlers.operator.platform.errors import Invalid, InvalidJob, PlanRejected
 from handlers.operator.reconcile import planning
 from schemas.plan_parts import not_applied
 from schemas.plans import NotApplied, ScalePlan
@@ -333,7 +333,17 @@ def plan_change(job: JobView, pods: Sequence[PodView], plan: ScalePlan) -> PlanC
 def job_patch(job: JobView, change: JobSpecChange) -> dict[str, Any]:
     """``change`` as one merge patch of the PyTorchJob: the replicas and the first
     container's resources of each replica type it changes, the plan ids in the same
-    annotation as a TrainingJob's, on the version it was decided on."""
+    annotation as a TrainingJob's, on the version it was decided on.
+
+    A change that gives a node resources of its own is refused (Invalid): the replicas of
+    a type share one template, so it would be kept and never honoured. The ranks a change
+    removes first are not written: the training-operator removes the highest indexes
+    whatever a job says (``plan_change`` rejects a plan that names others)."""
+    if any(change.node_resources.values()):
+        raise Invalid(
+            f"PyTorchJob {job.name}: the replicas of a type share one pod template, so no "
+            "node can have resources of its own"
+        )
     specs: dict[str, Any] = {}
     for role in job.roles:
         out: dict[str, Any] = {}

@@ -45,6 +45,7 @@ from dlrover_events.settings import Settings
 from handlers.operator.kube.adapters import adapter_for
 from handlers.operator.kube.client import KubeApi
 from handlers.operator.kube.cluster import KubeCluster
+from handlers.operator.kube.experiments import ExperimentWatch
 from handlers.operator.kube.lease import DEFAULT_LEASE_NAME, LeaseElector, Timing
 from handlers.operator.kube.nodes import DEFAULT_GPU_RESOURCE
 from handlers.operator.kube.trainingjob import DEFAULT_GPU_TYPE_LABEL
@@ -107,6 +108,12 @@ class KubeSettings(BaseSettings):
     )
     watch_timeout_seconds: int = Field(
         default=60, ge=1, description="server-side timeout of each watch (then it resumes)"
+    )
+    experiments: bool = Field(
+        default=True,
+        description="watch the namespace's Experiment resources: submit each new one to "
+        "the env's bus, kill a deleted one, write their status (needs the Experiment CRD "
+        "of deploy/crds and the operator's Role)",
     )
     leader_elect: bool = Field(
         default=True,
@@ -358,7 +365,8 @@ class RealOperator:
                             capacity=self.kube if self.conf.report_capacity else None,
                         )
                         task = asyncio.create_task(
-                            self.current.run(inner_stop), name=f"{want}.operator.real"
+                            self._run_env(want, self.current, inner_stop),
+                            name=f"{want}.operator.real",
                         )
                         log.warning(
                             "env %s is the real env: the operator acts on namespace %s for it",
@@ -370,6 +378,24 @@ class RealOperator:
         finally:
             if task is not None:
                 await self._stop(task, inner_stop, watcher.envs, why="the operator stops")
+
+    async def _run_env(self, env: str, reconciler: EnvReconciler, stop: asyncio.Event) -> None:
+        """The env's reconciler and, beside it under the same lease, the Experiments of
+        the namespace (experiments.py); either failing ends both."""
+        if not self.conf.experiments:
+            await reconciler.run(stop)
+            return
+        watch = ExperimentWatch(
+            self.settings,
+            env,
+            self.kube.api.api,
+            self.kube.namespace,
+            may_act=self.leads,
+            watch_timeout_s=self.conf.watch_timeout_seconds,
+        )
+        async with asyncio.TaskGroup() as both:
+            both.create_task(reconciler.run(stop), name=f"{env}.operator.reconciler")
+            both.create_task(watch.run(stop), name=f"{env}.operator.experiments")
 
     async def _stop(
         self,

@@ -49,13 +49,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlrover_events.sdk.identity import (
+    ADDRESS_ENV,
     ELASTIC_ADMIT_ENV,
     ELASTIC_EXPECT_ENV,
     ELASTIC_STORE_HOST_ENV,
+    PEERS_ENV_PREFIX,
+    PORT_ENV,
     RANK_ENV,
 )
 from handlers.operator.kube.pods import (
     ANN_CONTAINER,
+    ANN_PEERS,
     LABEL_INDEX,
     LABEL_JOB,
     LABEL_JOB_UID,
@@ -86,6 +90,8 @@ ADMISSION_FILE = "admission.json"
 ADMISSION_PATH = f"{ADMISSION_DIR}/{ADMISSION_FILE}"
 #: Variables only a pod has: a spare learns them when it is admitted.
 POD_ONLY = (RANK_ENV, ELASTIC_STORE_HOST_ENV, ELASTIC_EXPECT_ENV)
+#: A pod's own address and port, and its TF_CONFIG (its task): its rank's too.
+_PEER_VARIABLES = (ADDRESS_ENV, PORT_ENV, "TF_CONFIG")
 #: Seconds before a role's spare is started again after one ended on its own (a spare
 #: that cannot start must not be started in a loop).
 SPARE_BACKOFF_S = 10.0
@@ -185,10 +191,18 @@ def _bare(manifest: Mapping[str, Any]) -> dict[str, Any]:
     labels = meta.setdefault("labels", {})
     for label in (LABEL_RANK, LABEL_INDEX):
         labels.pop(label, None)
-    for container in (out.get("spec") or {}).get("containers") or []:
-        env = [e for e in container.get("env") or [] if e.get("name") not in POD_ONLY]
+    spec = out.get("spec") or {}
+    spec.pop("hostname", None)  # a rank's; an admitted spare keeps its own
+    (meta.get("annotations") or {}).pop(ANN_PEERS, None)  # the job's size, kept by the operator
+    for container in spec.get("containers") or []:
+        env = [e for e in container.get("env") or [] if not _pod_only(str(e.get("name")))]
         container["env"] = env
     return out
+
+
+def _pod_only(name: str) -> bool:
+    """A variable only a pod has (its rank's), or one of the job's size (its peers)."""
+    return name in POD_ONLY or name in _PEER_VARIABLES or name.startswith(PEERS_ENV_PREFIX)
 
 
 def spare_key(manifest: Mapping[str, Any]) -> str:

@@ -17,18 +17,19 @@ An elastic role also gets a headless Service that resolves to its rendezvous hos
 from __future__ import annotations
 
 import copy
-import hashlib
-import re
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dlrover_events.sdk.identity import READY_FILE_ENV, VOLUME_ENV_PREFIX, env_suffix
 from handlers.operator.document import trainingjob
 from handlers.operator.document.quantity import resources_to_quantities
 from handlers.operator.kube.adapter import PodCreatingAdapter
 from handlers.operator.kube.pods import (
     ANN_CONTAINER,
     ANN_GPU_TYPE,
+    ANN_PEERS,
     LABEL_INDEX,
     LABEL_JOB,
     LABEL_JOB_UID,
@@ -49,7 +50,7 @@ from handlers.operator.platform.bodies import (
     PodView,
     RoleView,
 )
-from handlers.operator.reconcile import planning
+from handlers.operator.reconcile import peers, planning
 from handlers.operator.reconcile.launch import C10D, launch
 from schemas.plans import NotApplied, ScalePlan
 
@@ -104,7 +105,12 @@ class TrainingJobAdapter(PodCreatingAdapter):
         return trainingjob.plan_not_applied(plan, gpu_types=self.capabilities.gpu_types)
 
     def services(self, job: JobView, *, rendezvous_host: str | None = None) -> list[dict[str, Any]]:
-        return [] if rendezvous_host else rendezvous_services(job)
+        return [] if rendezvous_host else [*rendezvous_services(job), *role_services(job)]
+
+    def pod_annotations(self, job: JobView) -> dict[str, str]:
+        """The job's peers document, current with its replicas: the downward-API file
+        its pods read (``cluster_info``) follows a scale."""
+        return {ANN_PEERS: peers_annotation(job)}
 
     def parse(self, obj: Mapping[str, Any]) -> JobView:
         return trainingjob.parse_job(obj)
@@ -138,22 +144,71 @@ class TrainingJobAdapter(PodCreatingAdapter):
         )
 
 
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _SERVICE_SUFFIX = "-rdzv"
 
 
 def rendezvous_service(job: JobView, role: str) -> str:
     """The headless Service an elastic role's pods rendezvous at, on a cluster:
-    ``<job>-<role>-rdzv``, or, where that is no DNS-1035 label of at most 63 characters
-    (a Service name must be one; a job's name may be longer, or hold dots), the job's
-    name cut short with a digest of job and role, so that it stays unique and stable."""
-    name = f"{job.name}-{role}{_SERVICE_SUFFIX}"
-    if len(name) <= 63 and _DNS_1035.match(name):
-        return name
-    digest = hashlib.sha256(f"{job.name}/{role}".encode()).hexdigest()[:10]
-    stem = re.sub(r"[^a-z0-9-]+", "-", job.name.lower()).strip("-")
-    stem = re.sub(r"^[^a-z]+", "", stem)[: 63 - len(digest) - len(_SERVICE_SUFFIX) - 2]
-    return f"{stem.rstrip('-') or 'job'}-{digest}{_SERVICE_SUFFIX}"
+    ``<job>-<role>-rdzv`` (``peers.service_name``: cut short with a digest where that is
+    no DNS-1035 label of at most 63 characters)."""
+    return peers.service_name(job.name, role, _SERVICE_SUFFIX)
+
+
+PEERS_VOLUME = "dlrover-events-peers"
+PEERS_DIR = "/etc/dlrover-events/peers"
+PEERS_FILE = f"{PEERS_DIR}/peers.json"
+#: Where a pod's SDK says it is ready (``ready()``), and the readiness probe that reads it
+#: on a role another starts after, when its template has no probe of its own.
+READY_PATH = "/tmp/dlrover-events-ready"
+
+
+def addressing() -> peers.Addressing:
+    """Every pod its own host, under its role's headless Service (``role_services``)."""
+    return peers.Addressing("dns", PEERS_FILE)
+
+
+def peers_annotation(job: JobView) -> str:
+    return json.dumps(peers.peers_document(job, addressing()), sort_keys=True)
+
+
+def role_services(job: JobView) -> list[dict[str, Any]]:
+    """One headless Service per role, ``<job>-<role>``, selecting the role's pods of this
+    job: the subdomain of each pod's hostname (``<role>-<rank>``), so that every pod has a
+    DNS name its rank keeps when the pod is replaced (peers.address).
+    ``publishNotReadyAddresses``: a peer is found as soon as it has an address."""
+    out = []
+    for name, role in sorted(job.roles.items()):
+        port = role.port or peers.DEFAULT_PORT
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {
+                    "name": peers.service_name(job.name, name),
+                    "namespace": job.namespace,
+                    "labels": {
+                        LABEL_MANAGED_BY: MANAGED_BY,
+                        LABEL_JOB: job.name,
+                        LABEL_JOB_UID: job.uid,
+                        LABEL_ROLE: name,
+                    },
+                    "ownerReferences": [_owner(job)],
+                },
+                "spec": {
+                    "clusterIP": "None",
+                    "selector": {
+                        LABEL_MANAGED_BY: MANAGED_BY,
+                        LABEL_JOB_UID: job.uid,
+                        LABEL_ROLE: name,
+                    },
+                    "publishNotReadyAddresses": True,
+                    "ports": [
+                        {"name": "peer", "port": port, "targetPort": port, "protocol": "TCP"}
+                    ],
+                },
+            }
+        )
+    return out
 
 
 def _owner(job: JobView) -> dict[str, Any]:
@@ -255,6 +310,42 @@ def service_changes(
     return ServiceChanges(tuple(create), tuple(sorted(n for n in delete if n)))
 
 
+def _mount_volumes(job: JobView, role: RoleView, spec: dict[str, Any]) -> None:
+    """The job volumes the role names, on the pod (a template's volume of the same name
+    gives way to the job's), each mounted in every container; and the peers document's
+    downward-API volume."""
+    named = {m.name for m in role.volumes} | {PEERS_VOLUME}
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") not in named]
+    volumes.extend(dict(job.volumes[m.name]) for m in role.volumes)
+    volumes.append(
+        {
+            "name": PEERS_VOLUME,
+            "downwardAPI": {
+                "items": [
+                    {
+                        "path": PEERS_FILE.rsplit("/", 1)[1],
+                        "fieldRef": {"fieldPath": f"metadata.annotations['{ANN_PEERS}']"},
+                    }
+                ]
+            },
+        }
+    )
+    spec["volumes"] = volumes
+    mounts = [
+        {"name": m.name, "mountPath": m.mount_path, **({"readOnly": True} if m.read_only else {})}
+        for m in role.volumes
+    ]
+    mounts.append({"name": PEERS_VOLUME, "mountPath": PEERS_DIR, "readOnly": True})
+    for container in spec.get("containers") or []:
+        kept = [
+            v
+            for v in container.get("volumeMounts") or []
+            if v.get("name") not in named
+            and v.get("mountPath") not in {m["mountPath"] for m in mounts}
+        ]
+        container["volumeMounts"] = kept + [dict(m) for m in mounts]
+
+
 def _training_index(role: RoleView, containers: Sequence[Mapping[str, Any]]) -> int:
     """The index of the role's container (its ``container``, else the first)."""
     if role.container is not None:
@@ -297,15 +388,29 @@ def pod_manifest(
         LABEL_INDEX: str(pod.index),
     }
     host = rendezvous_host or rendezvous_service(job, pod.role)
-    runs = launch(job, pod, env, host, rendezvous_backend)
+    runs = launch(job, pod, env, host, rendezvous_backend, addressing())
+    variables = dict(runs.env)
+    variables[READY_FILE_ENV] = READY_PATH
+    for mount in role.volumes:
+        variables[VOLUME_ENV_PREFIX + env_suffix(mount.name)] = mount.mount_path
     containers = spec.get("containers") or []
     chosen = _training_index(role, containers)
     annotations = dict(tmeta.get("annotations") or {})
+    annotations[ANN_PEERS] = peers_annotation(job)
+    spec["hostname"] = peers.hostname(pod.role, pod.rank)
+    spec["subdomain"] = peers.service_name(job.name, pod.role)
+    _mount_volumes(job, role, spec)
+    awaited = any(pod.role in r.start_after for r in job.roles.values())
     for i, container in enumerate(containers):
-        env_vars = [e for e in container.get("env") or [] if e.get("name") not in runs.env]
-        container["env"] = env_vars + [{"name": k, "value": v} for k, v in runs.env.items()]
+        env_vars = [e for e in container.get("env") or [] if e.get("name") not in variables]
+        container["env"] = env_vars + [{"name": k, "value": v} for k, v in variables.items()]
         if i != chosen:
             continue
+        if awaited and "readinessProbe" not in container:
+            container["readinessProbe"] = {
+                "exec": {"command": ["cat", READY_PATH]},
+                "periodSeconds": 2,
+            }
         if runs.command is not None:
             container["command"] = list(runs.command)
             container.pop("args", None)
@@ -345,13 +450,20 @@ def pod_manifest(
 TRAINING_JOB = TrainingJobAdapter()
 
 __all__ = [
+    "ANN_PEERS",
     "DEFAULT_GPU_TYPE_LABEL",
+    "PEERS_FILE",
+    "PEERS_VOLUME",
+    "READY_PATH",
     "TRAINING_JOB",
     "ServiceChanges",
     "TrainingJobAdapter",
+    "addressing",
     "host_selector",
+    "peers_annotation",
     "pod_manifest",
     "rendezvous_service",
     "rendezvous_services",
+    "role_services",
     "service_changes",
 ]

@@ -39,13 +39,13 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from dlrover_events.bus.producer import Producer
 from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.pods.memory import available
 from dlrover_events.runtime.embedded import Broker, kafka_reachable, resolve_postgres
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.settings import Settings, load_settings
 from handlers.operator.document.trainingjob import ANN_WORKDIR
 from handlers.operator.local.cluster import LocalCluster
-from handlers.operator.local.memory import available
 from handlers.operator.local.runner import node_env
 from handlers.operator.local.spares import SPARES
 from handlers.operator.reconcile.events import job_meta

@@ -7,7 +7,7 @@ derived from pod states, ScaleResults. The brain cannot tell the two apart. Unde
 a job is a typed job in a file (``store.JobStore``: read from its TrainingJob document once,
 at submission; changed and said on as values by handlers.operator.platform.changes, with
 no quantity string nor merge patch in between), and a pod is a process on this machine, a shim
-(``shim.py``) around the node's command, with a record of what it is (``pod.json``:
+(``dlrover_events.pods.shim``) around the node's command, with a record of what it is (``pod.json``:
 its job, role, rank and resources, in numbers), whose pid file lets a restarted operator
 adopt it and whose ``exit.json`` says how it ended. What a pod runs is the reconciler's
 ``launch`` (the training command, torchrun's for an elastic role, and the SDK's
@@ -39,6 +39,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -48,19 +49,25 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import psutil
+from typing import Any, Protocol
 
 from dlrover_events.lifecycle import cancel_and_wait
+from dlrover_events.pods import shim
+from dlrover_events.pods.memory import Enforcement
+from dlrover_events.pods.shim import PID, POD, alive
+from dlrover_events.sdk.identity import (
+    JOB_TOKEN_ENV,
+    JOBS_API_ENV,
+    READY_FILE_ENV,
+    VOLUME_ENV_PREFIX,
+    env_suffix,
+)
 from handlers.operator.document import trainingjob
-from handlers.operator.local import shim
-from handlers.operator.local.memory import Enforcement
-from handlers.operator.local.shim import PID, POD, alive
 from handlers.operator.local.spare_keeper import SpareKeeper
 from handlers.operator.local.store import NAMESPACE, JobStore, read_json, write_json
 from handlers.operator.platform.api import HostChange, JobEntry, WatchEvent, WatchKind
 from handlers.operator.platform.bodies import (
+    DOMAIN,
     FAILED,
     PENDING,
     RUNNING,
@@ -77,9 +84,10 @@ from handlers.operator.platform.bodies import (
     Resources,
     Termination,
 )
-from handlers.operator.platform.errors import Expired, Invalid
+from handlers.operator.platform.errors import Expired, Invalid, InvalidJob
 from handlers.operator.reconcile import planning
 from handlers.operator.reconcile.launch import DLROVER_C10D, launch
+from handlers.operator.reconcile.peers import Addressing, peers_document
 from schemas.plans import NotApplied, ScalePlan
 
 log = logging.getLogger(__name__)
@@ -89,6 +97,24 @@ _WATCH_QUEUE = 10_000
 _OVERFLOW = object()
 #: The one "container" of a local pod, as a termination names it.
 MAIN = "main"
+#: On a job submitted here: JSON {role: first port}: its pods' ports, one per rank from
+#: there (every pod of this machine shares 127.0.0.1; peers.Addressing "ports").
+ANN_PORTS = f"{DOMAIN}/local-ports"
+#: A pod's file that says it is ready (the SDK's ``ready()`` writes it).
+READY = "ready"
+#: The volume sources a job's pods can share here, as a host directory: a host path, or
+#: a directory the platform keeps (per job for emptyDir; per claim name for a claim,
+#: which outlives the job as a claim does).
+LOCAL_VOLUMES = ("hostPath", "emptyDir", "persistentVolumeClaim")
+
+
+class JobTokens(Protocol):
+    """A job's own token (``job:<uid>``), for the pods of its roles that scale others:
+    minted once per job, revoked once it is gone (the operator's, on the env's tokens)."""
+
+    async def token(self, job: JobView) -> str: ...
+
+    async def revoke(self, job: str) -> None: ...
 
 
 def _now() -> str:
@@ -177,6 +203,10 @@ class LocalCluster:
         self._shims: dict[str, subprocess.Popen[bytes]] = {}
         #: the warm spares of in-place roles (``spares.py``), kept at every scan
         self._spares = SpareKeeper(self.store.root, self.store.pods_dir, self._start)
+        #: a job's own token, for the roles that scale others (the operator's; None here)
+        self.job_tokens: JobTokens | None = None
+        #: where those roles reach the jobs API (set once the operator serves it)
+        self.jobs_api: str | None = None
         self._seen: dict[str, dict[str, tuple[object, Any]]] = {"jobs": {}, "pods": {}}
         self._subs: dict[str, set[asyncio.Queue[Any]]] = {"jobs": set(), "pods": set()}
         self._poller: asyncio.Task[None] | None = None
@@ -223,8 +253,15 @@ class LocalCluster:
 
     async def submit_job(self, document: Mapping[str, Any]) -> JobView:
         """The job, read from its document and stored; one the decisions cannot read is
-        refused (Invalid) before it is stored."""
-        return self.store.create(with_rendezvous_ports(document))
+        refused (Invalid) before it is stored, and so is one whose volumes this machine
+        cannot give its pods."""
+        body = with_peer_ports(with_rendezvous_ports(document), port_blocks(self.store.list()))
+        try:
+            job = trainingjob.parse_job(body)
+        except InvalidJob as e:
+            raise Invalid(f"invalid {trainingjob.KIND}: {e}") from None
+        check_volumes(job)
+        return self.store.create(body)
 
     async def change_job(self, job: JobView, change: JobSpecChange) -> JobView:
         return self.store.change(job.name, change)
@@ -255,16 +292,26 @@ class LocalCluster:
         except FileExistsError:
             return False
         role = job.roles[pod.role]
-        runs = launch(job, pod, env, self.rendezvous_host, self.rendezvous_backend)
+        runs = launch(
+            job, pod, env, self.rendezvous_host, self.rendezvous_backend, self.addressing(job)
+        )
         command = runs.command or role.command
         if not command:
             shutil.rmtree(pod_dir, ignore_errors=True)
             raise Invalid(f"pod {name}: its container has no command: nothing to run locally")
         record = _record(job, pod, pod.resources.over(role.template_resources))
+        extra = {READY_FILE_ENV: str(pod_dir / READY)}
+        for mount in role.volumes:
+            extra[VOLUME_ENV_PREFIX + env_suffix(mount.name)] = str(
+                self.volume_dir(job, mount.name)
+            )
+        if role.scales and self.job_tokens is not None and self.jobs_api is not None:
+            extra[JOB_TOKEN_ENV] = await self.job_tokens.token(job)
+            extra[JOBS_API_ENV] = self.jobs_api
         spec = {
             "name": name,
             "command": list(command),
-            "env": {**self.base_env, **role.env, **runs.env},
+            "env": {**self.base_env, **role.env, **runs.env, **extra},
             "cwd": self._workdir(job.name) or os.getcwd(),
             "memory": record["resources"]["memory"],
             "enforcement": self.enforcement.value,
@@ -299,13 +346,49 @@ class LocalCluster:
         self._terminate(name)
         return True
 
-    # Nodes here rendezvous at 127.0.0.1 (``rendezvous_host``): nothing to make for them.
+    # -- where a job's pods find each other, and their volumes ----------------------------
+
+    def peers_file(self, job: str) -> Path:
+        return self.store.root / "peers" / f"{job}.json"
+
+    def addressing(self, job: JobView) -> Addressing | None:
+        """127.0.0.1 and the job's port blocks (None: a job submitted before it had any)."""
+        ports = _annotation_ports(job.document)
+        if ports is None:
+            return None
+        return Addressing("ports", str(self.peers_file(job.name)), ports=ports)
+
+    def volume_dir(self, job: JobView, name: str) -> Path:
+        """The host directory of the job's volume ``name`` (made when missing)."""
+        source = job.volumes[name]
+        if "hostPath" in source:
+            path = Path(str(source["hostPath"].get("path") or ""))
+        elif "persistentVolumeClaim" in source:
+            claim = str(source["persistentVolumeClaim"].get("claimName") or name)
+            path = self.store.root / "volumes" / "claims" / claim
+        else:
+            path = self.store.root / "volumes" / job.name / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
     async def prepare(self, job: JobView) -> None:
-        return None
+        """The job's peers document, current with its replicas (elastic pods rendezvous at
+        127.0.0.1, ``rendezvous_host``: nothing to make for them)."""
+        addressing = self.addressing(job)
+        if addressing is None:
+            return
+        path = self.peers_file(job.name)
+        document = peers_document(job, addressing)
+        if read_json(path) != document:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(path, document)
 
     async def release(self, job: str) -> None:
-        return None
+        """The job's peers document, its emptyDir volumes and its own token go with it."""
+        self.peers_file(job).unlink(missing_ok=True)
+        shutil.rmtree(self.store.root / "volumes" / job, ignore_errors=True)
+        if self.job_tokens is not None:
+            await self.job_tokens.revoke(job)
 
     async def keep_spares(self, job: JobView, pods: Sequence[PodView], env: str) -> None:
         """Nothing: the node agent keeps each job's spares at every scan (``SpareKeeper``),
@@ -353,19 +436,8 @@ class LocalCluster:
         return planning.outcome(job, pods)
 
     def _start(self, name: str, pod_dir: Path | None = None) -> None:
-        pod_dir = pod_dir or self._pod_dir(name)
-        proc = subprocess.Popen(
-            [self.python, "-m", "handlers.operator.local.shim", str(pod_dir)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=open(pod_dir / "shim.log", "ab"),  # noqa: SIM115 - the shim's own
-            start_new_session=True,  # a node outlives the operator; it is re-adopted
-        )
-        try:
-            created = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            created = 0.0
-        write_json(pod_dir / PID, {"pid": proc.pid, "create_time": created})
+        # a node outlives the operator (its own session); a later one re-adopts it
+        proc = shim.start(pod_dir or self._pod_dir(name), self.python)
         self._shims[name] = proc
         log.info("local platform: started pod %s (pid %d)", name, proc.pid)
 
@@ -414,6 +486,7 @@ class LocalCluster:
         if record is None:
             return None
         phase, termination = self._state(pod_dir)
+        ready = phase == RUNNING and (pod_dir / READY).exists()
         return PodView(
             name=record["name"],
             uid=record["uid"],
@@ -426,6 +499,7 @@ class LocalCluster:
             deleting=bool(record.get("deleting")),
             resources=_resources(record.get("resources") or {}),
             termination=termination,
+            ready=ready,
         )
 
     def _state(self, pod_dir: Path) -> tuple[str, Termination | None]:
@@ -591,4 +665,111 @@ def with_rendezvous_ports(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["POD", "LocalCluster", "with_rendezvous_ports"]
+#: Where a job's port blocks are taken from: below Linux's ephemeral ports (32768 up),
+#: where a rendezvous port (``with_rendezvous_ports``) or a client's port is taken.
+_PORTS_FROM, _PORTS_TO = 20000, 32000
+#: Ports a role's block has at least (a role scaled beyond its maxReplicas cannot be).
+_MIN_BLOCK = 4
+
+
+def _annotation_ports(document: Mapping[str, Any]) -> dict[str, int] | None:
+    text = ((document.get("metadata") or {}).get("annotations") or {}).get(ANN_PORTS)
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+        return {str(role): int(port) for role, port in raw.items()}
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_block(size: int, taken: set[int], rng: random.Random) -> int:
+    """A first port of ``size`` free ports in a row, none of them ``taken``."""
+    for _ in range(200):
+        base = rng.randrange(_PORTS_FROM, _PORTS_TO - size)
+        block = range(base, base + size)
+        if not taken.intersection(block) and all(_free(p) for p in block):
+            return base
+    raise Invalid(f"no {size} free ports in a row on this machine for the job's pods")
+
+
+def _block_size(replicas: Any, max_replicas: Any) -> int:
+    sizes = [replicas, max_replicas, _MIN_BLOCK]
+    return min(256, max(int(n) for n in sizes if isinstance(n, int) and not isinstance(n, bool)))
+
+
+def port_blocks(jobs: Sequence[JobEntry]) -> set[int]:
+    """The ports the local jobs' blocks hold (their pods may not listen yet)."""
+    held: set[int] = set()
+    for job in jobs:
+        if not isinstance(job, JobView):
+            continue
+        for name, base in (_annotation_ports(job.document) or {}).items():
+            role = job.roles.get(name)
+            if role is not None:
+                held.update(range(base, base + _block_size(role.replicas, role.max_replicas)))
+    return held
+
+
+def with_peer_ports(body: Mapping[str, Any], held: set[int] | None = None) -> dict[str, Any]:
+    """Every pod of this machine shares 127.0.0.1: each role of a job gets a block of free
+    ports now, one per rank up to its maxReplicas (a rank beyond a block's end would share
+    another's port), kept on the job (ANN_PORTS), so a pod's address (127.0.0.1, its role's
+    first port + its rank) stays its rank's for the job's life; ``held``: the ports other
+    jobs' blocks hold, left out."""
+    out = json.loads(json.dumps(body))
+    meta = out.setdefault("metadata", {})
+    annotations = meta.setdefault("annotations", {}) if isinstance(meta, dict) else None
+    if not isinstance(annotations, dict) or _annotation_ports(out) is not None:
+        return out
+    roles = (out.get("spec") or {}).get("roles") if isinstance(out.get("spec"), dict) else None
+    if not isinstance(roles, dict):
+        return out  # not a TrainingJob's roles: the job's parser says what is wrong
+    rng = random.Random()
+    taken = set(held or ())
+    ports: dict[str, int] = {}
+    for name, role in sorted(roles.items()):
+        if not isinstance(role, dict):
+            continue
+        size = _block_size(role.get("replicas"), role.get("maxReplicas"))
+        base = _free_block(size, taken, rng)
+        taken.update(range(base, base + size))
+        ports[name] = base
+    annotations[ANN_PORTS] = json.dumps(ports, sort_keys=True)
+    return out
+
+
+def check_volumes(job: JobView) -> None:
+    """The job's volumes must be ones this machine can give its pods (a host directory);
+    Invalid names the one it cannot, rather than run the pods without it."""
+    for name, source in sorted(job.volumes.items()):
+        kinds = [k for k in source if k != "name"]
+        if not set(kinds) <= set(LOCAL_VOLUMES):
+            raise Invalid(
+                f"volume {name}: the local platform gives pods only {', '.join(LOCAL_VOLUMES)} "
+                f"volumes (as a host directory), not {', '.join(kinds)}"
+            )
+        if "hostPath" in source:
+            path = (source["hostPath"] or {}).get("path")
+            if not isinstance(path, str) or not path.startswith("/"):
+                raise Invalid(f"volume {name}: hostPath.path must be an absolute path")
+
+
+__all__ = [
+    "ANN_PORTS",
+    "POD",
+    "LocalCluster",
+    "check_volumes",
+    "port_blocks",
+    "with_peer_ports",
+    "with_rendezvous_ports",
+]

@@ -5,6 +5,13 @@ The reconciler is the one of every platform (handlers.operator.reconcile: plans 
 once through the env's ledger and the job documents, node and job events, ScaleResults);
 only the platform under it differs. The local platform runs real jobs, so it serves only
 the real env: a virtual env's operator is the simulator.
+
+Across a promotion (`env promote`, the watchdog): the new real env's operator takes the
+machine's jobs over (``handover.py``: its folder links to the old real env's, so their
+processes are adopted, none started again), and the demoted env's operator is fenced the
+moment dlrover.control says another env is real: its writes are refused
+(platform.FencedPlatform), its reconciler stops, and it leaves the jobs' processes running
+for the new real env, even where a clean stop would end them (``end_jobs_on_exit``).
 """
 
 from __future__ import annotations
@@ -22,20 +29,30 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.bus.producer import Producer
+from dlrover_events.checkpoints.store import CheckpointStore
 from dlrover_events.config.client import TOKEN_ENV, URL_ENV
+from dlrover_events.envs.failover import last_switch
 from dlrover_events.envs.registry import EnvRegistry
-from dlrover_events.envs.tokens import Scope, Tokens
+from dlrover_events.envs.role_watch import RoleWatch
+from dlrover_events.envs.tokens import Scope, Tokens, job_scope, token_env
 from dlrover_events.errors import UserError
-from dlrover_events.lifecycle import wait_for_any
+from dlrover_events.experiments.store import ExperimentStore
+from dlrover_events.lifecycle import background, wait_for_any
+from dlrover_events.pods.memory import available
 from dlrover_events.runtime.metrics import OperatorMetrics
 from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
+from handlers.experiments.http import PREFIX, experiments_app
+from handlers.experiments.models import CHECKPOINTS_PREFIX, MODELS_PREFIX, mount
 from handlers.operator.document.trainingjob import ANN_WORKDIR
 from handlers.operator.doors.http import jobs_app
 from handlers.operator.local.cluster import LocalCluster
-from handlers.operator.local.memory import available
+from handlers.operator.local.handover import hand_over
+from handlers.operator.local.store import read_json, write_json
+from handlers.operator.platform.bodies import JobView
+from handlers.operator.platform.fencing import FencedPlatform
 from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
 from schemas.control import EnvMode
 
@@ -105,7 +122,12 @@ async def gateway_access(env: str, dsn: str, root: Path, url: str | None = None)
     once and kept, owner-only, in the platform's dir): enough to follow its plans and read
     its config, nothing more."""
     url = url or os.environ.get(URL_ENV) or DEFAULT_GATEWAY_URL
-    path = root / "gateway-token"
+    # one file per env: after a promotion the folder is shared (handover.py), and a pod of
+    # the new real env must get its own env's token, not the one of the env before
+    path = root / f"gateway-token.{env}"
+    legacy = root / "gateway-token"
+    if not path.exists() and legacy.exists() and token_env(legacy.read_text().strip()) == env:
+        path = legacy
     if path.exists():
         token = path.read_text().strip()
     else:
@@ -117,6 +139,38 @@ async def gateway_access(env: str, dsn: str, root: Path, url: str | None = None)
         path.touch(mode=0o600)
         path.write_text(token)
     return {URL_ENV: url, TOKEN_ENV: token}
+
+
+class LocalJobTokens:
+    """Each job's own token (``job_scope``: its scale requests, nothing else), for the pods
+    of its roles that scale others: minted at the job's first such pod, kept owner-only in
+    the platform's dir (a restarted operator gives the same token), revoked once the job
+    is gone."""
+
+    def __init__(self, tokens: Tokens, root: Path) -> None:
+        self.tokens = tokens
+        self.dir = root / "job-tokens"
+
+    async def token(self, job: JobView) -> str:
+        path = self.dir / f"{job.name}.json"
+        kept = read_json(path)
+        if kept is not None and kept.get("uid") == job.uid:
+            return str(kept["token"])
+        if kept is not None:  # an earlier job of that name
+            await self.tokens.revoke(str(kept.get("token_id")))
+        token_id, token = await self.tokens.mint(f"job/{job.name}", [job_scope(job.uid)])
+        self.dir.mkdir(mode=0o700, exist_ok=True)  # owner-only: the tokens are in clear
+        write_json(path, {"uid": job.uid, "token_id": token_id, "token": token})
+        return token
+
+    async def revoke(self, job: str) -> None:
+        path = self.dir / f"{job}.json"
+        kept = read_json(path)
+        if kept is None:
+            return
+        if await self.tokens.revoke(str(kept.get("token_id"))):
+            log.info("revoked the token of job %s", job)
+        path.unlink(missing_ok=True)
 
 
 def local_settings(options: Mapping[str, Any]) -> LocalSettings:
@@ -146,7 +200,12 @@ async def run(
             "the simulator)"
         )
     enforcement = available()
-    root = platform_root(ctx.settings, ctx.env)
+    registry = EnvRegistry(ctx.settings, ctx.pg_dsn)
+    switch = last_switch(await registry.changes())
+    previous = switch.came_from if switch is not None and switch.to == ctx.env else None
+    hand_over(platform_root(ctx.settings, ctx.env).parent, ctx.env, previous)
+    # resolved: a node's processes know their folder by the path they were started with
+    root = platform_root(ctx.settings, ctx.env).resolve()
     root.mkdir(parents=True, exist_ok=True)
     access = await gateway_access(ctx.env, ctx.pg_dsn, root, conf.gateway_url)
     # The SDK's checkpoint helper keeps each job's file here unless the job says otherwise.
@@ -167,11 +226,13 @@ async def run(
         "slots not counted" if conf.slots is None else f"{conf.slots} slots",
     )
     ctx.endpoints["local platform"] = f"{root} (memory limits: {enforcement.value})"
+    demotion = RoleWatch(ctx.env, was_real=True)
     reconciler = EnvReconciler(
         ctx.settings,
         ctx.env,
         ctx.pg_dsn,
-        cluster,
+        # no write once another env is real: the jobs are the new real env's from then on
+        FencedPlatform(cluster, demotion.holds),
         resync_s=conf.resync_seconds,
         on_step=on_step,
         metrics=OperatorMetrics(ctx.metrics, ctx.env, "local"),
@@ -180,8 +241,12 @@ async def run(
     await cluster.start()
     store = await EnvStore.open(ctx.pg_dsn, ctx.env, max_size=2)
     api: web.AppRunner | None = None
+    cluster.job_tokens = LocalJobTokens(Tokens(store.pool, ctx.env), root)
     try:
-        async with Producer(ctx.settings) as producer:
+        async with (
+            Producer(ctx.settings) as producer,
+            background(demotion.follow(ctx.settings, ctx.stop), name=f"{ctx.env}.local.fence"),
+        ):
             if conf.api_port is not None:
                 app = jobs_app(
                     cluster,
@@ -190,23 +255,75 @@ async def run(
                     ctx.env,
                     (ANN_WORKDIR, os.getcwd()),
                 )
+                # the env's experiments beside its jobs, behind the same token
+                app.add_subapp(
+                    PREFIX,
+                    experiments_app(
+                        ExperimentStore(store.pool), Tokens(store.pool, ctx.env), producer, ctx.env
+                    ),
+                )
+                # and its checkpoints and models (reads: a read token; register: admin)
+                mount(app, CheckpointStore(store.pool), Tokens(store.pool, ctx.env))
                 api = web.AppRunner(app, access_log=None)
                 await api.setup()
                 site = web.TCPSite(api, conf.api_host, conf.api_port)
                 await site.start()
                 port = api.addresses[0][1] if api.addresses else conf.api_port
+                cluster.jobs_api = f"http://{conf.api_host}:{port}"
                 ctx.endpoints["local jobs API"] = (
                     f"http://{conf.api_host}:{port}/v1/jobs  (admin token)"
                 )
-            running = asyncio.create_task(reconciler.run(ctx.stop), name=f"{ctx.env}.local")
-            if await wait_for_any([reconciler.ready], [running]):
-                ctx.ready.set()
-            await running
+                ctx.endpoints["experiments API"] = (
+                    f"http://{conf.api_host}:{port}{PREFIX}  (admin token)"
+                )
+                ctx.endpoints["checkpoints and models API"] = (
+                    f"http://{conf.api_host}:{port}{CHECKPOINTS_PREFIX},"
+                    f" {MODELS_PREFIX}  (read token; register: admin)"
+                )
+            inner = asyncio.Event()  # the reconciler's stop: ours, or the env's demotion
+            running = asyncio.create_task(reconciler.run(inner), name=f"{ctx.env}.local")
+            try:
+                if await wait_for_any([reconciler.ready], [running]):
+                    ctx.ready.set()
+                await wait_for_any([ctx.stop, demotion.changed], [running])
+                if demotion.changed.is_set() and not ctx.stop.is_set():
+                    await cluster.stop(end_pods=False)  # no pod started from now on
+                    if api is not None:  # nor a job submitted to it
+                        await api.cleanup()
+                        api = None
+                    log.warning(
+                        "env %s is no longer the real env (%s is): its local operator stops "
+                        "touching the platform and leaves the jobs' processes running for "
+                        "it",
+                        ctx.env,
+                        demotion.now_real,
+                    )
+            finally:
+                inner.set()
+                await running
+            await ctx.stop.wait()
     finally:
         if api is not None:
             await api.cleanup()
         await store.close()
-        await cluster.stop(end_pods=conf.end_jobs_on_exit)
+        still_real = None if demotion.changed.is_set() else await _still_real(registry, ctx.env)
+        await cluster.stop(end_pods=ends_pods(conf.end_jobs_on_exit, still_real))
+
+
+def ends_pods(end_jobs_on_exit: bool, still_real: bool | None) -> bool:
+    """Whether a stopping operator ends its jobs' processes (pure): only a clean stop of
+    the real env's operator, as configured. Once its env is demoted (or when the registry
+    cannot say: None) they are the new real env's, adopted by its operator."""
+    return end_jobs_on_exit and still_real is True
+
+
+async def _still_real(registry: EnvRegistry, env: str) -> bool | None:
+    try:
+        record = await registry.get(env)
+    except Exception as err:  # Postgres away as it stops: keep the processes
+        log.warning("env %s: cannot read the registry as it stops (%s)", env, err)
+        return None
+    return record is not None and record.mode == EnvMode.REAL
 
 
 async def _serve(ctx: ServiceContext) -> None:
@@ -219,4 +336,4 @@ service = Service(
     run=_serve,
 )
 
-__all__ = ["LocalSettings", "node_env", "platform_root", "run", "service"]
+__all__ = ["LocalSettings", "ends_pods", "node_env", "platform_root", "run", "service"]

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from handlers.operator.local import shim, spares
+from dlrover_events.pods import shim
+from handlers.operator.local import spares
 from handlers.operator.local.store import read_json, write_json
 from handlers.operator.platform.api import JobEntry
 from handlers.operator.platform.bodies import JobView, PodView

@@ -27,7 +27,6 @@ import contextlib
 import copy
 import fcntl
 import json
-import os
 import re
 import uuid
 from collections.abc import Iterator, Mapping
@@ -38,6 +37,7 @@ from typing import Any
 
 import msgspec
 
+from dlrover_events.pods.files import read_json, write_bytes, write_json
 from handlers.operator.document import trainingjob
 from handlers.operator.platform.api import JobEntry
 from handlers.operator.platform.bodies import (
@@ -283,28 +283,6 @@ class JobStore:
             path.unlink()
             self.next_version()
             return True
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object written by ``write_json``; None when there is none (yet, or any more)."""
-    try:
-        got: dict[str, Any] = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return got
-
-
-def write_json(path: Path, value: Any) -> None:
-    """Atomic: a reader (another process among the commands, the operator and the nodes'
-    shims) sees the old file or the new one, never half of one."""
-    write_bytes(path, json.dumps(value).encode())
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    """``data`` in ``path``, atomically (see ``write_json``)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 __all__ = [

@@ -132,6 +132,17 @@ class ElasticPolicy:
 
 
 @dataclass(frozen=True)
+class VolumeMount:
+    """A job volume (``spec.volumes``) as a role mounts it (``roles.<r>.volumes``)."""
+
+    name: str
+    #: where the role's containers see it (a cluster); on one machine its host directory
+    #: is what DLROVER_EVENTS_VOLUME_<NAME> says
+    mount_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class RoleView:
     name: str
     replicas: int
@@ -152,6 +163,15 @@ class RoleView:
     grace_s: int | None = None
     #: what the training container asks for by itself (a node's resources go on top)
     template_resources: Resources = field(default_factory=Resources)
+    #: the port its pods listen on for the job's other roles (None: the default; the
+    #: local platform gives each pod a port of its own)
+    port: int | None = None
+    #: roles whose pods must all be ready before this role's pods are made
+    start_after: tuple[str, ...] = ()
+    #: roles this role's pods may scale, within their bounds, with the job's token
+    scales: tuple[str, ...] = ()
+    #: the job volumes its pods mount
+    volumes: tuple[VolumeMount, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -235,6 +255,9 @@ class JobView:
     admission: JobAdmission | None = None
     #: the batch it says it trains with (None: it does not say)
     batch: JobBatch | None = None
+    #: its volumes by name (``spec.volumes``: a Kubernetes volume's source, as given),
+    #: mounted by the roles that name them
+    volumes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: the job as its platform keeps it (a TrainingJob document), for the doors that show
     #: it to a user; no decision reads it
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -315,6 +338,9 @@ class PodView:
     #: the host it runs on, where the platform says
     node_name: str | None = None
     resource_version: str = ""
+    #: ready: its readiness probe passes (a cluster) or its process said so through the
+    #: SDK's ``ready()`` (the local platform); roles that start after its role wait for it
+    ready: bool = False
 
     @property
     def running(self) -> bool:

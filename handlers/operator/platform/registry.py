@@ -106,6 +106,14 @@ PLATFORMS: Registry[PlatformEntry] = Registry.of(
         env_scoped=True,
         runs_in_workdir=True,
     ),
+    PlatformEntry(
+        name="hosts",
+        operator="handlers.operator.hosts.runner:run",
+        jobs="handlers.operator.hosts.jobs:open_jobs",
+        check_operator="handlers.operator.hosts.jobs:check_operator",
+        env_scoped=True,
+        runs_in_workdir=True,
+    ),
     unknown=UnknownPlatform,
 )
 DEFAULT_PLATFORM = "kubernetes"

@@ -1,5 +1,6 @@
-"""The reconciler's intake of JobRequests: each request answered once, its job created
-through the platform port (``Platform.submit_job``), the answer kept in the env's
+"""The reconciler's intake of JobRequests and JobDeletions: each request answered once,
+its job created (``Platform.submit_job``) or deleted (``Platform.delete_job``, only when
+the deletion's owner owns it) through the platform port, the answer kept in the env's
 ``job_requests`` table and published on ``<env>.job.requests``. A thin shell around
 requests.py, on any platform the reconciler drives.
 
@@ -7,7 +8,8 @@ A request is created at most once across restarts: its answer is recorded before
 published and before the consumer commits, and a job created just before a crash carries
 the request's label, so the request read again finds it its own. The platform away, or
 the lease lost (NotLeader), raises: nothing is recorded, and the consumer (or the next
-leader's) reads the request again.
+leader's) reads the request again. A deletion read again after its job was deleted and
+before its answer was kept finds no job: ``absent``, which is as final for its requester.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from pydantic import TypeAdapter
 
 from dlrover_events.runtime.logs import log_fields
 from handlers.operator.platform.api import Platform
+from handlers.operator.platform.bodies import JobView
 from handlers.operator.platform.errors import Conflict, Invalid, PlatformError
 from handlers.operator.reconcile import requests
 from handlers.operator.reconcile.ledger import Database
 from handlers.operator.reconcile.requests import FINAL, Answer
 from schemas.envelope import Event
 from schemas.jobs import JobMeta
-from schemas.requests import JobRequest, JobRequestStatus
+from schemas.requests import JobDeletion, JobRequest, JobRequestStatus
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ class RequestLedger:
             JobRequestStatus(row["status"]), row["reason"], _META.validate_python(row["job"])
         )
 
-    async def record(self, request: JobRequest, answer: Answer) -> bool:
+    async def record(self, request: JobRequest | JobDeletion, answer: Answer) -> bool:
         """Keep a final answer; False when the request had one already (left as is)."""
         row = await self._pool.fetchval(
             """
@@ -70,8 +73,8 @@ class RequestLedger:
 
 
 class JobIntake:
-    """Answers an env's job requests on ``platform``, publishing each answer with
-    ``publish``."""
+    """Answers an env's job requests and deletions on ``platform``, publishing each answer
+    with ``publish``."""
 
     def __init__(
         self,
@@ -87,20 +90,24 @@ class JobIntake:
         self.publish = publish
         self.source = source
 
-    async def answer_all(self, batch: list[JobRequest]) -> None:
+    async def answer_all(self, batch: list[JobRequest | JobDeletion]) -> None:
         """The batch's requests one after another, in the order read: two requests for one
-        name get consistent answers (the second finds the first's job)."""
+        name get consistent answers (the second finds the first's job, a deletion after a
+        creation deletes what it created)."""
         for request in batch:
             with log_fields(job=request.name, request_id=request.request_id):
                 await self.answer(request)
 
-    async def answer(self, request: JobRequest) -> None:
+    async def answer(self, request: JobRequest | JobDeletion) -> None:
         earlier = await self.ledger.answer(request.request_id)
         if earlier is not None:
             answer = earlier.repeated()
         else:
             try:
-                answer = await self._decide(request)
+                if isinstance(request, JobDeletion):
+                    answer = await self._delete(request)
+                else:
+                    answer = await self._decide(request)
             except (asyncio.CancelledError, PlatformError, OSError):
                 raise  # the platform, the network, the lease: read again, nothing kept
             except Exception as e:
@@ -111,8 +118,9 @@ class JobIntake:
                 first = await self.ledger.answer(request.request_id)
                 answer = first.repeated() if first is not None else answer
         log.info(
-            "env %s: job request %s for %s from %s %s: %s",
+            "env %s: job %s %s for %s from %s %s: %s",
             self.env,
+            "deletion" if isinstance(request, JobDeletion) else "request",
             request.request_id,
             request.name,
             request.source,
@@ -139,6 +147,19 @@ class JobIntake:
         return Answer(
             JobRequestStatus.FAILED, f"job {request.name} was created and deleted meanwhile"
         )
+
+    async def _delete(self, deletion: JobDeletion) -> Answer:
+        job = await self.platform.get_job(deletion.name)
+        refusal = requests.deletion_refusal(deletion, job)
+        if refusal is not None:
+            return refusal
+        assert isinstance(job, JobView)  # deletion_refusal answers every other case
+        if not await self.platform.delete_job(deletion.name):
+            return Answer(
+                JobRequestStatus.ABSENT,
+                f"job {deletion.name} was gone meanwhile: nothing was deleted",
+            )
+        return requests.deleted(job, self.platform.name)
 
 
 __all__ = ["JobIntake", "RequestLedger"]

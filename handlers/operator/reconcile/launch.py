@@ -31,6 +31,7 @@ from dlrover_events.sdk.identity import (
     WORLD_SIZE_ENV,
 )
 from handlers.operator.platform.bodies import JobView, NewPod, RoleView
+from handlers.operator.reconcile.peers import Addressing, peer_env
 
 #: The job's identity labels -> the SDK's variables (dlrover_events.sdk.identity).
 IDENTITY_ENV = {
@@ -138,13 +139,20 @@ def in_place_env(role: RoleView, rank: int, rendezvous_host: str) -> dict[str, s
 
 
 def launch(
-    job: JobView, pod: NewPod, env: str, rendezvous_host: str, rendezvous_backend: str = C10D
+    job: JobView,
+    pod: NewPod,
+    env: str,
+    rendezvous_host: str,
+    rendezvous_backend: str = C10D,
+    addressing: Addressing | None = None,
 ) -> Launch:
     """What ``pod`` of ``job`` in ``env`` runs (pure: the same inputs give the same launch).
 
     An elastic role's pod runs its training command under torchrun, which sets RANK and
     WORLD_SIZE per rendezvous: the pod gets no world size of its own, only its node rank
-    (the brain's node id), which stays the same across re-rendezvous.
+    (the brain's node id), which stays the same across re-rendezvous. ``addressing``: how
+    the platform names its pods, for the variables that say where every role's pods are
+    (``peers.peer_env``; None: none said).
     """
     role = job.roles[pod.role]
     variables = {
@@ -159,6 +167,8 @@ def launch(
         variables[IDENTITY_ENV[attr]] = value
     if job.labels:
         variables[LABELS_ENV] = ",".join(f"{k}={v}" for k, v in sorted(job.labels.items()))
+    if addressing is not None:
+        variables.update(peer_env(job, pod.role, pod.rank, addressing))
     if role.elastic is None:
         variables[WORLD_SIZE_ENV] = str(role.replicas)
         return Launch(None, variables)

@@ -28,6 +28,13 @@ queued) and runs once a plan admits it. A job Kueue manages (its queue label) is
 to suspend and admit: a plan that would is rejected, and a plan may shrink it, never grow
 it past what Kueue admitted.
 
+Hold (an experiment's trial paused at a rung, issue 34): a plan with ``hold`` true suspends
+the job and records it held by its owner (admission reason ``Held``); no plan resumes or
+resizes a held job, a cluster scheduler's included, until a plan with ``hold`` false
+releases it to the queue (admission ``queued``: a cluster scheduler admits it when it has
+room, and without one ``admission_change`` resumes it at once). The owner never admits
+the job itself, so a shared queue's limits hold for trials as for any job.
+
 Pure, and platform-neutral: jobs and pods are the port's typed views
 (handlers.operator.platform.api), a plan's change a ``JobSpecChange``; each platform writes that
 in its own form.
@@ -135,6 +142,35 @@ def suspended_by(plan_id: str) -> JobAdmission:
     )
 
 
+#: The admission reason of a job held by its owner (a plan with hold true).
+HELD = "Held"
+
+
+def held(job: JobView) -> bool:
+    """Whether the job is held by its owner: suspended until a plan releases it."""
+    return job.suspended and job.admission is not None and job.admission.reason == HELD
+
+
+def held_by(plan_id: str) -> JobAdmission:
+    return JobAdmission(
+        SUSPENDED,
+        HELD,
+        f"held by plan {plan_id}: its pods were stopped, its progress is kept; no plan "
+        "resumes it until one releases it (hold: false)",
+        plan_id,
+    )
+
+
+def released_by(plan_id: str) -> JobAdmission:
+    return JobAdmission(
+        QUEUED,
+        "Released",
+        f"released by plan {plan_id}: waiting to be admitted (by the env's cluster "
+        "scheduler, else by the operator at once)",
+        plan_id,
+    )
+
+
 def queued(scheduler: str) -> JobAdmission:
     return JobAdmission(
         QUEUED,
@@ -209,7 +245,11 @@ def effective_admission(job: JobView) -> JobAdmission | None:
 
 def remaining(job: JobView, pods: Sequence[PodView]) -> list[str]:
     """The job's pods that are still there (being deleted included): a suspend is done
-    once there are none."""
+    once there are none. A job that ended before its suspension deleted its pods (a
+    trial that exited 0 when its searcher stopped it, as its stop's hold came) keeps them,
+    as a finished job keeps its pods (`diff` deletes none): nothing is left to go."""
+    if outcome(job, pods)[0] is not None:
+        return []
     return sorted(p.name for p in pods if p.job_uid == job.uid)
 
 
@@ -270,6 +310,13 @@ def plan_change(
         raise PlanRejected(f"job {job.name} has {job.phase.lower()}")
     if job.kueue_queue and plan.suspend:
         raise PlanRejected(_kueue_refusal(job, "suspend"))
+    if plan.hold is False:
+        return _release(job, plan)
+    if held(job) and not plan.suspend:
+        raise PlanRejected(
+            f"job {job.name} is held by its owner; no plan resumes or resizes it until "
+            "a plan with hold false releases it"
+        )
     resume = resumes(job, plan)
     if job.kueue_queue and resume:
         raise PlanRejected(_kueue_refusal(job, "admit or resume"))
@@ -379,7 +426,10 @@ def plan_change(
 
     suspend: bool | None = None
     admission: JobAdmission | None = None
-    if plan.suspend:
+    if plan.hold:
+        suspend, admission = True, held_by(plan.plan_id)
+        done.insert(0, "held" if not job.suspended else "suspended already; held")
+    elif plan.suspend:
         suspend, admission = True, suspended_by(plan.plan_id)
         done.insert(0, "suspended" if not job.suspended else "suspended already")
     elif resume:
@@ -396,6 +446,26 @@ def plan_change(
         admission=admission,
     )
     return PlanChange(change, "; ".join(done) or "nothing to change")
+
+
+def _release(job: JobView, plan: ScalePlan) -> PlanChange:
+    """A held job released to the queue; one that is not held is left as it is (a release
+    delivered again, or one that came before its hold was applied)."""
+    if not held(job):
+        return PlanChange(
+            JobSpecChange(
+                resource_version=job.resource_version,
+                applied_plans=(*job.applied_plans, plan.plan_id)[-PLAN_MEMORY:],
+                node_resources={role: dict(ranks) for role, ranks in job.node_resources.items()},
+                remove_first=dict(job.remove_first),
+            ),
+            "not held: nothing to release",
+        )
+    change = _admission_only(job, True, released_by(plan.plan_id))
+    return PlanChange(
+        replace(change, applied_plans=(*job.applied_plans, plan.plan_id)[-PLAN_MEMORY:]),
+        "released to the queue",
+    )
 
 
 def rescale_mode(job: JobView, plan: ScalePlan) -> RescaleMode | None:
@@ -473,11 +543,31 @@ def _keeper(pods: list[PodView]) -> PodView:
     return min(pods, key=lambda p: (order.get(p.phase, 2), -p.index))
 
 
+def role_ready(job: JobView, pods: Sequence[PodView], role: str) -> bool:
+    """Every replica of ``role`` has a running pod that is ready (its probe passes, or its
+    process said so: PodView.ready); a role of no replicas is."""
+    ready = {p.rank for p in live(pods, job, role) if p.running and p.ready}
+    return len(ready) >= job.roles[role].replicas
+
+
+def waiting(job: JobView, pods: Sequence[PodView]) -> dict[str, tuple[str, ...]]:
+    """The roles that may not have pods made yet (``startAfter``), and the roles they
+    wait for, as the job's pods are now."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, role in job.roles.items():
+        before = tuple(r for r in role.start_after if not role_ready(job, pods, r))
+        if before:
+            out[name] = before
+    return out
+
+
 def diff(job: JobView, pods: Sequence[PodView]) -> Actions:
     """Pods to create and delete so that the job's pods match its desired state.
 
     Deterministic in its inputs, so two looks at the same cluster decide the same names:
     a create that a restarted operator repeats meets AlreadyExists, not a second pod.
+    A role that starts after others (``startAfter``) gets no new pod until their pods
+    are all ready.
     """
     create: list[NewPod] = []
     delete: list[str] = []
@@ -530,6 +620,8 @@ def diff(job: JobView, pods: Sequence[PodView]) -> Actions:
         free = (r for r in range(len(by_rank) + role.replicas + 1) if r not in by_rank)
         for _ in range(max(0, missing)):
             create.append(new_pod(next(free)))
+    held_back = waiting(job, pods)
+    create = [p for p in create if p.role not in held_back]
     return Actions(tuple(create), tuple(dict.fromkeys(delete)))
 
 
@@ -667,6 +759,7 @@ def _same(a: JobCondition | None, b: JobCondition | None) -> bool:
 __all__ = [
     "COMPLETION_ROLES",
     "DEFAULT_GRACE_S",
+    "HELD",
     "PLAN_MEMORY",
     "QUEUED_PHASE",
     "SUSPENDED_PHASE",
@@ -681,6 +774,8 @@ __all__ = [
     "effective_admission",
     "gives_count",
     "grace_seconds",
+    "held",
+    "held_by",
     "job_status",
     "live",
     "missing",
@@ -688,11 +783,14 @@ __all__ = [
     "phase",
     "plan_change",
     "queued",
+    "released_by",
     "remaining",
     "replaces",
     "rescale_mode",
     "resumes",
+    "role_ready",
     "success_roles",
     "suspended_by",
     "suspended_condition",
+    "waiting",
 ]

@@ -35,6 +35,10 @@ alike, in the port's typed views and errors; it imports no platform.
   is lost no write goes out, and a plan caught half-way is left, unanswered and
   uncommitted, to the next leader, whose ledger and the job's applied-plans annotation
   make sure it applies once.
+
+Roles cut out of it, each its own module: waiting for a plan's pods to settle
+(settle.py), saying each event once (outbox.py), answering job requests (intake.py),
+the plans' ledger (ledger.py) and the capacity report (capacity.py).
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -85,30 +88,24 @@ from handlers.operator.reconcile.events import (
 )
 from handlers.operator.reconcile.intake import JobIntake, RequestLedger
 from handlers.operator.reconcile.ledger import ALREADY_APPLIED, Answer, PlanLedger
+from handlers.operator.reconcile.outbox import Outbox
+from handlers.operator.reconcile.settle import SETTLE_MARGIN_S, Unsettled, settle
 from schemas.control import EnvAnnouncement
 from schemas.envelope import Event
-from schemas.jobs import JobMeta
+from schemas.jobs import JobHeld, JobMeta
 from schemas.plans import NotApplied, RescaleMode, ScalePlan, ScaleResult, ScaleStatus
-from schemas.requests import JobRequest
+from schemas.requests import JobDeletion, JobRequest
 
 log = logging.getLogger(__name__)
 
 GROUP = "operator"  # the env's operator group, whichever mode: one logical operator
 RESUMED = "finished after a restart: the job already had the plan's change"
 _RESULT_NAMESPACE = uuid.UUID("0d6f2a8c-5b1e-4c3a-9f7d-2e4b6a8c0e1f")
-_SENT_MEMORY = 20000
 
 #: Called at the named points of a plan (after "patched"; after "pods": its pods made,
 #: gone for a suspend, back for a resume): how a test stops the operator at an exact
 #: point, the way a crash would.
 StepHook = Callable[[str, ScalePlan], Awaitable[None]]
-
-#: Seconds past a suspended job's grace period (or a resumed job's first look) that a plan
-#: waits for its pods to be gone (or back) before it is answered failed, with the pods
-#: that were not.
-SETTLE_MARGIN_S = 30.0
-#: Seconds between two looks at a job's pods while a plan waits for them.
-SETTLE_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -184,6 +181,8 @@ class EnvReconciler:
         self.retry_s = retry_s
         self.on_step = on_step
         self.settle_margin_s = settle_margin_s
+        #: what it says (events, results, capacity), each fact once
+        self.outbox = Outbox()
         #: the env's cluster scheduler (brain.scheduler), as its settings say now: while
         #: one is named, new jobs are queued (created suspended) for it to admit
         self.scheduler: str | None = None
@@ -193,7 +192,7 @@ class EnvReconciler:
             env,
             platform.name.lower(),
             capacity,
-            self._publish_one,
+            self.outbox.publish_one,
             capabilities=platform.capabilities,
             watch_timeout_s=watch_timeout_s,
             retry_s=retry_s,
@@ -205,12 +204,10 @@ class EnvReconciler:
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
-        self._sent: OrderedDict[uuid.UUID, None] = OrderedDict()
         self._informers: dict[str, Informer[Any]] = {
             "jobs": self._informer("jobs", self._jobs_listed, self._job_event),
             "pods": self._informer("pods", self._pods_listed, self._pod_event),
         }
-        self._producer: Producer | None = None
         self._ledger: PlanLedger | None = None
         self._intake: JobIntake | None = None
 
@@ -223,14 +220,14 @@ class EnvReconciler:
         try:
             self._ledger = PlanLedger(store.pool)
             self._intake = JobIntake(
-                self.env, self.platform, RequestLedger(store.pool), self._publish_one, SOURCE
+                self.env, self.platform, RequestLedger(store.pool), self.outbox.publish_one, SOURCE
             )
             follower = await self._settings_follower()
             consumer = Consumer(
                 self.settings, self.env, [SCALE_PLANS, JOB_REQUESTS], GROUP, self._handle
             )
             async with Producer(self.settings) as producer, background() as tasks:
-                self._producer = producer
+                self.outbox.producer = producer
                 for kind, informer in self._informers.items():
                     tasks.start(informer.run(), name=f"{self.env}.operator.{kind}")
                 tasks.start(self._worker(), name=f"{self.env}.operator.reconcile")
@@ -484,14 +481,14 @@ class EnvReconciler:
     async def _handle(self, batch: list[Received]) -> None:
         """Each job's plans in order, the jobs side by side: a suspend waits for its pods
         to be gone (their grace period), and must not hold up another job's plans. The
-        job requests (intake.py) in the order read, beside them."""
+        job requests and deletions (intake.py) in the order read, beside them."""
         read_at = time.monotonic()
         by_job: dict[str, list[ScalePlan]] = {}
-        asked: list[JobRequest] = []
+        asked: list[JobRequest | JobDeletion] = []
         for item in batch:
             if isinstance(item.event, ScalePlan):
                 by_job.setdefault(item.event.job.uuid, []).append(item.event)
-            elif isinstance(item.event, JobRequest):
+            elif isinstance(item.event, JobRequest | JobDeletion):
                 asked.append(item.event)
 
         async def in_order(plans: list[ScalePlan]) -> None:
@@ -555,8 +552,24 @@ class EnvReconciler:
         mode = None
         if outcome.status in (ScaleStatus.APPLIED, ScaleStatus.PARTIAL):
             mode = await self._rescale_mode(plan)
+        held: list[Event] = []
+        if plan.hold is not None and outcome.status is ScaleStatus.APPLIED:
+            # what a cluster scheduler reads to free a held job's GPUs in its view, and to
+            # admit it again once released
+            held.append(
+                JobHeld(
+                    env=self.env,
+                    job=plan.job,
+                    source=SOURCE,
+                    event_id=uuid.uuid5(_RESULT_NAMESPACE, f"{self.env}/{plan.plan_id}/held"),
+                    held=plan.hold,
+                    plan_id=plan.plan_id,
+                    reason=outcome.reason[:1024],
+                )
+            )
         await self._publish(
             [
+                *held,
                 ScaleResult(
                     env=self.env,
                     job=plan.job,
@@ -572,7 +585,7 @@ class EnvReconciler:
                     observed=outcome.observed,
                     not_applied=list(outcome.not_applied),
                     rescale_mode=mode,
-                )
+                ),
             ],
             dedupe=False,
         )
@@ -688,51 +701,16 @@ class EnvReconciler:
     async def _settle(
         self, plan: ScalePlan, job: JobView, pods: list[PodView]
     ) -> ApplyResult | list[PodView]:
-        """A suspended job's pods gone, a resumed one's back (each created, as the
-        platform says), before the plan is answered; the pods then. A plan that neither
-        suspends nor resumes does not wait. Failed, naming the pods, when they are not
-        within the grace period and SETTLE_MARGIN_S."""
+        """The pods once they are as the plan wants them (settle.py: a suspended job's gone,
+        a resumed one's back); failed, naming the pods, when they are not in time. A
+        platform that cannot suspend has nothing to wait for."""
         if not self.platform.capabilities.suspend:
             return pods
-        suspending = plan.suspend and job.suspended
-        admission = job.admission
-        resuming = (
-            not job.suspended
-            and admission is not None
-            and admission.plan_id == plan.plan_id
-            and not admission.suspended
-        )
-        if not (suspending or resuming):
-            return pods
-        graces = [g for p in pods if (g := planning.grace_seconds(job, p)) is not None]
-        budget = (max(graces) if suspending and graces else 0) + self.settle_margin_s
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget
-        while True:
-            if suspending:
-                left = planning.remaining(job, pods)
-                if not left:
-                    return pods
-                what = f"pods {', '.join(left)} still there"
-            else:
-                lacking = planning.missing(job, pods)
-                if not lacking:
-                    return pods
-                what = "no pod yet for " + ", ".join(
-                    f"{n} {role} replica{'s' if n > 1 else ''}" for role, n in lacking.items()
-                )
-            if loop.time() >= deadline:
-                verb = "suspended" if suspending else "resumed"
-                return ApplyResult(
-                    ScaleStatus.FAILED,
-                    f"job {job.name} is {verb}, but {budget:.0f} s later {what}",
-                    planning.counts(job, pods),
-                )
-            await asyncio.sleep(SETTLE_POLL_S)
-            pods = await self._pods_of(job.name)
-
-    async def _publish_one(self, event: Event) -> None:
-        await self._publish([event], dedupe=False)
+        settled = await settle(plan, job, pods, self._pods_of, margin_s=self.settle_margin_s)
+        if isinstance(settled, Unsettled):
+            counts = planning.counts(job, settled.pods)
+            return ApplyResult(ScaleStatus.FAILED, settled.reason, counts)
+        return settled
 
     async def _step(self, name: str, plan: ScalePlan) -> None:
         if self.on_step is not None:
@@ -741,16 +719,7 @@ class EnvReconciler:
     # -- output ---------------------------------------------------------------------------
 
     async def _publish(self, events: Iterable[Event], *, dedupe: bool = True) -> None:
-        """Publish what was not said yet; ids are derived from facts, so 'said' is exact."""
-        fresh = [e for e in events if not (dedupe and e.event_id in self._sent)]
-        if not fresh:
-            return
-        assert self._producer is not None
-        await self._producer.publish_many(fresh)
-        for e in fresh:
-            self._sent[e.event_id] = None
-        while len(self._sent) > _SENT_MEMORY:
-            self._sent.popitem(last=False)
+        await self.outbox.publish(events, dedupe=dedupe)
 
 
 __all__ = [

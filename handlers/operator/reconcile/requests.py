@@ -8,6 +8,10 @@ uses (handlers.operator.document.submission) and marked with the request that ma
 request delivered again after its job was created, before its answer was recorded (a
 crash in between), finds the job marked as its own and is answered ``created`` again,
 never a second job; a job of that name made by anyone else is ``exists``.
+
+A JobDeletion (an experiment killed) deletes a job only when its owner label is the
+deletion's owner, so a requester can delete no one else's job: ``deleted``, ``absent``
+(no job of that name) or ``refused`` (someone else's, or one the platform cannot read).
 """
 
 from __future__ import annotations
@@ -22,14 +26,22 @@ from handlers.operator.platform.api import JobEntry
 from handlers.operator.platform.bodies import DOMAIN, JobView
 from handlers.operator.reconcile.events import job_meta
 from schemas.jobs import JobMeta
-from schemas.requests import JobRequest, JobRequestResult, JobRequestStatus
+from schemas.requests import JobDeletion, JobRequest, JobRequestResult, JobRequestStatus
 
 #: The label that names the request a job was created by.
 REQUEST_LABEL = f"{DOMAIN}/request"
 #: The label that names whose a requested job is (an experiment).
 OWNER_LABEL = f"{DOMAIN}/owner"
 #: The answers kept for good in the ledger: a request delivered again gets them again.
-FINAL = frozenset({JobRequestStatus.CREATED, JobRequestStatus.EXISTS, JobRequestStatus.REFUSED})
+FINAL = frozenset(
+    {
+        JobRequestStatus.CREATED,
+        JobRequestStatus.EXISTS,
+        JobRequestStatus.REFUSED,
+        JobRequestStatus.DELETED,
+        JobRequestStatus.ABSENT,
+    }
+)
 #: The reason of an answer given again to a request delivered again.
 ALREADY_ANSWERED = "already answered"
 
@@ -109,7 +121,41 @@ def created(job: JobView, platform: str) -> Answer:
     )
 
 
-def result(env: str, request: JobRequest, answer: Answer, source: str) -> JobRequestResult:
+def deletion_refusal(deletion: JobDeletion, job: JobEntry | None) -> Answer | None:
+    """The answer to ``deletion`` when its job is not to be deleted: ``absent`` when there
+    is none, ``refused`` when it is not the deletion owner's (its owner label says
+    another, or none) or the platform cannot read it; None: delete it."""
+    if job is None:
+        return Answer(JobRequestStatus.ABSENT, f"no job {deletion.name}: nothing was deleted")
+    if not isinstance(job, JobView):
+        return Answer(
+            JobRequestStatus.REFUSED,
+            f"job {job.name} cannot be read ({job.reason}), so whose it is is unknown: "
+            "nothing was deleted",
+            JobMeta(uuid=job.uid, name=job.name),
+        )
+    owner = job.labels.get(OWNER_LABEL)
+    if owner != deletion.owner:
+        whose = f"owned by {owner}" if owner else f"owned by no one (no label {OWNER_LABEL})"
+        return Answer(
+            JobRequestStatus.REFUSED,
+            f"job {job.name} is {whose}, not by {deletion.owner}: nothing was deleted",
+            job_meta(job),
+        )
+    return None
+
+
+def deleted(job: JobView, platform: str) -> Answer:
+    return Answer(
+        JobRequestStatus.DELETED,
+        f"job {job.name} deleted on the {platform} platform",
+        job_meta(job),
+    )
+
+
+def result(
+    env: str, request: JobRequest | JobDeletion, answer: Answer, source: str
+) -> JobRequestResult:
     """The answer as an event: the same delivery answered the same way keeps its id, so
     an answer published again after a crash duplicates nothing downstream."""
     reason = answer.reason
@@ -140,6 +186,8 @@ __all__ = [
     "Answer",
     "answer_existing",
     "created",
+    "deleted",
+    "deletion_refusal",
     "document_of",
     "result",
 ]

@@ -22,6 +22,15 @@ In lockstep (schemas.lockstep) the clock moves only a tick at a time: after a ti
 the operator publishes a Barrier to every partition the brain reads, and it applies the
 tick's plans, at the tick's end, once the brain's BarrierAck is read on every partition of
 the plans topic. The wall clock then plays no part, so the same input gives the same run.
+
+Experiments (docs/experiments.md, Trials in a virtual env): a JobRequest is answered by the
+reconciler's rules and its job simulated, a trial along its learning curve (trials.py,
+handlers/simulator/trial.py); the searcher's decisions, creations, deletions and holds are
+taken at a stop of the clock in one order. Out of wall-clock pace, while an experiment is
+active the clock does not move on until the searcher has decided everything it was told
+(its checkpoint's offsets cover what the operator published, its outbox is empty) and the
+operator has read what it decided: a trial's reports are a function of the decisions it
+got, and the searcher's decisions of the reports, whatever the wall clock did.
 """
 
 from __future__ import annotations
@@ -35,17 +44,24 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+
+from dlrover_events.backoff import Backoff
 from dlrover_events.bus.consumer import Consumer, Received
-from dlrover_events.bus.producer import Producer
+from dlrover_events.bus.producer import Producer, event_key
 from dlrover_events.bus.topic_reader import TopicReader
 from dlrover_events.bus.topics import (
+    EXPERIMENTS,
     JOB_EVENTS,
     JOB_METRICS,
     JOB_REQUESTS,
     SCALE_PLANS,
     SCALE_RESULTS,
+    TRIAL_DECISIONS,
     check_env_name,
     topic,
+    topic_of,
 )
 from dlrover_events.envs.control import SettingsFollower
 from dlrover_events.envs.env_settings import parse_settings
@@ -54,10 +70,12 @@ from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import wait_for_any
 from dlrover_events.runtime.metrics import OperatorMetrics
 from dlrover_events.runtime.services import ServiceContext
+from dlrover_events.runtime.unjournaled import Unjournaled
 from dlrover_events.settings import Settings
 from dlrover_events.store import EnvStore
 from dlrover_events.store.database import connect
 from handlers.operator.reconcile import requests
+from handlers.operator.reconcile.intake import RequestLedger
 from handlers.operator.reconcile.ledger import (
     ALREADY_APPLIED,
     APPLIED_ONCE,
@@ -65,32 +83,41 @@ from handlers.operator.reconcile.ledger import (
     ClusterCheckpoints,
     PlanLedger,
 )
+from handlers.operator.virtual import trials
 from handlers.operator.virtual.clock import SimClock
 from handlers.operator.virtual.settings import VirtualSettings, virtual_settings
 from handlers.simulator import checkpoint
 from handlers.simulator.checkpoint import CheckpointError, OperatorState, Outgoing
+from handlers.simulator.curves import LearningCurve
 from handlers.simulator.fleet import VirtualCluster
 from handlers.simulator.job import PlanOutcome
 from handlers.simulator.lockstep import TickGate
 from handlers.simulator.throughput import TraceDataError, pollux_dir
-from schemas.codec import CodecError, decode
+from handlers.simulator.trial import Reporting
+from schemas.codec import CodecError, check_env, decode, encode
 from schemas.control import EnvAnnouncement, EnvMode
 from schemas.env_settings import OperatorSettings
 from schemas.envelope import Event
+from schemas.experiments import ExperimentSubmitted, TrialDecision
 from schemas.jobs import JobEvent, JobSubmitted, RuntimeSample
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
-from schemas.requests import JobRequest, JobRequestStatus
+from schemas.requests import JobDeletion, JobRequest
 
 log = logging.getLogger(__name__)
 
 GROUP = "operator"
 SOURCE = "virtual-operator"
-#: Why a virtual env creates no job a stream processor asks for: its jobs are its workload.
-NO_REQUESTS = (
-    "a virtual env's simulated cluster creates no requested job: its jobs are the "
-    "workload replayed into it (`replay`); ask the real env's operator"
-)
+
+#: Where the searcher's decisions and their effects reach the operator (and experiments,
+#: read with them).
+SEARCHER_WRITES = (JOB_REQUESTS, TRIAL_DECISIONS, SCALE_PLANS, EXPERIMENTS)
+#: The searcher's checkpoint (dlrover_events/store/sql/env/0010): the inputs it decided, by
+#: partition, and the events it decided that are not yet known to be published.
+_SEARCHER_OFFSETS = "SELECT topic, partition, next_offset FROM searcher_offsets"
+_SEARCHER_OUTBOX = "SELECT EXISTS (SELECT 1 FROM searcher_outbox)"
+#: Wall seconds between two looks at the searcher's checkpoint while the clock waits.
+SEARCHER_POLL_S = (0.005, 0.2)
 
 #: Events the clock makes before publishing them, when it runs as fast as possible.
 FAST_BATCH = 500
@@ -113,6 +140,16 @@ LOCKSTEP_LINGER_MS = 0
 
 #: Wall seconds between two log lines of an operator that waits for its brain.
 WAITING_LOG_S = 30.0
+
+#: Wall seconds a lockstep tick waits for its acknowledgements before it asks whether the
+#: broker lost what the operator published (a broker refilled from `up`'s journal without
+#: the last records it acknowledged: the brain never saw the tick, or the operator's
+#: acknowledgement was lost the same way and the brain publishes it again).
+LOST_CHECK_S = 1.0
+#: Tries of that question before a flush gives up (and the operator with it).
+LOST_ATTEMPTS = 30
+#: A record the broker did not take (away: `up` restarting it) is sent again after this.
+PUBLISH_RETRY = Backoff(initial_s=0.2, max_s=5.0)
 
 
 async def measured_samples(settings: Settings, env: str) -> list[RuntimeSample]:
@@ -194,6 +231,30 @@ class VirtualOperator:
         # The saved checkpoint's outbox being marked published, awaited before the next
         # save (which must not be overtaken by it) rather than before going on.
         self._marking: asyncio.Task[None] | None = None
+        # What the simulated trials measure (the env's operator.trials.curves), loaded at
+        # start, and how often they report.
+        self._curve: LearningCurve | None = None
+        self._reporting = Reporting(
+            validate_every=options.trials.validate_every, train_every=options.trials.train_every
+        )
+        # Answers to job requests and deletions given since the last save: their ledger
+        # rows go with it.
+        self._request_answers: dict[str, tuple[JobRequest | JobDeletion, requests.Answer]] = {}
+        # Something the searcher has to decide on (or the operator to take) since the
+        # searcher was last found idle: the clock waits for it before it moves on.
+        self._unsettled = False
+        # Counts of the searcher's inputs taken and of events published to it: a round of
+        # waiting that changes neither ends the wait.
+        self._taken = 0
+        self._told = 0
+        # Reads the searcher's outputs to their end once it is idle (made at first use).
+        self._reader: TopicReader | None = None
+        self._requests: RequestLedger | None = None
+        # What the broker acknowledged and its journal has not copied yet: published again
+        # if the broker loses it (dlrover_events.runtime.unjournaled).
+        self._unjournaled: Unjournaled | None = None
+        # The partitions of the topics a barrier goes to, asked once.
+        self._topic_partitions: dict[str, list[int]] = {}
 
     def take_settings(self, options: VirtualSettings, version: int) -> None:
         """A newer version of the env's settings, while it runs: the pace (`speed`,
@@ -266,6 +327,9 @@ class VirtualOperator:
                 # (they query with fetchrow, fetchval and execute, which a connection has)
                 self._ledger = PlanLedger(conn)
                 self._checkpoints = ClusterCheckpoints(conn)
+                self._requests = RequestLedger(conn)
+                self._unjournaled = Unjournaled(self._db, self.settings)
+                self._curve = await trials.load_curve(self.options.trials.curves, self.dsn)
                 await self._restore()
                 self._measured = await measured_samples(self.settings, self.env)
                 if self._measured:
@@ -281,7 +345,7 @@ class VirtualOperator:
                 consumer = Consumer(
                     self.settings,
                     self.env,
-                    [JOB_EVENTS, SCALE_PLANS, JOB_REQUESTS],
+                    [JOB_EVENTS, SCALE_PLANS, JOB_REQUESTS, EXPERIMENTS, TRIAL_DECISIONS],
                     GROUP,
                     self._handle,
                     fetch_max_wait_ms=LOCKSTEP_FETCH_WAIT_MS if self.options.lockstep else 500,
@@ -301,6 +365,9 @@ class VirtualOperator:
             finally:
                 with contextlib.suppress(Exception):  # (unmarked: published again at start)
                     await self._marked()
+                if self._reader is not None:
+                    with contextlib.suppress(Exception):
+                        await self._reader.stop()
                 await store.pool.release(conn)
                 await store.close()
         finally:
@@ -329,7 +396,13 @@ class VirtualOperator:
             return
         data, published = saved
         try:
-            state = checkpoint.load(data, source=SOURCE, published=published)
+            state = checkpoint.load(
+                data,
+                source=SOURCE,
+                published=published,
+                curve=self._curve,
+                reporting=self._reporting,
+            )
         except CheckpointError as e:
             raise UserError(
                 f"env {self.env!r}: the simulated cluster's checkpoint cannot be restored ({e})"
@@ -398,8 +471,14 @@ class VirtualOperator:
                 )
                 if not recorded:
                     log.warning("plan %s was already in the ledger as applied", plan.plan_id)
+            assert self._requests is not None
+            for request, given in sorted(
+                self._request_answers.values(), key=lambda ra: ra[0].request_id
+            ):
+                await self._requests.record(request, given)
             await self._checkpoints.save(self._db, data, published=not self.state.outbox)
         self._pending.clear()
+        self._request_answers.clear()
         self._dirty = False
 
     async def _flush(self, during: str = "") -> None:
@@ -407,7 +486,7 @@ class VirtualOperator:
 
         ``during``: the prefix of the phases it is timed under (``input_`` while handling
         what the consumer read, which a lockstep tick may be waiting for)."""
-        if self._dirty or self._pending or self.state.outbox:
+        if self._dirty or self._pending or self._request_answers or self.state.outbox:
             started = time.monotonic()
             await self._save()
             self._spent(f"{during}checkpoint", started)
@@ -415,6 +494,7 @@ class VirtualOperator:
             return
         assert self._producer is not None
         assert self._checkpoints is not None
+        await self._republish_lost()  # before anything new, so it lands where it was
         started = time.monotonic()
         outbox = self.state.outbox
         plain: list[Event] = []
@@ -422,12 +502,10 @@ class VirtualOperator:
             if not item.broadcast:
                 plain.append(item.event)
                 continue
-            await self._producer.publish_many(plain)  # before the barrier that follows them
+            await self._publish(plain)  # before the barrier that follows them
             plain = []
-            await asyncio.gather(
-                *(self._producer.publish_to_partitions(item.event, t) for t in item.broadcast)
-            )
-        await self._producer.publish_many(plain)
+            await self._broadcast(item.event, item.broadcast)
+        await self._publish(plain)
         self.state.outbox = []
         now = time.monotonic()
         self._spent(f"{during}publish", started, now)
@@ -442,6 +520,136 @@ class VirtualOperator:
         # publishing and marking; the events keep their ids.
         self._marking = asyncio.create_task(
             self._mark_published(during), name=f"{self.env}.operator.mark"
+        )
+
+    async def _publish(self, events: list[Event]) -> None:
+        """Publish, pipelined, and note where what the searcher reads landed: the offsets
+        it must have decided before the clock moves on."""
+        records: list[tuple[Any, ...]] = [(topic_of(e), encode(e), event_key(e)) for e in events]
+        if not records:
+            return
+        metas = await self._send_all(records)
+        for event, meta in zip(events, metas, strict=True):
+            if trials.searcher_decides_on(event):
+                key = (meta.topic, meta.partition)
+                self.state.said[key] = max(self.state.said.get(key, 0), meta.offset + 1)
+                self._told += 1
+
+    async def _broadcast(self, event: Event, topics: Iterable[str]) -> None:
+        """One event to every partition of each topic (a lockstep barrier)."""
+        value = encode(event)
+        records: list[tuple[Any, ...]] = [
+            (name, value, None, part) for name in topics for part in await self._partitions(name)
+        ]
+        await self._send_all(records)
+
+    async def _partitions(self, name: str) -> list[int]:
+        """A topic's partitions (its count never changes: asked once, while the broker
+        answers)."""
+        assert self._producer is not None
+        attempt = 0
+        while name not in self._topic_partitions:
+            try:
+                self._topic_partitions[name] = await self._producer.partitions(name)
+            except KafkaError as err:
+                attempt += 1
+                self._say_not_sent(attempt, 1, err)
+                await asyncio.sleep(PUBLISH_RETRY.delay(attempt))
+        return self._topic_partitions[name]
+
+    async def _send_all(self, records: list[tuple[Any, ...]]) -> list[Any]:
+        """Each record (topic, value, key[, partition]) until the broker has it, pipelined;
+        their metadata, in order. One the broker did not take (away: `up` restarts it,
+        longer than a request's timeout on a loaded machine) is sent again, alone of its
+        batch, until it goes through: the operator waits for its broker rather than end
+        (a stop cancels the wait)."""
+        assert self._producer is not None
+        metas: list[Any] = [None] * len(records)
+        todo = list(range(len(records)))
+        attempt = 0
+        while todo:
+            futures: list[asyncio.Future[Any]] = []
+            why: BaseException | None = None
+            for i in todo:
+                try:
+                    futures.append(await self._producer.enqueue(*records[i]))
+                except KafkaError as err:  # no metadata: the broker away
+                    why = err
+                    break
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            failed = todo[len(futures) :]
+            for i, result in zip(todo, results, strict=False):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                if isinstance(result, KafkaError):
+                    failed.append(i)
+                    why = result
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    metas[i] = result
+            todo = sorted(failed)
+            if todo:
+                attempt += 1
+                self._say_not_sent(attempt, len(todo), why)
+                await asyncio.sleep(PUBLISH_RETRY.delay(attempt))
+        self._note(records, metas)
+        return metas
+
+    def _say_not_sent(self, attempt: int, count: int, why: BaseException | None) -> None:
+        if attempt == 1 or attempt % 10 == 0:
+            log.warning(
+                "env %s: the broker did not take %d record(s) (attempt %d: %s: %s); sending "
+                "them again",
+                self.env,
+                count,
+                attempt,
+                type(why).__name__,
+                why,
+            )
+
+    def _note(self, records: Iterable[tuple[Any, ...]], metas: Iterable[Any]) -> None:
+        """What the broker acknowledged, kept until its journal has it."""
+        if self._unjournaled is not None:
+            for (_, value, key, *_), meta in zip(records, metas, strict=True):
+                self._unjournaled.note(meta.topic, meta.partition, meta.offset, key, value)
+
+    async def _republish_lost(self) -> None:
+        """Publish again, first, what the broker acknowledged and then lost (refilled from
+        `up`'s journal without its last records): into partitions only the operator
+        writes, it lands at the offsets it had, so what the brain read of them stays
+        true, and a tick whose barrier or events were lost is seen. Under the lock."""
+        if self._unjournaled is None or self._producer is None:
+            return
+        await self._marked()  # (one connection: one query at a time)
+        for attempt in range(1, LOST_ATTEMPTS + 1):
+            try:
+                lost = await self._unjournaled.lost()
+                break
+            except Exception as err:  # Postgres, or a broker that died again meanwhile
+                log.warning(
+                    "env %s: could not ask whether the broker lost records (attempt %d of "
+                    "%d): %s: %s",
+                    self.env,
+                    attempt,
+                    LOST_ATTEMPTS,
+                    type(err).__name__,
+                    err,
+                )
+                if attempt == LOST_ATTEMPTS:
+                    raise
+                await asyncio.sleep(LOST_CHECK_S)
+        if not lost:
+            return
+        records: list[tuple[Any, ...]] = [(s.topic, s.value, s.key, s.partition) for s in lost]
+        metas = await self._send_all(records)
+        moved = sum(meta.offset != s.offset for s, meta in zip(lost, metas, strict=True))
+        log.warning(
+            "env %s: the broker lost %d record(s) it had acknowledged (refilled from its "
+            "journal without them): published again, %s",
+            self.env,
+            len(lost),
+            f"{moved} of them at other offsets" if moved else "at their offsets",
         )
 
     async def _mark_published(self, during: str) -> None:
@@ -463,7 +671,16 @@ class VirtualOperator:
             self.metrics.spent(phase, (time.monotonic() if now is None else now) - started)
 
     def _say(self, events: Iterable[Event]) -> None:
-        self.state.outbox.extend(Outgoing(e) for e in events)
+        """To publish, in order; with whatever the trials reported meanwhile (they go on
+        another topic, so after the job events of the same moves). Something the searcher
+        decides on makes the clock wait for it."""
+        said = list(events)
+        fleet = self.state.fleet
+        if fleet is not None:
+            said.extend(fleet.take_reports())
+        self.state.outbox.extend(Outgoing(e) for e in said)
+        if any(trials.searcher_decides_on(e) for e in said):
+            self._unsettled = True  # (a report, an answer, a trial's end)
         self._dirty = True
 
     async def _serve(self, consumer: Consumer, stop: asyncio.Event) -> None:
@@ -510,7 +727,22 @@ class VirtualOperator:
                 event = item.event
                 if isinstance(event, ScalePlan):
                     self._read_at[event.event_id] = read_at
-                if isinstance(event, JobSubmitted):
+                if isinstance(event, JobRequest):
+                    self._catch_up(event)
+                    await self._request(event)
+                elif trials.is_searchers(event):
+                    # taken at the clock's next stop, with the others, in one order
+                    self._catch_up(event)
+                    state.pending.append(event)
+                    self._taken += 1
+                    self._unsettled = True
+                    self._dirty = True
+                elif isinstance(event, ExperimentSubmitted):
+                    self._catch_up(event).experiment(event)
+                    self._taken += 1
+                    self._unsettled = True
+                    self._dirty = True
+                elif isinstance(event, JobSubmitted):
                     fleet = self._catch_up(event)
                     known = fleet.job(event.job.uuid) is not None
                     self._say(fleet.submit(event))
@@ -524,13 +756,202 @@ class VirtualOperator:
                 elif isinstance(event, BarrierAck) and state.gate is not None:
                     state.gate.ack(item.partition, event.tick)
                     self._dirty = True
-                elif isinstance(event, JobRequest):
-                    refused = requests.Answer(JobRequestStatus.REFUSED, NO_REQUESTS)
-                    self._say([requests.result(self.env, event, refused, SOURCE)])
             for item in fresh:
                 state.consumed(item.topic, item.partition, item.offset)
             await self._flush("input_")
         self._wake.set()
+
+    # -- experiments ----------------------------------------------------------------------
+
+    async def _earlier(self, request_id: str) -> requests.Answer | None:
+        """The answer a request (or deletion) of this id got, if it got one."""
+        assert self._requests is not None
+        given = self._request_answers.get(request_id)
+        if given is not None:
+            return given[1]
+        await self._marked()  # (one connection: one query at a time)
+        return await self._requests.answer(request_id)
+
+    def _say_answer(self, request: JobRequest | JobDeletion, answer: requests.Answer) -> None:
+        if answer.status in requests.FINAL:
+            self._request_answers[request.request_id] = (request, answer)
+        self._unsettled = True  # the searcher reads the answer
+        log.info(
+            "env %s: job %s %s for %s from %s %s: %s",
+            self.env,
+            "deletion" if isinstance(request, JobDeletion) else "request",
+            request.request_id,
+            request.name,
+            request.source,
+            answer.status.value,
+            answer.reason,
+        )
+        self._say([requests.result(self.env, request, answer, SOURCE)])
+
+    async def _request(self, request: JobRequest) -> None:
+        """Answer a request now, by the reconciler's rules (a request delivered again gets
+        its first answer again); a job it creates joins the simulated cluster at the
+        clock's next stop, with the searcher's other inputs."""
+        earlier = await self._earlier(request.request_id)
+        if earlier is not None:
+            self._say_answer(request, earlier.repeated())
+            return
+        existing = trials.existing_job(self.env, self.state.fleet, request.name, self.state.pending)
+        made = trials.decide_request(self.env, request, existing)
+        if isinstance(made, trials.Creation):
+            self.state.pending.append(request)
+            self._taken += 1
+            self._unsettled = True
+            self._say_answer(request, made.answer)
+        else:
+            self._say_answer(request, made)
+
+    async def _take_pending(self) -> None:
+        """Take the searcher's inputs read so far, in one order (trials.canonical): the
+        clock stands still meanwhile, so the cluster does the same whatever order they
+        were read in."""
+        fleet = self.state.fleet
+        if not self.state.pending or fleet is None or not fleet.started:
+            return
+        pending, self.state.pending = trials.canonical(self.state.pending), []
+        self._dirty = True
+        for event in pending:
+            if isinstance(event, JobRequest):
+                made = trials.decide_request(self.env, event, None)
+                assert isinstance(made, trials.Creation)  # (it was answered created)
+                submitted = trials.submission(
+                    self.env, made, fleet, self.options.trials.application, SOURCE
+                )
+                self._say([submitted])
+                self._say(fleet.request(submitted, made.document, made.trial))
+            elif isinstance(event, TrialDecision):
+                self._say(fleet.decide(event))
+            elif isinstance(event, ScalePlan):
+                await self._apply(fleet, event)
+            elif isinstance(event, JobDeletion):
+                await self._delete(fleet, event)
+
+    async def _delete(self, fleet: VirtualCluster, deletion: JobDeletion) -> None:
+        earlier = await self._earlier(deletion.request_id)
+        if earlier is not None:
+            self._say_answer(deletion, earlier.repeated())
+            return
+        answer = trials.decide_deletion(
+            deletion, trials.existing_job(self.env, fleet, deletion.name)
+        )
+        if answer.status is requests.JobRequestStatus.DELETED:
+            self._say(fleet.delete(deletion.name))
+        self._say_answer(deletion, answer)
+
+    def _waits_for_searcher(self) -> bool:
+        """Whether the clock must wait for the searcher before it moves on: out of
+        wall-clock pace, an experiment active, and something said or read since the
+        searcher was last found idle."""
+        fleet = self.state.fleet
+        return (
+            self._unsettled
+            and self.options.trials.wait_for_searcher
+            and (self.clock.fast or self.options.lockstep)
+            and fleet is not None
+            and bool(fleet.active_experiments())
+        )
+
+    async def _settle(self, stop: asyncio.Event) -> None:
+        """Wait until the searcher has decided everything it was told and the operator has
+        read everything it decided (rounds, until a round reads and says nothing new)."""
+        while not stop.is_set():
+            async with self._lock:
+                await self._flush()
+                wanted = self._told_offsets()
+                before = (self._taken, self._told)
+            if not await self._searcher_covers(wanted, stop):
+                return
+            await self._read_searcher()
+            async with self._lock:
+                await self._flush()
+                if (self._taken, self._told) == before:
+                    self._unsettled = False
+                    return
+
+    def _told_offsets(self) -> dict[tuple[str, int], int]:
+        """What the searcher must have decided: every record published where it reads, and
+        every experiment record the operator read."""
+        wanted = dict(self.state.said)
+        experiments = topic(self.env, EXPERIMENTS)
+        for (name, partition), offset in self.state.offsets.items():
+            if name == experiments:
+                wanted[(name, partition)] = offset
+        return wanted
+
+    async def _searcher_covers(
+        self, wanted: Mapping[tuple[str, int], int], stop: asyncio.Event
+    ) -> bool:
+        """Wait until the searcher's checkpoint covers ``wanted`` and its outbox is empty
+        (everything it decided is on the bus); False if stopped first."""
+        prefix = f"{self.env}."
+        pause, longest = SEARCHER_POLL_S
+        waited_since = time.monotonic()
+        said_at = waited_since
+        while not stop.is_set():
+            async with self._lock:
+                await self._marked()  # (one connection: one query at a time)
+                rows = await self._db.fetch(_SEARCHER_OFFSETS)
+                busy = bool(await self._db.fetchval(_SEARCHER_OUTBOX))
+            have: dict[tuple[str, int], int] = {}
+            for row in rows:
+                full = row["topic"] if row["topic"].startswith(prefix) else prefix + row["topic"]
+                have[(full, row["partition"])] = row["next_offset"]
+            behind = {k: v for k, v in wanted.items() if have.get(k, 0) < v}
+            if not behind and not busy:
+                return True
+            now = time.monotonic()
+            if now - said_at > WAITING_LOG_S:
+                said_at = now
+                log.warning(
+                    "env %s: the simulated clock waits %.0f s for the searcher: it has not "
+                    "decided %s%s (is `dlrover-events searcher --env %s` running?)",
+                    self.env,
+                    now - waited_since,
+                    ", ".join(f"{t}[{p}] to {o}" for (t, p), o in sorted(behind.items()))
+                    or "nothing",
+                    "; its outbox is not yet published" if busy else "",
+                    self.env,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), pause)
+            pause = min(pause * 2, longest)
+        return False
+
+    async def _read_searcher(self) -> None:
+        """Read what the searcher published to its end (it is all on the bus: its outbox
+        is empty), from where the operator stands on each partition, and take it as the
+        consumer would have."""
+        names = [topic(self.env, name) for name in SEARCHER_WRITES]
+        if self._reader is None:
+            reader = TopicReader(
+                self.settings,
+                names,
+                client_id=f"{self.env}-operator-searcher",
+                require=False,
+                fetch_max_wait_ms=LOCKSTEP_FETCH_WAIT_MS,
+            )
+            await reader.start()
+            self._reader = reader
+        reader = self._reader
+        await reader.refresh()
+        async with self._lock:
+            at = {TopicPartition(t, p): o for (t, p), o in self.state.offsets.items() if t in names}
+        await reader.seek(at)
+        records = await reader.read_to_end()
+        batch: list[Received] = []
+        for r in records:
+            try:
+                event = check_env(decode(r.value), self.env, r.topic)
+            except CodecError:
+                continue  # the consumer dead-letters it
+            batch.append(Received(event, r.topic, r.partition, r.offset, r.timestamp))
+        if batch:
+            await self._handle(batch)
 
     def _catch_up(self, event: Event) -> VirtualCluster:
         """The fleet at the current simulated time, made at the first input.
@@ -547,6 +968,8 @@ class VirtualOperator:
                 sample_interval=self.options.sample_interval,
                 source=SOURCE,
                 admission=self.options.admission,
+                curve=self._curve,
+                reporting=self._reporting,
             )
             self.state.fleet.measured(self._measured)
             self._dirty = True
@@ -622,8 +1045,13 @@ class VirtualOperator:
 
     async def _tick(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            if self._waits_for_searcher():
+                await self._settle(stop)
+                continue  # (the searcher may have said more meanwhile)
             async with self._lock:
-                moved = self._advance()
+                await self._take_pending()
+                # what taking them said (a trial's end, an answer) is decided first
+                moved = False if self._waits_for_searcher() else self._advance()
                 await self._flush()
             await self._sleep(self._pause(moved))
 
@@ -641,12 +1069,16 @@ class VirtualOperator:
         while len(self.state.outbox) < FAST_BATCH and (events := fleet.step()) is not None:
             self._say_if_any(events)
             moved = True
+            if self._waits_for_searcher():
+                break  # a trial reported: the searcher decides before the clock goes on
         return moved
 
     def _say_if_any(self, events: list[JobEvent]) -> None:
         """Events of the clock moving; a move that says nothing need not be saved (a
-        restart redoes it from the last checkpoint, the same way)."""
-        if events:
+        restart redoes it from the last checkpoint, the same way). A trial's report is
+        something to say."""
+        fleet = self.state.fleet
+        if events or (fleet is not None and fleet.has_reports):
             self._say(events)
 
     def _pause(self, moved: bool) -> float:
@@ -655,6 +1087,8 @@ class VirtualOperator:
         fleet = self.state.fleet
         if fleet is None:
             return longest
+        if (self.state.pending and fleet.started) or self._waits_for_searcher():
+            return 0.0  # the searcher's inputs wait to be taken, or it has to decide
         if self.clock.fast:
             return 0.0 if moved else longest
         upcoming, now = fleet.next_event_at(), self.clock.now()
@@ -672,7 +1106,15 @@ class VirtualOperator:
         gate = self.state.gate
         assert gate is not None
         while not stop.is_set():
+            if not gate.barrier_out and self._waits_for_searcher():
+                await self._settle(stop)  # between ticks: the searcher decides first
+                continue
             async with self._lock:
+                if not gate.barrier_out:
+                    await self._take_pending()
+                    if self._waits_for_searcher():
+                        await self._flush()
+                        continue  # what taking them said is decided before the tick
                 tick = gate.open_tick if gate.barrier_out else await self._run_tick()
             if tick is None:
                 await self._until(self._has_work, None)  # idle until an input arrives
@@ -697,7 +1139,13 @@ class VirtualOperator:
         fleet, gate = self.state.fleet, self.state.gate
         if fleet is None or not fleet.started or gate is None:
             return False
-        return fleet.next_event_at() is not None or self._unbarriered() or gate.holding
+        return (
+            fleet.next_event_at() is not None
+            or self._unbarriered()
+            or gate.holding
+            or bool(self.state.pending)
+            or self._waits_for_searcher()
+        )
 
     def _unbarriered(self) -> bool:
         """Something said or to say waits for a barrier: what was published last was not
@@ -741,17 +1189,30 @@ class VirtualOperator:
         return tick.number
 
     async def _until(self, ready: Callable[[], bool], tick: int | None) -> None:
-        """Wait (on inputs, not by polling) until ``ready()``; say so now and then when a
-        tick waits for its brain, which may have stopped."""
+        """Wait (on inputs, not by polling) until ``ready()``; a tick that waits for its
+        brain asks every `LOST_CHECK_S` whether the broker lost what it published, and
+        says now and then that it waits (the brain may have stopped)."""
+        said = checked = time.monotonic()
         while True:
             self._wake.clear()
             if ready():
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), WAITING_LOG_S)
+                await asyncio.wait_for(
+                    self._wake.wait(), WAITING_LOG_S if tick is None else LOST_CHECK_S
+                )
+            if tick is None:
                 continue
+            if time.monotonic() - checked >= LOST_CHECK_S:
+                async with self._lock:
+                    with contextlib.suppress(Exception):  # (said; asked again)
+                        await self._republish_lost()
+                checked = time.monotonic()
+            if time.monotonic() - said < WAITING_LOG_S:
+                continue
+            said = time.monotonic()
             gate = self.state.gate
-            if tick is not None and gate is not None:
+            if gate is not None:
                 log.warning(
                     "env %s: tick %d waits for the brain's BarrierAck on %s partition(s) %s",
                     self.env,

@@ -7,17 +7,24 @@ imported only once chosen: a virtual env's process never imports a Kubernetes cl
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import importlib
+import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from dlrover_events.bus.topics import check_env_name
 from dlrover_events.envs.registry import EnvRegistry
+from dlrover_events.envs.role_watch import RoleWatch
 from dlrover_events.errors import UserError
+from dlrover_events.lifecycle import background, wait_for_any
 from dlrover_events.runtime.services import ServiceContext
 from handlers.operator.platform.registry import DEFAULT_PLATFORM, PLATFORMS
 from schemas.control import EnvMode
+
+log = logging.getLogger(__name__)
 
 #: (context, options given on the command line) -> runs until ctx.stop is set.
 Runner = Callable[[ServiceContext, Mapping[str, Any]], Awaitable[None]]
@@ -79,4 +86,33 @@ async def run_operator(ctx: ServiceContext, options: Mapping[str, Any] | None = 
         )
     if platform == DEFAULT_PLATFORM:
         options.pop(PLATFORM, None)
-    await runner_for(mode, platform)(ctx, options)
+    runner = runner_for(mode, platform)
+    if mode == EnvMode.VIRTUAL:
+        await until_promoted(ctx, runner, options)
+    else:
+        await runner(ctx, options)
+
+
+async def until_promoted(ctx: ServiceContext, runner: Runner, options: Mapping[str, Any]) -> None:
+    """A virtual env's simulator, stopped once its env is promoted: simulated answers to
+    the real env's plans would tell its brain that real jobs were rescaled, and it shares
+    the env's operator group with the real operator that now acts for the env (one that
+    follows the real env: DLROVER_EVENTS_OPERATOR_FOLLOW_REAL), which would get only some
+    of the plans. It then idles until stopped: the real operator is another process's."""
+    promoted = RoleWatch(ctx.env, was_real=False)
+    inner = dataclasses.replace(ctx, stop=asyncio.Event())
+
+    async def relay() -> None:
+        await wait_for_any([ctx.stop, promoted.changed])
+        inner.stop.set()
+
+    async with background(promoted.follow(ctx.settings, ctx.stop), relay()):
+        await runner(inner, options)
+    if promoted.changed.is_set() and not ctx.stop.is_set():
+        log.warning(
+            "env %s is the real env now: its simulated cluster stopped; the operator that "
+            "follows the real env acts for it",
+            ctx.env,
+        )
+        ctx.endpoints["operator"] = f"stopped: {ctx.env} is the real env now"
+        await ctx.stop.wait()

@@ -34,6 +34,12 @@ EVAL_REPORTS = "eval.reports"
 DLQ = "dlq"
 CLUSTER_CAPACITY = "cluster.capacity"
 JOB_REQUESTS = "job.requests"
+EXPERIMENTS = "experiments"
+TRIAL_METRICS = "trial.metrics"
+TRIAL_DECISIONS = "trial.decisions"
+HOSTS_REPORTS = "hosts.reports"
+HOSTS_ORDERS = "hosts.orders"
+CHECKPOINTS = "checkpoints"
 
 ENV_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(JOB_METRICS, False, "runtime samples from training jobs", "metrics"),
@@ -48,9 +54,18 @@ ENV_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(
         JOB_REQUESTS,
         False,
-        "JobRequests: jobs a stream processor asks the operator to create, and the answers",
+        "JobRequests: jobs a stream processor asks the operator to create or delete, "
+        "and the answers",
         "plans",
     ),
+    TopicSpec(EXPERIMENTS, False, "experiments submitted, paused, activated and killed", "plans"),
+    TopicSpec(TRIAL_METRICS, False, "what trials measured (training and validation)", "metrics"),
+    TopicSpec(TRIAL_DECISIONS, False, "what an experiment's searcher decided, and why", "plans"),
+    TopicSpec(
+        CHECKPOINTS, False, "checkpoints committed by jobs, and deleted by retention", "events"
+    ),
+    TopicSpec(HOSTS_REPORTS, True, "plain hosts' agents: slots, liveness, pods (compacted)"),
+    TopicSpec(HOSTS_ORDERS, True, "the pods the operator wants of each plain host (compacted)"),
 )
 #: the env registry's announcements: one for the whole bus, one partition, compacted
 CONTROL_SPEC = TopicSpec(CONTROL_TOPIC, True, "env announcements (compacted)")
@@ -111,6 +126,7 @@ def split_topic(full: str) -> tuple[str, str]:
 
 __all__ = [
     "BRAIN_PLANS",
+    "CHECKPOINTS",
     "CLUSTER_CAPACITY",
     "CONFIG_CHANGES",
     "CONTROL_SPEC",
@@ -120,11 +136,16 @@ __all__ = [
     "ENV_TOPICS",
     "ENV_TOPIC_NAMES",
     "EVAL_REPORTS",
+    "EXPERIMENTS",
+    "HOSTS_ORDERS",
+    "HOSTS_REPORTS",
     "JOB_EVENTS",
     "JOB_METRICS",
     "JOB_REQUESTS",
     "SCALE_PLANS",
     "SCALE_RESULTS",
+    "TRIAL_DECISIONS",
+    "TRIAL_METRICS",
     "TopicSpec",
     "check_env_name",
     "env_topics",

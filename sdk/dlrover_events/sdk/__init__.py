@@ -18,6 +18,9 @@ torch job adds ``dlrover_events.sdk.torch.ElasticCheckpoint``.
 A job started on the real env follows the real env through ``dlrover-events env promote``
 (``FollowReal``, ``DLROVER_EVENTS_FOLLOW_REAL``); aiokafka's own log lines from the
 reporter's thread stay out of the training log (``DLROVER_EVENTS_SDK_KAFKA_LOGS``).
+
+A trial of an experiment adds ``Trial`` (its hyperparameters and budget, its metrics;
+``dlrover_events.sdk.torch.TrialSync`` makes every rank agree on the budget).
 """
 
 from dlrover_events.sdk.follow_plan import PlanFollower, PlanSnapshot
@@ -35,6 +38,7 @@ from dlrover_events.sdk.knobs import BatchKnobs, StepKnobs, Switch
 from dlrover_events.sdk.probes import HostProbe, Probe, rss_bytes
 from dlrover_events.sdk.quiet import KAFKA_LOGS_ENV
 from dlrover_events.sdk.reporter import INTERVAL_ENV, Reporter, ReporterStats
+from dlrover_events.sdk.trial import NotATrial, Trial, TrialError, TrialStatus
 
 __all__ = [
     "ENV_ENV",
@@ -50,6 +54,7 @@ __all__ = [
     "HostProbe",
     "IdentityError",
     "JobIdentity",
+    "NotATrial",
     "PlanFollower",
     "PlanSnapshot",
     "Probe",
@@ -57,5 +62,8 @@ __all__ = [
     "ReporterStats",
     "StepKnobs",
     "Switch",
+    "Trial",
+    "TrialError",
+    "TrialStatus",
     "rss_bytes",
 ]

@@ -59,6 +59,31 @@ ELASTIC_STORE_HOST_ENV = "DLROVER_EVENTS_ELASTIC_STORE_HOST"
 ELASTIC_EXPECT_ENV = "DLROVER_EVENTS_ELASTIC_EXPECT"
 ELASTIC_ADMIT_ENV = "DLROVER_EVENTS_ELASTIC_ADMIT"
 
+#: Where a job's roles find each other (dlrover_events.sdk.cluster): one variable per role,
+#: DLROVER_EVENTS_PEERS_<ROLE> (the role upper-cased, '-' as '_'), its pods' stable
+#: addresses (``host:port``, rank order, comma-separated); a JSON file the platform keeps
+#: current as the job is scaled (its path in DLROVER_EVENTS_PEERS_FILE); this pod's own
+#: address and the port it listens on.
+PEERS_ENV_PREFIX = "DLROVER_EVENTS_PEERS_"
+PEERS_FILE_ENV = "DLROVER_EVENTS_PEERS_FILE"
+ADDRESS_ENV = "DLROVER_EVENTS_ADDRESS"
+PORT_ENV = "DLROVER_EVENTS_PORT"
+#: The file whose existence says this pod is ready (the SDK's ``ready()`` writes it): a
+#: role that starts after this one waits for it (or for the pod's readiness probe).
+READY_FILE_ENV = "DLROVER_EVENTS_READY_FILE"
+#: A role allowed to scale others of its job (``scales``): the platform's jobs API and a
+#: token scoped to this job alone (dlrover_events.sdk.cluster.scale).
+JOBS_API_ENV = "DLROVER_EVENTS_JOBS_API"
+JOB_TOKEN_ENV = "DLROVER_EVENTS_JOB_TOKEN"
+#: A job volume the role names: DLROVER_EVENTS_VOLUME_<NAME> is where it is seen (its
+#: mountPath on a cluster, its host directory on the local platform).
+VOLUME_ENV_PREFIX = "DLROVER_EVENTS_VOLUME_"
+
+
+def env_suffix(name: str) -> str:
+    """A role's or volume's name as a variable's suffix: upper-cased, '-' as '_'."""
+    return name.upper().replace("-", "_").replace(".", "_")
+
 
 def default_checkpoint_path(job_uuid: str, environ: Mapping[str, str] | None = None) -> Path | None:
     """``$DLROVER_EVENTS_CHECKPOINT_DIR/<job uuid>.pt``, None when no directory is given."""

@@ -6,7 +6,10 @@ event) to the ScalePlan's publication (its record's create time, set by the brai
 producer: the issue's measure), and to its arrival here on `<env>.scale.plans` (what a
 reader of the plans sees, one more fetch later). All on this machine's wall clock, and
 none of the measuring on the brain's CPU. Usage:
-`python -m streams.brain.bench.loadgen '<json spec>'`; prints one JSON line.
+`python -m streams.brain.bench.loadgen '<json spec>'`; prints a JSON line of how many
+it has sent as it starts sending and every 0.1 s meanwhile (it may send slower than its
+rate), one when it has sent everything (the bench reads the brain's backlog then), and
+its measures as the last JSON line.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from schemas.plans import ScalePlan
 from streams.brain.bench.run import Workload
 from streams.brain.core.planner import plan_id
 from streams.brain.runtime.app import FETCH_MAX_WAIT_MS
+
+
+def say(progress: dict[str, Any]) -> None:
+    """A line of progress for the bench, which times the brain's backlog by them."""
+    print(json.dumps(progress), flush=True)
 
 
 async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
@@ -114,14 +122,20 @@ async def measure(spec: dict[str, Any], drain_s: float = 5.0) -> dict[str, Any]:
                 await reader.position(tp)
         receivers = [asyncio.create_task(receive()), asyncio.create_task(receive_events())]
         futures = []
-        t0 = time.perf_counter()
+        say({"sending": 0})
+        t0 = said_at = time.perf_counter()
         for n, (name, value, key, event) in enumerate(payloads):
-            delay = t0 + n / rate - time.perf_counter()
+            now = time.perf_counter()
+            delay = t0 + n / rate - now
             if delay > 0:
                 await asyncio.sleep(delay)
+            if now - said_at >= 0.1:  # how far it got: it may send slower than its rate
+                say({"sending": n})
+                said_at = now
             published[plan_id(key.decode(), str(event.event_id), "scale")] = time.time() * 1000
             futures.append(await producer.send(name, value, key=key))
         elapsed = time.perf_counter() - t0
+        say({"sent": count})  # (the bench reads the brain's backlog now)
         await asyncio.gather(*futures)
         await asyncio.sleep(drain_s)
         stop.set()

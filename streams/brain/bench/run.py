@@ -269,6 +269,59 @@ async def _faust_raw(settings: Settings, env: str, total: int, take_max: int) ->
     return _rate(seen, first, first_at, last_at)
 
 
+async def _faust_sink(settings: Settings, env: str, total: int) -> float:
+    """faust's batch path as the brain takes it: the fetched batches handed to a record
+    sink that only counts them (`streams.brain.runtime.faust_glue`), with no agent, stream
+    or ack. Beside the plain aiokafka consumer it says what faust's consumer thread and
+    fetcher cost the brain before it decides anything."""
+    datadir = tempfile.TemporaryDirectory(prefix="dlrover-bench-faust-sink-")
+    app = BrainApp(
+        f"{env}.bench-faust-sink-{uuid.uuid4().hex[:6]}",
+        datadir=datadir.name,
+        broker=[f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")],
+        key_serializer="raw",
+        value_serializer="raw",
+        web_enabled=False,
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.session_timeout_ms / 1000,
+        broker_heartbeat_interval=settings.heartbeat_interval_ms / 1000,
+        stream_wait_empty=False,
+        broker_max_poll_records=settings.consumer_batch,
+    )
+    inputs = app.topic(
+        topic(env, JOB_METRICS),
+        topic(env, JOB_EVENTS),
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    app.topics.add(inputs)
+    done = asyncio.Event()
+    seen = first = 0
+    first_at = last_at = 0.0
+
+    async def sink(records: list[Any]) -> None:
+        nonlocal seen, first, first_at, last_at
+        if not records:
+            return
+        if not seen:
+            first, first_at = len(records), time.perf_counter()
+        seen += len(records)
+        if seen >= total and not done.is_set():
+            last_at = time.perf_counter()
+            done.set()
+
+    app.record_sink = sink
+    await app.start()
+    try:
+        await done.wait()
+    finally:
+        await app.stop()
+        datadir.cleanup()
+    return _rate(seen, first, first_at, last_at)
+
+
 @dataclass(frozen=True)
 class _Record:
     """An input record as the processor reads it, without a bus."""
@@ -303,37 +356,88 @@ def decide_only(env: str, events: Sequence[Event], batch: int, passes: int) -> f
     return statistics.median(rates)
 
 
-async def _brain_phase(brain: Brain, total: int) -> float:
+def _seen(brain: Brain | None) -> int:
+    """Input records the brain is done with, whatever it made of them."""
+    if brain is None:
+        return 0
     counters = brain.processor.counters
+    return counters.processed + counters.dead_lettered + counters.ignored + counters.skipped
 
-    def seen() -> int:
-        return counters.processed + counters.dead_lettered + counters.ignored + counters.skipped
 
+async def _brain_phase(brain: Brain, total: int) -> float:
     first = 0
     first_at = 0.0
-    while seen() < total:
+    while _seen(brain) < total:
         await asyncio.sleep(0.005)
-        if not first and seen():
-            first, first_at = seen(), time.perf_counter()
-    return _rate(seen(), first, first_at, time.perf_counter())
+        if not first and _seen(brain):
+            first, first_at = _seen(brain), time.perf_counter()
+    return _rate(_seen(brain), first, first_at, time.perf_counter())
+
+
+@dataclass
+class LatencyPhase:
+    """What one rate of the latency phase measured: each ScalePlan's latency from the
+    publication of its cause, and the backlog the brain had left when the load generator
+    finished sending (records published and not yet decided), and at most while it sent
+    (against how far the generator said it got, every 0.1 s: it may not keep its rate)."""
+
+    rate: float
+    sent: int
+    send_rate: float
+    latencies: list[float]
+    seen: list[float]
+    bus: list[float]
+    backlog_end: int
+    backlog_max: int
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "rate_events_per_s": self.rate,
+            "events": self.sent,
+            "send_rate_events_per_s": round(self.send_rate),
+            "samples": len(self.latencies),
+            "plan_latency_p50_ms": round(percentile(self.latencies, 50), 2),
+            "plan_latency_p99_ms": round(percentile(self.latencies, 99), 2),
+            "plan_latency_max_ms": round(max(self.latencies, default=float("nan")), 2),
+            "bus_latency_p99_ms": round(percentile(self.bus, 99), 2),
+            "backlog_end_records": self.backlog_end,
+            "backlog_max_records": self.backlog_max,
+        }
+
+
+#: The load generator's result line: its latencies, a few tens of bytes each.
+_RESULT_LINE_LIMIT = 64 * 1024 * 1024
 
 
 async def _latency_phase(
-    settings: Settings, workload: Workload, rate: float, seconds: float, oom_every: int
-) -> tuple[list[float], list[float], list[float], int]:
+    settings: Settings,
+    workload: Workload,
+    rate: float,
+    seconds: float,
+    oom_every: int,
+    decided: Callable[[], int],
+) -> LatencyPhase:
     """Run the load generator in its own process: in this one it would take the CPU that
-    the brain's latency is measured on."""
+    the brain's latency is measured on. `decided`: the records the brain is done with so
+    far; the backlog is what was published and not yet decided, sampled while it sends
+    and when it says it is done sending."""
     spec = {
         "bootstrap_servers": settings.bootstrap_servers,
         "env": workload.env,
         "jobs": workload.jobs,
         "seed": workload.seed + 1,
         "start": workload.start.isoformat(),
-        "steps": workload.steps,
+        "steps": list(workload.steps),
         "rate": rate,
         "seconds": seconds,
         "oom_every": oom_every,
     }
+    count = int(rate * seconds)
+    # the generator's workload moves on as the generator's does: the next phase continues
+    # each job's timeline (the generator's rounds are round-robin over the jobs)
+    for n in range(count):
+        workload.steps[n % workload.jobs] += 1
+    base = decided()
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -341,16 +445,54 @@ async def _latency_phase(
         json.dumps(spec),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        # its last line carries every latency it measured: past 64 KiB (asyncio's default
+        # line limit) at about a thousand plans, which ended a run with a ValueError
+        limit=_RESULT_LINE_LIMIT,
     )
-    out, err = await proc.communicate()
-    if proc.returncode != 0:
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    errors = asyncio.ensure_future(proc.stderr.read())
+    backlog_max = 0
+    backlog_end: int | None = None
+    sent: int | None = None
+    lines: list[str] = []
+
+    async def sample_backlog() -> None:
+        nonlocal backlog_max
+        while True:
+            await asyncio.sleep(0.05)
+            if sent is not None:
+                # what the generator said it had published by now (it may not keep its rate)
+                backlog_max = max(backlog_max, sent - (decided() - base))
+
+    sampler = asyncio.ensure_future(sample_backlog())
+    try:
+        while line := (await proc.stdout.readline()).decode().strip():
+            lines.append(line)
+            said = json.loads(line)
+            if "sending" in said:
+                sent = int(said["sending"])
+            elif "sent" in said and backlog_end is None:
+                backlog_end = max(0, int(said["sent"]) - (decided() - base))
+                backlog_max = max(backlog_max, backlog_end)
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    await proc.wait()
+    err = await errors
+    if proc.returncode != 0 or not lines:
         raise RuntimeError(f"load generator failed ({proc.returncode}): {err.decode()[-2000:]}")
-    result = json.loads(out.decode().strip().splitlines()[-1])
-    return (
-        [float(x) for x in result["latencies_ms"]],
-        [float(x) for x in result["seen_ms"]],
-        [float(x) for x in result["bus_ms"]],
-        int(result["sent"]),
+    result = json.loads(lines[-1])
+    return LatencyPhase(
+        rate=rate,
+        sent=int(result["sent"]),
+        send_rate=float(result["send_rate"]),
+        latencies=[float(x) for x in result["latencies_ms"]],
+        seen=[float(x) for x in result["seen_ms"]],
+        bus=[float(x) for x in result["bus_ms"]],
+        backlog_end=backlog_end if backlog_end is not None else 0,
+        backlog_max=backlog_max,
     )
 
 
@@ -374,14 +516,17 @@ async def run_bench(
     events: int,
     jobs: int,
     *,
-    rate: float = 1000.0,
+    rates: Sequence[float] = (1000.0,),
     seconds: float = 10.0,
     oom_every: int = 50,
     latency_oom_every: int = 10,
     faust_raw: bool = True,
+    faust_sink: bool = True,
     decide_passes: int = 3,
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
+    """`rates`: the latency phase at each, in turn (the first one's figures are also the
+    top-level `plan_latency_*`)."""
     pg = await resolve_postgres(settings)
     registry = EnvRegistry(settings, pg.dsn)
     env = f"bench-{uuid.uuid4().hex[:8]}"
@@ -400,6 +545,10 @@ async def run_bench(
         if faust_raw:
             progress("faust agent that only takes and acks")
             raw = await _faust_raw(settings, env, total, settings.consumer_batch)
+        sink = None
+        if faust_sink:
+            progress("faust's fetched batches to a sink that only counts (the brain's path)")
+            sink = await _faust_sink(settings, env, total)
         progress("brain")
         brain = Brain(
             settings, env, pg.dsn, freeze_gc=True
@@ -407,19 +556,26 @@ async def run_bench(
         await brain.start()
         brain_rate = await _brain_phase(brain, total)
         counters = dict(vars(brain.processor.counters))
-        progress(f"latency at {rate:g} events/s for {seconds:g} s")
-        latencies, seen, bus, sent = await _latency_phase(
-            settings, workload, rate, seconds, latency_oom_every
-        )
+        phases: list[LatencyPhase] = []
+        for rate in rates:
+            progress(f"latency at {rate:g} events/s for {seconds:g} s")
+            phases.append(
+                await _latency_phase(
+                    settings, workload, rate, seconds, latency_oom_every, lambda: _seen(brain)
+                )
+            )
+        first_phase = phases[0]
+        latencies, seen, bus = first_phase.latencies, first_phase.seen, first_phase.bus
         result: dict[str, Any] = {
             "events": total,
             "jobs": jobs,
             **printed_rates(brain_rate, baseline, raw),
+            "faust_sink_events_per_s": None if sink is None else round(sink),
             "decisions": counters["decisions"],
             "optimize_plans": counters["optimize_plans"],
             "scale_plans": counters["scale_plans"],
-            "latency_rate_events_per_s": rate,
-            "latency_events": sent,
+            "latency_rate_events_per_s": first_phase.rate,
+            "latency_events": first_phase.sent,
             "latency_samples": len(latencies),
             "plan_latency_p50_ms": round(percentile(latencies, 50), 2),
             "plan_latency_p99_ms": round(percentile(latencies, 99), 2),
@@ -431,6 +587,8 @@ async def run_bench(
             # own delay from publication to a reader, which every plan latency includes
             "bus_latency_p50_ms": round(percentile(bus, 50), 2),
             "bus_latency_p99_ms": round(percentile(bus, 99), 2),
+            # every rate: its plan latency and the backlog it left
+            "latency_by_rate": [phase.summary() for phase in phases],
         }
         if decide_passes:
             # last, with the brain stopped: it holds the event loop for seconds, and takes
@@ -454,10 +612,21 @@ async def run_bench(
 def bench_brain(
     events: int = typer.Option(100_000, "--events", min=1, help="events to pre-load"),
     jobs: int = typer.Option(100, "--jobs", min=1, help="jobs they belong to"),
-    rate: float = typer.Option(1000.0, "--rate", min=1, help="events/s of the latency phase"),
+    rate: list[float] = typer.Option(
+        [1000.0, 10000.0, 30000.0],
+        "--rate",
+        min=1,
+        help="events/s of the latency phase; repeat it for several phases, in turn (the "
+        "first one's figures are also the top-level plan_latency_*)",
+    ),
     seconds: float = typer.Option(10.0, "--seconds", min=1, help="length of the latency phase"),
     faust_raw: bool = typer.Option(
         True, "--faust-raw/--no-faust-raw", help="also time a faust agent that does nothing"
+    ),
+    faust_sink: bool = typer.Option(
+        True,
+        "--faust-sink/--no-faust-sink",
+        help="also time faust's fetched batches handed to a sink that only counts them",
     ),
     decide_passes: int = typer.Option(
         3, "--decide-passes", min=0, help="passes of the decisions alone, without a bus (0: none)"
@@ -474,9 +643,10 @@ def bench_brain(
             load_settings(),
             events,
             jobs,
-            rate=rate,
+            rates=rate,
             seconds=seconds,
             faust_raw=faust_raw,
+            faust_sink=faust_sink,
             decide_passes=decide_passes,
             progress=progress,
         )

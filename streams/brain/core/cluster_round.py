@@ -75,6 +75,7 @@ def scheduled(state: JobState) -> bool:
     return (
         state.status in (JobStatus.SUBMITTED, JobStatus.RUNNING)
         and not state.awaiting_arrival
+        and not state.on_hold
         and state.submitted_at is not None
         and state.distribution == "allreduce"
     )

@@ -18,6 +18,7 @@ from schemas.jobs import (
     JobCompleted,
     JobEvent,
     JobFailed,
+    JobHeld,
     JobStarted,
     JobSubmitted,
     NodeEvent,
@@ -61,6 +62,7 @@ from streams.brain.core.state import (
     Stage,
     node_key,
     normalize_stage,
+    updated,
 )
 
 _PINNED = TypeAdapter(dict[str, Pinned])
@@ -227,7 +229,7 @@ def _fold_sample(state: JobState, sample: Sample, memo: SampleMemo | None) -> Jo
     if event_id in ids:  # read again: a retry, a replay
         if memo is not None:
             memo.keep(state.samples, ids, ())
-        return state.model_copy(update={"last_event_id": event_id})
+        return updated(state, {"last_event_id": event_id})
     samples = [*state.samples, sample]
     dropped: list[Sample] = []
     if len(samples) > MAX_SAMPLES:
@@ -296,7 +298,7 @@ def _fold_sample(state: JobState, sample: Sample, memo: SampleMemo | None) -> Jo
             update["profile"] = profile
     if sample.grad_sqr is not None and sample.grad_var is not None:
         update["grad_stats"] = (sample.grad_sqr, sample.grad_var)
-    return state.model_copy(update=update)
+    return updated(state, update)
 
 
 def node_from_role(state: JobState, role: str, node_id: int, status: NodeStatus) -> NodeState:
@@ -389,6 +391,18 @@ def _fold_result(state: JobState, event: ScaleResult) -> JobState:
             AwaitedTraining(plan_id=pending.plan_id, training=left) if left else None
         )
     return applied.model_copy(update=update)
+
+
+def _fold_held(state: JobState, event: JobHeld) -> JobState:
+    """Held by its owner: its pods are stopped, so what a cluster scheduler gave it is free
+    (its service so far is kept); released: it waits, placed nowhere, for a scheduler to
+    admit it."""
+    update: dict[str, Any] = {"on_hold": event.held}
+    if event.held and state.share is not None:
+        update["share"] = state.share.model_copy(
+            update={"placement": {}, "plan_id": None, "before": None, "since": None}
+        )
+    return state.model_copy(update=update)
 
 
 def _fold_training_applied(state: JobState, event: TrainingApplied) -> JobState:
@@ -522,6 +536,8 @@ def fold(
             state = _fold_result(state, event)
         case TrainingApplied():
             state = _fold_training_applied(state, event)
+        case JobHeld():
+            state = _fold_held(state, event)
         case JobCompleted():
             state = state.model_copy(
                 update={"status": JobStatus.COMPLETED, "completed_at": event.occurred_at}
@@ -535,7 +551,7 @@ def fold(
     update: dict[str, Any] = {"last_event_id": str(event.event_id)}
     if state.rejected is not None and isinstance(event, CHANGES_THE_JOB):
         update["rejected"] = None
-    return state.model_copy(update=update)
+    return updated(state, update)
 
 
 def fold_all(state: JobState | None, events: Iterable[Event | SampleRead]) -> JobState | None:
@@ -569,7 +585,7 @@ def record_decision(
             update["last_running_plan_at"] = now
         if touches_role(scale_plan, PS):
             update["last_ps_change_at"] = now
-    return state.model_copy(update=update)
+    return updated(state, update)
 
 
 def touches_role(plan: ScalePlan, role: str) -> bool:

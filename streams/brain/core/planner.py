@@ -5,7 +5,8 @@ no optimizer, built-in or a user's, can ask the operator for more than the clust
 allow: per-node cpu and memory bounds, replica caps, the job's min/max, cooldowns, and
 the values a user pinned. When nothing is left to change, there is no ScalePlan at all;
 nor when the change is the one still pending, or the one the platform last rejected while
-the job is as it was (`JobState.rejected`).
+the job is as it was (`JobState.rejected`); nor, an urgent plan aside, while another plan
+is not answered yet (`PENDING_ANSWER_S`): the next one is made from what it leaves.
 
 A node named in `ResourcePlan.node_resources` is relaunched with the resources given
 (fields at 0 keep the node's own); a node named with all fields at 0 is relaunched as it
@@ -48,6 +49,7 @@ from streams.brain.core.state import (
     WORKER,
     JobState,
     NodeState,
+    NodeStatus,
     Pinned,
     RoleResources,
     Stage,
@@ -64,6 +66,15 @@ URGENT_OPTIMIZERS = frozenset({"host-oom", "gpu-oom", "ps-oom", "worker-create-o
 
 #: The most replicas a plan gives a role, whatever the job's own maximum says.
 MAX_ROLE_REPLICAS: Mapping[str, int] = MappingProxyType({WORKER: 60, PS: 15})
+
+#: Seconds an unanswered ScalePlan holds the job's next plans back (urgent ones aside).
+#: A plan made before the answer diffs against the job as it was before the pending one,
+#: and the platform applies it on top of the pending one: under the local platform a
+#: worker-resource resize was undone half a second later by goodput's "explore 4",
+#: planned from the role's old resources. The operator answers every plan, a suspend's
+#: after its pods' grace period and a margin (30 s); past this an answer that never
+#: came (a lost result) no longer holds the job.
+PENDING_ANSWER_S = 120.0
 
 #: The limits of a planner not given any (an env whose settings set none).
 DEFAULT_LIMITS = LimitSettings()
@@ -264,6 +275,34 @@ def keeps_host(state: JobState, platform: PlatformCapabilities | None, node: Nod
     return f"it hosts the job's rendezvous (the store every {node.type} meets at)"
 
 
+def launch_ids(state: JobState, role: str, n: int) -> list[int]:
+    """The ids of `n` nodes a plan adds to `role`: the lowest that no node of the role
+    holds, a node the brain saw removed holding none.
+
+    The platforms number a role's nodes as ranks and give a node they add the lowest
+    rank free (`handlers.operator.reconcile.planning.plan_change`, local and
+    Kubernetes), and the brain's state keeps a launched node under the id its plan gave
+    it: an id the platform does not use is a node the state keeps alive that never
+    starts, and a later shrink removes it by name. So a clean-clone CI run's shrink of
+    the example job (at most 4 workers, ranks 0-3) was rejected, "cannot remove
+    worker-5: no such node": after workers 2 and 3 were removed, the brain launched
+    worker-4 and worker-5 (the highest id it knew + 1), the platform started ranks 2
+    and 3. A node that failed or exited still holds its id: its pod is there until the
+    platform deletes it, which only a removal says."""
+    held = {
+        node.id
+        for node in state.nodes.values()
+        if node.type == role and node.status != NodeStatus.REMOVED
+    }
+    ids: list[int] = []
+    candidate = 0
+    while len(ids) < n:
+        if candidate not in held:
+            ids.append(candidate)
+        candidate += 1
+    return ids
+
+
 def plan_scale(
     state: JobState,
     plan: OptimizePlan,
@@ -313,10 +352,9 @@ def plan_scale(
         if not tracked:
             continue
         if count > current_count:
-            known = [n.id for n in state.nodes.values() if n.type == role]
-            first = max(known, default=-1) + 1
             launch.extend(
-                Node(type=role, id=first + i, resource=target) for i in range(count - current_count)
+                Node(type=role, id=i, resource=target)
+                for i in launch_ids(state, role, count - current_count)
             )
         gone = (
             sorted(alive, key=lambda n: n.id, reverse=True)[: current_count - count]
@@ -386,6 +424,14 @@ def plan_scale(
         # the operator has not answered the same change yet: asking again adds nothing
         notes.append(f"the same change is pending (plan {pending.plan_id})")
         return Planned(None, tuple(notes))
+    if pending is not None and not urgent:
+        waited = (now - pending.occurred_at).total_seconds()
+        if waited < PENDING_ANSWER_S:
+            notes.append(
+                f"plan {pending.plan_id} is not answered yet ({waited:.0f} s): the next "
+                "plan starts from what it leaves"
+            )
+            return Planned(None, tuple(notes))
     rejected = state.rejected
     if rejected is not None and change == _change_of(rejected.plan):
         # the platform would refuse it again: the job is as it was when it did

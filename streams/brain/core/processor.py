@@ -26,7 +26,7 @@ from typing import Protocol
 from schemas.cluster import CapacityReported, PlatformCapabilities
 from schemas.codec import CodecError, check_env
 from schemas.dlq import DeadLetter, FailureKind, fitting_letter
-from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobSubmitted
+from schemas.jobs import JobCompleted, JobEvent, JobFailed, JobHeld, JobSubmitted
 from schemas.lockstep import Barrier, BarrierAck
 from schemas.plans import OptimizePlan, ScalePlan
 from streams.brain.core import inputs
@@ -71,6 +71,13 @@ class Output:
     letters: list[DeadLetter] = field(default_factory=list)
     #: lockstep: ticks decided whole, to acknowledge after the plans
     acks: list[BarrierAck] = field(default_factory=list)
+    #: the input record each plan was decided on, beside `plans` (None: a lockstep tick's
+    #: round or arrival): the runtime times a plan from that record's publication
+    causes: list[InputRecord | None] = field(default_factory=list)
+
+    def add(self, plans: Sequence[OptimizePlan | ScalePlan], cause: InputRecord | None) -> None:
+        self.plans.extend(plans)
+        self.causes.extend([cause] * len(plans))
 
 
 @dataclass
@@ -90,7 +97,7 @@ class Counters:
 
 
 #: Events after which an event-time scheduler decides at once, not at the next interval.
-_ROUND_NOW = (JobSubmitted, JobCompleted, JobFailed)
+_ROUND_NOW = (JobSubmitted, JobCompleted, JobFailed, JobHeld)
 
 _ACK_NAMESPACE = uuid.UUID("4f1c8d2e-9a7b-4e3f-8c6d-1b2a3c4d5e6f")
 
@@ -345,12 +352,12 @@ class BrainProcessor:
                 event = self._decode(record, out)
                 if event is not None:
                     if self.policy.scheduler is not None:
-                        self._round_if_due(event.occurred_at, out)
+                        self._round_if_due(event.occurred_at, out, record)
                     self._one(record, event, out)
                     if self.policy.scheduler is not None and isinstance(event, _ROUND_NOW):
                         # an arrival or an end changes who may hold GPUs: decided at once,
                         # or a quiet env (no samples to move event time) would wait forever
-                        self._round(event.occurred_at, out, f"after {event.event_id}")
+                        self._round(event.occurred_at, out, f"after {event.event_id}", record)
                 self.offsets[tp] = record.offset + 1
                 self._changed_offsets.add(tp)
         self.counters.dead_lettered += len(out.letters)
@@ -431,7 +438,7 @@ class BrainProcessor:
         self._dirty.add(job_uuid)
         self._publish_outcome(entry, outcome, out)
 
-    def _round_if_due(self, at: datetime, out: Output) -> None:
+    def _round_if_due(self, at: datetime, out: Output, cause: InputRecord | None = None) -> None:
         """On event time: a round at each multiple of the interval that `at` passed
         (one, at the last of them: rounds in between would have seen nothing new)."""
         scheduler = self.policy.scheduler
@@ -442,11 +449,14 @@ class BrainProcessor:
             self.last_round = boundary  # (the clock starts: nothing came before to decide)
             return
         if boundary > self.last_round:
-            self._round(boundary, out, "interval")
+            self._round(boundary, out, "interval", cause)
 
-    def _round(self, now: datetime, out: Output, cause: str) -> None:
+    def _round(
+        self, now: datetime, out: Output, cause: str, record: InputRecord | None = None
+    ) -> None:
         """A round of the scheduler at `now`; `cause` (the tick, the interval, the event
-        that called it) keeps two rounds at one instant from sharing plan ids.
+        that called it) keeps two rounds at one instant from sharing plan ids; `record`:
+        the input it was called on, if any.
 
         Never before the last round: the scheduler's clock is the latest time it decided
         at. An event stamped earlier (late, or read after a replay's submissions that are
@@ -476,7 +486,7 @@ class BrainProcessor:
                     self.counters.scale_plans += 1
                 else:
                     self.counters.optimize_plans += 1
-            out.plans.extend(result.plans)
+            out.add(result.plans, record)
             self._unsaved_plans.extend(result.plans)
 
     # -- one record ---------------------------------------------------------------------
@@ -539,6 +549,7 @@ class BrainProcessor:
                 after.roles is not before.roles
                 or after.status != before.status
                 or after.awaiting_arrival != before.awaiting_arrival
+                or after.on_hold != before.on_hold
             ):
                 self._hold(entry)  # (a sample changes neither: folds keep the dict)
                 self._note_arrival(job_uuid, after)
@@ -569,7 +580,7 @@ class BrainProcessor:
             self.counters.scale_plans += 1
         if outcome.optimize_plan is not None or outcome.scale_plan is not None:
             plans = outcome.plans
-            out.plans.extend(plans)
+            out.add(plans, record)
             self._unsaved_plans.extend(plans)
 
     def _publish_outcome(self, entry: HeldJob, outcome: StepOutcome, out: Output) -> None:
@@ -593,7 +604,7 @@ class BrainProcessor:
             self.counters.scale_plans += 1
         plans = outcome.plans
         if plans:
-            out.plans.extend(plans)
+            out.add(plans, None)
             self._unsaved_plans.extend(plans)
 
     def set_capacity(self, report: CapacityReported) -> None:

@@ -24,6 +24,8 @@ the way.
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta, timezone
 from types import MappingProxyType
@@ -125,6 +127,21 @@ _ZONES: Mapping[timedelta, timezone] = MappingProxyType(
 )
 
 
+#: a time as this project's encoders write it (UTC, `Z`, at most microseconds): the
+#: standard library's parser reads it as pydantic does, at a tenth of the cost (pydantic's
+#: read of the time was a fifth of a sample's read), into the shared UTC zone
+_ENCODED_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?Z\Z")
+
+
+def _time_of(text: str) -> datetime:
+    """The aware time `text` says, exactly as pydantic reads it (ValueError if it does
+    not take it)."""
+    if _ENCODED_UTC.match(text):
+        with contextlib.suppress(ValueError):  # (a day that does not exist: pydantic says)
+            return datetime.fromisoformat(text)
+    return _shared_zone(_AWARE.validate_python(text))
+
+
 def _shared_zone(at: datetime) -> datetime:
     offset = at.utcoffset()
     assert offset is not None  # aware
@@ -155,7 +172,7 @@ def read_sample(value: bytes | None) -> SampleRead | None:
         return None  # a NUL, which the contract refuses (or an escaped backslash before u0000)
     try:
         report = _REPORT.decode(value)
-        at = _shared_zone(_AWARE.validate_python(report.occurred_at))
+        at = _time_of(report.occurred_at)
     except (msgspec.ValidationError, msgspec.DecodeError, ValueError):
         return None
     return SampleRead(

@@ -14,9 +14,9 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, model_validator
 
 from schemas.bounds import Bytes, Cpu, Gpus, NodeId, Replicas, Steps
 from schemas.envelope import EnvName, Model
@@ -84,6 +84,29 @@ class NodeStatus(StrEnum):
 
 #: Nodes a plan may still act on (remove, migrate).
 ALIVE = frozenset({NodeStatus.PENDING, NodeStatus.RUNNING, NodeStatus.OOM})
+
+
+_M = TypeVar("_M", bound=BaseModel)
+_setattr = object.__setattr__
+
+
+def updated(model: _M, update: dict[str, Any]) -> _M:
+    """`model.model_copy(update=update)`, the same copy (values, fields set, nothing
+    validated) at a third of its cost: the folds copy a job's state once per event, and
+    pydantic's copy (three `copy.copy` calls and a private-attribute check) cost a tenth
+    of the brain's time per sample. A model with extra or private attributes (none in the
+    brain's state) takes pydantic's own path."""
+    if getattr(model, "__pydantic_private__", None) is not None or model.__pydantic_extra__:
+        return model.model_copy(update=update)
+    cls = type(model)
+    copied = cls.__new__(cls)
+    values = model.__dict__.copy()
+    values.update(update)
+    _setattr(copied, "__dict__", values)
+    _setattr(copied, "__pydantic_extra__", model.__pydantic_extra__)
+    _setattr(copied, "__pydantic_fields_set__", model.__pydantic_fields_set__.union(update))
+    _setattr(copied, "__pydantic_private__", None)
+    return copied
 
 
 def node_key(role: str, node_id: int) -> str:
@@ -322,6 +345,10 @@ class JobState(Model):
     #: a lockstep env read the submission before the tick its simulated clock reaches it:
     #: the job exists for no decision until then (`streams.brain.core.processor`)
     awaiting_arrival: bool = False
+    #: held by its owner (an experiment's trial paused at a rung, job.held): suspended,
+    #: its GPUs free, and no cluster scheduler admits it until it is released. Left out
+    #: of the JSON while false, so a state that never was is the same bytes as before.
+    on_hold: bool = Field(default=False, exclude_if=lambda v: v is False)
 
     @model_validator(mode="before")
     @classmethod
@@ -389,6 +416,10 @@ def gpus_claimed(state: JobState) -> int:
     needs starves the queue (an A/B test on Pollux workload-6 doubled the mean queueing
     delay when only running jobs were counted).
     """
-    if state.status not in (JobStatus.RUNNING, JobStatus.SUBMITTED) or state.awaiting_arrival:
+    if (
+        state.status not in (JobStatus.RUNNING, JobStatus.SUBMITTED)
+        or state.awaiting_arrival
+        or state.on_hold
+    ):
         return 0
     return sum(role.replicas * role.gpu_num for role in state.roles.values())

@@ -114,6 +114,10 @@ def trigger(
     if after.status in FINISHED:
         return None
     at = event.occurred_at
+    if isinstance(event, SampleRead):  # most events: the same tests as below, for a sample
+        if before is None or before.stage != after.stage:
+            return Trigger(f"stage {after.stage}", at, event.sample.event_id)
+        return _every(after, at, event.sample.event_id, policy)
     if isinstance(event, OptimizeRequest):
         cause = str(event.event_id)
         return Trigger("optimize request", at, cause, event.optimizer, config_given=True)
@@ -126,13 +130,19 @@ def trigger(
         return None
     if before is None or before.stage != after.stage:
         return Trigger(f"stage {after.stage}", at, str(event.event_id))
-    if isinstance(event, SampleRead | RuntimeSample) and after.stage_samples > 0:
-        running = after.stage == Stage.RUNNING
+    if isinstance(event, RuntimeSample):
+        return _every(after, at, str(event.event_id), policy)
+    return None
+
+
+def _every(after: JobState, at: datetime, cause: str, policy: Policy) -> Trigger | None:
+    """A sample that completes the stage's `sample_every` (`running_every`) samples."""
+    seen = after.stage_samples
+    if seen > 0:
         brain = policy.settings
-        every = brain.running_every if running else brain.sample_every
-        if after.stage_samples % max(every, 1) == 0:
-            why = f"{after.stage_samples} samples in stage {after.stage}"
-            return Trigger(why, at, str(event.event_id))
+        every = brain.running_every if after.stage == Stage.RUNNING else brain.sample_every
+        if seen % max(every, 1) == 0:
+            return Trigger(f"{seen} samples in stage {after.stage}", at, cause)
     return None
 
 

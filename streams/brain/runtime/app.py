@@ -59,7 +59,7 @@ from dlrover_events.bus.topics import (
 from dlrover_events.cli.params import env_name
 from dlrover_events.cli.runner import run_async
 from dlrover_events.envs.registry import EnvRegistry
-from dlrover_events.errors import UserError
+from dlrover_events.errors import BusUnavailable, UserError
 from dlrover_events.lifecycle import (
     AsyncResource,
     Stopping,
@@ -72,6 +72,7 @@ from dlrover_events.lifecycle import (
 from dlrover_events.runtime.metrics import BrainMetrics, CollectorRegistry
 from dlrover_events.runtime.services import Service, ServiceContext
 from dlrover_events.runtime.standalone import serve_alone
+from dlrover_events.runtime.unjournaled import Unjournaled
 from dlrover_events.settings import Settings, load_settings
 from dlrover_events.store import EnvStore
 from streams.brain.core.inputs import SampleDecode
@@ -90,6 +91,12 @@ from streams.brain.runtime.faust_glue import (
     broker_credentials,
     commit,
     fetch_progress,
+)
+from streams.brain.runtime.journal import (
+    JOURNAL_WAIT_S,
+    BrokerRefilling,
+    JournalBehind,
+    JournalGuard,
 )
 from streams.brain.runtime.leader import Leadership
 from streams.brain.runtime.live_policy import LivePolicy, env_policy
@@ -116,8 +123,13 @@ MAX_BUFFERED = 100_000
 STOP_CHECKPOINT_S = 20.0
 #: A state that did not load is loaded again after this; a checkpoint that failed is
 #: written again after this (or the checkpoint interval, if longer).
+#: how long a checkpoint with the stream held (a stop, a revoke) waits for the journal: a
+#: revoke that waits long stalls faust's rebalance (seen in the chaos test of issue 37)
+HELD_JOURNAL_WAIT_S = 0.5
 LOAD_RETRY = Backoff(initial_s=0.2, max_s=30.0)
 CHECKPOINT_RETRY = Backoff(initial_s=1.0, max_s=30.0)
+#: a brain started again (a regroup, a rewind) while the bus is away tries again after this
+REGROUP_RETRY = Backoff(initial_s=0.5, max_s=10.0)
 
 
 def _record_time(record: Any) -> float:
@@ -224,6 +236,12 @@ class Brain(AsyncResource):
         #: input offsets checkpointed but not yet committed to the group
         self._to_commit: dict[TP, int] = {}
         self._store: BrainStore | None = None
+        #: the journal of `up`'s broker, if it keeps one: checkpoints held to what it copied
+        self._journal: JournalGuard | None = None
+        #: set when the journal will never hold what this brain decided since its last
+        #: checkpoint (records it read or plans it published were lost with a broker that
+        #: died): it must start again from that checkpoint, deciding the rest again
+        self.rewind = asyncio.Event()
         #: decided batches' output, published in order by the courier
         self._checkpointer: asyncio.Task[None] | None = None
         self._stopping = False
@@ -261,6 +279,8 @@ class Brain(AsyncResource):
             await self.capacity.caught_up(CAPACITY_WAIT_S)
             env_store = await EnvStore.open(self.pg_dsn, self.env, max_size=4)
             self._store = BrainStore(env_store)
+            self._journal = JournalGuard(env_store.pool, self.settings.bootstrap_servers)
+            self.courier.unjournaled = Unjournaled(env_store.pool, self.settings)
             self._pruner = Pruner(env_store, self.processor)
             await self.courier.start()
             await self.app.start()
@@ -438,6 +458,10 @@ class Brain(AsyncResource):
         brain: read it from its beginning (the consumer did, its position out of range)."""
         ends = {tp: f.highwater for tp, f in fetch.items() if f.highwater is not None}
         stale = stale_offsets(self.processor.offsets, ends)
+        if stale and self._journal is not None and self._journal.journaled:
+            # a journaled broker's log is never shorter than a checkpoint: it is being
+            # refilled (what it sends below the states' offsets is skipped as included)
+            return
         if stale:
             warn_stale(stale, f"brain of {self.env}: input")
             for tp in stale:
@@ -467,7 +491,14 @@ class Brain(AsyncResource):
                         for name in self._inputs
                         for p in sorted(partitions)
                     }
-                    return loaded, await recover(self.settings, inputs, self._outputs, since)
+                    found = await recover(self.settings, inputs, self._outputs, since)
+                    short = {**found.stale_inputs, **found.stale_outputs}
+                    if self._journal is not None and await self._journal.coming_back(short):
+                        raise BrokerRefilling(
+                            f"{len(short)} log(s) end before the checkpoint while the broker "
+                            "is refilled from its journal"
+                        )
+                    return loaded, found
 
                 loaded, found = await unless(self._closing, load(), self._what)
                 break
@@ -484,18 +515,40 @@ class Brain(AsyncResource):
                     delay,
                     type(exc).__name__,
                     exc,
-                    exc_info=attempt == 1,
+                    exc_info=attempt == 1 and not isinstance(exc, BrokerRefilling),
                 )
                 if await wait_or_stop(self._closing, delay):
                     raise Stopping(f"{self._what} is stopping") from exc
         stale = found.stale_inputs
         warn_stale(stale, f"brain of {self.env}: input")
         warn_stale(found.stale_outputs, f"brain of {self.env}: output")
+        if stale and self._journal is not None and self._journal.journaled:
+            stale = self._rebuild(loaded, {part for _, part in stale})
         for tp in stale:
             del loaded.offsets[tp]
         self._resets.update(dict.fromkeys([*stale, *found.stale_outputs], 0))
         self.courier.published |= found.published
         self.processor.install(partitions, loaded)
+
+    def _rebuild(self, loaded: Any, partitions: set[int]) -> dict[tuple[str, int], tuple[int, int]]:
+        """Partitions of a journaled broker whose log ends before their checkpoint (one
+        written before the journal held what it covered): their states are dropped and
+        every input of theirs read from offset 0, so that no record is folded twice and
+        none is kept that no topic holds. Returns the input offsets to reset."""
+        log.warning(
+            "brain of %s: partitions %s end before their checkpoint on a journaled broker; "
+            "rebuilding their states from the log",
+            self.env,
+            sorted(partitions),
+        )
+        loaded.states = {u: sp for u, sp in loaded.states.items() if sp[0] not in partitions}
+        loaded.finished = {u: p for u, p in loaded.finished.items() if p not in partitions}
+        return {
+            (name, part): (loaded.offsets[(name, part)], 0)
+            for name in self._inputs
+            for part in partitions
+            if (name, part) in loaded.offsets
+        }
 
     # -- publishing ---------------------------------------------------------------------
 
@@ -531,6 +584,16 @@ class Brain(AsyncResource):
             except asyncio.CancelledError:
                 raise
             except Stopping:
+                return
+            except JournalBehind as exc:
+                log.warning(
+                    "brain of %s: %s; what it decided since its last checkpoint is not all "
+                    "on the broker any more (a broker that died lost it): starting again from "
+                    "that checkpoint",
+                    self.env,
+                    exc,
+                )
+                self.rewind.set()
                 return
             except Exception as exc:
                 failures += 1
@@ -575,8 +638,9 @@ class Brain(AsyncResource):
                 await self.courier.published_all()  # the offsets must not get ahead of the plans
                 snap = self._snapshot()
                 # no commit while partitions are revoked: faust's consumer thread waits
-                # for this handler, and a commit would wait for that thread
-                await self._save(snap, commit=drop is None)
+                # for this handler, and a commit would wait for that thread; nor a long
+                # wait for the journal (a broker that died copies nothing more)
+                await self._save(snap, commit=drop is None, journal_wait_s=HELD_JOURNAL_WAIT_S)
                 ok = True
             except Stopping as exc:
                 log.warning(
@@ -605,12 +669,16 @@ class Brain(AsyncResource):
         snap.reset, self._resets = self._resets, {}
         return snap
 
-    async def _save(self, snap: Snapshot, *, commit: bool = True) -> None:
+    async def _save(
+        self, snap: Snapshot, *, commit: bool = True, journal_wait_s: float = JOURNAL_WAIT_S
+    ) -> None:
         assert self._store is not None
         if self.halted:
             raise Stopping(f"{self._what} is halted")
         started = time.monotonic()
         try:
+            if snap.offsets and self._journal is not None:
+                await self._journal.wait_copied(snap.offsets, journal_wait_s)
             if snap:
                 await self._store.save(snap)
         except BaseException:
@@ -676,12 +744,33 @@ async def run(ctx: ServiceContext, *, freeze_gc: bool = False) -> None:
     metrics = BrainMetrics(ctx.metrics, ctx.env)
     live = await LivePolicy.open(ctx.settings, ctx.pg_dsn, ctx.env)
     async with background(live.run(ctx.stop), name=f"{ctx.env}.brain-settings"):
+        again = 0  # starts again in a row with the bus away
+        started = False
         while not ctx.stop.is_set():
             live.regroup.clear()
-            if live.policy.scheduler is None:
-                await _decide(ctx, live, metrics, freeze_gc=freeze_gc)
-            else:
-                await _lead(ctx, live, metrics, freeze_gc=freeze_gc)
+            try:
+                if live.policy.scheduler is None:
+                    await _decide(ctx, live, metrics, freeze_gc=freeze_gc)
+                else:
+                    await _lead(ctx, live, metrics, freeze_gc=freeze_gc)
+                again = 0
+            except BusUnavailable as err:
+                if not started:
+                    raise  # (its first start: said, as any service's)
+                # started again (a regroup, a rewind) while the bus is away: a broker that
+                # `up` restarts; the brain waits for it rather than end
+                again += 1
+                delay = REGROUP_RETRY.delay(again)
+                log.warning(
+                    "brain of %s: the bus is away as it starts again (%s); again in %.1f s",
+                    ctx.env,
+                    err,
+                    delay,
+                )
+                if await wait_or_stop(ctx.stop, delay):
+                    return
+                live.regroup.set()
+            started = True
             if not live.regroup.is_set():
                 return
 
@@ -744,10 +833,13 @@ async def _decide(
     halting = () if lost is None else (_halt_when(lost, brain),)
     try:
         async with background(*halting), brain:
-            stops = [ctx.stop, live.regroup] + ([] if lost is None else [lost])
+            stops = [ctx.stop, live.regroup, brain.rewind] + ([] if lost is None else [lost])
             if await wait_for_any([brain.ready, *stops]) and brain.ready.is_set():
                 ctx.ready.set()
             await brain.run_until(stops)
+            if brain.rewind.is_set() and not ctx.stop.is_set():
+                brain.halt()  # no checkpoint of what the journal lost: from the last one
+                live.regroup.set()  # `run` starts a brain again
     finally:
         live.attach(None)
 

@@ -10,11 +10,17 @@ record of it; only then may a checkpoint cover it (`published_all`).
 It also remembers where its plans landed (`produced`: where a restarted brain looks for
 plans published after its checkpoint) and which plans a crashed brain had published
 already (`published`: not published again).
+
+Beside `up`'s journaled broker it keeps what the broker acknowledged until the journal has
+it (`unjournaled`), and publishes again, before any new batch and every `LOST_CHECK_S`
+while idle, what a broker refilled from its journal lost of it: a lockstep tick's
+acknowledgement lost so made its operator wait for good (issue 37).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +39,7 @@ from dlrover_events.lifecycle import (
     wait_or_stop,
 )
 from dlrover_events.runtime.metrics import BrainMetrics
+from dlrover_events.runtime.unjournaled import Unjournaled
 from dlrover_events.settings import Settings
 from schemas.codec import encode
 from schemas.plans import ScalePlan
@@ -45,6 +52,8 @@ log = logging.getLogger(__name__)
 OUTBOX_BATCHES = 2
 #: A publication that failed is tried again after this.
 RETRY = Backoff(initial_s=0.1, max_s=30.0)
+#: Seconds between two questions, while idle, whether the broker lost what was published.
+LOST_CHECK_S = 1.0
 
 #: send(topic, key, value, partition) -> the broker's ack (topic, partition, offset)
 Send = Callable[[str, bytes | None, bytes, int | None], Awaitable[Any]]
@@ -92,11 +101,24 @@ class Courier(AsyncResource):
         self.republish_skipped = 0
         #: partitions of the topics published to every partition of (lockstep acks)
         self._partitions: dict[str, list[int]] = {}
+        #: what the broker acknowledged and the journal of `up`'s broker has not copied
+        #: (set by the brain where its env's database may hold that journal)
+        self.unjournaled: Unjournaled | None = None
+        #: held while publishing: what a refill lost goes out before anything new
+        self._sending = asyncio.Lock()
+        self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if self.unjournaled is not None:
+            # whether the broker has a journal, asked now: without one, a batch is then
+            # published with no question (asked again every few seconds) and no wait
+            with contextlib.suppress(Exception):
+                await self.unjournaled.lost()
         self._task = asyncio.create_task(self._loop(), name="brain-courier")
+        self._watch = asyncio.create_task(self._watch_lost(), name="brain-courier-lost")
 
     async def stop(self) -> None:
+        await cancel_and_wait(self._watch)
         await cancel_and_wait(self._task)
 
     async def put(self, out: Output, fetched_at: float) -> None:
@@ -131,22 +153,78 @@ class Courier(AsyncResource):
         while True:
             out, fetched_at = await self._outbox.get()
             try:
-                await self._publish(out)
+                async with self._sending:
+                    await self._republish_lost(before=True)
+                    await self._publish(out)
                 self._count(out, fetched_at)
             finally:
                 self._outbox.task_done()
+
+    async def _watch_lost(self) -> None:
+        """While no batch comes (a lockstep brain waits for a tick its operator will not
+        send before it reads the acknowledgement that was lost), ask now and then."""
+        while True:
+            await asyncio.sleep(LOST_CHECK_S)
+            if self.unjournaled is None or not len(self.unjournaled):
+                continue
+            async with self._sending:
+                with contextlib.suppress(Exception):  # (said; asked again)
+                    await self._republish_lost(before=False)
+
+    async def _republish_lost(self, *, before: bool) -> None:
+        """Publish again what the broker acknowledged and lost (refilled from `up`'s
+        journal without its last records), at the offsets it had: plans and
+        acknowledgements go into partitions only the brain writes. ``before``: a batch
+        waits for it, so ask until it is answered (the next records would take the lost
+        ones' offsets) or the brain stops."""
+        if self.unjournaled is None:
+            return
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                lost = await self.unjournaled.lost()
+                break
+            except Exception as err:  # Postgres, or a broker that died again meanwhile
+                log.warning(
+                    "brain of %s: could not ask whether the broker lost records (attempt "
+                    "%d): %s: %s",
+                    self.env,
+                    attempt,
+                    type(err).__name__,
+                    err,
+                )
+                if not before:
+                    raise
+                if await wait_or_stop(self._closing, RETRY.delay(attempt)):
+                    raise Stopping(f"the brain of {self.env} is stopping") from err
+        if not lost:
+            return
+        await self.deliver([_Record(s.topic, s.key, s.value or b"", s.partition) for s in lost])
+        log.warning(
+            "brain of %s: the broker lost %d record(s) it had acknowledged (refilled from its "
+            "journal without them): published again",
+            self.env,
+            len(lost),
+        )
 
     def _count(self, out: Output, fetched_at: float) -> None:
         """A published batch in the metrics; `fetched_at`: when the oldest record it
         decided was fetched (a plan's latency runs from there to the broker's ack)."""
         metrics = self._metrics
-        published = [p for p in out.plans if p.plan_id not in self.published]
-        if published:
-            latency = time.monotonic() - fetched_at
-            for plan in published:
-                kind = "scale" if isinstance(plan, ScalePlan) else "optimize"
-                metrics.plans.labels(self.env, kind).inc()
-                metrics.plan_latency.observe(latency)
+        latency = time.monotonic() - fetched_at
+        now_ms = time.time() * 1000
+        for plan, cause in zip(out.plans, out.causes, strict=True):
+            if plan.plan_id in self.published:
+                continue
+            kind = "scale" if isinstance(plan, ScalePlan) else "optimize"
+            metrics.plans.labels(self.env, kind).inc()
+            metrics.plan_latency.observe(latency)
+            # the cause's record timestamp: its producer's clock (CreateTime), or the
+            # broker's (LogAppendTime); -1 or none where the record has none
+            published_ms = getattr(cause, "timestamp", None)
+            if isinstance(published_ms, int) and published_ms >= 0:
+                metrics.plan_publication_latency.observe(max(0.0, now_ms - published_ms) / 1000)
         for letter in out.letters:
             metrics.dead_letters.labels(self.env, letter.error_kind.value).inc()
 
@@ -195,9 +273,14 @@ class Courier(AsyncResource):
                         raise result
                     failed.append(record)
                     why = result
-                elif record.plan:
-                    tp = (result.topic, result.partition)
-                    self.produced[tp] = max(self.produced.get(tp, 0), result.offset + 1)
+                else:
+                    if self.unjournaled is not None:
+                        self.unjournaled.note(
+                            result.topic, result.partition, result.offset, record.key, record.value
+                        )
+                    if record.plan:
+                        tp = (result.topic, result.partition)
+                        self.produced[tp] = max(self.produced.get(tp, 0), result.offset + 1)
             if failed:
                 delay = RETRY.delay(attempt)
                 log.warning(

@@ -26,14 +26,17 @@ class DyingBrain(Brain):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-async def main(bootstrap: str, dsn: str, env: str, die_at: int) -> None:
+async def main(bootstrap: str, dsn: str, env: str, die_at: int, batch_max: int = 7) -> None:
     settings = Settings(
         bootstrap_servers=bootstrap, pg_dsn=dsn, session_timeout_ms=2000, heartbeat_interval_ms=300
     )
-    brain = DyingBrain(settings, env, dsn, die_at=die_at, checkpoint_every_s=0.1, batch_max=7)
+    brain = DyingBrain(
+        settings, env, dsn, die_at=die_at, checkpoint_every_s=0.1, batch_max=batch_max
+    )
     await brain.start()
     await asyncio.Event().wait()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+    batch_max = int(sys.argv[5]) if len(sys.argv) > 5 else 7
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), batch_max))

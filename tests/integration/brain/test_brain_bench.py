@@ -48,6 +48,12 @@ async def test_bench_brain_prints_its_measures_last(settings: Settings, pg_dsn: 
     # a plan is seen after it is published
     assert result["plan_seen_latency_p50_ms"] >= result["plan_latency_p50_ms"]
     assert result["decisions"] > 0 and result["scale_plans"] > 0
+    # faust's fetched batches alone, the brain's path through faust
+    assert result["faust_sink_events_per_s"] > 0
+    # one phase per --rate given, its backlog counted in records
+    (phase,) = result["latency_by_rate"]
+    assert phase["rate_events_per_s"] == 200 and phase["events"] == 400
+    assert 0 <= phase["backlog_end_records"] <= phase["backlog_max_records"] <= 400
     # the decisions alone, without the bus, over the same events
     assert result["decide_only_events_per_s"] > 0
     assert result["ratio_to_decide_only"] == round(

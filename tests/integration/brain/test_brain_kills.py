@@ -1,10 +1,12 @@
 """A brain SIGKILLed several times mid-stream decides what a brain that ran in one go
-decides: the same plan ids with the same bodies, none lost.
+decides: the same plan ids with the same bodies, none lost; and brains that fetch 1, 7,
+500 or 5,000 records at a time decide the same plans, byte for byte.
 
 What the brain decides for a job depends on how its `job.metrics` and `job.events`
 interleave; each restart reads a backlog cut into other fetch batches than the live run
 read. The merge by event time (streams/brain/core/merge.py) makes the order a function of the
-records, so the plans are too.
+records, so the plans are too. Each killed brain fetches another number of records at a
+time (1, 7, 500, 5,000 in turn), so the run crosses batch boundaries of every size.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ JOBS = 6
 PER_JOB = 50
 KILLS = 4
 SEED = 15
+#: records per fetch: the killed brains take them in turn
+BATCHES = (1, 7, 500, 5000)
 
 
 def _input(env: str) -> list[Event]:
@@ -51,8 +55,10 @@ async def _publish(settings: Settings, env: str, events: list[Event]) -> None:
             await producer.send_raw(topic(env, name), encode(event), event.key.encode())
 
 
-async def _run_to_end(settings: Settings, env: str, pg_dsn: str, total: int) -> None:
-    brain = Brain(settings, env, pg_dsn)
+async def _run_to_end(
+    settings: Settings, env: str, pg_dsn: str, total: int, batch_max: int | None = None
+) -> None:
+    brain = Brain(settings, env, pg_dsn, batch_max=batch_max)
     await brain.start()
     try:
         await wait_for(
@@ -90,7 +96,7 @@ async def test_a_brain_killed_mid_stream_decides_what_one_run_decides(
     assert len(want) > 20, "the input should make plans"
 
     points = sorted(random.Random(SEED).sample(range(total // 10, 9 * total // 10), KILLS))
-    for die_at in points:
+    for kill, die_at in enumerate(points):
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -99,6 +105,7 @@ async def test_a_brain_killed_mid_stream_decides_what_one_run_decides(
             pg_dsn,
             killed,
             str(die_at),
+            str(BATCHES[kill % len(BATCHES)]),
             cwd=REPO,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -120,3 +127,20 @@ async def test_a_brain_killed_mid_stream_decides_what_one_run_decides(
     assert set(want) - set(got) == set(), "plans lost"
     differ = {p for p in want if got[p] != want[p]}
     assert differ == set(), f"{len(differ)} plans with another body"
+
+
+async def test_fetches_of_1_7_500_and_5000_records_make_the_same_plans(
+    settings: Settings, pg_dsn: str, make_env: EnvFactory
+) -> None:
+    envs = {size: (await make_env(partitions=2)).name for size in BATCHES}
+    events = _input(envs[BATCHES[0]])
+    total = len(events)
+    for env in envs.values():
+        await _publish(settings, env, [e.model_copy(update={"env": env}) for e in events])
+    plans: dict[int, dict[str, set[str]]] = {}
+    for size, env in envs.items():
+        await _run_to_end(settings, env, pg_dsn, total, batch_max=size)
+        plans[size] = await _plans(settings, env)
+    assert len(plans[BATCHES[0]]) > 20, "the input should make plans"
+    for size in BATCHES[1:]:
+        assert plans[size] == plans[BATCHES[0]], f"fetches of {size} records decided otherwise"

@@ -52,6 +52,10 @@ async def test_the_brain_counts_what_it_decides_and_publishes(
     assert value("dlrover_events_brain_decisions_total") >= 1
     assert value("dlrover_events_brain_events_total") == 4  # the dead letter included
     assert value("dlrover_events_brain_plan_latency_seconds_count") >= 2
+    # every plan here has an input record as its cause, and that record a timestamp
+    assert value("dlrover_events_brain_plan_publication_latency_seconds_count") == value(
+        "dlrover_events_brain_plan_latency_seconds_count"
+    )
     lag = {"topic": topic(env, JOB_EVENTS), "partition": "0"}
     assert (
         ctx.metrics.get_sample_value(

@@ -46,7 +46,8 @@ from tests.integration.k8s.kubelet_env import container_environment
 OLD_FIELDS = {"bases", "commonLabels", "patchesJson6902", "patchesStrategicMerge", "vars",
               "imageTags"}  # fmt: skip
 #: the Deployments of each env, by the name kustomize gives them
-SERVICES = ["archiver", "brain", "console", "evaluator", "gateway", "operator", "watchdog"]
+SERVICES = ["archiver", "brain", "checkpoints", "console", "evaluator", "experiments-recorder",
+            "gateway", "operator", "searcher", "watchdog"]  # fmt: skip
 #: who may hold a ServiceAccount token, per overlay
 TOKENS = {
     "prod": {

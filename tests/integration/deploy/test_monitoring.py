@@ -42,6 +42,7 @@ SHOWN = {
     "plans applied, partial, rejected": "dlrover_events_operator_plans_total",
     "dead letters": "dlrover_events_brain_dead_letters_total",
     "gateway requests": "dlrover_events_gateway_requests_total",
+    "trial decisions": "dlrover_events_searcher_decisions_total",
 }
 
 

@@ -373,7 +373,7 @@ async def test_the_cluster_as_processes(
                         get = container[probe]["httpGet"]
                         assert get["port"] in named, (service["metadata"]["name"], get)
                         probes.append((pod, get["path"], pod.ports[get["port"]]))
-        assert len({p.workload["metadata"]["name"] for p in pods}) == 13
+        assert len({p.workload["metadata"]["name"] for p in pods}) == 19
         await asyncio.gather(*(until_ready(pod, path, port) for pod, path, port in probes))
 
         # Every metric the monitoring asks for is served by a running service.

@@ -176,7 +176,10 @@ async def test_an_elastic_job_resizes_2_4_1_around_its_rendezvous_host(
     assert job is not None
 
     # The Service: headless, owned by the job, resolving to exactly the rank-0 pod.
-    (svc,) = await services(cluster, name)
+    # (and the role's own Service, under which each pod has its rank's name: test_multirole)
+    by_name = {s.metadata.name: s for s in await services(cluster, name)}
+    assert set(by_name) == {f"{name}-worker-rdzv", f"{name}-worker"}
+    svc = by_name[f"{name}-worker-rdzv"]
     assert svc.metadata.name == rendezvous_service(job, "worker") == f"{name}-worker-rdzv"
     assert svc.spec.cluster_ip == "None"
     assert svc.spec.publish_not_ready_addresses is True

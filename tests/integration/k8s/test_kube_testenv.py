@@ -512,10 +512,12 @@ async def test_operator_rbac_is_least_privilege(
         got.spec.holder_identity = "op-b"
         await leases.replace_namespaced_lease("dlrover-events-operator", namespace, got)
 
-        # A job a stream processor asked for (a JobRequest): created in its own namespace.
+        # A job a stream processor asked for (a JobRequest): created in its own namespace,
+        # and deleted when its owner asks (a JobDeletion: a killed experiment's trial).
         await custom.create_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, trainingjob("requested", {"worker": worker_role()})
         )
+        await custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "requested")
 
         # Denied: secrets, configmaps (the gateway's), other namespaces, anything else.
         denied: list[Callable[[], Awaitable[Any]]] = [
@@ -535,7 +537,7 @@ async def test_operator_rbac_is_least_privilege(
             lambda: custom.create_namespaced_custom_object(
                 GROUP, VERSION, other, PLURAL, trainingjob("other", {"worker": worker_role()})
             ),
-            lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job),
+            lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, other, PLURAL, job),
             lambda: custom.list_namespaced_custom_object(GROUP, VERSION, other, PLURAL),
         ]
         for call in denied:

@@ -202,7 +202,7 @@ async def test_prod_tokens_go_to_the_operator_gateway_console_and_bootstrap_only
         "dlrover-events-gateway": "dlrover-events-gateway",
         "dlrover-events-console": "dlrover-events-console",
     }
-    assert len(listed.items) == 7
+    assert len(listed.items) == 10  # the services of deploy/base, the watchdog among them
     job = await client.BatchV1Api(api).read_namespaced_job("dlrover-events-bootstrap", NAMESPACE)
     assert job.spec.template.spec.service_account_name == "dlrover-events-bootstrap"
     bindings = await client.RbacAuthorizationV1Api(api).list_namespaced_role_binding(

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from dlrover_events.bus.producer import Producer
+from dlrover_events.pods import shim
 from dlrover_events.runtime.services import ServiceContext
 from dlrover_events.settings import Settings
 from handlers.operator.document.trainingjob import ANN_WORKDIR
@@ -33,7 +34,7 @@ def shims(under: Path) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
-        if "handlers.operator.local.shim" in cmd and any(c.startswith(f"{under}/") for c in cmd):
+        if shim.MODULE in cmd and any(c.startswith(f"{under}/") for c in cmd):
             found.append(p)
     return found
 

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
-from handlers.operator.local.memory import Enforcement, available
+from dlrover_events.pods.memory import Enforcement, available
 from schemas.jobs import JobSubmitted, NodeFailed, NodeOOM, OOMKind
 from tests.integration.local.conftest import Local
 from tests.integration.local.test_local_platform import sleeper_job

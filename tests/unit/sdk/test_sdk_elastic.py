@@ -45,6 +45,7 @@ def test_saves_every_n_steps_and_resumes_where_it_was(tmp_path: Path) -> None:
     for step in range(1, 8):
         train(model, opt)
         saved.append(ck.maybe_save(step))
+        assert ck.wait(30)  # persisted behind the step: committed before the next one
     assert saved == [False, False, True, False, False, True, False]
     assert ck.saved_step == 6 and ck.saves == 2
     assert [p.name for p in path.parent.iterdir()] == ["job.pt"]  # no temporary left
@@ -71,11 +72,12 @@ def test_a_failed_write_keeps_the_old_file_and_does_not_raise(tmp_path: Path) ->
     model, opt = model_and_optimizer()
     ck = ElasticCheckpoint(path, model, opt, every=1, handle_sigterm=False)
     assert ck.save(1)
-    before = path.read_bytes()
+    before = sorted(p.name for p in path.rglob("*"))
     ck.model = None  # type: ignore[assignment]  # state_dict() of None fails mid-save
     assert not ck.save(2)
-    assert path.read_bytes() == before and ck.saved_step == 1
-    assert not list(tmp_path.glob(".*.tmp"))
+    assert sorted(p.name for p in path.rglob("*")) == before and ck.saved_step == 1
+    assert [m.step for m in ck.committed()] == [1]
+    assert not list(tmp_path.rglob(".*.tmp"))
 
 
 def test_sigterm_stops_at_the_next_boundary_with_a_save(tmp_path: Path) -> None:
@@ -128,11 +130,18 @@ WORKER = textwrap.dedent(
 )
 
 
+def format_1_file(path: Path, model: nn.Module, step: int) -> None:
+    """A checkpoint as rank 0 wrote it before the manifest's layout: one torch.save file."""
+    state = {"format": 1, "step": step, "world_size": 2, "model": model.state_dict()}
+    torch.save({**state, "optimizer": None, "knobs": None}, path)
+
+
 def test_the_rank_holding_the_newest_file_sends_it_to_all(tmp_path: Path) -> None:
-    # Rank 1 has the file (it was rank 0 before the re-rendezvous), rank 0 an older one.
+    # Format 1 (one file on each node's own disk), still read: rank 1 has the file (it was
+    # rank 0 before the re-rendezvous), rank 0 an older one.
     model, _ = model_and_optimizer()
-    ElasticCheckpoint(tmp_path / "r1.pt", model, handle_sigterm=False).save(30)
-    ElasticCheckpoint(tmp_path / "r0.pt", nn.Linear(4, 2), handle_sigterm=False).save(10)
+    format_1_file(tmp_path / "r1.pt", model, 30)
+    format_1_file(tmp_path / "r0.pt", nn.Linear(4, 2), 10)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     procs = [

@@ -6,14 +6,11 @@ between checks waits for the next one instead of starting a collective alone."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
-from dlrover_events.runtime.embedded import free_port
+from tests.unit.sdk.members import run_members
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -69,35 +66,14 @@ MEMBER = textwrap.dedent(
 )
 
 
-def run_members(spec: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", MEMBER, str(r), str(port), json.dumps(spec)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            text=True,
-        )
-        for r in range(3)
-    ]
-    outs: dict[int, dict[str, Any]] = {}
-    try:
-        for r, p in enumerate(procs):
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, (r, err[-3000:])
-            outs[r] = json.loads(out.strip().splitlines()[-1])
-    finally:
-        for p in procs:
-            p.kill()
-    return outs
+def run_members_of(spec: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return run_members(MEMBER, [json.dumps(spec)], timeout_s=120)
 
 
 def test_members_leaving_apart_within_the_window_leave_in_one_re_form() -> None:
     # rank 2 asks at step 5, rank 1 0.3 s later (some 10 steps on, had nobody waited)
     spec = {"check_every": 1, "gather_s": 1.5, "steps": 30, "leave": {"2": [5, 0], "1": [5, 0.3]}}
-    outs = run_members(spec)
+    outs = run_members_of(spec)
     assert outs[1]["left"] and outs[2]["left"]
     assert outs[0]["worlds"] == [3, 1] and outs[0]["step"] == 30
 
@@ -112,17 +88,17 @@ def test_within_the_window_the_plan_says_how_many_leave() -> None:
         "leave": {"2": [5, 0], "1": [5, 0.3]},
         "plan_count": 2,
     }
-    outs = run_members(spec)
+    outs = run_members_of(spec)
     assert outs[1]["left"] and outs[2]["left"]
     assert outs[0]["worlds"] == [3, 2, 1]
     # the plan asks for 1: the window waits for rank 1 too
-    outs = run_members({**spec, "plan_count": 1})
+    outs = run_members_of({**spec, "plan_count": 1})
     assert outs[0]["worlds"] == [3, 1]
 
 
 def test_without_the_window_they_leave_in_two_re_forms() -> None:
     spec = {"check_every": 1, "gather_s": 0, "steps": 30, "leave": {"2": [5, 0], "1": [5, 0.3]}}
-    outs = run_members(spec)
+    outs = run_members_of(spec)
     assert outs[1]["left"] and outs[2]["left"]
     assert outs[0]["worlds"] == [3, 2, 1]
 
@@ -130,7 +106,7 @@ def test_without_the_window_they_leave_in_two_re_forms() -> None:
 def test_with_checks_every_other_step_a_leaver_waits_for_the_next_check() -> None:
     # asked at step 3, between checks (the checks come before steps 0, 2, 4, ...)
     spec = {"check_every": 2, "gather_s": 0.1, "steps": 20, "leave": {"2": [3, 0]}}
-    outs = run_members(spec)
+    outs = run_members_of(spec)
     assert outs[2]["left"] and outs[2]["step"] == 4
     assert outs[0]["worlds"] == [3, 2] and outs[1]["worlds"] == [3, 2]
     assert outs[0]["step"] == outs[1]["step"] == 20

@@ -389,9 +389,14 @@ class InPlaceGroup:
             self._transfer(decision.source)
 
     def _transfer(self, src: int) -> None:
-        """The source rank's model, optimizer, step and knobs to every member."""
+        """The source rank's model, optimizer, step and knobs to every member, and with a
+        checkpoint its progress (``ElasticCheckpoint.progress``: the sampler's position
+        too), taken as a restore takes it: a newcomer, a warm spare admitted among them,
+        or a survivor behind by a step goes on from the same data position as the
+        source."""
         assert self._module is not None
         me = dist.get_rank()
+        ckpt = self._checkpoint
         state = None
         if me == src:
             state = {
@@ -399,15 +404,23 @@ class InPlaceGroup:
                 "optimizer": self._optimizer.state_dict() if self._optimizer else None,
                 "step": self.step,
                 "knobs": self.knobs.state_dict() if self.knobs is not None else None,
+                "progress": ckpt.progress(self.step) if ckpt is not None else None,
             }
         got = StateSync(self.device).broadcast(state, src)
+        step = int(got["step"])
         if me != src:
             self._module.load_state_dict(got["model"])
             if self._optimizer is not None and got["optimizer"] is not None:
                 self._optimizer.load_state_dict(got["optimizer"])
-            if self.knobs is not None and got["knobs"] is not None:
-                self.knobs.load_state_dict(got["knobs"], int(got["step"]))
-        self.step = int(got["step"])
+            if ckpt is not None and got.get("progress"):
+                ckpt.take_progress(got["progress"], step)
+            if (
+                self.knobs is not None
+                and got["knobs"] is not None
+                and (ckpt is None or ckpt.knobs is not self.knobs)  # taken with the progress
+            ):
+                self.knobs.load_state_dict(got["knobs"], step)
+        self.step = step
 
     # -- at each step boundary --------------------------------------------------------------
 

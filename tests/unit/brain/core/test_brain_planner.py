@@ -9,11 +9,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.env_settings import LimitSettings
-from schemas.plans import NodeGroupResource, NodeResource, OptimizePlan, ResourcePlan, ScalePlan
+from schemas.jobs import NodeRef, NodeStarted
+from schemas.plans import (
+    NodeGroupResource,
+    NodeResource,
+    OptimizePlan,
+    ResourcePlan,
+    ScalePlan,
+    ScaleResult,
+    ScaleStatus,
+)
 from streams.brain.core.decide import JobDecision, decide
+from streams.brain.core.folds import fold
 from streams.brain.core.optimizers import REGISTRY, NoParams, OptimizeContext, Proposal
 from streams.brain.core.optimizers.api import group_plan
-from streams.brain.core.planner import DEFAULT_LIMITS, MAX_ROLE_REPLICAS, plan_id, plan_scale
+from streams.brain.core.planner import (
+    DEFAULT_LIMITS,
+    MAX_ROLE_REPLICAS,
+    PENDING_ANSWER_S,
+    plan_id,
+    plan_scale,
+)
 from streams.brain.core.state import PS, WORKER, JobState, NodeStatus, Pinned, RoleResources, Stage
 from tests.unit.brain.builders import ENV, T0, GiB, meta, node, nodes, oom, plan_one, state
 
@@ -77,19 +93,96 @@ def test_the_change_pending_with_the_operator_is_not_planned_again() -> None:
     planned = plan_one(waiting, optimize_plan(count(6), caused_by="event-2"), T0)
     assert planned.scale_plan is None
     assert f"the same change is pending (plan {first.plan_id})" in planned.notes
-    # another change is planned although one is pending
-    other = scale(waiting, optimize_plan(count(7), caused_by="event-2"))
+    # another change waits for the answer (it would diff against the job as it was)
+    held = plan_one(waiting, optimize_plan(count(7), caused_by="event-2"), T0)
+    assert held.scale_plan is None
+    assert f"plan {first.plan_id} is not answered yet (0 s)" in held.notes[-1]
+
+
+def test_a_plan_waits_for_the_pending_ones_answer_and_starts_from_what_it_leaves() -> None:
+    """Seen on the local platform: a worker-resource resize (1 cpu -> 4) pending, goodput's
+    "explore 4" half a second later was planned from the role's old resources, and the
+    platform applied it after the resize: the workers went back to 1 cpu."""
+    j = job(workers=2)
+    resize = scale(j, optimize_plan(count(0, cpu=12), caused_by="e-1"))
+    assert resize is not None and resize.node_group_resources[WORKER].node_resource.cpu == 12
+    waiting = j.model_copy(update={"pending_scale_plan": resize})
+    explore = optimize_plan(count(4), optimizer="goodput", caused_by="e-2")
+    assert plan_one(waiting, explore, T0 + timedelta(seconds=1)).scale_plan is None
+    result = ScaleResult(
+        env=ENV, job=j.job, occurred_at=T0, plan_id=resize.plan_id, status=ScaleStatus.APPLIED
+    )
+    answered = fold(waiting, result)
+    assert answered is not None and answered.pending_scale_plan is None
+    grown = scale(answered, explore, T0 + timedelta(seconds=2))
+    assert grown is not None
+    assert grown.node_group_resources[WORKER].count == 4
+    assert grown.node_group_resources[WORKER].node_resource.cpu == 12  # (not back to 8)
+    assert [(n.id, n.resource.cpu) for n in grown.launch_nodes] == [(2, 12), (3, 12)]
+
+
+def test_an_answer_that_never_came_or_an_urgent_plan_is_not_waited_for() -> None:
+    first = scale(job(), optimize_plan(count(6), caused_by="event-1"))
+    assert first is not None
+    waiting = job(pending_scale_plan=first)
+    later = T0 + timedelta(seconds=PENDING_ANSWER_S)
+    other = scale(waiting, optimize_plan(count(7), caused_by="event-2"), later)
     assert other is not None and other.node_group_resources[WORKER].count == 7
+    oom = optimize_plan(per_node={"worker-1": NodeResource(memory=32 * GiB)}, optimizer="host-oom")
+    urgent = scale(waiting, oom)
+    assert urgent is not None and [m.node.id for m in urgent.migrate_nodes] == [1]
 
 
-def test_scale_up_launches_after_the_highest_known_id() -> None:
+def test_scale_up_launches_the_lowest_ids_no_node_holds() -> None:
+    """As the platforms number a role's nodes (the lowest rank free): a removed node's id
+    is free again, a failed node's is not (its pod is there until it is removed)."""
     j = job()
-    gone = j.nodes | {"worker-9": node(WORKER, 9, status=NodeStatus.REMOVED)}
-    result = scale(j.model_copy(update={"nodes": gone}), optimize_plan(count(6)))
+    more = j.nodes | {
+        "worker-2": node(WORKER, 2, status=NodeStatus.REMOVED),
+        "worker-3": node(WORKER, 3, status=NodeStatus.FAILED),
+        "worker-9": node(WORKER, 9, status=NodeStatus.REMOVED),
+    }
+    result = scale(j.model_copy(update={"nodes": more}), optimize_plan(count(6)))
     assert result is not None
-    assert [(n.type, n.id) for n in result.launch_nodes] == [(WORKER, 10), (WORKER, 11)]
+    # alive: 0, 1 (2 removed, 3 failed): 4 more, in the lowest ids free
+    assert [n.id for n in result.launch_nodes] == [2, 4, 5, 6]
     assert result.launch_nodes[0].resource == NodeResource(cpu=8, memory=16 * GiB)
     assert result.node_group_resources[WORKER].count == 6
+
+
+def test_a_shrink_after_a_regrow_removes_only_nodes_the_platform_started() -> None:
+    """Seen on the local platform: workers 2 and 3 removed, the regrow to 4 launched
+    worker-4 and worker-5, the platform started worker-2 and worker-3 (the lowest ranks
+    free), the brain kept 4 and 5 as pending nodes, and its next shrink removed worker-5:
+    rejected, "cannot remove worker-5: no such node"."""
+    at = T0
+
+    def answered(j: JobState, plan: ScalePlan) -> JobState:
+        result = ScaleResult(
+            env=ENV, job=j.job, occurred_at=at, plan_id=plan.plan_id, status=ScaleStatus.APPLIED
+        )
+        after = fold(j.model_copy(update={"pending_scale_plan": plan}), result)
+        assert after is not None
+        return after
+
+    j = job(workers=4)
+    shrink = scale(j, optimize_plan(count(2), optimizer="goodput", caused_by="e-1"))
+    assert shrink is not None and [n.id for n in shrink.remove_nodes] == [3, 2]
+    j = answered(j, shrink)
+    grow = scale(j, optimize_plan(count(4), optimizer="goodput", caused_by="e-2"))
+    assert grow is not None
+    assert [n.id for n in grow.launch_nodes] == [2, 3]  # (before: 4 and 5)
+    j = answered(j, grow)
+    for rank in (2, 3):  # the platform's pods for them run
+        started = fold(
+            j, NodeStarted(env=ENV, job=j.job, occurred_at=at, node=NodeRef(type=WORKER, id=rank))
+        )
+        assert started is not None
+        j = started
+    assert [n.id for n in j.alive_nodes(WORKER)] == [0, 1, 2, 3]
+    again = scale(j, optimize_plan(count(2), optimizer="goodput", caused_by="e-3"))
+    assert again is not None
+    assert [n.id for n in again.remove_nodes] == [3, 2]
 
 
 def test_scale_down_removes_highest_index_first() -> None:

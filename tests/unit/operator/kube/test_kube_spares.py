@@ -20,6 +20,7 @@ from handlers.operator.document.trainingjob import parse_job
 from handlers.operator.kube.pods import LABEL_INDEX, LABEL_RANK, parse_pod
 from handlers.operator.kube.spares import (
     ADMISSION_PATH,
+    ADMISSION_VOLUME,
     ANN_SPARE_ADMISSION,
     ANN_SPARE_KEY,
     LABEL_SPARE,
@@ -34,7 +35,7 @@ from handlers.operator.kube.spares import (
     spare_name,
     wanted,
 )
-from handlers.operator.kube.trainingjob import pod_manifest
+from handlers.operator.kube.trainingjob import PEERS_VOLUME, pod_manifest
 from handlers.operator.platform.bodies import JobView, NewPod, Resources
 from tests.unit.operator.reconcile.test_planning import UID, job_obj
 
@@ -98,9 +99,12 @@ def test_a_spare_is_the_roles_pod_less_what_only_a_pod_knows_and_no_node() -> No
     (container,) = got["spec"]["containers"]
     assert container["command"] == host["spec"]["containers"][0]["command"]
     assert container["resources"] == host["spec"]["containers"][0]["resources"]
-    (mount,) = container["volumeMounts"]
+    # its admission file, beside the job's peers file every pod of the job has
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert set(mounts) == {ADMISSION_VOLUME, PEERS_VOLUME}
+    mount = mounts[ADMISSION_VOLUME]
     assert ADMISSION_PATH.startswith(mount["mountPath"] + "/") and mount["readOnly"]
-    (volume,) = got["spec"]["volumes"]
+    (volume,) = [v for v in got["spec"]["volumes"] if v["name"] == ADMISSION_VOLUME]
     (item,) = volume["downwardAPI"]["items"]
     assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{ANN_SPARE_ADMISSION}']"
     assert mount["mountPath"] + "/" + item["path"] == ADMISSION_PATH

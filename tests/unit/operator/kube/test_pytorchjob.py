@@ -30,12 +30,13 @@ from handlers.operator.platform.bodies import (
     PENDING,
     RUNNING,
     SUCCEEDED,
+    JobSpecChange,
     JobView,
     OperatorJobStatus,
     PlanChange,
     Resources,
 )
-from handlers.operator.platform.errors import InvalidJob, PlanRejected
+from handlers.operator.platform.errors import Invalid, InvalidJob, PlanRejected
 from handlers.operator.reconcile.events import job_meta, node_events
 from schemas.jobs import NodeFailed, NodeRef, NodeStarted
 from schemas.plan_parts import AWAITING_JOB
@@ -420,6 +421,22 @@ def test_what_the_training_operator_cannot_do_is_rejected_with_why() -> None:
     patch = patch_of(job, change)
     assert patch["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}
     assert set(patch["metadata"]["annotations"]) == {ANN_PLANS}
+
+
+def test_a_change_that_gives_a_node_resources_of_its_own_is_invalid() -> None:
+    """The port's change as the job's patch: resources of one node would be kept and never
+    honoured (one template per replica type), so the change is refused; the ranks it
+    removes first are not written (the training-operator removes the highest indexes)."""
+    job = elastic(3)
+    own = {"worker": {1: Resources(memory=GiB)}}
+    with pytest.raises(Invalid, match="no node can have resources of its own"):
+        PYTORCH_JOB.job_patch(job, JobSpecChange(job.resource_version, ("p1",), node_resources=own))
+    removal = JobSpecChange(
+        job.resource_version, ("p1",), replicas={"worker": 2}, remove_first={"worker": (2,)}
+    )
+    patch = PYTORCH_JOB.job_patch(job, removal)
+    assert set(patch["metadata"]["annotations"]) == {ANN_PLANS}
+    assert patch["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}
 
 
 def test_a_finished_job_takes_no_plan() -> None:

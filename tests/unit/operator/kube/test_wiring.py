@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from dlrover_events.errors import UserError
 from dlrover_events.settings import Settings
 from handlers.operator.document.trainingjob import parse_job
-from handlers.operator.kube.trainingjob import pod_manifest
+from handlers.operator.kube.trainingjob import PEERS_VOLUME, pod_manifest
 from handlers.operator.kube.wiring import CA_DIR, CERT_DIR, PodWiring, pod_wiring
 from handlers.operator.platform.bodies import NewPod
 from tests.unit.operator.reconcile.test_planning import job_obj
@@ -118,10 +118,12 @@ def test_sasl_and_tls_go_by_secret_references_never_as_values() -> None:
     assert got["DLROVER_EVENTS_SSL_CAFILE"] == f"{CA_DIR}/ca.crt"
     assert got["DLROVER_EVENTS_SSL_CHECK_HOSTNAME"] == "false"
     assert PASSWORD not in json.dumps(manifest), "the operator's password is no pod's value"
-    assert manifest["spec"]["volumes"] == [
+    # beside the job's peers file (a downward-API volume every pod of a job has)
+    assert [v for v in manifest["spec"]["volumes"] if v["name"] != PEERS_VOLUME] == [
         {"name": "dlrover-events-kafka-ca", "secret": {"secretName": "kafka-cluster-ca-cert"}}
     ]
-    assert manifest["spec"]["containers"][0]["volumeMounts"] == [
+    mounts = manifest["spec"]["containers"][0]["volumeMounts"]
+    assert [m for m in mounts if m["name"] != PEERS_VOLUME] == [
         {"name": "dlrover-events-kafka-ca", "mountPath": CA_DIR, "readOnly": True}
     ]
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from handlers.operator.local import shim, spares
+from dlrover_events.pods import shim
+from handlers.operator.local import spares
 from handlers.operator.local.spare_keeper import SpareKeeper
 from handlers.operator.local.store import read_json, write_json
 from handlers.operator.platform.bodies import RUNNING, PodView, Resources

@@ -31,7 +31,9 @@ def test_an_option_the_platform_does_not_take_is_one_line() -> None:
 
 
 def test_an_unknown_platform_names_the_known_ones() -> None:
-    with pytest.raises(UnknownPlatform, match="unknown platform 'k8s'; known: kubernetes, local"):
+    with pytest.raises(
+        UnknownPlatform, match="unknown platform 'k8s'; known: hosts, kubernetes, local"
+    ):
         PLATFORMS["k8s"]
 
 

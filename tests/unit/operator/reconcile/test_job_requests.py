@@ -23,7 +23,7 @@ from handlers.operator.reconcile.intake import JobIntake, RequestLedger
 from handlers.operator.reconcile.requests import OWNER_LABEL, REQUEST_LABEL, Answer
 from schemas.codec import decode, encode
 from schemas.envelope import Event
-from schemas.requests import JobRequest, JobRequestResult, JobRequestStatus
+from schemas.requests import JobDeletion, JobRequest, JobRequestResult, JobRequestStatus
 
 ENV = "prod"
 
@@ -172,7 +172,7 @@ class MemoryLedger(RequestLedger):
     async def answer(self, request_id: str) -> Answer | None:
         return self.rows.get(request_id)
 
-    async def record(self, request: JobRequest, answer: Answer) -> bool:
+    async def record(self, request: JobRequest | JobDeletion, answer: Answer) -> bool:
         if request.request_id in self.rows:
             return False
         self.rows[request.request_id] = answer
@@ -190,7 +190,7 @@ class Intake:
         assert isinstance(event, JobRequestResult)
         self.said.append(event)
 
-    async def ask(self, asked: JobRequest) -> JobRequestResult:
+    async def ask(self, asked: JobRequest | JobDeletion) -> JobRequestResult:
         await self.intake.answer(asked)
         return self.said[-1]
 

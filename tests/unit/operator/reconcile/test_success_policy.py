@@ -78,19 +78,19 @@ def completed(j: JobView, pods: list[PodView]) -> bool:
 def test_the_shipped_di_engine_example_succeeds_once_all_its_pods_did() -> None:
     obj = yaml.safe_load(EXAMPLE.read_text())
     j = parse_job({**obj, "metadata": {**obj["metadata"], "uid": UID}})
-    assert success_roles(j) == ("coordinator", "collector", "learner")
+    assert success_roles(j) == ("coordinator", "collector", "learner", "aggregator")
     pods = [done(name, rank) for name, r in j.roles.items() for rank in range(r.replicas)]
     assert outcome(j, pods) == (
         "Succeeded",
-        "all pods of coordinator (1), collector (4), learner (1) succeeded",
+        "all pods of coordinator (1), collector (4), learner (1), aggregator (1) succeeded",
     )
     assert phase(j, pods) == "Succeeded"
     assert completed(j, pods)
     status = job_status(j, pods)
     assert status is not None and status_patch(status)["status"]["phase"] == "Succeeded"
     # one pod still running: not yet
-    assert outcome(j, [*pods[:-1], pod("learner", 0)]) == (None, "")
-    assert phase(j, [*pods[:-1], pod("learner", 0)]) == "Running"
+    assert outcome(j, [*pods[:-1], pod("aggregator", 0)]) == (None, "")
+    assert phase(j, [*pods[:-1], pod("aggregator", 0)]) == "Running"
 
 
 def test_without_a_policy_a_job_of_free_roles_needs_every_role() -> None:

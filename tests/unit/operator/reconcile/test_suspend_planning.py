@@ -88,6 +88,20 @@ def test_a_suspended_job_keeps_no_pod_and_makes_none() -> None:
     assert phase(job, []) == "Suspended"
 
 
+def test_a_job_that_ended_before_its_suspension_came_leaves_nothing_to_wait_for() -> None:
+    """Its pods exited 0 (a trial told to stop as its stop's hold came) before the
+    suspension deleted them: a finished job keeps its pods, so a suspend that waited for
+    them to go waited its grace period and the settle margin for nothing, and held up
+    every plan read after it (seen in tests/integration/local/test_experiment_loop.py)."""
+    job = after(tj(2), job_patch(tj(2), plan_change(tj(2), [], plan("s1", suspend=True)).change))
+    ended = [pod(0, "Succeeded"), pod(1, "Succeeded")]
+    assert diff(job, ended).delete == ()
+    assert remaining(job, ended) == []
+    # a pod that ends once its deletion began is still waited for, until it is gone
+    leaving = [pod(0, "Succeeded", deleting=True), pod(1, deleting=True)]
+    assert remaining(job, leaving) == ["j-worker-0", "j-worker-1"]
+
+
 def test_a_plan_with_a_count_resumes_a_suspended_job_and_one_without_does_not() -> None:
     job = after(tj(2), job_patch(tj(2), plan_change(tj(2), [], plan("s1", suspend=True)).change))
     knobs = plan_change(job, [], plan("k1", training={"local_batch_size": 8}))

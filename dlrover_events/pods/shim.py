@@ -1,7 +1,8 @@
-"""One node (pod) of the local platform: ``python -m handlers.operator.local.shim POD_DIR``.
+"""One node (pod) as processes: ``python -m dlrover_events.pods.shim POD_DIR``.
 
-The operator starts this small process per node instead of the node's command itself, so
-that a node outlives the operator (a restarted operator re-adopts it from its pid file)
+Whoever runs pods (the local platform's operator, a host's agent) starts this small
+process per node instead of the node's command itself, so that a node outlives it (a
+restarted operator or agent re-adopts it from its pid file)
 and still leaves its ending behind: the shim waits for the command, and writes how it
 ended (exit code, signal, OOM kill) to ``exit.json``, which any later operator reads.
 It also owns the node's memory limit and its grace period: SIGTERM is passed on to the
@@ -27,8 +28,8 @@ from typing import Any
 
 import psutil
 
-from handlers.operator.local.memory import Enforcement, NodeMemory
-from handlers.operator.local.store import write_json
+from dlrover_events.pods.files import write_json
+from dlrover_events.pods.memory import Enforcement, NodeMemory
 
 # The files of a node's directory (a pod's or a warm spare's)
 SPEC = "spec.json"
@@ -40,6 +41,8 @@ POD = "pod.json"
 #: the shim's pid and start time, written by the operator that started it
 PID = "pid"
 _PR_SET_CHILD_SUBREAPER = 36
+#: what ``python -m`` runs
+MODULE = "dlrover_events.pods.shim"
 
 
 def alive(record: Mapping[str, Any]) -> bool:
@@ -51,6 +54,25 @@ def alive(record: Mapping[str, Any]) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, KeyError, TypeError, ValueError):
         return False
+
+
+def start(pod_dir: Path, python: str = sys.executable) -> subprocess.Popen[bytes]:
+    """The shim of the pod in ``pod_dir`` (its ``SPEC`` written), in a session of its own:
+    it outlives whoever started it, who (or whose successor) adopts it again from the pid
+    and start time left in ``PID``."""
+    proc = subprocess.Popen(
+        [python, "-m", MODULE, str(pod_dir)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(pod_dir / "shim.log", "ab"),  # noqa: SIM115 - the shim's own
+        start_new_session=True,
+    )
+    try:
+        created = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        created = 0.0
+    write_json(pod_dir / PID, {"pid": proc.pid, "create_time": created})
+    return proc
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -107,7 +129,7 @@ def main(pod_dir: Path) -> int:
     child = subprocess.Popen(
         spec["command"],
         cwd=spec.get("cwd") or None,
-        env=spec["env"],
+        env=memory.child_env(spec["env"]),
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,

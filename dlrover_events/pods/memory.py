@@ -20,6 +20,8 @@ from enum import StrEnum
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: glibc malloc arenas a node's process may make under RLIMIT_AS (``child_env``)
+MALLOC_ARENAS = "2"
 #: our cgroups live under one parent, named so an operator's leftovers are recognisable
 PARENT = "dlrover-events"
 
@@ -100,6 +102,17 @@ class NodeMemory:
                     (group / "memory.swap.max").write_text("0")
             return cls(how, limit, group)
         return cls(Enforcement.RLIMIT_AS, limit)
+
+    def child_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The node's variables; under RLIMIT_AS with glibc's malloc arenas capped
+        (``MALLOC_ARENA_MAX``, unless the node sets it): each thread that allocates gets an
+        arena of its own, 64 MB of address space reserved, up to 8 per core. Measured
+        under a 4 GiB RLIMIT_AS with torch imported: 14 more threads could start, 102 with
+        two arenas; an elastic worker at world size 3 on the hosts platform died starting
+        its checkpoint's thread ("can't start new thread", issue 35)."""
+        if self.how == Enforcement.RLIMIT_AS and self.limit and "MALLOC_ARENA_MAX" not in env:
+            return {**env, "MALLOC_ARENA_MAX": MALLOC_ARENAS}
+        return env
 
     def enter(self) -> None:
         """In the child, before exec: join the cgroup, or cap the address space."""

@@ -1,5 +1,8 @@
 """ConfigMaps on a real kube-apiserver reach long-polling jobs through a real gateway:
-cluster -> watch -> Postgres (ConfigStore) -> <env>.config.changes -> index -> HTTP."""
+cluster -> watch -> Postgres (ConfigStore) -> <env>.config.changes -> index -> HTTP.
+
+The test control plane (`kube`, `namespace`) comes from tests/integration/k8s/
+control_plane.py, which tests/conftest.py names as a plugin."""
 
 from __future__ import annotations
 
@@ -20,8 +23,7 @@ from handlers.gateway.configmaps_runner import ConfigMapWatcher
 from handlers.gateway.runtime import GatewayServer, GatewaySettings
 from tests.conftest import EnvFactory
 from tests.integration.gateway.conftest import Running, gateway_settings, mint
-
-from .kube import unique_name
+from tests.integration.k8s.kube import unique_name
 
 pytestmark = pytest.mark.integration
 
