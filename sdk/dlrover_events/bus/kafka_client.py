@@ -38,6 +38,9 @@ from dlrover_events.settings import ENV_PREFIX, Settings, SettingsError
 PLAINTEXT_SNIFF_AFTER_S = 1.0
 #: how long a diagnosis waits for a TLS alert after a handshake (a refused certificate)
 ALERT_WAIT_S = 1.0
+#: how long a start already under way may go on when its caller is cancelled (see
+#: `start_kafka_client`)
+START_FINISH_S = 1.0
 
 
 def kafka_connection(settings: Settings) -> dict[str, Any]:
@@ -159,15 +162,23 @@ async def start_kafka_client(client: Any, settings: Settings) -> None:
             done, _ = await asyncio.wait({start}, timeout=PLAINTEXT_SNIFF_AFTER_S)
             if not done and await _speaks_plaintext(settings):
                 raise _tls_to_plaintext(settings)
-        await start
+        await asyncio.shield(start)  # (a cancellation of ours is handled below)
     except (KafkaError, *_SCRAM_REFUSALS) as err:
         await _release(client)
         raise await diagnose(settings, err) from None
     except BaseException:
         if not start.done():
-            start.cancel()
+            # aiokafka's bootstrap closes its first connection on a Kafka error or a
+            # timeout but not on a cancellation: cancelled while its metadata request is
+            # out, it drops the socket open ("Unclosed AIOKafkaConnection" when collected;
+            # seen when `up` stopped a service that was starting). A start that is that far
+            # ends within milliseconds, so it may finish first; one that is stuck is cut.
             with contextlib.suppress(BaseException):
-                await start
+                await asyncio.wait({start}, timeout=START_FINISH_S)
+        if not start.done():
+            start.cancel()
+        with contextlib.suppress(BaseException):
+            await start
         await _release(client)
         raise
 
