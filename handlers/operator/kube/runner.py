@@ -167,6 +167,12 @@ class KubeSettings(BaseSettings):
     pod_kafka_cert_secret: str | None = Field(
         default=None, description="Secret with the pods' client certificate and key (mTLS)"
     )
+    checkpoint_dir: str | None = Field(
+        default=None,
+        description="where the SDK's checkpoint helper keeps a job's checkpoints, as every "
+        "pod reaches it (a shared volume's path or an fsspec URL such as s3://bucket/ckpt); "
+        "unset: the job's own",
+    )
 
     @model_validator(mode="after")
     def _timing(self) -> KubeSettings:
@@ -436,6 +442,7 @@ async def run(ctx: ServiceContext, options: Mapping[str, Any]) -> None:
         sasl_password_secret=conf.pod_sasl_password_secret,
         ca_secret=conf.pod_kafka_ca_secret,
         cert_secret=conf.pod_kafka_cert_secret,
+        checkpoint_dir=conf.checkpoint_dir,
     )
     for warning in wiring.warnings:
         log.warning("%s", warning)

@@ -1,7 +1,7 @@
 """What a TrainingJob's pod is told besides who it is: where the bus is and how to reach
-it (its security settings), where the gateway is and a read-scoped token for it, as the
-local platform tells its processes. Without it the SDK in a real pod reported to
-127.0.0.1:9092.
+it (its security settings), where the gateway is and a read-scoped token for it, and where
+its checkpoints go, as the local platform tells its processes. Without it the SDK in a
+real pod reported to 127.0.0.1:9092.
 
 Pure: `pod_wiring` turns the operator's settings into a `PodWiring` once (a setting that
 would leave pods unable to connect is a one-line UserError at the operator's start), and
@@ -20,6 +20,7 @@ from typing import Any
 
 from dlrover_events.config.client import TOKEN_ENV, URL_ENV
 from dlrover_events.errors import UserError
+from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.settings import ENV_PREFIX, Settings
 
 #: where a pod finds the Kafka CA and its client certificate (Secret volumes)
@@ -117,6 +118,7 @@ def pod_wiring(
     sasl_password_secret: str | None = None,
     ca_secret: str | None = None,
     cert_secret: str | None = None,
+    checkpoint_dir: str | None = None,
 ) -> PodWiring:
     """The wiring of the pods of an operator with ``settings`` (its own bus settings:
     pods reach the same Kafka the same way unless told otherwise)."""
@@ -173,6 +175,9 @@ def pod_wiring(
             values.append((f"{ENV_PREFIX}SSL_CHECK_HOSTNAME", "false"))
     else:
         _unused(ca_secret or cert_secret, "POD_KAFKA_*_SECRET", protocol)
+    if checkpoint_dir:
+        # the SDK's default root (`<dir>/<job>.pt`), as the local and hosts platforms give
+        values.append((CHECKPOINT_DIR_ENV, checkpoint_dir))
     if gateway_url:
         values.append((URL_ENV, gateway_url))
     else:

@@ -12,8 +12,10 @@ import pytest
 from pydantic import SecretStr
 
 from dlrover_events.errors import UserError
+from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.settings import Settings
 from handlers.operator.document.trainingjob import parse_job
+from handlers.operator.kube.runner import kube_settings
 from handlers.operator.kube.trainingjob import PEERS_VOLUME, pod_manifest
 from handlers.operator.kube.wiring import CA_DIR, CERT_DIR, PodWiring, pod_wiring
 from handlers.operator.platform.bodies import NewPod
@@ -63,6 +65,18 @@ def test_without_a_gateway_url_the_pod_gets_the_bus_only_and_the_operator_says_s
     assert got["DLROVER_EVENTS_BOOTSTRAP_SERVERS"] == "kafka:9092"
     assert "DLROVER_EVENTS_GATEWAY_URL" not in got and "DLROVER_EVENTS_GATEWAY_TOKEN" not in got
     assert any("DLROVER_EVENTS_OPERATOR_GATEWAY_URL" in w for w in wiring.warnings)
+
+
+def test_the_checkpoint_dir_reaches_every_pod_as_the_sdk_reads_it() -> None:
+    """DLROVER_EVENTS_OPERATOR_CHECKPOINT_DIR becomes the SDK's default root in each pod, as
+    the local and hosts platforms give theirs; unset, a pod gets none (the job's own)."""
+    url = "s3://ckpt/team-a"
+    wiring = pod_wiring(Settings(bootstrap_servers="kafka:9092"), checkpoint_dir=url)
+    assert variables(pod_env(wiring))[CHECKPOINT_DIR_ENV] == url
+    bare = pod_wiring(Settings(bootstrap_servers="kafka:9092"))
+    assert CHECKPOINT_DIR_ENV not in variables(pod_env(bare))
+    options = kube_settings({"checkpoint_dir": url})
+    assert options.checkpoint_dir == url
 
 
 def test_a_variable_the_template_sets_wins() -> None:
