@@ -25,9 +25,12 @@ starts it again: the job forms anew from the checkpoint (the restart path).
 The SDK's pieces: the Reporter and TorchHook (samples with the world size and the knobs
 in force), ElasticCheckpoint (save every N steps, on SIGTERM before a re-rendezvous, and
 when a peer left mid-step; resume with the step count going on), the PlanFollower (rank 0
-follows the job's plan at the gateway when DLROVER_EVENTS_GATEWAY_URL is set) and
+follows the job's plan at the gateway when DLROVER_EVENTS_GATEWAY_URL is set),
 StepKnobs (local batch size and gradient accumulation switched at a step boundary, on
-every rank at the same step, keeping the global batch).
+every rank at the same step, keeping the global batch) and LostPeerWatch (a peer whose
+host the operator declared lost, NodeLost on the job's events, ends this worker with exit
+code 4 rather than leave it in a collective until the group's timeout; its agent re-forms
+the job without the lost node).
 
 Printed on stdout, one JSON object a line: ``spare`` when a warm spare is ready to be
 admitted, ``membership`` when training starts in a world (world size, first step),
@@ -78,6 +81,7 @@ from dlrover_events.sdk.torch.inplace import (
     requested,
     wait_admitted,
 )
+from dlrover_events.sdk.torch.lost_peers import Lost, LostPeerWatch
 from schemas.plans import (
     JobPlan,
     NotApplied,
@@ -90,9 +94,11 @@ from schemas.plans import (
 FEATURES = 32
 CLASSES = 8
 #: Exit codes: a stop asked by SIGTERM (as if killed by it), a peer lost mid-step, in-place
-#: re-forming failed (the agent starts the worker again: the restart path).
+#: re-forming failed (the agent starts the worker again: the restart path); and, by the
+#: SDK's LostPeerWatch, a peer's host declared lost while this worker trained with it
+#: (EXIT_PEER_LOST, 4: its collective would only have ended at the group's timeout).
 EXIT_STOPPED = 143
-EXIT_PEER_LOST = 1
+EXIT_PEER_FAILED = 1
 EXIT_REFORM_FAILED = 3
 
 log = logging.getLogger("train_elastic")
@@ -260,6 +266,26 @@ def main(argv: list[str] | None = None) -> int:
         job_id=args.job_id or os.environ.get("DLROVER_EVENTS_JOB_ID") or "elastic"
     )
     reporter = Reporter(identity, interval_s=args.interval_s)
+    step = 0
+
+    def abandoned(lost: Lost) -> None:
+        # said by the watch's thread, as this process ends: the main thread may be in a
+        # collective with the lost peer
+        emit(
+            "exit",
+            reason="peer_host_lost",
+            world_size=world_size,
+            rank=rank,
+            node=identity.rank,
+            first_step=rescale.step,
+            step=step,
+            lost_node=lost.member.rank,
+            lost_pod=lost.pod,
+        )
+
+    # A peer whose host is lost says nothing: the operator's word that it is (NodeLost)
+    # ends this worker, and the agent re-forms the job without it (not alone: no peers).
+    watch = LostPeerWatch.for_world(identity, formed_at=started, on_abandon=abandoned)
     knobs = step_knobs(
         args.batch_size,
         args.accumulation,
@@ -342,8 +368,10 @@ def main(argv: list[str] | None = None) -> int:
             step + 1,
             str(err).splitlines()[0][:200],
         )
-        reason, code = "peer_lost", EXIT_PEER_LOST
+        reason, code = "peer_lost", EXIT_PEER_FAILED
     finally:
+        if watch is not None:
+            watch.close(0.0)
         stats = hook.close(args.close_timeout_s if code == 0 else min(args.close_timeout_s, 0.5))
         if follower is not None:
             follower.close()

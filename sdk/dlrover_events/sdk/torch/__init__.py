@@ -26,7 +26,9 @@ here: the names below are the API.
 A job rescaled in place imports ``inplace`` itself (``InPlaceGroup``: the processes re-form
 their group at a step boundary instead of restarting; its pure decisions are
 ``dlrover_events.sdk.membership``). It is not imported here, so a restarting job does not
-load it.
+load it. Nor is ``lost_peers`` (``LostPeerWatch``: on the restart path, a worker ends
+itself when the operator says a peer's host was lost, rather than wait in a collective for
+the group's timeout), which reads the bus.
 """
 
 from dlrover_events.sdk.torch.checkpoint import (
