@@ -1,7 +1,10 @@
 """Saving and resuming an elastic run across re-rendezvous (``ElasticCheckpoint``).
 
-The step pays for a copy of the state to host memory; torch.distributed.checkpoint's
-``save`` persists it in a thread behind training, each rank writing its own part (no
+The step pays for a copy of what a forward pass changes (buffers, small tensors, the RNG
+and the data's position) to host memory; the parameters and the optimizer's state are
+copied behind the next forward and backward, and the optimizer's next ``step`` waits for
+that copy (``wait_staged``); torch.distributed.checkpoint's ``save`` persists it in a
+thread behind training, each rank writing its own part (no
 gather on rank 0: a job whose state is sharded, FSDP2, saves as it is), and rank 0 commits
 it by writing a manifest last (``dlrover_events.sdk.checkpoint_manifest``). A job resumed at
 another world size loads the same checkpoint resharded by DCP. See docs/checkpoints.md.
@@ -10,6 +13,7 @@ another world size loads the same checkpoint resharded by DCP. See docs/checkpoi
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import json
 import logging
@@ -174,25 +178,70 @@ class _HostCopy:
                 out.append((name, type(value).__name__))
         return out
 
-    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
-        from torch.distributed._state_dict_utils import (
-            _copy_state_dict,
-            _create_cpu_state_dict,
-        )
+    def stage(
+        self, state: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The staged state (``state`` with each tensor replaced by its host buffer) and
+        the (buffer, source) pairs still to copy: the caller copies them, some now, some
+        behind training."""
+        from torch.distributed._state_dict_utils import _create_cpu_state_dict
 
         shape = self._signature(state)
         if self._buffers is None or shape != self._shape:
             pin = torch.cuda.is_available()
             self._buffers = _create_cpu_state_dict(state, pin_memory=pin)
             self._shape = shape
-        staged: dict[str, Any] = _copy_state_dict(state, self._buffers, type_check=False)
-        return staged
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        staged: dict[str, Any] = _pair(state, self._buffers, pairs)
+        return staged, pairs
 
     def drop(self) -> None:
         self._buffers, self._shape = None, None
 
 
-@dataclass
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, or the tensor."""
+    local: torch.Tensor = getattr(t, "_local_tensor", t)
+    return local
+
+
+def _pair(state: Any, buffers: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """``state`` with each tensor replaced by its buffer (same structure), the (buffer,
+    source) local tensors appended to ``pairs``; plain values are taken as they are (the
+    state dicts are made anew at each save), others copied."""
+    if isinstance(state, torch.Tensor):
+        shards = getattr(state, "local_shards", None)
+        if callable(shards):  # a ShardedTensor
+            for mine, theirs in zip(buffers.local_shards(), shards(), strict=True):
+                pairs.append((mine.tensor, theirs.tensor))
+        else:
+            pairs.append((_local(buffers), _local(state)))
+        return buffers
+    if isinstance(state, Mapping):
+        return {k: _pair(v, buffers[k], pairs) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        out = [_pair(v, b, pairs) for v, b in zip(state, buffers, strict=True)]
+        return tuple(out) if isinstance(state, tuple) else out
+    if state is None or isinstance(state, int | float | str | bytes):
+        return state
+    return copy.deepcopy(state)
+
+
+def _storage(t: torch.Tensor) -> int:
+    """Where a tensor's memory is (0 when it has none to speak of)."""
+    try:
+        return int(_local(t).untyped_storage().data_ptr())
+    except Exception:  # a tensor without a storage of its own: copied in the step
+        return 0
+
+
+@torch.no_grad()
+def _copy(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for dst, src in pairs:
+        dst.copy_(src)
+
+
+@dataclass(eq=False)  # compared by identity (wait_staged)
 class _Persist:
     """One save behind training: DCP's save, its retries, rank 0's commit."""
 
@@ -207,6 +256,11 @@ class _Persist:
     #: what the loop said at the save: the metrics and the plan whose knobs are in force
     metrics: dict[str, float] = field(default_factory=dict)
     plan_id: str | None = None
+    #: (buffer, source) pairs the persist's thread copies first: the parameters and the
+    #: optimizer's state, which only the optimizer's step changes
+    behind: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    #: set once ``behind`` is copied (or the copy failed): what the optimizer's step waits for
+    copied: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     committed: bool = False
     error: str | None = None
@@ -227,7 +281,14 @@ class ElasticCheckpoint:
       ``manifest.json``, written last. A root that is a file (format 1, one torch.save by
       rank 0) is still read.
     - ``maybe_save(step)`` every ``every`` steps, at a step boundary, on every rank: the
-      step waits for the copy to host memory only; the persist runs behind. At most one
+      step waits for a copy to host memory of what a forward pass changes (buffers such
+      as BatchNorm's running statistics, tensors under 64 KiB, the RNG, the data's
+      position); the parameters and the optimizer's state that the optimizer holds are
+      copied behind the next forward and backward, and that optimizer's next ``step``
+      waits for the copy (a step pre-hook), so the checkpoint is the state as of the save.
+      Whatever changes a parameter or the optimizer's state outside ``optimizer.step``
+      (an in-place update, a ``load_state_dict``) calls ``wait_staged()`` first. The
+      persist runs behind. At most one
       save is in flight: one due while the previous still persists is put off to the next
       boundary (training never waits for storage; the checkpoint is taken a few steps
       late), agreed by every rank so all save the same step.
@@ -246,6 +307,10 @@ class ElasticCheckpoint:
     - Each commit is reported by rank 0: ``CheckpointCommitted`` through ``reporter``
       (the SDK's reporter, to the env's catalog), and ``on_commit`` if given.
     """
+
+    #: tensors smaller than this are copied in the step, whatever they are: their copy costs
+    #: less than a wait, and code of the job's own may change one
+    STAGE_BEHIND_BYTES = 64 * 1024
 
     def __init__(
         self,
@@ -302,7 +367,13 @@ class ElasticCheckpoint:
         self.given_up = 0
         #: the world size the checkpoint ``restore`` loaded was saved in (None: none loaded)
         self.restored_world_size: int | None = None
+        #: the step's part of the last save: its copy in the step, plus any wait for the
+        #: copy behind it (``wait_staged``, the optimizer's next step)
         self.last_blocking_s: float | None = None
+        #: of which the last wait for the copy behind (0.0: it was done by then)
+        self.last_staging_wait_s: float | None = None
+        #: bytes of the last save copied behind training rather than in the step
+        self.last_behind_bytes = 0
         self.last_persist_s: float | None = None
         self._started_step: int | None = None
         self._stop = False
@@ -312,6 +383,10 @@ class ElasticCheckpoint:
         self._previous: Any = None
         self._host = _HostCopy()
         self._inflight: _Persist | None = None
+        #: saves whose copy behind training is not known to be done (an abandoned one too)
+        self._copying: list[_Persist] = []
+        #: the optimizers whose step waits for that copy: id -> (optimizer, hook handle)
+        self._hooked: dict[int, tuple[Any, Any]] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._world: Any = None
@@ -477,6 +552,70 @@ class ElasticCheckpoint:
             return False
         return self._inflight is None or self._inflight.committed
 
+    def wait_staged(self, timeout_s: float | None = None) -> bool:
+        """Wait until the state of the last save is copied to host memory: after it, the
+        parameters and the optimizer's state may change without reaching the checkpoint.
+
+        The optimizer's ``step`` calls it (a step pre-hook on each optimizer the
+        checkpoint saves); whatever else changes a parameter or the optimizer's state in
+        place (an update outside the optimizer, an exponential average written into the
+        model, a ``load_state_dict``) must call it first. True when no copy is left;
+        False when ``timeout_s`` passed first. The wait counts in the save's blocking time."""
+        with self._lock:
+            pending = [p for p in self._copying if not p.copied.is_set()]
+            self._copying = pending
+        if not pending:
+            return True
+        t0 = time.perf_counter()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        ok = True
+        for persist in pending:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ok = persist.copied.wait(left) and ok
+        waited = time.perf_counter() - t0
+        for persist in pending:
+            persist.blocking_s += waited
+        if self._inflight in pending:
+            self.last_staging_wait_s = waited
+            self.last_blocking_s = (self.last_blocking_s or 0.0) + waited
+        return ok
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The optimizer's step pre-hook: its first change of the state waits for the copy."""
+        self.wait_staged()
+
+    def _optimizers(self) -> list[Any]:
+        if self.optimizer is None:
+            return []
+        if isinstance(self.optimizer, torch.optim.Optimizer):
+            return [self.optimizer]
+        try:
+            return list(self.optimizer)
+        except TypeError:
+            return [self.optimizer]
+
+    def _behind(self) -> set[int]:
+        """The storages that may be copied behind training: those of the parameters and
+        of the state of each optimizer whose step waits for the copy (hooked here at the
+        first save). Anything else (buffers, a parameter no hooked optimizer holds) is
+        copied in the step: a forward pass, or code of the job's own, may change it."""
+        storages: set[int] = set()
+        for opt in self._optimizers():
+            if id(opt) not in self._hooked:
+                register = getattr(opt, "register_step_pre_hook", None)
+                if register is None:
+                    continue  # no hook to wait in: its tensors are copied in the step
+                self._hooked[id(opt)] = (opt, register(self._before_step))
+            for group in opt.param_groups:
+                storages.update(_storage(p) for p in group["params"])
+            for per_param in opt.state.values():
+                if isinstance(per_param, Mapping):
+                    storages.update(
+                        _storage(v) for v in per_param.values() if isinstance(v, torch.Tensor)
+                    )
+        storages.discard(0)
+        return storages
+
     def close(self, timeout_s: float | None = None) -> bool:
         """Wait for the save in flight, then stop retrying (the process is ending)."""
         ok = self.wait(timeout_s)
@@ -525,7 +664,10 @@ class ElasticCheckpoint:
         return state, _has_dtensor(model_sd)
 
     def _begin(self, step: int, reason: SaveReason) -> bool:
-        """The blocking part: the state's copy to host memory and the persist's start.
+        """The blocking part: the copy to host memory of what a forward pass may change,
+        and the persist's start; the parameters and optimizer state the hooked optimizers
+        hold (tensors of ``STAGE_BEHIND_BYTES`` or more) are copied first in the persist's
+        thread, while training computes the next forward and backward (``wait_staged``).
 
         DCP's save (its planning, the plans' collectives on the persist group, the
         write) runs whole in the persist's thread, not through ``async_save``: that
@@ -536,7 +678,16 @@ class ElasticCheckpoint:
         try:
             self._groups()
             state, sharded = self._state(step)
-            staged = self._host.stage(state)
+            behind = self._behind()  # after _state: DCP may have made the optimizer's state
+            staged, pairs = self._host.stage(state)
+            later = [
+                (dst, src)
+                for dst, src in pairs
+                if src.numel() * src.element_size() >= self.STAGE_BEHIND_BYTES
+                and _storage(src) in behind
+            ]
+            chosen = {id(dst) for dst, _ in later}
+            _copy([(dst, src) for dst, src in pairs if id(dst) not in chosen])
         except Exception as err:
             if isinstance(err, RuntimeError) and is_peer_failure(err):
                 raise
@@ -544,6 +695,8 @@ class ElasticCheckpoint:
             return False
         blocking = time.perf_counter() - t0
         self.last_blocking_s = blocking
+        self.last_staging_wait_s = 0.0
+        self.last_behind_bytes = sum(src.numel() * src.element_size() for _, src in later)
         self._started_step = step
         persist = _Persist(
             step=step,
@@ -556,7 +709,10 @@ class ElasticCheckpoint:
             generation=self._generation,
             metrics=dict(self.metrics),
             plan_id=getattr(self.knobs, "applied_plan_id", None),
+            behind=later,
         )
+        if not later:
+            persist.copied.set()
         persist.thread = threading.Thread(
             target=self._persist,
             args=(persist, sharded),
@@ -564,8 +720,15 @@ class ElasticCheckpoint:
             daemon=False,  # an ending process waits for its last save (bounded by retries)
         )
         self._inflight = persist
+        if later:
+            with self._lock:
+                self._copying.append(persist)
         persist.thread.start()
         return True
+
+    def _copy_behind(self, persist: _Persist) -> None:
+        """In the persist's thread, before DCP's save: the tensors left to copy."""
+        _copy(persist.behind)
 
     def _persist(self, persist: _Persist, sharded: bool) -> None:
         """Behind training: wait for DCP's write, retry it, and (rank 0) commit."""
@@ -573,6 +736,16 @@ class ElasticCheckpoint:
         give_up_at = time.monotonic() + self.retry_for_s
         metadata = None
         try:
+            try:
+                if persist.behind:
+                    self._copy_behind(persist)
+            except Exception as err:
+                persist.error = f"not copied to host memory: {err}"
+                log.error("checkpoint of step %d: %s", persist.step, persist.error)
+                return
+            finally:
+                persist.behind = []
+                persist.copied.set()
             while True:
                 try:
                     metadata = self._save(persist)
@@ -610,6 +783,7 @@ class ElasticCheckpoint:
                 self.saves += 1
         finally:
             persist.staged = {}
+            persist.copied.set()
             persist.done.set()
 
     def _save(self, persist: _Persist) -> Any:
@@ -803,6 +977,7 @@ class ElasticCheckpoint:
         return manifest.step
 
     def _load(self, name: str, manifest: Manifest, group: Any) -> None:
+        self.wait_staged()  # the load writes into the model and the optimizer
         rank = world()[0]
         state, _ = self._state(manifest.step)
         saved = set(self.storage.reader(name).read_metadata().state_dict_metadata)
@@ -855,6 +1030,7 @@ class ElasticCheckpoint:
     # -- format 1: one torch.save file by rank 0 -------------------------------------------
 
     def _restore_legacy(self) -> int:
+        self.wait_staged()
         local = self._load_legacy()
         state = local
         if distributed() and dist.get_world_size() > 1:

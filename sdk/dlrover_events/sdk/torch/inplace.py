@@ -409,6 +409,8 @@ class InPlaceGroup:
         got = StateSync(self.device).broadcast(state, src)
         step = int(got["step"])
         if me != src:
+            if ckpt is not None:
+                ckpt.wait_staged()  # the copy of its last save must not see this state
             self._module.load_state_dict(got["model"])
             if self._optimizer is not None and got["optimizer"] is not None:
                 self._optimizer.load_state_dict(got["optimizer"])
