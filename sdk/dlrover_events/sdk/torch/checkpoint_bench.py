@@ -8,11 +8,16 @@ one process, alternating order in each run:
 
 - ``torch.save`` in the loop (the former ``ElasticCheckpoint``: a file, flushed and
   fsynced, then renamed): the step waits for all of it;
-- ``ElasticCheckpoint``: the step waits for the copy to host memory (``blocking``), DCP
+- ``ElasticCheckpoint``: the step waits for the copy to host memory of what a forward
+  changes and, at the optimizer's next step, for the copy of the parameters made behind
+  the forward and backward (``blocking``: both; ``staging_wait``: the second), DCP
   persists behind it (``persist``: until the manifest is committed).
 
-The first save of an ``ElasticCheckpoint`` allocates its host buffers and is reported
-apart; the medians are over ``--runs`` saves after it. Then the training throughput of a
+Each save is measured in a training step (forward, backward, the optimizer's step over the
+same model), beside steps without a save: ``step_s_*`` and the overheads say what the
+whole step paid, contention for the cores included. The first save of an
+``ElasticCheckpoint`` allocates its host buffers and is reported apart; the medians are
+over ``--runs`` saves after it. Then the training throughput of a
 loop whose step is a forward and backward pass over the smallest state's model, with a
 save every ``--every`` steps (each way) against none: medians of ``--runs`` loops each,
 the order rotated. The last line is one JSON object.
@@ -37,6 +42,8 @@ from dlrover_events.sdk.torch.checkpoint import ElasticCheckpoint
 
 LAYER = 2048
 LAYER_MB = LAYER * (LAYER + 1) * 4 / 1e6
+#: the batch of the training steps the saves are measured in
+BATCH = 16
 
 
 def model_of(mb: float) -> nn.Module:
@@ -62,46 +69,90 @@ def torch_save(model: nn.Module, path: Path) -> float:
 
 
 def elastic_save(ck: ElasticCheckpoint, step: int) -> tuple[float, float]:
-    """(blocking, persist) seconds of one save, persist until its commit."""
+    """(blocking, persist) seconds of one save waited for at once, persist until its commit."""
     assert ck.save(step, wait=False)
+    ck.wait_staged()
     blocking = ck.last_blocking_s or 0.0
     t = perf_counter()
     assert ck.wait(600), "the persist did not commit"
     return blocking, (ck.last_persist_s or (perf_counter() - t))
 
 
+class Steps:
+    """A training step over ``model``: a forward and backward pass on a batch of
+    ``BATCH``, then the optimizer's step. Gradients are zeroed in place, not set to None:
+    DCP's ``get_state_dict`` makes a stateless optimizer's state (SGD's) by a step of its
+    own over zero gradients, allocated anew, when it finds none, a cost of SGD without
+    momentum, not of the copy measured here."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+        self.x = torch.randn(BATCH, LAYER)
+
+    def compute(self) -> None:
+        self.model(self.x).square().mean().backward()
+
+    def update(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=False)
+
+
 def measure_size(mb: float, runs: int, root: Path) -> dict[str, Any]:
+    """Per way, ``runs`` training steps, the ways in turn and the order rotated: without a
+    save, with ``torch.save`` in the loop after the optimizer's step (what the step waits
+    for: the save), and with ``ElasticCheckpoint.save`` at the boundary before the next
+    forward (what the step waits for: the copy in the step, and at the optimizer's step
+    the wait for the copy behind the forward and backward, ``wait_staged``)."""
     model = model_of(mb)
+    steps = Steps(model)
+    steps.compute()
+    steps.update()  # gradients exist from here on
     where = root / f"state-{int(mb)}mb"
     where.mkdir(parents=True, exist_ok=True)
-    ck = ElasticCheckpoint(where / "elastic", model, handle_sigterm=False)
+    ck = ElasticCheckpoint(where / "elastic", model, steps.optimizer, handle_sigterm=False)
     first_blocking, first_persist = elastic_save(ck, 0)
-    saves, blocking, persist = [], [], []
+    saves, blocking, waits, persist = [], [], [], []
+    took: dict[str, list[float]] = {"none": [], "torch": [], "elastic": []}
+    ways = ("none", "torch", "elastic")
     for run in range(runs):
-        order = ("torch", "elastic") if run % 2 == 0 else ("elastic", "torch")
-        for way in order:
+        for way in ways[run % 3 :] + ways[: run % 3]:
+            t = perf_counter()
+            if way == "elastic":
+                assert ck.save(run + 1, wait=False)
+            steps.compute()
+            steps.update()
             if way == "torch":
                 saves.append(torch_save(model, where / "model.pt"))
-            else:
-                b, p = elastic_save(ck, run + 1)
-                blocking.append(b)
-                persist.append(p)
-            with torch.no_grad():  # the state changes between saves, as in training
-                for param in model.parameters():
-                    param.add_(1e-3)
+            took[way].append(perf_counter() - t)
+            if way == "elastic":
+                blocking.append(ck.last_blocking_s or 0.0)
+                waits.append(ck.last_staging_wait_s or 0.0)
+                assert ck.wait(600), "the persist did not commit"
+                persist.append(ck.last_persist_s or 0.0)
     shutil.rmtree(where, ignore_errors=True)
     med_save, med_block = statistics.median(saves), statistics.median(blocking)
+    step = {k: statistics.median(v) for k, v in took.items()}
     return {
         "state_mb": round(state_mb(model), 1),
         "torch_save_s": round(med_save, 4),
         "blocking_s": round(med_block, 4),
+        "staging_wait_s": round(statistics.median(waits), 4),
+        "behind_mb": round(ck.last_behind_bytes / 1e6, 1),
         "persist_s": round(statistics.median(persist), 4),
         "blocking_vs_torch_save": round(med_block / med_save, 4),
+        "step_s_no_save": round(step["none"], 4),
+        "step_s_torch_save": round(step["torch"], 4),
+        "step_s_elastic": round(step["elastic"], 4),
+        "elastic_step_overhead_s": round(step["elastic"] - step["none"], 4),
+        "torch_save_step_overhead_s": round(step["torch"] - step["none"], 4),
         "first_blocking_s": round(first_blocking, 4),
         "first_persist_s": round(first_persist, 4),
         "torch_save_runs_s": [round(v, 4) for v in saves],
         "blocking_runs_s": [round(v, 4) for v in blocking],
+        "staging_wait_runs_s": [round(v, 4) for v in waits],
         "persist_runs_s": [round(v, 4) for v in persist],
+        "step_runs_s": {k: [round(v, 4) for v in vs] for k, vs in took.items()},
     }
 
 
@@ -109,19 +160,21 @@ def throughput(mb: float, steps: int, every: int, root: Path, rounds: int) -> di
     """Steps per second with no saves, ElasticCheckpoint and torch.save every ``every``
     (medians of ``rounds`` loops each)."""
     model = model_of(mb)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
-    x = torch.randn(16, LAYER)
+    train = Steps(model)
+    train.compute()
+    train.update()
     where = root / "throughput"
     where.mkdir(parents=True, exist_ok=True)
-    ck = ElasticCheckpoint(where / "elastic", model, every=every, handle_sigterm=False)
+    ck = ElasticCheckpoint(
+        where / "elastic", model, train.optimizer, every=every, handle_sigterm=False
+    )
     elastic_save(ck, 0)  # its host buffers, as a job's first save makes them
 
     def loop(save: str) -> float:
         t = perf_counter()
         for step in range(1, steps + 1):
-            model(x).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
+            train.compute()
+            train.update()
             if save == "elastic":
                 ck.maybe_save(step + loop.offset)  # type: ignore[attr-defined]
             elif save == "torch" and step % every == 0:
@@ -179,9 +232,12 @@ def bench_checkpoint(
             typer.echo(
                 f"{r['state_mb']:.0f} MB: torch.save in the loop {r['torch_save_s']:.3f} s, "
                 f"ElasticCheckpoint blocks {r['blocking_s']:.3f} s "
-                f"({100 * r['blocking_vs_torch_save']:.1f} %) and persists in "
-                f"{r['persist_s']:.3f} s behind (median of {runs}; first save "
-                f"{r['first_blocking_s']:.3f} s blocking)"
+                f"({100 * r['blocking_vs_torch_save']:.1f} %; of which "
+                f"{r['staging_wait_s']:.3f} s at the optimizer's step) and persists in "
+                f"{r['persist_s']:.3f} s behind; steps {r['step_s_no_save']:.3f} s without "
+                f"a save, {r['step_s_torch_save']:.3f} s with torch.save, "
+                f"{r['step_s_elastic']:.3f} s with ElasticCheckpoint (median of {runs}; "
+                f"first save {r['first_blocking_s']:.3f} s blocking)"
             )
         rate: dict[str, Any] = {}
         if steps:
