@@ -98,12 +98,14 @@ class Steps:
         self.optimizer.zero_grad(set_to_none=False)
 
 
-def measure_size(mb: float, runs: int, root: Path) -> dict[str, Any]:
+def measure_size(mb: float, runs: int, root: Path, in_step: bool = True) -> dict[str, Any]:
     """Per way, ``runs`` training steps, the ways in turn and the order rotated: without a
     save, with ``torch.save`` in the loop after the optimizer's step (what the step waits
     for: the save), and with ``ElasticCheckpoint.save`` at the boundary before the next
     forward (what the step waits for: the copy in the step, and at the optimizer's step
-    the wait for the copy behind the forward and backward, ``wait_staged``)."""
+    the wait for the copy behind the forward and backward, ``wait_staged``); with
+    ``in_step``, also an ``ElasticCheckpoint`` that copies everything in the step (as it
+    did before the copy behind), its own host buffers, for the ratio in the same run."""
     model = model_of(mb)
     steps = Steps(model)
     steps.compute()
@@ -112,27 +114,47 @@ def measure_size(mb: float, runs: int, root: Path) -> dict[str, Any]:
     where.mkdir(parents=True, exist_ok=True)
     ck = ElasticCheckpoint(where / "elastic", model, steps.optimizer, handle_sigterm=False)
     first_blocking, first_persist = elastic_save(ck, 0)
-    saves, blocking, waits, persist = [], [], [], []
-    took: dict[str, list[float]] = {"none": [], "torch": [], "elastic": []}
-    ways = ("none", "torch", "elastic")
+    ways: tuple[str, ...] = ("none", "torch", "elastic")
+    checkpoints = {"elastic": ck}
+    if in_step:  # the whole copy in the step (as before the copy behind): the same run
+        whole = ElasticCheckpoint(where / "in-step", model, steps.optimizer, handle_sigterm=False)
+        whole.STAGE_BEHIND_BYTES = 1 << 62
+        elastic_save(whole, 0)
+        checkpoints["in_step"] = whole
+        ways = (*ways, "in_step")
+    saves, persist = [], []
+    blocking: dict[str, list[float]] = {way: [] for way in checkpoints}
+    waits: list[float] = []
+    took: dict[str, list[float]] = {way: [] for way in ways}
     for run in range(runs):
-        for way in ways[run % 3 :] + ways[: run % 3]:
+        for way in ways[run % len(ways) :] + ways[: run % len(ways)]:
+            saving = checkpoints.get(way)
             t = perf_counter()
-            if way == "elastic":
-                assert ck.save(run + 1, wait=False)
+            if saving is not None:
+                assert saving.save(run + 1, wait=False)
             steps.compute()
             steps.update()
             if way == "torch":
                 saves.append(torch_save(model, where / "model.pt"))
             took[way].append(perf_counter() - t)
+            if saving is not None:
+                blocking[way].append(saving.last_blocking_s or 0.0)
+                assert saving.wait(600), "the persist did not commit"
             if way == "elastic":
-                blocking.append(ck.last_blocking_s or 0.0)
                 waits.append(ck.last_staging_wait_s or 0.0)
-                assert ck.wait(600), "the persist did not commit"
                 persist.append(ck.last_persist_s or 0.0)
     shutil.rmtree(where, ignore_errors=True)
-    med_save, med_block = statistics.median(saves), statistics.median(blocking)
+    med_save, med_block = statistics.median(saves), statistics.median(blocking["elastic"])
     step = {k: statistics.median(v) for k, v in took.items()}
+    whole_copy: dict[str, Any] = {}
+    if in_step:
+        med_whole = statistics.median(blocking["in_step"])
+        whole_copy = {
+            "in_step_blocking_s": round(med_whole, 4),
+            "in_step_blocking_vs_torch_save": round(med_whole / med_save, 4),
+            "step_s_in_step": round(step["in_step"], 4),
+            "in_step_blocking_runs_s": [round(v, 4) for v in blocking["in_step"]],
+        }
     return {
         "state_mb": round(state_mb(model), 1),
         "torch_save_s": round(med_save, 4),
@@ -149,10 +171,11 @@ def measure_size(mb: float, runs: int, root: Path) -> dict[str, Any]:
         "first_blocking_s": round(first_blocking, 4),
         "first_persist_s": round(first_persist, 4),
         "torch_save_runs_s": [round(v, 4) for v in saves],
-        "blocking_runs_s": [round(v, 4) for v in blocking],
+        "blocking_runs_s": [round(v, 4) for v in blocking["elastic"]],
         "staging_wait_runs_s": [round(v, 4) for v in waits],
         "persist_runs_s": [round(v, 4) for v in persist],
         "step_runs_s": {k: [round(v, 4) for v in vs] for k, vs in took.items()},
+        **whole_copy,
     }
 
 
@@ -216,6 +239,9 @@ def bench_checkpoint(
         "", help="A directory to write in (default: a temporary one, removed after)."
     ),
     threads: int = typer.Option(0, min=0, help="torch threads (0: torch's default)."),
+    in_step: bool = typer.Option(
+        True, help="Also measure the whole copy in the step (the former way) in the same run."
+    ),
 ) -> None:
     """Blocking time per save and persist time of ElasticCheckpoint against torch.save in
     the loop, and the training throughput with saves every N steps against none."""
@@ -227,7 +253,7 @@ def bench_checkpoint(
     results = []
     try:
         for mb in sizes:
-            r = measure_size(mb, runs, base)
+            r = measure_size(mb, runs, base, in_step)
             results.append(r)
             typer.echo(
                 f"{r['state_mb']:.0f} MB: torch.save in the loop {r['torch_save_s']:.3f} s, "
@@ -239,6 +265,12 @@ def bench_checkpoint(
                 f"{r['step_s_elastic']:.3f} s with ElasticCheckpoint (median of {runs}; "
                 f"first save {r['first_blocking_s']:.3f} s blocking)"
             )
+            if in_step:
+                typer.echo(
+                    f"  the whole copy in the step: blocks {r['in_step_blocking_s']:.3f} s "
+                    f"({100 * r['in_step_blocking_vs_torch_save']:.1f} %), steps "
+                    f"{r['step_s_in_step']:.3f} s"
+                )
         rate: dict[str, Any] = {}
         if steps:
             rate = throughput(min(sizes), steps, every, base, runs)
