@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -235,6 +236,26 @@ def _storage(t: torch.Tensor) -> int:
         return 0
 
 
+def _before_step(checkpoint: ElasticCheckpoint) -> Callable[..., None]:
+    """An optimizer's step pre-hook: its first change of the state waits for the copy of
+    the checkpoint's save (``wait_staged``); it keeps no checkpoint alive."""
+    ref = weakref.ref(checkpoint)
+
+    def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        live = ref()
+        if live is not None:
+            live.wait_staged()
+
+    return before_step
+
+
+def _waited(persist: _Persist) -> float:
+    """How long training waited for the save's copy behind it (0.0: not at all)."""
+    if persist.wait_from is None or persist.copied_at is None:
+        return 0.0
+    return max(persist.copied_at - persist.wait_from, 0.0)
+
+
 @torch.no_grad()
 def _copy(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     for dst, src in pairs:
@@ -261,6 +282,10 @@ class _Persist:
     behind: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     #: set once ``behind`` is copied (or the copy failed): what the optimizer's step waits for
     copied: threading.Event = field(default_factory=threading.Event)
+    #: (perf_counter) when the training first waited for that copy, and when it ended:
+    #: the wait, counted in the manifest's blocking time
+    wait_from: float | None = None
+    copied_at: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
     committed: bool = False
     error: str | None = None
@@ -561,28 +586,28 @@ class ElasticCheckpoint:
         place (an update outside the optimizer, an exponential average written into the
         model, a ``load_state_dict``) must call it first. True when no copy is left;
         False when ``timeout_s`` passed first. The wait counts in the save's blocking time."""
-        with self._lock:
+        t0 = time.perf_counter()
+        with self._lock:  # the copy's end is marked under it too (_persist)
             pending = [p for p in self._copying if not p.copied.is_set()]
             self._copying = pending
+            for persist in pending:
+                persist.wait_from = persist.wait_from or t0
         if not pending:
             return True
-        t0 = time.perf_counter()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        ok = True
-        for persist in pending:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            ok = persist.copied.wait(left) and ok
+        ok = self._wait_copies(pending, deadline)
         waited = time.perf_counter() - t0
-        for persist in pending:
-            persist.blocking_s += waited
         if self._inflight in pending:
             self.last_staging_wait_s = waited
             self.last_blocking_s = (self.last_blocking_s or 0.0) + waited
         return ok
 
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """The optimizer's step pre-hook: its first change of the state waits for the copy."""
-        self.wait_staged()
+    def _wait_copies(self, pending: list[_Persist], deadline: float | None) -> bool:
+        ok = True
+        for persist in pending:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ok = persist.copied.wait(left) and ok
+        return ok
 
     def _optimizers(self) -> list[Any]:
         if self.optimizer is None:
@@ -605,7 +630,7 @@ class ElasticCheckpoint:
                 register = getattr(opt, "register_step_pre_hook", None)
                 if register is None:
                     continue  # no hook to wait in: its tensors are copied in the step
-                self._hooked[id(opt)] = (opt, register(self._before_step))
+                self._hooked[id(opt)] = (opt, register(_before_step(self)))
             for group in opt.param_groups:
                 storages.update(_storage(p) for p in group["params"])
             for per_param in opt.state.values():
@@ -680,14 +705,12 @@ class ElasticCheckpoint:
             state, sharded = self._state(step)
             behind = self._behind()  # after _state: DCP may have made the optimizer's state
             staged, pairs = self._host.stage(state)
-            later = [
-                (dst, src)
-                for dst, src in pairs
-                if src.numel() * src.element_size() >= self.STAGE_BEHIND_BYTES
-                and _storage(src) in behind
-            ]
-            chosen = {id(dst) for dst, _ in later}
-            _copy([(dst, src) for dst, src in pairs if id(dst) not in chosen])
+            now: list[tuple[torch.Tensor, torch.Tensor]] = []
+            later: list[tuple[torch.Tensor, torch.Tensor]] = []
+            for dst, src in pairs:
+                big = src.numel() * src.element_size() >= self.STAGE_BEHIND_BYTES
+                (later if big and _storage(src) in behind else now).append((dst, src))
+            _copy(now)
         except Exception as err:
             if isinstance(err, RuntimeError) and is_peer_failure(err):
                 raise
@@ -745,7 +768,9 @@ class ElasticCheckpoint:
                 return
             finally:
                 persist.behind = []
-                persist.copied.set()
+                with self._lock:
+                    persist.copied_at = time.perf_counter()
+                    persist.copied.set()
             while True:
                 try:
                     metadata = self._save(persist)
@@ -812,7 +837,7 @@ class ElasticCheckpoint:
                     world_size=persist.world_size,
                     saved_at=time.time(),
                     reason=persist.reason,
-                    blocking_s=round(persist.blocking_s, 6),
+                    blocking_s=round(persist.blocking_s + _waited(persist), 6),
                     persist_s=round(persist_s, 6),
                     files=sizes,
                     sharded=sharded,
