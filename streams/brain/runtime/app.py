@@ -126,6 +126,18 @@ STOP_CHECKPOINT_S = 20.0
 #: how long a checkpoint with the stream held (a stop, a revoke) waits for the journal: a
 #: revoke that waits long stalls faust's rebalance (seen in the chaos test of issue 37)
 HELD_JOURNAL_WAIT_S = 0.5
+#: How long a revocation may take to hand its partitions over checkpointed. faust's
+#: rebalance waits for it, and every member of the group with it: a revocation that waited
+#: for good on a lock whose holder waited on a broker that had died (a publication, a
+#: commit) hung a standalone brain and its operator for good (issue 37). Past this, the
+#: brain hands them over without a checkpoint and starts again (`rewind`), from its last
+#: checkpoint, deciding the rest again with the same plan ids.
+REVOKE_WAIT_S = 30.0
+#: How long a checkpoint waits for its commit to the group (aiokafka retries a commit for
+#: as long as the group's coordinator is not found, without a word): past this, the
+#: offsets are committed with the next checkpoint. The checkpoint's lock is not held
+#: meanwhile, so a revocation never waits for a commit.
+COMMIT_WAIT_S = 10.0
 LOAD_RETRY = Backoff(initial_s=0.2, max_s=30.0)
 CHECKPOINT_RETRY = Backoff(initial_s=1.0, max_s=30.0)
 #: a brain started again (a regroup, a rewind) while the bus is away tries again after this
@@ -262,6 +274,9 @@ class Brain(AsyncResource):
         self._stalled: frozenset[tuple[str, int]] = frozenset()
         #: offsets found beyond their log's end: overwritten by the next checkpoint
         self._resets: Offsets = {}
+        #: revocations begun: offsets of a commit that failed are kept for the next only if
+        #: no partition was handed over meanwhile
+        self._revokes = 0
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -618,49 +633,70 @@ class Brain(AsyncResource):
             async with self._batch_lock:
                 await self.courier.published_all()
                 snap = self._snapshot()
-            await self._save(snap)
+            await self._save(snap, commit=False)
             if self._pruner is not None:
                 # finished jobs past the retention (every `prune_every_s` at most), with
                 # the stream held: a late event must not meet a job half pruned
                 async with self._batch_lock:
                     await self._pruner.maybe_prune()
+        # committed with no lock held: a commit waits on the broker, and a revocation that
+        # needs the lock would wait with it (while faust's rebalance waits for that)
+        await self._commit(timeout_s=COMMIT_WAIT_S)
 
     async def _checkpoint_held(
-        self, *, stopping: bool = False, drop: set[int] | None = None
+        self,
+        *,
+        stopping: bool = False,
+        drop: set[int] | None = None,
+        waiting: list[str] | None = None,
     ) -> bool:
         """Checkpoint with the stream held (stop, rebalance), then stop taking batches or
         forget partitions. A failed checkpoint is not fatal: whoever reads those
-        partitions next resumes from the previous one and decides the rest again."""
-        async with self._checkpoint_lock, self._batch_lock:  # same order as checkpoint()
-            if stopping:
-                self._stopping = True  # batches taken from now on are left unacked
-            try:
-                await self.courier.published_all()  # the offsets must not get ahead of the plans
-                snap = self._snapshot()
-                # no commit while partitions are revoked: faust's consumer thread waits
-                # for this handler, and a commit would wait for that thread; nor a long
-                # wait for the journal (a broker that died copies nothing more)
-                await self._save(snap, commit=drop is None, journal_wait_s=HELD_JOURNAL_WAIT_S)
-                ok = True
-            except Stopping as exc:
-                log.warning(
-                    "brain of %s: not checkpointed, plans unpublished (%s); the next start "
-                    "decides again what follows the last checkpoint",
-                    self.env,
-                    exc.__cause__ or exc,
-                )
-                ok = False
-            except Exception:
-                log.exception("checkpoint of the brain of %s failed", self.env)
-                ok = False
-            if drop:
-                self._merge.assign({tp for tp in self._merge.assigned if tp[1] not in drop})
-                self.processor.drop(drop)
-                if self._store is not None:
-                    self._store.forget(drop)
-                # their next owner resumes from the checkpoint, whatever was committed
-                self._to_commit = {tp: o for tp, o in self._to_commit.items() if tp[1] not in drop}
-            return ok
+        partitions next resumes from the previous one and decides the rest again.
+        ``waiting``: what it waits for is appended there, as it goes (to say so)."""
+        waiting = [] if waiting is None else waiting
+        # same order as checkpoint()
+        waiting.append("the checkpoint's lock (a checkpoint under way)")
+        async with self._checkpoint_lock:
+            waiting.append("the stream's lock (a batch being decided or handed to the courier)")
+            async with self._batch_lock:
+                return await self._checkpoint_locked(stopping, drop, waiting)
+
+    async def _checkpoint_locked(
+        self, stopping: bool, drop: set[int] | None, waiting: list[str]
+    ) -> bool:
+        """The rest of `_checkpoint_held`, with both locks held."""
+        if stopping:
+            self._stopping = True  # batches taken from now on are left unacked
+        try:
+            waiting.append("the courier publishing the batches decided (the broker's acks)")
+            await self.courier.published_all()  # the offsets must not get ahead of the plans
+            snap = self._snapshot()
+            waiting.append("the checkpoint's save (the broker journal, Postgres)")
+            # no commit while partitions are revoked: faust's consumer thread waits
+            # for this handler, and a commit would wait for that thread; nor a long
+            # wait for the journal (a broker that died copies nothing more)
+            await self._save(snap, commit=drop is None, journal_wait_s=HELD_JOURNAL_WAIT_S)
+            ok = True
+        except Stopping as exc:
+            log.warning(
+                "brain of %s: not checkpointed, plans unpublished (%s); the next start "
+                "decides again what follows the last checkpoint",
+                self.env,
+                exc.__cause__ or exc,
+            )
+            ok = False
+        except Exception:
+            log.exception("checkpoint of the brain of %s failed", self.env)
+            ok = False
+        if drop:
+            self._merge.assign({tp for tp in self._merge.assigned if tp[1] not in drop})
+            self.processor.drop(drop)
+            if self._store is not None:
+                self._store.forget(drop)
+            # their next owner resumes from the checkpoint, whatever was committed
+            self._to_commit = {tp: o for tp, o in self._to_commit.items() if tp[1] not in drop}
+        return ok
 
     def _snapshot(self) -> Snapshot:
         snap = self.processor.snapshot()
@@ -696,24 +732,59 @@ class Brain(AsyncResource):
             await self._commit()
         self.metrics.checkpoint_duration.observe(time.monotonic() - started)
 
-    async def _commit(self) -> None:
-        """Commit what is checkpointed. A commit that fails is retried with the next
-        checkpoint; until then a restart reads a little more and skips it by offset."""
+    async def _commit(self, timeout_s: float | None = None) -> None:
+        """Commit what is checkpointed. A commit that fails, or does not end within
+        ``timeout_s``, is retried with the next checkpoint; until then a restart reads a
+        little more and skips it by offset."""
         if not self._to_commit:
             return
         todo, self._to_commit = self._to_commit, {}
+        revokes = self._revokes
         try:
-            await commit(self.app, todo)
-        except Exception:
-            log.warning("committing the brain's offsets of %s failed; retrying", self.env)
-            self._to_commit = {**todo, **self._to_commit}
+            async with asyncio.timeout(timeout_s):
+                await commit(self.app, todo)
+        except Exception as exc:
+            log.warning(
+                "committing the brain's offsets of %s failed%s; retrying with the next checkpoint",
+                self.env,
+                f" (no answer within {timeout_s:g} s: the broker away?)"
+                if isinstance(exc, TimeoutError)
+                else f": {type(exc).__name__}: {exc}",
+            )
+            if revokes == self._revokes:  # (else partitions of it may be another's now)
+                self._to_commit = {**todo, **self._to_commit}
 
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
-        """Hand partitions over checkpointed, so their next owner resumes where we stop."""
+        """Hand partitions over checkpointed, so their next owner resumes where we stop.
+
+        Within `REVOKE_WAIT_S`: faust's rebalance, and the whole group, waits for this. A
+        checkpoint or a batch that holds the stream may wait on a broker that died (a
+        publication retried until it is back, a commit); past the bound the partitions
+        go without a checkpoint and this brain stops deciding (`halt`) and asks to be
+        started again (`rewind`): whoever reads them next, this brain started again
+        included, resumes from the last checkpoint and decides the rest again, with the
+        same plan ids. A brain that went on instead could checkpoint partitions that are
+        another's by then."""
         revoked: set[Any] = args[0] if args else kwargs.get("revoked", set())
         if self._store is None or self._stopping:
             return
-        await self._checkpoint_held(drop={tp.partition for tp in revoked})
+        self._revokes += 1
+        waiting: list[str] = []
+        try:
+            async with asyncio.timeout(REVOKE_WAIT_S):
+                await self._checkpoint_held(drop={tp.partition for tp in revoked}, waiting=waiting)
+        except TimeoutError:
+            log.warning(
+                "brain of %s: handing partitions %s over took over %g s, waiting for %s (a "
+                "broker that died?): handed over without a checkpoint; this brain stops and "
+                "starts again from its last checkpoint",
+                self.env,
+                sorted({tp.partition for tp in revoked}),
+                REVOKE_WAIT_S,
+                waiting[-1] if waiting else "its start",
+            )
+            self.halt()
+            self.rewind.set()
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         self.ready.set()
