@@ -77,6 +77,12 @@ class Unjournaled:
     def __len__(self) -> int:
         return len(self._noted)
 
+    @property
+    def keeps(self) -> bool:
+        """Whether `note` keeps anything: False once no journal of the broker was found
+        (until `lost` finds one again), so a producer may skip noting a batch."""
+        return self._journaled is not False
+
     def note(
         self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
     ) -> None:

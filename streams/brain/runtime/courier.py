@@ -214,17 +214,27 @@ class Courier(AsyncResource):
         metrics = self._metrics
         latency = time.monotonic() - fetched_at
         now_ms = time.time() * 1000
+        scale = optimize = 0
+        plan_latency = metrics.plan_latency.observe
+        publication_latency = metrics.plan_publication_latency.observe
         for plan, cause in zip(out.plans, out.causes, strict=True):
             if plan.plan_id in self.published:
                 continue
-            kind = "scale" if isinstance(plan, ScalePlan) else "optimize"
-            metrics.plans.labels(self.env, kind).inc()
-            metrics.plan_latency.observe(latency)
+            if isinstance(plan, ScalePlan):
+                scale += 1
+            else:
+                optimize += 1
+            plan_latency(latency)
             # the cause's record timestamp: its producer's clock (CreateTime), or the
             # broker's (LogAppendTime); -1 or none where the record has none
             published_ms = getattr(cause, "timestamp", None)
             if isinstance(published_ms, int) and published_ms >= 0:
-                metrics.plan_publication_latency.observe(max(0.0, now_ms - published_ms) / 1000)
+                publication_latency(max(0.0, now_ms - published_ms) / 1000)
+        # counted once per batch and kind: a label lookup per plan cost as much as the count
+        if scale:
+            metrics.plans.labels(self.env, "scale").inc(scale)
+        if optimize:
+            metrics.plans.labels(self.env, "optimize").inc(optimize)
         for letter in out.letters:
             metrics.dead_letters.labels(self.env, letter.error_kind.value).inc()
 
@@ -258,6 +268,9 @@ class Courier(AsyncResource):
         """The batch is not done (and no checkpoint can cover it) until the broker has
         every record: retry what failed, saying why, until it is done or the brain stops
         (then the batch is left to the next start)."""
+        # (nothing to note where the broker was found to have no journal: no call per record)
+        unjournaled = self.unjournaled
+        note = unjournaled.note if unjournaled is not None and unjournaled.keeps else None
         attempt = 0
         while todo:
             attempt += 1
@@ -274,8 +287,8 @@ class Courier(AsyncResource):
                     failed.append(record)
                     why = result
                 else:
-                    if self.unjournaled is not None:
-                        self.unjournaled.note(
+                    if note is not None:
+                        note(
                             result.topic, result.partition, result.offset, record.key, record.value
                         )
                     if record.plan:
