@@ -179,9 +179,12 @@ def measure_size(mb: float, runs: int, root: Path, in_step: bool = True) -> dict
     }
 
 
-def throughput(mb: float, steps: int, every: int, root: Path, rounds: int) -> dict[str, Any]:
+def throughput(
+    mb: float, steps: int, every: int, root: Path, rounds: int, in_step: bool = True
+) -> dict[str, Any]:
     """Steps per second with no saves, ElasticCheckpoint and torch.save every ``every``
-    (medians of ``rounds`` loops each)."""
+    (medians of ``rounds`` loops each); with ``in_step`` also an ElasticCheckpoint that
+    copies everything in the step (the former way)."""
     model = model_of(mb)
     train = Steps(model)
     train.compute()
@@ -192,27 +195,38 @@ def throughput(mb: float, steps: int, every: int, root: Path, rounds: int) -> di
         where / "elastic", model, train.optimizer, every=every, handle_sigterm=False
     )
     elastic_save(ck, 0)  # its host buffers, as a job's first save makes them
+    checkpoints = {"elastic": ck}
+    ways: tuple[str, ...] = ("none", "elastic", "torch")
+    if in_step:
+        whole = ElasticCheckpoint(
+            where / "in-step", model, train.optimizer, every=every, handle_sigterm=False
+        )
+        whole.STAGE_BEHIND_BYTES = 1 << 62
+        elastic_save(whole, 0)
+        checkpoints["in_step"] = whole
+        ways = (*ways, "in_step")
 
     def loop(save: str) -> float:
+        saving = checkpoints.get(save)
         t = perf_counter()
         for step in range(1, steps + 1):
             train.compute()
             train.update()
-            if save == "elastic":
-                ck.maybe_save(step + loop.offset)  # type: ignore[attr-defined]
+            if saving is not None:
+                saving.maybe_save(step + loop.offset)  # type: ignore[attr-defined]
             elif save == "torch" and step % every == 0:
                 torch_save(model, where / "model.pt")
         took = perf_counter() - t
-        if save == "elastic":
-            ck.wait(600)
-            loop.offset += steps  # type: ignore[attr-defined]
+        if saving is not None:
+            saving.wait(600)
+        loop.offset += steps  # type: ignore[attr-defined]
         return steps / took
 
     loop.offset = 0  # type: ignore[attr-defined]
-    rates: dict[str, list[float]] = {"none": [], "elastic": [], "torch": []}
-    ways = ("none", "elastic", "torch")
+    rates: dict[str, list[float]] = {way: [] for way in ways}
     for run in range(rounds):  # each way in turn, the order rotated: a load that drifts
-        for way in ways[run % 3 :] + ways[: run % 3]:  # weighs on every way alike
+        n = len(ways)  # weighs on every way alike
+        for way in ways[run % n :] + ways[: run % n]:
             rates[way].append(loop(way))
     shutil.rmtree(where, ignore_errors=True)
     best = {k: statistics.median(v) for k, v in rates.items()}
@@ -227,6 +241,14 @@ def throughput(mb: float, steps: int, every: int, root: Path, rounds: int) -> di
         "elastic_vs_none": round(best["elastic"] / best["none"], 4),
         "torch_save_vs_none": round(best["torch"] / best["none"], 4),
         "put_off": ck.put_off,
+        **(
+            {
+                "steps_per_s_in_step": round(best["in_step"], 3),
+                "in_step_vs_none": round(best["in_step"] / best["none"], 4),
+            }
+            if in_step
+            else {}
+        ),
     }
 
 
@@ -273,13 +295,19 @@ def bench_checkpoint(
                 )
         rate: dict[str, Any] = {}
         if steps:
-            rate = throughput(min(sizes), steps, every, base, runs)
+            rate = throughput(min(sizes), steps, every, base, runs, in_step)
             typer.echo(
                 f"throughput, {rate['throughput_state_mb']:.0f} MB state, a save every "
                 f"{every} steps: {rate['steps_per_s_no_saves']:.2f} steps/s without saves, "
                 f"{rate['steps_per_s_elastic']:.2f} with ElasticCheckpoint "
                 f"({100 * rate['elastic_vs_none']:.1f} %), {rate['steps_per_s_torch_save']:.2f} "
                 f"with torch.save ({100 * rate['torch_save_vs_none']:.1f} %)"
+                + (
+                    f", {rate['steps_per_s_in_step']:.2f} with the whole copy in the step "
+                    f"({100 * rate['in_step_vs_none']:.1f} %)"
+                    if in_step
+                    else ""
+                )
             )
     finally:
         if not root:
