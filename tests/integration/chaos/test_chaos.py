@@ -60,6 +60,24 @@ class Run:
     results: set[str] = field(default_factory=set)
     outcomes: dict[str, tuple[str, datetime]] = field(default_factory=dict)
     ticks: int = 0
+    #: plan id -> what the plan said (job, simulated time, cause, reason, size), to tell
+    #: which plans two runs do not share
+    described: dict[str, str] = field(default_factory=dict)
+
+
+def differing(calm: Run, chaos: Run) -> str:
+    """The scale plans only one of the runs made, with every plan of their jobs in both runs
+    (a line each, in simulated time)."""
+    odd = calm.scale_plans ^ chaos.scale_plans
+    jobs = {chaos.described.get(p, calm.described.get(p, "?")).split()[0] for p in odd}
+    lines = []
+    for name, run in (("without kills", calm), ("with kills", chaos)):
+        lines.append(f"{name}:")
+        for p in sorted(run.scale_plans, key=lambda p: run.described.get(p, "")):
+            said = run.described.get(p, "? (no description)")
+            if said.split()[0] in jobs or p in odd:
+                lines.append(f"  {'*' if p in odd else ' '} {p[:8]} {said}")
+    return "\n".join(lines)
 
 
 def submissions(env: str, jobs: list[tuple[str, int, int]] | None = None) -> list[JobSubmitted]:
@@ -89,9 +107,18 @@ def ended(tap: Tap) -> dict[str, tuple[str, datetime]]:
 
 def summarize(run: Run, tap: Tap) -> None:
     events = {e.event_id: e for e in tap.events}.values()  # a re-published event once
+    optimize = {e.plan_id: e for e in events if isinstance(e, OptimizePlan)}
     for e in events:
         if isinstance(e, ScalePlan):
             run.scale_plans.add(e.plan_id)
+            source = optimize.get(e.source_plan or "")
+            groups = {k: v.count for k, v in e.node_group_resources.items()}
+            run.described[e.plan_id] = (
+                f"{e.job.name} at {e.occurred_at.isoformat()} groups {groups} "
+                f"placement {dict(e.placement)} suspend {e.suspend}; caused by "
+                f"{source.caused_by if source else '?'}: "
+                f"{source.reason if source else '(no optimize plan seen)'}"
+            )
         elif isinstance(e, OptimizePlan):
             run.optimize_plans.add(e.plan_id)
         elif isinstance(e, ScaleResult):
