@@ -182,15 +182,6 @@ async def cluster(
         broker.stop()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "issue 35, left: a lost node's peers wait out gloo's 60 s timeout (51-103 s to train "
-        "again); the faster re-forming (a51f8c94, 327af012) was taken back after a clean-clone "
-        "CI run in which the store-host and lost-host tests failed beside it; passed alone "
-        "in 503 s before, 296-353 s with it"
-    ),
-)
 async def test_a_job_across_namespaces_outlives_lost_hosts(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -257,9 +248,10 @@ async def test_a_job_across_namespaces_outlives_lost_hosts(
 
             said = await wait_for(f"{host} lost in the capacity ({how})", lost_said)
             detected = said[0].occurred_at.timestamp() - at
-            # A peer cut off says nothing: the others' workers wait out their group's
-            # timeout in a collective with it (60 s in the example) before their agents
-            # re-form without it (issue 35: the goal is 15 s).
+            # A peer cut off says nothing: the others' workers would wait out their
+            # group's timeout in a collective with it (60 s in the example); the SDK's
+            # LostPeerWatch ends them on the operator's NodeLost, and their agents re-form
+            # without it (issue 35: the goal is 15 s).
             smaller = await wait_for(
                 f"a membership at world size 2 after {how}",
                 lambda: [
