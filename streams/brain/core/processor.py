@@ -161,6 +161,21 @@ class Lockstep:
         #: barriers among the waiting records, and the next offset read, per partition
         self.barriers: dict[tuple[str, int], int] = {}
         self.read_to: dict[tuple[str, int], int] = {}
+        #: the latest tick decided (in memory: None after a start, and once partitions are
+        #: dropped, as a rebalance does: they resume from their checkpoint). A barrier of
+        #: it or of an earlier tick is a copy: a producer published again, at other
+        #: offsets, records the broker had lost (dlrover_events/runtime/unjournaled.py)
+        #: while this brain had read them already; deciding that tick again would fold its
+        #: records twice (a decision on an input no run without kills has)
+        self.decided: int | None = None
+        #: records dropped as such copies (barriers included), and events left out of a
+        #: tick because the tick had an event with their id already
+        self.copies = 0
+        #: per partition, the offset past the last copy dropped (not yet in the offsets)
+        self.copied_to: dict[tuple[str, int], int] = {}
+        #: the barriers among them: acknowledged again (the same ids), since whoever
+        #: published them again may wait for that
+        self.copied_barriers: list[Barrier] = []
 
     def hold(self, record: InputRecord, event: Input | None) -> None:
         tp = (record.topic, record.partition)
@@ -174,7 +189,33 @@ class Lockstep:
         return max(decided, self.read_to.get(tp, 0))
 
     def tick_ready(self) -> bool:
+        if self.decided is not None:
+            for tp in self.inputs:
+                self._drop_copies(tp)
         return bool(self.inputs) and all(self.barriers.get(tp, 0) for tp in self.inputs)
+
+    def _drop_copies(self, tp: tuple[str, int]) -> None:
+        """Drop the records of a tick decided already at the front of `tp` (its barrier, and
+        the records before it: copies, published again in order); `tp` counts as read past
+        them (`copied_to`), so a checkpoint covers them."""
+        assert self.decided is not None
+        queue = self.waiting.get(tp)
+        while queue and self.barriers.get(tp, 0):
+            count, barrier = 0, None
+            for record, event in queue:
+                count += 1
+                if isinstance(event, Barrier):
+                    barrier = (record, event)
+                    break
+            assert barrier is not None  # (the partition holds a barrier)
+            if barrier[1].tick > self.decided:
+                return
+            for _ in range(count):
+                queue.popleft()
+            self.barriers[tp] -= 1
+            self.copies += count
+            self.copied_to[tp] = barrier[0].offset + 1
+            self.copied_barriers.append(barrier[1])
 
     def next_tick(
         self,
@@ -207,17 +248,28 @@ class Lockstep:
                 run.append((record, event, rank))
             runs.append(run)
         assert last is not None  # the lowest tick's partitions each had its barrier
-        merged = [
-            (record, event)
-            for record, event, _ in heapq.merge(*runs, key=_merge_key)
-            if event is not None
-        ]
+        self.decided = tick if self.decided is None else max(self.decided, tick)
+        merged = []
+        ids: set[str] = set()
+        for record, event, _ in heapq.merge(*runs, key=_merge_key):
+            if event is None:
+                continue
+            event_id = str(event.event_id)
+            if event_id in ids:  # an original and its copy published again: once
+                self.copies += 1
+                continue
+            ids.add(event_id)
+            merged.append((record, event))
         return last, merged, passed
 
     def drop(self, gone: set[int]) -> None:
-        for held in (self.waiting, self.barriers, self.read_to):
+        self.copied_barriers.clear()
+        for held in (self.waiting, self.barriers, self.read_to, self.copied_to):
             for tp in [tp for tp in held if tp[1] in gone]:
                 del held[tp]
+        # partitions taken over again resume from their checkpoint, ticks before the last
+        # one decided included: those are decided again, not copies
+        self.decided = None
         self.inputs = {tp for tp in self.inputs if tp[1] not in gone}
 
 
@@ -378,6 +430,14 @@ class BrainProcessor:
             lockstep.hold(record, self._decode(record, out))
         while lockstep.tick_ready():
             self._decide_tick(out)
+        for tp, offset in lockstep.copied_to.items():
+            # copies of a tick decided: read past, as a checkpoint must say
+            if offset > self.offsets.get(tp, 0):
+                self.offsets[tp] = offset
+                self._changed_offsets.add(tp)
+        lockstep.copied_to.clear()
+        out.acks += [self._ack(barrier) for barrier in lockstep.copied_barriers]
+        lockstep.copied_barriers.clear()
 
     def _decide_tick(self, out: Output) -> None:
         barrier, records, passed = self.lockstep.next_tick()
@@ -400,16 +460,17 @@ class BrainProcessor:
         if self.policy.scheduler is not None:
             self._round(barrier.sim_at, out, f"tick {barrier.tick}")
         self.counters.ticks += 1
-        out.acks.append(
-            BarrierAck(
-                env=self.env,
-                # one answer per tick and brain: a brain that decides it again says the same
-                event_id=uuid.uuid5(_ACK_NAMESPACE, f"{self.group}/{barrier.tick}"),
-                occurred_at=barrier.sim_at,
-                source=self.group,
-                tick=barrier.tick,
-                sim_at=barrier.sim_at,
-            )
+        out.acks.append(self._ack(barrier))
+
+    def _ack(self, barrier: Barrier) -> BarrierAck:
+        return BarrierAck(
+            env=self.env,
+            # one answer per tick and brain: a brain that decides it again says the same
+            event_id=uuid.uuid5(_ACK_NAMESPACE, f"{self.group}/{barrier.tick}"),
+            occurred_at=barrier.sim_at,
+            source=self.group,
+            tick=barrier.tick,
+            sim_at=barrier.sim_at,
         )
 
     # -- arrivals and the cluster scheduler -----------------------------------------------

@@ -8,6 +8,7 @@ import itertools
 from datetime import timedelta
 from functools import cache
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from schemas.lockstep import Barrier
 from streams.brain.core.optimizers.numeric import GiB
 from streams.brain.core.policy import Policy
 from streams.brain.core.processor import BrainProcessor
+from streams.brain.core.snapshot import Loaded
 from tests.unit.brain.builders import ENV, T0, Rec
 
 EVENTS = f"{ENV}.job.events"
@@ -131,3 +133,79 @@ def test_lockstep_decides_the_same_whatever_the_arrival(order: list[int], cuts: 
     assert run(order, cuts, lockstep=True) == run([], [], lockstep=True)
     plans, acks = run(order, cuts, lockstep=True)
     assert acks == [1, 2] and len(plans) >= 4
+
+
+def _copies_run(
+    copies: bool, cut: int
+) -> tuple[list[str], list[int], dict[tuple[str, int], int], int]:
+    """Ticks 1 and 2 decided, then (``copies``) the last two records of job.events[0] (job-a's
+    second OOM and the barrier of tick 2) published again at the next offsets, as a
+    producer does with records a broker lost after this brain had read them
+    (dlrover_events/runtime/unjournaled.py: "at other offsets"), read in two batches cut
+    at ``cut``; then the barriers of tick 3."""
+    recs = {tp: list(r) for tp, r in partitions().items()}
+    p = BrainProcessor(ENV, f"{ENV}.brain", Policy(BrainSettings(lockstep=True, cluster_gpus=8)))
+    p.inputs = set(INPUTS)
+    out = p.process([r for tp in INPUTS for r in recs[tp]])
+    plans = [plan.plan_id for plan in out.plans]
+    acks = [ack.tick for ack in out.acks]
+    later: list[Rec] = []
+    if copies:
+        src = recs[(EVENTS, 0)]
+        later += [Rec(EVENTS, 0, len(src) + i, None, r.value) for i, r in enumerate(src[-2:])]
+    three = encode(Barrier(env=ENV, tick=3, sim_at=T0 + timedelta(seconds=180)))
+    for tp in INPUTS:
+        at = len(recs[tp]) + (2 if copies and tp == (EVENTS, 0) else 0)
+        later.append(Rec(tp[0], tp[1], at, None, three))
+    for batch in (later[:cut], later[cut:]):
+        out = p.process(batch)
+        plans += [plan.plan_id for plan in out.plans]
+        acks += [ack.tick for ack in out.acks]
+    return plans, acks, dict(p.offsets), p.counters.ticks
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2, 6])
+def test_a_tick_published_again_at_other_offsets_is_not_decided_again(cut: int) -> None:
+    """Copies of a tick decided already (a broker that lost them, their producer publishing
+    them again after it) decide nothing: the same plans as without them, each tick
+    decided once (a copied barrier is acknowledged again, with the same id: its producer
+    may wait for that), and the copies read past (a restart does not read them again)."""
+    plans, acks, offsets, ticks = _copies_run(True, cut)
+    calm_plans, calm_acks, calm_offsets, calm_ticks = _copies_run(False, cut)
+    assert ticks == calm_ticks == 3
+    assert calm_acks == [1, 2, 3] and sorted(acks) == [1, 2, 2, 3]
+    assert plans == calm_plans
+    assert offsets == {**calm_offsets, (EVENTS, 0): calm_offsets[(EVENTS, 0)] + 2}
+
+
+def test_an_event_and_its_copy_in_one_tick_are_decided_once() -> None:
+    """A copy of an event not yet decided (published again before its tick's barrier came)
+    is left out of the tick: the tick decides what it would without the copy."""
+    recs = partitions()
+    p = BrainProcessor(ENV, f"{ENV}.brain", Policy(BrainSettings(lockstep=True, cluster_gpus=8)))
+    p.inputs = set(INPUTS)
+    a = recs[(EVENTS, 0)]
+    copy = Rec(EVENTS, 0, 100, None, a[2].value)  # job-a's first OOM again
+    out = p.process([*a[:3], copy, *(r for tp in INPUTS[1:] for r in recs[tp][:4])])
+    out2 = p.process([Rec(EVENTS, 0, 101, None, a[3].value)])
+    calm = BrainProcessor(ENV, f"{ENV}.brain", Policy(BrainSettings(lockstep=True, cluster_gpus=8)))
+    calm.inputs = set(INPUTS)
+    calm_out = calm.process([r for tp in INPUTS for r in recs[tp][:4]])
+    plans = [plan.plan_id for plan in [*out.plans, *out2.plans]]
+    assert plans == [plan.plan_id for plan in calm_out.plans] and len(plans) >= 2
+    assert p.counters.processed == calm.counters.processed  # the copy folded not at all
+
+
+def test_partitions_taken_over_again_decide_their_ticks_again() -> None:
+    """Not a copy: ticks read again from a checkpoint after a rebalance (the partitions
+    dropped, then installed from what was checkpointed) are decided again, as before."""
+    recs = partitions()
+    p = BrainProcessor(ENV, f"{ENV}.brain", Policy(BrainSettings(lockstep=True, cluster_gpus=8)))
+    p.inputs = set(INPUTS)
+    first = p.process([r for tp in INPUTS for r in recs[tp]])
+    p.drop({0, 1})
+    p.install({0, 1}, Loaded(states={}, offsets={}))
+    p.inputs = set(INPUTS)
+    again = p.process([r for tp in INPUTS for r in recs[tp]])
+    assert [a.tick for a in again.acks] == [a.tick for a in first.acks] == [1, 2]
+    assert [x.plan_id for x in again.plans] == [x.plan_id for x in first.plans]
