@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.envs.registry import EnvRegistry
@@ -26,6 +26,7 @@ from dlrover_events.sdk.identity import CHECKPOINT_DIR_ENV
 from dlrover_events.settings import Settings
 from handlers.operator.hosts.cluster import HostsCluster
 from handlers.operator.local.runner import gateway_access
+from handlers.operator.platform.registry import operator_settings
 from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
 from schemas.control import EnvMode
 
@@ -73,18 +74,7 @@ def platform_root(settings: Settings, env: str) -> Path:
 
 
 def hosts_settings(options: Mapping[str, Any]) -> HostsSettings:
-    known = set(HostsSettings.model_fields)
-    unknown = sorted(set(options) - known - {"platform"})
-    if unknown:
-        raise UserError(
-            f"option(s) {', '.join(unknown)} do not apply to the hosts platform; it takes: "
-            f"{', '.join(sorted(known))}"
-        )
-    try:
-        return HostsSettings(**{k: v for k, v in options.items() if k in known})
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise UserError(f"hosts platform option {first['loc'][0]}: {first['msg']}") from None
+    return operator_settings(HostsSettings, options, "hosts")
 
 
 async def run(

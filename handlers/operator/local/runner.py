@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from pydantic import Field, ValidationError
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dlrover_events.bus.producer import Producer
@@ -53,6 +53,7 @@ from handlers.operator.local.handover import hand_over
 from handlers.operator.local.store import read_json, write_json
 from handlers.operator.platform.bodies import JobView
 from handlers.operator.platform.fencing import FencedPlatform
+from handlers.operator.platform.registry import operator_settings
 from handlers.operator.reconcile.reconciler import EnvReconciler, StepHook
 from schemas.control import EnvMode
 
@@ -174,18 +175,7 @@ class LocalJobTokens:
 
 
 def local_settings(options: Mapping[str, Any]) -> LocalSettings:
-    known = set(LocalSettings.model_fields)
-    unknown = sorted(set(options) - known - {"platform"})
-    if unknown:
-        raise UserError(
-            f"option(s) {', '.join(unknown)} do not apply to the local platform; it takes: "
-            f"{', '.join(sorted(known))}"
-        )
-    try:
-        return LocalSettings(**{k: v for k, v in options.items() if k in known})
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise UserError(f"local platform option {first['loc'][0]}: {first['msg']}") from None
+    return operator_settings(LocalSettings, options, "local")
 
 
 async def run(

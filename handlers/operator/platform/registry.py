@@ -12,12 +12,17 @@ the contract of handlers.operator.platform.api.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from dlrover_events.errors import UserError
 from dlrover_events.registry import Registry, UnknownName
+
+_S = TypeVar("_S", bound=BaseModel)
 
 
 class UnknownPlatform(UserError, UnknownName):
@@ -84,6 +89,23 @@ class PlatformEntry:
         """The object a "module:function" door names, its module imported now."""
         module, _, name = door.partition(":")
         return getattr(importlib.import_module(module), name)
+
+
+def operator_settings(model: type[_S], options: Mapping[str, Any], platform: str) -> _S:
+    """A platform operator's settings from its options (``platform`` itself among them): an
+    option it does not take, or a bad value, is one UserError that names the ones it does."""
+    known = set(model.model_fields)
+    unknown = sorted(set(options) - known - {"platform"})
+    if unknown:
+        raise UserError(
+            f"option(s) {', '.join(unknown)} do not apply to the {platform} platform; it "
+            f"takes: {', '.join(sorted(known))}"
+        )
+    try:
+        return model(**{k: v for k, v in options.items() if k in known})
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise UserError(f"{platform} platform option {first['loc'][0]}: {first['msg']}") from None
 
 
 #: platform name -> its entry. Add a platform here (and its package beside kube/ and local/).
