@@ -249,6 +249,12 @@ def _before_step(checkpoint: ElasticCheckpoint) -> Callable[..., None]:
     return before_step
 
 
+def _current_world() -> Any:
+    """The torch world a save is taken in: its default group, compared by identity (None
+    alone). A process group destroyed, or made anew, is another world."""
+    return dist.group.WORLD if distributed() else None
+
+
 def _waited(persist: _Persist) -> float:
     """How long training waited for the save's copy behind it (0.0: not at all)."""
     if persist.wait_from is None or persist.copied_at is None:
@@ -274,6 +280,10 @@ class _Persist:
     started: float
     world_size: int
     generation: int
+    #: the torch world the save was taken in (``_current_world``) and this rank in it: its
+    #: parts are written, and rank 0 commits, only while that world lasts
+    world: Any = None
+    rank: int = 0
     #: what the loop said at the save: the metrics and the plan whose knobs are in force
     metrics: dict[str, float] = field(default_factory=dict)
     plan_id: str | None = None
@@ -730,6 +740,8 @@ class ElasticCheckpoint:
             started=time.perf_counter(),
             world_size=world()[1],
             generation=self._generation,
+            world=_current_world(),
+            rank=world()[0],
             metrics=dict(self.metrics),
             plan_id=getattr(self.knobs, "applied_plan_id", None),
             behind=later,
@@ -772,8 +784,12 @@ class ElasticCheckpoint:
                     persist.copied_at = time.perf_counter()
                     persist.copied.set()
             while True:
+                if self._world_gone(persist):
+                    return
                 try:
                     metadata = self._save(persist)
+                    if self._world_gone(persist):
+                        return  # it may have been saved alone, this rank's part as a whole
                     break
                 except _failures() as err:
                     failures += 1
@@ -800,7 +816,7 @@ class ElasticCheckpoint:
                     if self._closing.wait(delay):
                         persist.error = "closed while retrying"
                         return
-            if world()[0] == 0:
+            if persist.rank == 0:
                 self._commit(persist, metadata, sharded, give_up_at)
             persist.committed = persist.error is None
             if persist.committed:
@@ -810,6 +826,22 @@ class ElasticCheckpoint:
             persist.staged = {}
             persist.copied.set()
             persist.done.set()
+
+    def _world_gone(self, persist: _Persist) -> bool:
+        """Give the persist up when the world it was taken in is gone (its process group
+        destroyed after a peer was lost, as the process ends, or re-formed in place): DCP,
+        called without an initialised process group, saves this rank's part alone as if
+        it were the whole checkpoint, and this rank, rank 0 of no world, would commit it.
+        A rank 1 that did so after its store's host died, from the thread an exiting
+        worker waited for, committed a checkpoint without rank 0's progress and RNG, which
+        every restarted worker then failed to load. The checkpoint before it is the one to
+        resume from."""
+        if persist.world is _current_world():
+            return False
+        persist.error = "its torch world is gone"
+        self.given_up += 1
+        log.warning("checkpoint of step %d given up: %s", persist.step, persist.error)
+        return True
 
     def _save(self, persist: _Persist) -> Any:
         return _dcp().save(
