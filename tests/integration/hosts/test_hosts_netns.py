@@ -8,7 +8,7 @@ at world size 2), grows to three hosts on a plan; then a host is lost twice, by 
 cut and by SIGKILL of its agent and every process in it, and each time the job goes on at
 the smaller size and grows back once the host returns; an agent killed and started again
 while its pods train takes them back (same pids, no new membership); and a plan shrinks
-the job back. Its steps never go back by more than a checkpoint interval.
+the job back. Its steps go back only to the newest checkpoint committed before a restart.
 
 The figures (loss detected, first step at the smaller size, steps lost) are printed as
 one JSON line; nothing asserts on how long anything took.
@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from dlrover_events.bus.topics import CHECKPOINTS
 from dlrover_events.envs.registry import EnvRegistry
 from dlrover_events.pods import shim
 from dlrover_events.runtime.embedded import Broker
@@ -38,6 +39,7 @@ from handlers.operator.hosts.runner import platform_root
 from handlers.operator.local.bench import memberships as worker_lines
 from handlers.operator.platform.bodies import PodView
 from handlers.operator.wiring.modes import run_operator
+from schemas.checkpoints import CheckpointCommitted
 from schemas.cluster import CapacityReported
 from schemas.control import EnvMode
 from schemas.jobs import RuntimeSample
@@ -45,7 +47,7 @@ from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
 from tests.conftest import ARTIFACTS, cli_environ, unique_env
 from tests.integration.hosts.conftest import DEADLINE_S
 from tests.integration.hosts.netns import Namespaces, available, namespaces
-from tests.integration.local.test_elastic_loop import CHECKPOINT_EVERY, example_job
+from tests.integration.local.test_elastic_loop import example_job
 from tests.integration.tap import OPERATOR_OUTPUTS, Tap
 
 pytestmark = [
@@ -73,7 +75,9 @@ class Cluster:
         self.net = net
         self.root = root
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
-        self.tap = Tap(settings, env, (*OPERATOR_OUTPUTS, "scale.plans", "cluster.capacity"))
+        self.tap = Tap(
+            settings, env, (*OPERATOR_OUTPUTS, "scale.plans", "cluster.capacity", CHECKPOINTS)
+        )
 
     def workdir(self, host: str) -> Path:
         return self.root / f"agent-{host}"
@@ -308,14 +312,15 @@ async def test_a_job_across_namespaces_outlives_lost_hosts(
 
         await scale(2)
 
-        # Steps never go back by more than a checkpoint interval, and one more where a host
-        # was cut off mid-save: the checkpoint it was persisting (every rank writes its own
-        # part, rank 0 commits once all did) is never committed.
-        steps = [s.global_step for s in cluster.tap.of(RuntimeSample, uid)]
-        top = 0
-        for step in steps:
-            assert step >= top - 2 * CHECKPOINT_EVERY, (step, top)
-            top = max(top, step)
+        # Steps go back only at a restart, and then to the newest checkpoint committed
+        # before it or later: a host cut off mid-save leaves that save uncommitted, and a
+        # save is put off while the one before still persists (how many steps that is
+        # depends on the machine's speed, so no fixed bound holds).
+        samples = cluster.tap.of(RuntimeSample, uid)
+        commits = cluster.tap.of(CheckpointCommitted, uid)
+        figures["most_steps_back"] = _most_steps_back(samples)
+        assert commits, "no checkpoint committed"
+        assert not (behind := _behind_newest_checkpoint(samples, commits)), behind
     finally:
         print(json.dumps(figures), flush=True)  # what was measured, also when it failed
         ctx.stop.set()
@@ -364,3 +369,37 @@ def _job_cli(cluster: Cluster, *args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def _most_steps_back(samples: list[RuntimeSample]) -> int:
+    """The most steps the job went back, its samples in the order they were taken."""
+    top, most = 0, 0
+    for sample in sorted(samples, key=lambda s: s.occurred_at):
+        most = max(most, top - sample.global_step)
+        top = max(top, sample.global_step)
+    return most
+
+
+def _behind_newest_checkpoint(
+    samples: list[RuntimeSample], commits: list[CheckpointCommitted]
+) -> list[str]:
+    """Each sample whose step is below a checkpoint committed before it was taken: a
+    restart that did not resume from the newest checkpoint (rank 0 reports a commit once
+    its manifest is written, so a restore after that report finds it), with the samples
+    and commits before it."""
+    found = []
+    ordered = sorted(samples, key=lambda s: s.occurred_at)
+    for i, sample in enumerate(ordered):
+        before = [c for c in commits if c.occurred_at < sample.occurred_at]
+        newest = max(before, key=lambda c: c.step, default=None)
+        if newest is not None and sample.global_step < newest.step:
+            context = [
+                (s.occurred_at.isoformat(), s.global_step, s.world_size)
+                for s in ordered[max(0, i - 4) : i + 1]
+            ]
+            recent = sorted((c.occurred_at.isoformat(), c.step) for c in before)[-3:]
+            found.append(
+                f"step {sample.global_step} at {sample.occurred_at.isoformat()} is below "
+                f"checkpoint {newest.step}; samples {context}; commits {recent}"
+            )
+    return found[:3]
