@@ -513,9 +513,13 @@ class Brain(AsyncResource):
                             f"{len(short)} log(s) end before the checkpoint while the broker "
                             "is refilled from its journal"
                         )
-                    return loaded, found
+                    rebuilt = {}
+                    if found.stale_inputs and self._journal is not None and self._journal.journaled:
+                        stale = {part for _, part in found.stale_inputs}
+                        rebuilt = await self._rebuild(loaded, partitions, stale)
+                    return loaded, found, rebuilt
 
-                loaded, found = await unless(self._closing, load(), self._what)
+                loaded, found, rebuilt = await unless(self._closing, load(), self._what)
                 break
             except Stopping:
                 raise
@@ -537,33 +541,36 @@ class Brain(AsyncResource):
         stale = found.stale_inputs
         warn_stale(stale, f"brain of {self.env}: input")
         warn_stale(found.stale_outputs, f"brain of {self.env}: output")
-        if stale and self._journal is not None and self._journal.journaled:
-            stale = self._rebuild(loaded, {part for _, part in stale})
-        for tp in stale:
-            del loaded.offsets[tp]
-        self._resets.update(dict.fromkeys([*stale, *found.stale_outputs], 0))
+        if not rebuilt:
+            for tp in stale:
+                del loaded.offsets[tp]
+        self._resets.update(dict.fromkeys([*stale, *rebuilt, *found.stale_outputs], 0))
         self.courier.published |= found.published
         self.processor.install(partitions, loaded)
 
-    def _rebuild(self, loaded: Any, partitions: set[int]) -> dict[tuple[str, int], tuple[int, int]]:
-        """Partitions of a journaled broker whose log ends before their checkpoint (one
-        written before the journal held what it covered): their states are dropped and
-        every input of theirs read from offset 0, so that no record is folded twice and
-        none is kept that no topic holds. Returns the input offsets to reset."""
+    async def _rebuild(
+        self, loaded: Any, partitions: set[int], short: set[int]
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        """A journaled broker whose logs of partitions `short` end before their checkpoint
+        (one written before the journal held what it covered): every partition loaded with
+        them is read again from offset 0, its states dropped, in Postgres too
+        (`BrainStore.rebuild`), so that no record is folded twice and none is kept that no
+        topic holds. All of them, not only the short ones: a decision counts the GPUs of
+        every job held (and a lockstep tick is decided over every partition at once), so
+        a replay of some partitions beside others resumed at their checkpoint decides its
+        ticks again with the others' jobs as they are now, not as they were then (a job
+        grew into GPUs that another had held at that tick: tests/integration/brain/
+        test_brain_rebuild.py). Returns the input offsets reset, as (stored, 0)."""
+        assert self._store is not None
         log.warning(
             "brain of %s: partitions %s end before their checkpoint on a journaled broker; "
-            "rebuilding their states from the log",
+            "rebuilding the states of partitions %s from the log",
             self.env,
+            sorted(short),
             sorted(partitions),
         )
-        loaded.states = {u: sp for u, sp in loaded.states.items() if sp[0] not in partitions}
-        loaded.finished = {u: p for u, p in loaded.finished.items() if p not in partitions}
-        return {
-            (name, part): (loaded.offsets[(name, part)], 0)
-            for name in self._inputs
-            for part in partitions
-            if (name, part) in loaded.offsets
-        }
+        dropped = await self._store.rebuild(loaded, partitions, self._inputs)
+        return {tp: (offset, 0) for tp, offset in dropped.items()}
 
     # -- publishing ---------------------------------------------------------------------
 

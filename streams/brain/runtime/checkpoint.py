@@ -115,6 +115,44 @@ class BrainStore:
             {r["job_uuid"]: r["partition"] for r in finished},
         )
 
+    async def rebuild(
+        self, loaded: Loaded, partitions: Iterable[int], topics: Iterable[str]
+    ) -> Offsets:
+        """Drop what the checkpoint holds of `partitions`, in Postgres and in `loaded`:
+        their jobs' states and samples, and the offsets of `topics` there, set to 0; a
+        brain then reads those partitions again from offset 0 (their logs end before the
+        checkpoint). Returns the offsets dropped.
+
+        In Postgres too, not only in what was loaded: the first checkpoint of the replay
+        writes the offsets it reached and the states of the jobs it met so far, and a load
+        after it (a restart, a rebalance, a rewind while the replay goes on) read the old
+        states of every job the replay had not met yet beside those offsets. A job already
+        finished in them ignored its events of the replay, a running one folded them a
+        second time, and the plans of a replay from offset 0 were not those of the run
+        without kills (issue 37's chaos test of the stack: 2 goodput plans more)."""
+        parts = sorted(set(partitions))
+        names = sorted(set(topics))
+        dropped = {
+            (name, part): offset
+            for (name, part), offset in loaded.offsets.items()
+            if part in parts and name in names
+        }
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "DELETE FROM job_sample_chunks WHERE job_uuid IN"
+                " (SELECT job_uuid FROM job_states WHERE partition = ANY($1::int[]))",
+                parts,
+            )
+            await conn.execute("DELETE FROM job_states WHERE partition = ANY($1::int[])", parts)
+            reset = {(name, part): 0 for name in names for part in parts}
+            await conn.execute(_UPSERT, *_columns(reset))
+        self.forget(parts)
+        loaded.states = {u: sp for u, sp in loaded.states.items() if sp[0] not in parts}
+        loaded.finished = {u: p for u, p in loaded.finished.items() if p not in parts}
+        for tp in dropped:
+            del loaded.offsets[tp]
+        return dropped
+
     async def offsets(self, topics: Iterable[str]) -> Offsets:
         """Checkpointed offsets of whole topics (the brain's outputs, whatever partition)."""
         rows = await self.store.pool.fetch(
