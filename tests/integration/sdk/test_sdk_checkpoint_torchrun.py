@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,11 +110,21 @@ def test_fsdp2_saves_sharded_and_resumes_resharded_4_2_4(tmp_path: Path) -> None
 
 
 def test_ddp_resized_4_2_4_at_a_fixed_global_batch_takes_the_same_losses(tmp_path: Path) -> None:
-    common = ["--mode=ddp", "--every=100", "--global-batch=8"]
-    never = losses(run(4, *common, f"--root={tmp_path / 'never'}", "--until=18"))
-    resized: dict[int, float] = {}
-    for nproc, until in ((4, 6), (2, 12), (4, 18)):
-        events = run(nproc, *common, f"--root={tmp_path / 'resized'}", f"--until={until}")
+    """The resized run's first part, 4 ranks from scratch to step 6, is the run never
+    resized's: that run saves at step 6 as it trains on (a save behind training, its next
+    optimizer step waiting for the copy), and the resized run goes on at 2 ranks from a
+    copy of that checkpoint, then at 4 from the one its 2 ranks saved when they exited.
+    (A separate 4-rank run to step 6 was one torchrun start more, a quarter of the test.)"""
+    common = ["--mode=ddp", "--global-batch=8"]
+    never_root, resized_root = tmp_path / "never", tmp_path / "resized"
+    first = run(4, *common, "--every=6", f"--root={never_root}", "--until=18")
+    assert one(first, "resumed")["step"] == 0
+    never = losses(first)
+    assert 6 in [m.step for m in list_checkpoints(str(never_root))]
+    shutil.copytree(never_root / step_dir(6), resized_root / step_dir(6))
+    resized = {step: loss for step, loss in never.items() if step <= 6}
+    for nproc, until in ((2, 12), (4, 18)):
+        events = run(nproc, *common, "--every=100", f"--root={resized_root}", f"--until={until}")
         assert one(events, "resumed")["step"] == until - 6
         resized.update(losses(events))
     print("\nstep  never resized (4)   resized 4 -> 2 -> 4")
