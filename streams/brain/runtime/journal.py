@@ -10,7 +10,9 @@ with its states kept, folded records a second time and kept records no topic hol
 
 - a checkpoint is written only once the journal copied every offset it covers (inputs and
   the plans published), else not at all (`JournalBehind`: the next one tries again). What
-  a checkpoint covers then survives any crash: its log never ends before it;
+  a checkpoint covers then survives any crash: its log never ends before it. A journal
+  whose `up` died has no owner until `up` is back: no checkpoint then either (it took the
+  journal for none, and wrote checkpoints ahead of every refilled log);
 - a log that ends before a checkpoint while the journal is refilling the broker (or holds
   the records it lacks) is not restarted but coming back: the load waits for it
   (`BrokerRefilling`), and a running brain does not read it again from 0;
@@ -56,6 +58,9 @@ class JournalGuard:
         #: whether the broker was journaled when last asked (a running brain then never
         #: takes a short log for a restarted one: it is being refilled)
         self.journaled = False
+        #: a checkpoint found the journal owned once: from then on, one that finds no
+        #: owner is not written (this brain starts again instead: `JournalBehind`)
+        self._owned = False
 
     async def view(self, topics: Offsets | Mapping[TP, object]) -> JournalView | None:
         view = await journal_view(self._pool, self._bootstrap_servers, {t for t, _ in topics})
@@ -64,11 +69,24 @@ class JournalGuard:
 
     async def wait_copied(self, offsets: Offsets, timeout_s: float = JOURNAL_WAIT_S) -> None:
         """Return once the journal holds every record below ``offsets`` (at once without a
-        journal); `JournalBehind` if it does not within ``timeout_s``."""
+        journal); `JournalBehind` if it does not within ``timeout_s``, or if a journal this
+        guard found owned before has no owner now (its `up` gone: not "no journal")."""
         deadline = time.monotonic() + timeout_s
         refills: int | None = None
         while True:
             view = await self.view(offsets)
+            if view is not None:
+                self._owned = True
+            elif self._owned:
+                # the journal of this broker had an owner and has none now: `up` died (its
+                # broker with it) or stopped. What the broker acknowledged since the last
+                # copy is lost, and a checkpoint that covered it would be ahead of the
+                # refilled logs (seen after kills of `up` in the chaos test of issue 37:
+                # every input 1 record ahead, its partitions rebuilt from offset 0)
+                raise JournalBehind(
+                    "the broker journal has no owner any more (`up` gone): what it had not "
+                    "copied is lost"
+                )
             if view is None:
                 return
             if view.refilling or (refills is not None and view.refills != refills):
