@@ -508,7 +508,8 @@ def in_place(
             if args.loss_every and group.step % args.loss_every == 0:
                 emit("loss", step=group.step, loss=round(loss, 4), world_size=group.world_size)
             if ckpt is not None:
-                ckpt.maybe_save(group.step)
+                with group.surviving():  # its agreement may meet a peer lost since the step
+                    ckpt.maybe_save(group.step)
             if args.step_sleep_s:
                 time.sleep(args.step_sleep_s)
         else:

@@ -36,6 +36,8 @@ knobs are decided at once). Rank 0 reports each rescale with its phases.
             break
         with group.stepping():
             train_step(group.model, optimizer, group.step)
+        with group.surviving():
+            ckpt.maybe_save(group.step)
 
 The job's store (``DLROVER_EVENTS_ELASTIC_STORE``) is a ``TCPStore`` hosted by the role's
 rendezvous host process (its pod rank 0, which a scale-down never removes). State travels
@@ -541,6 +543,21 @@ class InPlaceGroup:
             self._report(pending)
             if self.on_rescaled is not None:
                 self.on_rescaled(pending)
+
+    @contextlib.contextmanager
+    def surviving(self) -> Iterator[None]:
+        """Around a collective of the loop's own between steps, such as a checkpoint's
+        ``maybe_save`` (its agreement is an all-reduce of every member): a peer lost in it
+        is survived as one lost in a step, the group re-forming without it (ReformFailed
+        when it cannot); the step count stays. Without it the error ended the process
+        with a traceback (exit 1) where in-place survival, or the restart path's
+        ``ReformFailed``, was due."""
+        try:
+            yield
+        except RuntimeError as err:
+            if not is_peer_failure(err):
+                raise
+            self.recover(err)
 
     def recover(self, err: BaseException, decision: Decision | None = None) -> Rescale | None:
         """A peer was lost in ``decision``'s generation (default: the current one):
