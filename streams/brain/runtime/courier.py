@@ -61,14 +61,15 @@ Send = Callable[[str, bytes | None, bytes, int | None], Awaitable[Any]]
 
 @dataclass(frozen=True)
 class _Record:
-    """One record the brain publishes; `plan`: its offset is where a restart looks for
-    plans published after the checkpoint."""
+    """One record the brain publishes; `output`: a plan or a lockstep acknowledgement, in
+    `produced`: a checkpoint covers it (`up`'s broker journal must have copied it before
+    the checkpoint is written) and a restart looks for plans published after it."""
 
     topic: str
     key: bytes | None
     value: bytes
     partition: int | None = None
-    plan: bool = False
+    output: bool = False
 
 
 class Courier(AsyncResource):
@@ -94,7 +95,8 @@ class Courier(AsyncResource):
         #: (and when the oldest record they decided was fetched: the plans' latency)
         self._outbox: asyncio.Queue[tuple[Output, float]] = asyncio.Queue(maxsize=OUTBOX_BATCHES)
         self._task: asyncio.Task[None] | None = None
-        #: next offset per output partition after the plans this process published
+        #: next offset per output partition after the plans and lockstep acks this
+        #: process published
         self.produced: Offsets = {}
         #: plan ids found on the outputs after the checkpoint we resumed from
         self.published: set[str] = set()
@@ -249,7 +251,7 @@ class Courier(AsyncResource):
                 self.republish_skipped += 1
                 continue
             key = plan.key.encode() if plan.key is not None else None
-            todo.append(_Record(topic_of(plan), key, encode(plan), plan=True))
+            todo.append(_Record(topic_of(plan), key, encode(plan), output=True))
         for letter in out.letters:
             key = letter.key.encode() if letter.key is not None else None
             todo.append(_Record(self._dlq, key, encode(letter)))
@@ -257,10 +259,18 @@ class Courier(AsyncResource):
         if out.acks:
             # after the tick's plans, on every partition: whoever reads any of them has
             # read that partition's plans of the tick when it meets the ack
+            # in `produced` too: a checkpoint past a tick's barrier (the next start does not
+            # decide that tick again) must not be written before the journal has the tick's
+            # ack, or a crash of `up` loses the ack for good and the operator waits for it
+            # (issue 37's chaos test: the brain past barrier 36 on every input, no ack 36)
             plans = topic(self.env, SCALE_PLANS)
             parts = await self._partitions_of(plans)
             await self.deliver(
-                [_Record(plans, None, encode(ack), p) for ack in out.acks for p in parts]
+                [
+                    _Record(plans, None, encode(ack), p, output=True)
+                    for ack in out.acks
+                    for p in parts
+                ]
             )
         log_dead_letters(out.letters)
 
@@ -291,7 +301,7 @@ class Courier(AsyncResource):
                         note(
                             result.topic, result.partition, result.offset, record.key, record.value
                         )
-                    if record.plan:
+                    if record.output:
                         tp = (result.topic, result.partition)
                         self.produced[tp] = max(self.produced.get(tp, 0), result.offset + 1)
             if failed:
