@@ -4,6 +4,15 @@ joined to it by a veth pair (``eth0`` inside), each with an address of a private
 test picks at random (10.213.X.0/24), so runs side by side never meet. Everything made
 is removed at the end, whatever happened (and a namespace's processes are killed first).
 
+Each namespace resolves names as a cluster's hosts do: an /etc/hosts naming every host
+and the bridge, and a resolver that answers at once (``ip netns exec`` puts
+/etc/netns/<namespace>/* over /etc). Without them the machine's nameserver, which a
+namespace cannot reach, made a reverse lookup wait 10 s for its timeout, and torch's c10d
+looks up the name of a store connection's address (for its log): a process's first
+TCPStore connection from one namespace to another took 10.0 s, 0.00 s with these files,
+and a restart of the job's workers spent 10-20 s of its 25-31 s from the processes'
+start to their group there.
+
 Needs root and iproute2; ``available`` says whether this machine has them.
 """
 
@@ -18,6 +27,12 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Where ``ip netns exec`` finds a namespace's own /etc files.
+NETNS_ETC = Path("/etc/netns")
+#: Nothing listens there inside a namespace: a name not in its hosts file fails at once.
+RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
 
 
 def available() -> str | None:
@@ -95,6 +110,7 @@ def namespaces(hosts: list[str]) -> Iterator[Namespaces]:
             ip("-n", ns, "link", "set", "eth0", "up")
             ip("-n", ns, "link", "set", "lo", "up")
             ip("-n", ns, "route", "add", "default", "via", made.gateway)
+        _name_hosts(made)
         yield made
     finally:
         for host in list(made.hosts):
@@ -102,7 +118,21 @@ def namespaces(hosts: list[str]) -> Iterator[Namespaces]:
             made.kill_all(host)
             ip("link", "del", outside, check=False)
             ip("netns", "del", ns, check=False)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+        with contextlib.suppress(OSError):  # only if no one else's namespace has files there
+            NETNS_ETC.rmdir()
         ip("link", "del", made.bridge, check=False)
+
+
+def _name_hosts(made: Namespaces) -> None:
+    """Every namespace's hosts file and resolver (the module's docstring says why)."""
+    lines = ["127.0.0.1 localhost", f"{made.gateway} {made.bridge}"]
+    lines += [f"{address} {host}" for host, (_, _, address) in made.hosts.items()]
+    for ns, _, _ in made.hosts.values():
+        etc = NETNS_ETC / ns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text("\n".join(lines) + "\n")
+        (etc / "resolv.conf").write_text(RESOLV_CONF)
 
 
 __all__ = ["Namespaces", "available", "namespaces"]
