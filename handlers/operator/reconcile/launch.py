@@ -50,6 +50,11 @@ LAST_CALL_S = 3
 #: lapse (torch's default 5 s x 3) before they re-rendezvous smaller: 2 s x 3 here.
 KEEP_ALIVE_S = 2
 KEEP_ALIVE_MISSES = 3
+#: How often torchrun's agent looks at its workers (torch's default 0.1 s): a worker that
+#: ended (its peer lost, say) is restarted up to this much later, and the survivors of a
+#: loss join the next round this far apart, inside the last call. A look is a process poll
+#: and a cached read of the rendezvous state (torch syncs it at most once a second).
+MONITOR_S = 0.5
 
 #: torchrun's own c10d rendezvous, which any training image with torch has.
 C10D = "c10d"
@@ -99,7 +104,7 @@ def elastic_command(
             "--nnodes=1",
             f"--nproc-per-node={policy.nproc_per_node}",
             f"--max-restarts={policy.max_restarts}",
-            "--monitor-interval=1",
+            f"--monitor-interval={MONITOR_S}",
             "--no-python",
             *command,
         ]
@@ -116,7 +121,7 @@ def elastic_command(
         f"--rdzv-conf=is_host={is_host},last_call_timeout={LAST_CALL_S},"
         f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_MISSES}",
         f"--max-restarts={policy.max_restarts}",
-        "--monitor-interval=1",
+        f"--monitor-interval={MONITOR_S}",
         "--no-python",
         *command,
     ]
@@ -191,6 +196,7 @@ __all__ = [
     "KEEP_ALIVE_MISSES",
     "KEEP_ALIVE_S",
     "LAST_CALL_S",
+    "MONITOR_S",
     "Launch",
     "elastic_command",
     "in_place_env",
