@@ -161,12 +161,14 @@ class Lockstep:
         #: barriers among the waiting records, and the next offset read, per partition
         self.barriers: dict[tuple[str, int], int] = {}
         self.read_to: dict[tuple[str, int], int] = {}
-        #: the latest tick decided (in memory: None after a start, and once partitions are
-        #: dropped, as a rebalance does: they resume from their checkpoint). A barrier of
-        #: it or of an earlier tick is a copy: a producer published again, at other
-        #: offsets, records the broker had lost (dlrover_events/runtime/unjournaled.py)
-        #: while this brain had read them already; deciding that tick again would fold its
-        #: records twice (a decision on an input no run without kills has)
+        #: the latest tick decided (None until one is, and once partitions are dropped, as
+        #: a rebalance does; a checkpoint keeps it, `Snapshot.ticks`, so that partitions
+        #: resumed from one know it). A barrier of it or of an earlier tick is a copy: a
+        #: producer published again, at other offsets, records the broker had lost
+        #: (dlrover_events/runtime/unjournaled.py) while this brain had read them already;
+        #: deciding that tick again would fold its records twice (a decision on an input
+        #: no run without kills has). Copies that lie after a checkpoint's offsets were
+        #: decided again by a brain started from it, before it kept the tick
         self.decided: int | None = None
         #: records dropped as such copies (barriers included), and events left out of a
         #: tick because the tick had an event with their id already
@@ -304,6 +306,8 @@ class BrainProcessor:
         self._dirty: set[str] = set()
         self._changed_offsets: set[tuple[str, int]] = set()
         self._unsaved_plans: list[OptimizePlan | ScalePlan] = []
+        #: lockstep: the latest tick decided as the last snapshot said it
+        self._ticks_saved: int | None = None
         self._history: dict[str, deque[JobState]] = {}
         #: the sum of the jobs' `held`: the cluster's GPUs less this are free
         self._held_total = 0
@@ -358,6 +362,13 @@ class BrainProcessor:
             if since is not None and (self.last_round is None or since > self.last_round):
                 self.last_round = since  # (a round counts every share it holds)
         merge_offsets(self.offsets, loaded.offsets)
+        parts = set(partitions)
+        if parts and all(p in loaded.ticks for p in parts):
+            # ticks up to the least of theirs are decided for all of them: a barrier of
+            # one is a copy (a partition without one: nothing is known, none is a copy)
+            tick = min(loaded.ticks[p] for p in parts)
+            decided = self.lockstep.decided
+            self.lockstep.decided = tick if decided is None else min(decided, tick)
         self.loaded.update(partitions)
 
     def drop(self, partitions: Iterable[int]) -> None:
@@ -748,11 +759,18 @@ class BrainProcessor:
         """Everything changed since the last snapshot; call it only between batches whose
         plans are published, so the offsets never get ahead of the published plans."""
         jobs = self.jobs
+        decided = self.lockstep.decided
         snap = Snapshot(
             states={u: (jobs[u].partition, jobs[u].state) for u in self._dirty},
             offsets={tp: self.offsets[tp] for tp in self._changed_offsets},
             plans=self._unsaved_plans,
+            ticks=(
+                dict.fromkeys(self.loaded | {p for _, p in self.lockstep.inputs}, decided)
+                if decided is not None and decided != self._ticks_saved
+                else {}
+            ),
         )
+        self._ticks_saved = decided
         self._dirty = set()
         self._changed_offsets = set()
         self._unsaved_plans = []
@@ -775,3 +793,5 @@ class BrainProcessor:
         self._dirty.update(u for u in snap.states if u in self.jobs)
         self._changed_offsets.update(tp for tp in snap.offsets if tp in self.offsets)
         self._unsaved_plans = [*snap.plans, *self._unsaved_plans]
+        if snap.ticks:
+            self._ticks_saved = None  # (written with the next one)

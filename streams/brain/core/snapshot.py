@@ -35,9 +35,11 @@ class Snapshot:
     #: offsets to write as they are, not as the greatest of stored and new: those found
     #: beyond their log's end (a restarted broker). One also in `offsets` is written so.
     reset: Offsets = field(default_factory=dict)
+    #: lockstep: the latest tick decided, per input partition (number) it covers
+    ticks: dict[int, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.states or self.offsets or self.plans or self.reset)
+        return bool(self.states or self.offsets or self.plans or self.reset or self.ticks)
 
 
 @dataclass
@@ -49,6 +51,8 @@ class Loaded:
     states: dict[str, tuple[int, JobState]]
     offsets: Offsets
     finished: dict[str, int] = field(default_factory=dict)
+    #: lockstep: the latest tick decided, per partition (`Snapshot.ticks`)
+    ticks: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

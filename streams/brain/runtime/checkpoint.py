@@ -54,6 +54,10 @@ ORDER BY (state->>'completed_at')::timestamptz NULLS FIRST, job_uuid
 #: the statuses of FINISHED as the state documents hold them
 _FINISHED = sorted(status.value for status in FINISHED)
 
+#: where `brain_offsets` keeps a lockstep env's latest tick decided, per partition (as its
+#: `next_offset`): no topic has this name (env topics are `<env>.<name>`)
+TICKS = "lockstep.decided"
+
 
 class BrainStore:
     """Reads and writes the checkpoint through the env's store (plans via EnvStore, so
@@ -94,7 +98,7 @@ class BrainStore:
                 "SELECT topic, partition, next_offset FROM brain_offsets"
                 " WHERE partition = ANY($1::int[]) AND topic = ANY($2::text[])",
                 parts,
-                list(topics),
+                [*topics, TICKS],
             )
         chunks: dict[str, list[tuple[int, list[Sample]]]] = {}
         for r in chunk_rows:
@@ -111,8 +115,13 @@ class BrainStore:
                 self._stored[job_uuid] = stored
         return Loaded(
             states,
-            {(r["topic"], r["partition"]): r["next_offset"] for r in offsets},
+            {
+                (r["topic"], r["partition"]): r["next_offset"]
+                for r in offsets
+                if r["topic"] != TICKS
+            },
             {r["job_uuid"]: r["partition"] for r in finished},
+            {r["partition"]: r["next_offset"] for r in offsets if r["topic"] == TICKS},
         )
 
     async def rebuild(
@@ -146,9 +155,15 @@ class BrainStore:
             await conn.execute("DELETE FROM job_states WHERE partition = ANY($1::int[])", parts)
             reset = {(name, part): 0 for name in names for part in parts}
             await conn.execute(_UPSERT, *_columns(reset))
+            await conn.execute(
+                "DELETE FROM brain_offsets WHERE topic = $1 AND partition = ANY($2::int[])",
+                TICKS,
+                parts,
+            )
         self.forget(parts)
         loaded.states = {u: sp for u, sp in loaded.states.items() if sp[0] not in parts}
         loaded.finished = {u: p for u, p in loaded.finished.items() if p not in parts}
+        loaded.ticks = {p: t for p, t in loaded.ticks.items() if p not in parts}
         for tp in dropped:
             del loaded.offsets[tp]
         return dropped
@@ -165,7 +180,7 @@ class BrainStore:
         """Plans first (idempotent by plan_id), then states and offsets atomically: a crash
         in between only means the plans are recorded again, as no-ops, after the replay."""
         await self.save_plans(snapshot.plans)
-        if not (snapshot.states or snapshot.offsets or snapshot.reset):
+        if not (snapshot.states or snapshot.offsets or snapshot.reset or snapshot.ticks):
             return
         docs: list[tuple[str, int, str]] = []
         writes: dict[str, SampleWrite] = {}
@@ -216,6 +231,7 @@ class BrainStore:
             # the greatest of stored and new, so that nothing moves an offset back; except
             # where the log restarted: there the stored offset is wrong
             kept = {tp: o for tp, o in snapshot.offsets.items() if tp not in snapshot.reset}
+            kept.update({(TICKS, part): tick for part, tick in snapshot.ticks.items()})
             reset = {tp: snapshot.offsets.get(tp, o) for tp, o in snapshot.reset.items()}
             if kept:
                 await conn.execute(_UPSERT_GREATEST, *_columns(kept))

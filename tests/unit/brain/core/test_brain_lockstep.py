@@ -209,3 +209,37 @@ def test_partitions_taken_over_again_decide_their_ticks_again() -> None:
     again = p.process([r for tp in INPUTS for r in recs[tp]])
     assert [a.tick for a in again.acks] == [a.tick for a in first.acks] == [1, 2]
     assert [x.plan_id for x in again.plans] == [x.plan_id for x in first.plans]
+
+
+def test_a_brain_started_from_a_checkpoint_knows_the_ticks_it_decided() -> None:
+    """Copies of a tick decided (records a broker lost, published again by their producer)
+    that lie after the checkpoint's offsets are copies for a brain started from that
+    checkpoint too: the checkpoint keeps the latest tick decided (`Snapshot.ticks`). Before,
+    a brain started again (a kill, a rewind after a kill of `up`, a rebalance) took none
+    for a copy and decided tick 2 again with the copied records alone, folding them a
+    second time (issue 37: the chaos test of the stack made an optimize plan more after
+    such a start)."""
+    recs = {tp: list(r) for tp, r in partitions().items()}
+    first = BrainProcessor(
+        ENV, f"{ENV}.brain", Policy(BrainSettings(lockstep=True, cluster_gpus=8))
+    )
+    first.inputs = set(INPUTS)
+    first.process([r for tp in INPUTS for r in recs[tp]])
+    snap = first.snapshot()
+    assert snap.ticks == {0: 2, 1: 2}
+    again = BrainProcessor(
+        ENV, f"{ENV}.brain", Policy(BrainSettings(lockstep=True, cluster_gpus=8))
+    )
+    again.install({0, 1}, Loaded(dict(snap.states), dict(snap.offsets), ticks=dict(snap.ticks)))
+    again.inputs = set(INPUTS)
+    src = recs[(EVENTS, 0)]
+    copies = [Rec(EVENTS, 0, len(src) + i, None, r.value) for i, r in enumerate(src[-2:])]
+    three = encode(Barrier(env=ENV, tick=3, sim_at=T0 + timedelta(seconds=180)))
+    at = {tp: len(recs[tp]) + (2 if tp == (EVENTS, 0) else 0) for tp in INPUTS}
+    out = again.process([*copies, *(Rec(tp[0], tp[1], at[tp], None, three) for tp in INPUTS)])
+    calm = first.process([Rec(tp[0], tp[1], len(recs[tp]), None, three) for tp in INPUTS])
+    assert again.counters.ticks == 1 and again.counters.processed == 0  # tick 3 alone
+    assert again.lockstep.copies == 2
+    assert sorted(a.tick for a in out.acks) == [2, 3] and [a.tick for a in calm.acks] == [3]
+    assert [p.plan_id for p in out.plans] == [p.plan_id for p in calm.plans]
+    assert again.offsets == {**first.offsets, (EVENTS, 0): first.offsets[(EVENTS, 0)] + 2}
