@@ -15,7 +15,7 @@ from tests.unit.sdk.members import run_members
 
 MEMBER = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, time
     import torch
     from torch import nn
     from dlrover_events.sdk.torch import ElasticCheckpoint
@@ -33,7 +33,9 @@ MEMBER = textwrap.dedent(
     ckpt = ElasticCheckpoint(root, model, optimizer, every=spec["every"], handle_sigterm=False)
     group.join(model, optimizer, checkpoint=ckpt)
     worlds, generation = [], 0
-    while group.step < spec["steps"]:
+    # to the last step, and on until both survivors are members again: one that was left
+    # out of the first re-form waits to be taken in by the other
+    while (group.step < spec["steps"] or group.world_size < 2) and group.step < 1000:
         # as the elastic example: a member checks the boundary again after any re-form,
         # so that every member of the new generation starts with the same collective
         if group.generation != generation:
@@ -56,6 +58,9 @@ MEMBER = textwrap.dedent(
             os._exit(0)
         with group.surviving():
             ckpt.maybe_save(group.step)
+        time.sleep(0.02)
+    if group.generation != generation:
+        worlds.append(group.world_size)
     ckpt.save(group.step)
     print(json.dumps({"rank": rank, "worlds": worlds, "step": group.step, "pid": os.getpid(),
                       "saved_step": ckpt.saved_step}))
@@ -70,7 +75,8 @@ def test_a_peer_lost_in_the_checkpoints_agreement_is_survived_in_place(tmp_path:
     assert outs[2] == {"rank": 2, "died_at": 6}
     for rank in (0, 1):
         # (a survivor slower to see the loss than the other is left out of the first
-        # re-form and taken in again at the next boundary: [3, 1, 2] for the other)
+        # re-form and taken in again at a later boundary: [3, 1, 2] for the other)
         worlds = outs[rank]["worlds"]
         assert worlds[0] == 3 and worlds[-1] == 2 and 3 not in worlds[1:], outs[rank]
-        assert outs[rank]["step"] == 12 and outs[rank]["saved_step"] == 12, outs[rank]
+        assert 12 <= outs[rank]["step"] < 1000, outs[rank]
+        assert outs[rank]["saved_step"] == outs[rank]["step"] == outs[0]["step"], outs
