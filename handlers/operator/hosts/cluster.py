@@ -382,7 +382,7 @@ class HostsCluster:
         except FileExistsError:
             return False
         role = job.roles[pod.role]
-        runs = launch(job, pod, env, RENDEZVOUS, self.rendezvous_backend)
+        runs = launch(job, pod, env, RENDEZVOUS, self.rendezvous_backend, forked=True)
         command = runs.command or role.command
         if not command:
             shutil.rmtree(pod_dir, ignore_errors=True)

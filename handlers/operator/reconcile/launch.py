@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from dlrover_events.sdk.identity import (
     APP_ENV,
@@ -56,6 +57,16 @@ KEEP_ALIVE_MISSES = 3
 #: and a cached read of the rendezvous state (torch syncs it at most once a second).
 MONITOR_S = 0.5
 
+#: The commands ``forked_script`` runs in the agent's own Python.
+PYTHONS = frozenset({"python", "python3"})
+#: How a forked launch starts its workers. Not ``forkserver``: Python's server preloads
+#: nothing for a console script like torchrun (no main path is passed to it), so each
+#: worker imported torch anew; measured in test_hosts_netns, a new worker's start to its
+#: group took 8.6-14.6 s so and 1.0-1.1 s forked from the agent. A forked worker inherits
+#: the agent's memory, not its threads: it uses none of the agent's objects, and the SDK's
+#: rendezvous handler does not leave the round from it (``LeavingRendezvousHandler``).
+FORK = "fork"
+
 #: torchrun's own c10d rendezvous, which any training image with torch has.
 C10D = "c10d"
 #: The SDK's (dlrover_events.sdk.torch.rendezvous.BACKEND): c10d where a stopped node
@@ -85,12 +96,15 @@ def elastic_command(
     rendezvous_host: str,
     command: Sequence[str],
     rendezvous_backend: str = C10D,
+    forked: bool = False,
 ) -> list[str]:
     """torchrun's elastic agent around the training command: ``--nnodes=MIN:MAX`` and a c10d
     rendezvous, never a frozen world size. The role's host rank binds the store
     (``is_host=1``); the others only connect, so the store lives as long as that pod.
     ``rendezvous_backend``: ``c10d``, or the SDK's ``dlrover-c10d`` where the pods have the
     SDK (a stopped node leaves the rendezvous at once: dlrover_events.sdk.torch.rendezvous).
+    ``forked``: a ``python SCRIPT.py ...`` command runs as torchrun's ``--run-path`` with
+    the forkserver start method (``forked_script``), other commands as they are.
 
     In place, each pod's agent only supervises its own workers (``--standalone``: a
     rendezvous of its own, restarting a worker that fails); the workers form the job's
@@ -122,9 +136,19 @@ def elastic_command(
         f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_MISSES}",
         f"--max-restarts={policy.max_restarts}",
         f"--monitor-interval={MONITOR_S}",
-        "--no-python",
-        *command,
+        *((forked_script(command) if forked else None) or ("--no-python", *command)),
     ]
+
+
+def forked_script(command: Sequence[str]) -> tuple[str, ...] | None:
+    """torchrun's arguments that run ``python SCRIPT.py ARGS`` in worker processes forked
+    from the agent (``--run-path``, the ``FORK`` start method), which has imported torch
+    and the SDK's rendezvous already: a new worker skips torch's import, the biggest part
+    of its start on a loaded machine (docs/platforms.md, A lost host). None for any other
+    command, which runs as it is (``--no-python``)."""
+    if len(command) < 2 or Path(command[0]).name not in PYTHONS or not command[1].endswith(".py"):
+        return None
+    return ("--run-path", f"--start-method={FORK}", *command[1:])
 
 
 def in_place_env(role: RoleView, rank: int, rendezvous_host: str) -> dict[str, str]:
@@ -150,6 +174,7 @@ def launch(
     rendezvous_host: str,
     rendezvous_backend: str = C10D,
     addressing: Addressing | None = None,
+    forked: bool = False,
 ) -> Launch:
     """What ``pod`` of ``job`` in ``env`` runs (pure: the same inputs give the same launch).
 
@@ -157,7 +182,7 @@ def launch(
     WORLD_SIZE per rendezvous: the pod gets no world size of its own, only its node rank
     (the brain's node id), which stays the same across re-rendezvous. ``addressing``: how
     the platform names its pods, for the variables that say where every role's pods are
-    (``peers.peer_env``; None: none said).
+    (``peers.peer_env``; None: none said). ``forked``: as ``elastic_command``'s.
     """
     role = job.roles[pod.role]
     variables = {
@@ -183,7 +208,11 @@ def launch(
         variables.update(ELASTIC_AGENT_ENV)
     training = role.elastic.command or role.command
     return Launch(
-        tuple(elastic_command(job, role, pod, rendezvous_host, training, rendezvous_backend)),
+        tuple(
+            elastic_command(
+                job, role, pod, rendezvous_host, training, rendezvous_backend, forked=forked
+            )
+        ),
         variables,
     )
 
@@ -192,6 +221,7 @@ __all__ = [
     "C10D",
     "DLROVER_C10D",
     "ELASTIC_AGENT_ENV",
+    "FORK",
     "IDENTITY_ENV",
     "KEEP_ALIVE_MISSES",
     "KEEP_ALIVE_S",
@@ -199,6 +229,7 @@ __all__ = [
     "MONITOR_S",
     "Launch",
     "elastic_command",
+    "forked_script",
     "in_place_env",
     "launch",
 ]

@@ -47,3 +47,45 @@ def test_a_prompt_exit_keeps_the_code_the_output_the_threads_and_atexit() -> Non
     assert "thread done\n" in done.stdout and "atexit ran\n" in done.stdout
     assert "finalized" not in done.stdout  # no module teardown
     assert done.stdout.index("thread done") < done.stdout.index("atexit ran")
+
+
+CHILD = textwrap.dedent(
+    """
+    import multiprocessing, sys
+    from dlrover_events.sdk.torch.exiting import exit_promptly
+
+    def worker(code, said):
+        try:
+            exit_promptly(code)
+        except SystemExit as e:
+            said.put(("SystemExit", e.code))
+            raise
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context("forkserver")
+        for code in (0, 3):
+            said = ctx.SimpleQueue()
+            p = ctx.Process(target=worker, args=(code, said))
+            p.start()
+            p.join(60)
+            print(code, p.exitcode, None if said.empty() else said.get())
+    """
+)
+
+
+def test_in_a_multiprocessing_child_a_clean_end_is_a_system_exit(tmp_path: Path) -> None:
+    """torchrun's --run-path runs the script in a multiprocessing child, whose agent waits
+    for the function to return: a clean end raises SystemExit(0) (torch takes it for a
+    return), any other code still ends the process at once with that code."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["0 0 ('SystemExit', 0)", "3 3 None"], done.stdout

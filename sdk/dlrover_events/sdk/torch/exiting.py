@@ -7,12 +7,18 @@ that returns from its loop still spends its end in finalization: with torch, DDP
 optimizer loaded (an optimizer imports ``torch._dynamo``), 1.4 s alone on this machine and
 2-3 s when a node's workers end together on two cores, measured. Every second of it is a
 second the whole job does not train, so a worker whose work is done ends at once.
+
+A worker that is a multiprocessing child (torchrun's ``--run-path`` with a fork or
+forkserver start method runs the script in one) ends well by ``SystemExit(0)`` instead:
+its agent waits for the function to return (torch takes that exit for a return), and
+multiprocessing ends the child with ``os._exit`` after it, without finalization either.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import multiprocessing
 import os
 import sys
 import threading
@@ -28,7 +34,9 @@ def exit_promptly(code: int | None) -> NoReturn:
     the non-daemon threads are joined (each for at most ``THREAD_JOIN_S``), the atexit
     functions run (logging's flush among them), the standard streams are flushed, then
     ``os._exit``. Call it when the work is saved: a checkpoint written, the reporter
-    closed. ``sys.exit(main())`` becomes ``exit_promptly(main())``."""
+    closed. ``sys.exit(main())`` becomes ``exit_promptly(main())``. In a multiprocessing
+    child a code of 0 raises ``SystemExit(0)`` after the same steps (the module's
+    docstring says why)."""
     current = threading.current_thread()
     for thread in threading.enumerate():
         if thread is not current and not thread.daemon:
@@ -39,6 +47,8 @@ def exit_promptly(code: int | None) -> NoReturn:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):  # closed, or its reader gone
                 stream.flush()
+        if not code and multiprocessing.parent_process() is not None:
+            raise SystemExit(0)
         os._exit(code or 0)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 
@@ -51,6 +52,10 @@ class LeavingRendezvousHandler(RendezvousHandler):
     def __init__(self, inner: dynamic_rendezvous.DynamicRendezvousHandler) -> None:
         self._inner = inner
         self._shut_down = False
+        #: the agent's process: a worker forked from it (torchrun's --run-path with the
+        #: fork start method) inherits this handler and its atexit, and must not leave
+        #: the round in its agent's name when it ends
+        self._pid = os.getpid()
         atexit.register(self.leave)
 
     def get_backend(self) -> str:
@@ -81,8 +86,9 @@ class LeavingRendezvousHandler(RendezvousHandler):
 
     def leave(self) -> bool:
         """Take this node out of the round's participants (stopping its heartbeats), at
-        most ``LEAVE_S``; True when it left. Nothing once the rendezvous is shut down."""
-        if self._shut_down:
+        most ``LEAVE_S``; True when it left. Nothing once the rendezvous is shut down, and
+        nothing in another process than the agent's (a forked worker)."""
+        if self._shut_down or os.getpid() != self._pid:
             return False
         left: list[bool] = []
         worker = threading.Thread(target=self._leave, args=(left,), daemon=True)
