@@ -4,9 +4,11 @@ holds the Lease and applies plans, the other waits; the leader killed with SIGKI
 release), the other takes over once the lease went unrenewed, applies the plan published
 meanwhile, and no plan is applied twice. A clean stop releases the lease.
 
-Short lease durations (4 s lease, 3 s renew deadline, 0.5 s retry) keep it quick; the
-only time the test checks is a lower bound that load cannot break: the new leader took
-the lease no sooner than a lease duration after the old one's last renewal.
+Short lease durations (10 s lease, 7 s renew deadline, 0.5 s retry) keep it quick, and
+the renew deadline long enough that the leader keeps its lease on a loaded machine (with
+3 s, op-b lost it once in a CI run: a renewal the apiserver answered late); the only
+time the test checks is a lower bound that load cannot break: the new leader took the
+lease no sooner than a lease duration after the old one's last renewal.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ from .test_reconciler_support import Cluster, KubeletLoop, role, until
 
 pytestmark = pytest.mark.integration
 
-LEASE_S = 4
+LEASE_S = 10
+RENEW_DEADLINE_S = 7
 TIMING = {
     "DLROVER_EVENTS_OPERATOR_LEASE_DURATION_SECONDS": str(LEASE_S),
-    "DLROVER_EVENTS_OPERATOR_RENEW_DEADLINE_SECONDS": "3",
+    "DLROVER_EVENTS_OPERATOR_RENEW_DEADLINE_SECONDS": str(RENEW_DEADLINE_S),
     "DLROVER_EVENTS_OPERATOR_RETRY_PERIOD_SECONDS": "0.5",
 }
 SA = "dlrover-events-operator"
@@ -281,7 +284,7 @@ async def test_a_leader_that_loses_its_lease_stops_acting_at_once(
         {
             "namespace": namespace,
             "lease_duration_seconds": LEASE_S,
-            "renew_deadline_seconds": 3,
+            "renew_deadline_seconds": RENEW_DEADLINE_S,
             "retry_period_seconds": 0.5,
         }
     )
