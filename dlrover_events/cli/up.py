@@ -84,6 +84,8 @@ class Stack:
         failures = 0
         while not stop.is_set():
             try:
+                if self.journal is not None:
+                    await self.journal.say_restarting()
                 await self.broker.start_async()  # from this (the main) thread: see Broker
                 if self.journal is not None:
                     refill = await self.journal.refill()

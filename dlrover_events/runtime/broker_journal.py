@@ -360,6 +360,17 @@ class BrokerJournal:
                 + ", ".join(f"{n} ({p} partitions, journal {wanted[n]})" for n, p in wrong.items())
             )
 
+    async def say_restarting(self) -> None:
+        """Before a new broker answers: its readers (a standalone service's readiness, the
+        brain) take it for one being refilled from then on. Said only by the refill, a
+        reader that asked between the broker's start and the refill's first step found a
+        broker that answers, empty, and not refilling (a service alone said ready, then
+        not ready again; a brain could take the empty logs for its own). No refill is
+        counted here: ``refills`` counts the refills begun."""
+        await self._conn.execute(
+            "UPDATE stack SET refilling = true, updated_at = now() WHERE id = 1"
+        )
+
     async def _say_refilling(self, refilling: bool) -> None:
         """Readers of `journal_view` (a standalone service's readiness, the brain) take a
         broker being refilled for one that is not there yet. Each refill counts

@@ -21,6 +21,7 @@ from dlrover_events.runtime.broker_journal import (
     BrokerJournal,
     RefillError,
     database_identity,
+    journal_view,
 )
 from dlrover_events.runtime.embedded import Broker, ensure_database
 from dlrover_events.settings import Settings
@@ -356,5 +357,41 @@ async def test_by_default_a_journal_is_its_own_databases(
     try:
         assert journal.stack == await database_identity(conn)
         assert await conn.fetchval("SELECT count(*) FROM broker_journal.stack") == 1
+    finally:
+        await conn.close()
+
+
+async def test_a_broker_restarting_is_said_refilling_before_it_answers(
+    journal: BrokerJournal, own_pg: str
+) -> None:
+    """`up` says so before the new broker starts: a reader (a standalone service's
+    readiness, the brain) that asks between the broker's start and the refill must not
+    find a broker that answers, empty, and not refilling (seen in a CI run: a service run
+    alone said ready, not ready, then ready again after a kill -9 of tansu). No refill is
+    counted until one begins."""
+    first = new_broker()
+    try:
+        await journal_filled(journal, first.bootstrap_servers)
+    finally:
+        first.stop()
+    servers = first.bootstrap_servers
+    conn = await asyncpg.connect(own_pg)
+    try:
+        before = await journal_view(conn, servers, ())
+        assert before is not None and not before.refilling
+        await journal.say_restarting()
+        held = await journal_view(conn, servers, ())
+        assert held is not None and held.refilling and held.refills == before.refills
+        second = Broker("127.0.0.1", first.port, log_dir=ARTIFACTS / "logs")
+        second.start()
+        try:
+            await journal.attach(second.bootstrap_servers)
+            still = await journal_view(conn, servers, ())
+            assert still is not None and still.refilling  # the broker answers, not refilled
+            await journal.refill()
+        finally:
+            second.stop()
+        after = await journal_view(conn, servers, ())
+        assert after is not None and not after.refilling and after.refills == before.refills + 1
     finally:
         await conn.close()
