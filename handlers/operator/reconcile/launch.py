@@ -104,7 +104,7 @@ def elastic_command(
     ``rendezvous_backend``: ``c10d``, or the SDK's ``dlrover-c10d`` where the pods have the
     SDK (a stopped node leaves the rendezvous at once: dlrover_events.sdk.torch.rendezvous).
     ``forked``: a ``python SCRIPT.py ...`` command runs as torchrun's ``--run-path`` with
-    the forkserver start method (``forked_script``), other commands as they are.
+    the fork start method (``forked_script``), other commands as they are.
 
     In place, each pod's agent only supervises its own workers (``--standalone``: a
     rendezvous of its own, restarting a worker that fails); the workers form the job's
