@@ -528,12 +528,11 @@ class InPlaceGroup:
         """Around one step: counts it when it completes; when a peer is lost in it, the
         group re-forms without the peer and the step is not counted (the loop does it
         again, with the state every member now shares)."""
-        try:
+        completed = False
+        with self.surviving():
             yield
-        except RuntimeError as err:
-            if not is_peer_failure(err):
-                raise
-            self.recover(err)
+            completed = True
+        if not completed:
             return
         self.step += 1
         pending = self._pending
