@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -184,6 +185,14 @@ def train_step(
     return total
 
 
+def pause(args: argparse.Namespace, world_size: int) -> None:
+    """The step's added time: a fixed part, and a synchronisation that grows with the
+    world as a ring all-reduce's latency does (log2 of the workers)."""
+    seconds = args.step_sleep_s + args.sync_cost_s * math.log2(max(world_size, 1))
+    if seconds > 0:
+        time.sleep(seconds)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=500, help="global steps to reach")
@@ -204,6 +213,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
     p.add_argument("--step-sleep-s", type=float, default=0.0, help="added to each step")
+    p.add_argument(
+        "--sync-cost-s",
+        type=float,
+        default=0.0,
+        help="added to each step times log2(world size): the all-reduce of a model larger "
+        "than this one, so that a CPU run shows the goodput optimizer a scale that costs",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--knob-sync-every", type=int, default=5, help="steps between knob checks")
     p.add_argument("--simulate-plan", action="append", default=[], metavar="STEP:K=V[,K=V]")
@@ -355,8 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                 if ckpt.should_stop:
                     reason, code = "sigterm", EXIT_STOPPED
                     break
-            if args.step_sleep_s:
-                time.sleep(args.step_sleep_s)
+            pause(args, world_size)
         else:
             if ckpt is not None:
                 ckpt.save(step)
@@ -510,8 +525,7 @@ def in_place(
             if ckpt is not None:
                 with group.surviving():  # its agreement may meet a peer lost since the step
                     ckpt.maybe_save(group.step)
-            if args.step_sleep_s:
-                time.sleep(args.step_sleep_s)
+            pause(args, group.world_size)
         else:
             if ckpt is not None and not group.left:
                 ckpt.save(group.step)
