@@ -71,7 +71,11 @@ def run(nproc: int, *args: str, env: dict[str, str] | None = None) -> list[dict[
         timeout=240,  # torch's and DCP's imports alone take a minute on a loaded 2-core host
         check=False,
     )
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    if done.returncode != 0:  # in full: pytest's assertion message cuts long strings
+        pytest.fail(
+            f"exit code {done.returncode}\n--- stdout, its end ---\n{done.stdout[-2000:]}"
+            f"\n--- stderr, its end ---\n{done.stderr[-8000:]}"
+        )
     return lines(done.stdout)
 
 
