@@ -15,7 +15,9 @@ the brain) notes each record with its offset; before it publishes more, and now 
 while it waits, it asks `lost`: the records noted before the broker's last refill that the
 journal had not copied. Published again first, in order, into partitions only it writes
 (a tick's events and barriers, plans and acknowledgements), they land where they were:
-the log is as it was, and what every consumer read of it stays true.
+the log is as it was, and what every consumer read of it stays true. While the journal
+refills the broker, `lost` cannot say (`answered` is False): a producer that publishes then
+may land after the refill at a lost record's offset, so it waits (the brain's courier).
 
 What this cannot mend: a record that straddled the refill (acknowledged by the new broker
 before the journal copied it) is published twice; a partition another producer wrote into
@@ -45,6 +47,10 @@ MAX_NOTED = 50_000
 REASK_S = 10.0
 #: Seconds, at most, to read what a refilled broker has of what was noted (then asked again).
 READ_TIMEOUT_S = 15.0
+#: Seconds, at most, that a journal which had an owner and has none (its `up` gone) leaves
+#: `lost` unanswered: an `up` comes back in well under this; one that does not, or comes
+#: back without a journal (memory storage), must not hold its producers for ever.
+OWNER_BACK_S = 180.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +78,16 @@ class Unjournaled:
         #: whether a journal of this broker was found when last asked (None: not asked)
         self._journaled: bool | None = None
         self._asked = 0.0
+        #: since when the journal, owned before, has had no owner (None: owned, or never)
+        self._unowned_since: float | None = None
         self.republished = 0
+        #: whether the last `lost` could say what the broker lost: not while the journal
+        #: refills the broker, nor while a journal owned before has no owner (its `up`
+        #: restarts, with a new broker to refill). A record published then lands before or
+        #: after the refill: after, it takes the offset of a lost record that consumers
+        #: read already, and they skip it (issue 37's chaos test: the operator waited for
+        #: good for a BarrierAck the brain had published, the brain idle past its tick)
+        self.answered = True
 
     def __len__(self) -> int:
         return len(self._noted)
@@ -112,13 +127,21 @@ class Unjournaled:
         self._asked = now
         topics = {s.topic for s in self._noted}
         view = await journal_view(self._db, self._settings.bootstrap_servers, topics)
+        self.answered = False
         if view is None:
             if not self._journaled:
                 # no journal of this broker: a Kafka cluster or memory storage (or an `up`
                 # that restarts, whose broker lost everything anyway)
                 self._journaled = False
                 self._noted.clear()
-            return []  # (journaled before: its `up` restarts; asked again next time)
+                self.answered = True
+                return []
+            # journaled before: its `up` restarts (asked again next time)
+            if self._unowned_since is None:
+                self._unowned_since = now
+            self.answered = now - self._unowned_since >= OWNER_BACK_S
+            return []
+        self._unowned_since = None
         self._journaled = True
         if view.refilling:
             return []
@@ -143,6 +166,7 @@ class Unjournaled:
                 lost.append(moved)
         self._noted, self._refills = kept, refills
         self.republished += len(lost)
+        self.answered = True
         return lost
 
     async def _in_log(

@@ -14,7 +14,9 @@ already (`published`: not published again).
 Beside `up`'s journaled broker it keeps what the broker acknowledged until the journal has
 it (`unjournaled`), and publishes again, before any new batch and every `LOST_CHECK_S`
 while idle, what a broker refilled from its journal lost of it: a lockstep tick's
-acknowledgement lost so made its operator wait for good (issue 37).
+acknowledgement lost so made its operator wait for good (issue 37). A batch waits while the
+journal refills the broker: published then, it landed after the refill at the offset of a
+lost acknowledgement the operator had read, the operator skipped it and waited for good.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ OUTBOX_BATCHES = 2
 RETRY = Backoff(initial_s=0.1, max_s=30.0)
 #: Seconds between two questions, while idle, whether the broker lost what was published.
 LOST_CHECK_S = 1.0
+#: Seconds between two questions, while a batch waits for the broker's refill to end.
+REFILL_CHECK_S = 0.1
 
 #: send(topic, key, value, partition) -> the broker's ack (topic, partition, offset)
 Send = Callable[[str, bytes | None, bytes, int | None], Awaitable[Any]]
@@ -178,15 +182,15 @@ class Courier(AsyncResource):
         journal without its last records), at the offsets it had: plans and
         acknowledgements go into partitions only the brain writes. ``before``: a batch
         waits for it, so ask until it is answered (the next records would take the lost
-        ones' offsets) or the brain stops."""
+        ones' offsets), and while the journal refills the broker (it cannot say yet
+        what was lost), or the brain stops."""
         if self.unjournaled is None:
             return
-        attempt = 0
+        attempt = waits = 0
         while True:
             attempt += 1
             try:
                 lost = await self.unjournaled.lost()
-                break
             except Exception as err:  # Postgres, or a broker that died again meanwhile
                 log.warning(
                     "brain of %s: could not ask whether the broker lost records (attempt "
@@ -200,6 +204,22 @@ class Courier(AsyncResource):
                     raise
                 if await wait_or_stop(self._closing, RETRY.delay(attempt)):
                     raise Stopping(f"the brain of {self.env} is stopping") from err
+                continue
+            if self.unjournaled.answered or not before:
+                break
+            # the journal is refilling the broker (or its `up` restarts): a batch published
+            # now could land after the refill at the offset of a lost record that readers
+            # have read, and be skipped (issue 37: the operator waited for good for an ack)
+            attempt = 0
+            waits += 1
+            if waits == 1:
+                log.info(
+                    "brain of %s: the broker is being refilled from its journal: publishing "
+                    "once it is",
+                    self.env,
+                )
+            if await wait_or_stop(self._closing, REFILL_CHECK_S):
+                raise Stopping(f"the brain of {self.env} is stopping")
         if not lost:
             return
         await self.deliver([_Record(s.topic, s.key, s.value or b"", s.partition) for s in lost])
