@@ -39,6 +39,10 @@ TP = tuple[str, int]
 #: how long a checkpoint waits for the journal to copy what it covers (it copies every
 #: 0.2 s; longer means the journal is stuck, and the checkpoint is skipped)
 JOURNAL_WAIT_S = 5.0
+#: a refill seen during the wait gives the journal this many waits more from it, never
+#: more in all: a journal refilling again and again (or stuck refilling) must not hold a
+#: checkpoint for ever
+REFILL_WAITS = 3
 
 
 class JournalBehind(RuntimeError):
@@ -69,9 +73,12 @@ class JournalGuard:
 
     async def wait_copied(self, offsets: Offsets, timeout_s: float = JOURNAL_WAIT_S) -> None:
         """Return once the journal holds every record below ``offsets`` (at once without a
-        journal); `JournalBehind` if it does not within ``timeout_s``, or if a journal this
+        journal); `JournalBehind` if it does not within ``timeout_s`` (from the last refill
+        seen, and at most ``REFILL_WAITS`` times ``timeout_s`` in all), or if a journal this
         guard found owned before has no owner now (its `up` gone: not "no journal")."""
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
+        last = started + REFILL_WAITS * timeout_s
         refills: int | None = None
         while True:
             view = await self.view(offsets)
@@ -92,8 +99,8 @@ class JournalGuard:
             if view.refilling or (refills is not None and view.refills != refills):
                 # a broker refilled meanwhile: its producers publish again what it lost
                 # (dlrover_events.runtime.unjournaled), and the journal copies it; the
-                # wait starts again from the refill
-                deadline = time.monotonic() + timeout_s
+                # wait starts again from the refill, within the one bound of the call
+                deadline = min(time.monotonic() + timeout_s, last)
             refills = view.refills
             behind = {
                 tp: (o, view.copied.get(tp, 0))
@@ -103,6 +110,11 @@ class JournalGuard:
             if not behind:
                 return
             if time.monotonic() >= deadline:
+                if view.refilling:
+                    raise JournalBehind(
+                        f"the broker journal was still refilling the broker after "
+                        f"{time.monotonic() - started:.1f} s"
+                    )
                 (name, part), (offset, copied) = min(behind.items())
                 raise JournalBehind(
                     f"the broker journal copied {name}[{part}] to {copied}, the checkpoint "
