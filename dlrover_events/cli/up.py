@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -487,4 +488,9 @@ def _print_where(
             else ""
         )
     )
+    example = Path("examples/elastic/job.yaml")
+    if example.is_file() and any(s.name == "local" for s in supervised):
+        # a newcomer's next step (README, "the first five minutes"), from the repository:
+        # the local platform's operator runs it
+        console.print(f"run a job: dlrover-events job submit {example} --platform local")
     console.print("Ctrl-C stops everything.")

@@ -139,6 +139,9 @@ async def test_up_runs_the_stack_and_stops_on_sigterm(own_pg: str, tmp_path: Pat
         assert "dlrover-events is up" in up.stdout
         assert f"127.0.0.1:{port}" in up.stdout
         assert "watchdog" in up.stdout, "the watchdog is a service of up"
+        assert re.search(r"service\W+local\W", up.stdout), "the local platform is a service"
+        # and a newcomer's next step is named (README, the first five minutes)
+        assert "run a job: dlrover-events job submit examples/elastic/job.yaml" in up.stdout
         where = re.escape(str(tmp_path))  # (absolute, as pytest gives it)
         assert re.search(rf"data dir\W+{where}", up.stdout), "up names its data dir, absolute"
 
