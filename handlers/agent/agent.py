@@ -11,7 +11,10 @@ orders still want; its predecessor's pods it takes back from their pid files.
 
 A name another live agent reports under is refused at the start: the latest report of
 the host, if younger than a few heartbeats and from another run than this working
-directory's last one, means another machine has the name.
+directory's last one, means another machine has the name (handlers.agent.naming). A
+restart within those heartbeats reports at once, without reading the bus: the operator
+counts a host lost after its ``lost_after_s``, and a check that read the hosts' reports
+first made a restarted agent's first report late enough for its pods to be replaced.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import logging
 import socket
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 from aiokafka import ConsumerRecord
@@ -31,7 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from dlrover_events.bus.compacted import CompactedFollower
 from dlrover_events.bus.dead_letters import dead_letter, log_dead_letters, send_dead_letters
 from dlrover_events.bus.producer import Producer
-from dlrover_events.bus.topic_reader import read_topic
+from dlrover_events.bus.topic_reader import read_topics
 from dlrover_events.bus.topics import HOSTS_ORDERS, HOSTS_REPORTS, check_env_name, topic
 from dlrover_events.errors import UserError
 from dlrover_events.lifecycle import cancel_and_wait, wait_or_stop
@@ -39,6 +43,7 @@ from dlrover_events.pods.environment import node_env
 from dlrover_events.pods.files import read_json, write_json
 from dlrover_events.pods.memory import available
 from dlrover_events.settings import Settings
+from handlers.agent.naming import LOOKBACK_S, latest_report, name_taken, restarted_in_time
 from handlers.agent.pods import HostPods
 from handlers.agent.slots import UnreadableGpus, discover
 from schemas.codec import CodecError, check_env, decode
@@ -47,12 +52,9 @@ from schemas.hosts import HostOrders, HostReported, OrderedPod, Slot, check_host
 
 log = logging.getLogger(__name__)
 
-#: The agent's own record in its working directory: its last run's id.
+#: The agent's own record in its working directory: the id of the last run that reported
+#: from it, under which name, when last and how often (handlers.agent.naming).
 AGENT_FILE = "agent.json"
-#: A report younger than this many heartbeats (and at least ALIVE_S) means its agent is
-#: alive: another machine's, where this working directory's last run is not its author.
-ALIVE_HEARTBEATS = 3
-ALIVE_S = 10.0
 SOURCE = "agent"
 
 
@@ -203,36 +205,44 @@ class Agent:
             heartbeat_s=self.conf.heartbeat_s,
         )
 
-    async def _check_name(self) -> None:
-        """Refuse a host name another live agent reports under (see the module)."""
-        records = await read_topic(
-            self.settings, topic(self.env, HOSTS_REPORTS), timeout_s=10.0, client_id="agent"
+    async def _check_name(self) -> bool:
+        """Refuse a host name another live agent reports under (handlers.agent.naming);
+        whether the bus was read (not after a restart in time)."""
+        own = read_json(self.workdir / AGENT_FILE)
+        if restarted_in_time(own, self.host, time.time()):
+            return False
+        since = datetime.fromtimestamp(time.time() - LOOKBACK_S, UTC)
+        records = await read_topics(
+            self.settings,
+            [topic(self.env, HOSTS_REPORTS)],
+            client_id="agent",
+            begin=since,
+            timeout_s=10.0,
         )
-        previous = (read_json(self.workdir / AGENT_FILE) or {}).get("agent_id")
-        latest: HostReported | None = None
-        for record in records:
-            if record.key != self.host.encode() or record.value is None:
-                continue
-            try:
-                event = decode(record.value)
-            except CodecError:
-                continue
-            if isinstance(event, HostReported):
-                latest = event
-        if latest is None or latest.agent_id == previous:
-            return
-        age = time.time() - latest.occurred_at.timestamp()
-        if age < max(ALIVE_S, ALIVE_HEARTBEATS * latest.heartbeat_s):
-            raise UserError(
-                f"host name {self.host!r} is taken: another agent (at {latest.address}) "
-                f"reported under it {age:.1f} s ago; give this one its own "
-                "(--host or DLROVER_EVENTS_AGENT_HOST)"
-            )
+        latest = latest_report(((r.key, r.value) for r in records), self.host)
+        refusal = name_taken(latest, (own or {}).get("agent_id"), self.host, time.time())
+        if refusal is not None:
+            raise UserError(refusal)
+        return True
+
+    def _reported(self) -> None:
+        """This run reported: the record a restart decides by (handlers.agent.naming).
+        One not written only costs the next start a reading of the bus."""
+        record = {
+            "agent_id": self.agent_id,
+            "host": self.host,
+            "reported_at": time.time(),
+            "heartbeat_s": self.conf.heartbeat_s,
+        }
+        try:
+            write_json(self.workdir / AGENT_FILE, record)
+        except OSError as e:
+            log.warning("agent %s: its record not written: %s", self.host, e)
 
     async def run(self, stop: asyncio.Event) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        await self._check_name()
-        write_json(self.workdir / AGENT_FILE, {"agent_id": self.agent_id, "host": self.host})
+        read = await self._check_name()
+        log.info("agent %s: name checked %s", self.host, "on the bus" if read else "by its record")
         adopted = self.pods.adopted()
         if adopted:
             log.warning(
@@ -286,6 +296,7 @@ class Agent:
                         await producer.publish(now)
                     said, last = list(now.pods), loop.time()
                     reached, fenced = loop.time(), False
+                    self._reported()
                     self.ready.set()
                 except (KafkaError, TimeoutError) as e:
                     log.warning("agent %s: report not sent: %r", self.host, e)
