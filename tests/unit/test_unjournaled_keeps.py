@@ -39,3 +39,33 @@ async def test_keeps_follows_whether_the_broker_has_a_journal(
     assert unjournaled.keeps
     unjournaled.note("t", 0, 2, None, b"c")
     assert len(unjournaled) == 1
+
+
+async def test_lost_is_not_answered_while_the_journal_refills_or_its_up_is_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`answered` (a producer publishes nothing new until it is True): False while the
+    journal refills the broker, and while a journal owned before has no owner, for at most
+    `OWNER_BACK_S` (an `up` that does not come back must not hold its producers)."""
+    views: list[JournalView | None] = [
+        JournalView(False, {}, 1, {}),
+        JournalView(True, {}, 2, {}),
+        None,
+        None,
+        JournalView(False, {}, 2, {}),
+        None,
+    ]
+
+    async def journal_view(*_: Any) -> JournalView | None:
+        return views.pop(0)
+
+    monkeypatch.setattr(module, "journal_view", journal_view)
+    unjournaled = Unjournaled(None, Settings())  # type: ignore[arg-type]
+    assert await unjournaled.lost() == [] and unjournaled.answered  # journaled, not refilling
+    assert await unjournaled.lost() == [] and not unjournaled.answered  # refilling
+    assert await unjournaled.lost() == [] and not unjournaled.answered  # its `up` away
+    monkeypatch.setattr(module, "OWNER_BACK_S", 0.0)
+    assert await unjournaled.lost() == [] and unjournaled.answered  # away too long
+    assert await unjournaled.lost() == [] and unjournaled.answered  # back, refilled
+    monkeypatch.setattr(module, "OWNER_BACK_S", 3600.0)
+    assert await unjournaled.lost() == [] and not unjournaled.answered  # away again
