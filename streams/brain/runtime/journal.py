@@ -39,10 +39,12 @@ TP = tuple[str, int]
 #: how long a checkpoint waits for the journal to copy what it covers (it copies every
 #: 0.2 s; longer means the journal is stuck, and the checkpoint is skipped)
 JOURNAL_WAIT_S = 5.0
-#: a refill seen during the wait gives the journal this many waits more from it, never
-#: more in all: a journal refilling again and again (or stuck refilling) must not hold a
-#: checkpoint for ever
+#: a refill seen during the wait gives the journal its wait again from the refill, within
+#: one bound for the whole call: this many waits, and at least `REFILL_BOUND_S` (a refill
+#: takes 0.5-2 s; a held checkpoint waits 0.5 s). A journal refilling again and again (or
+#: stuck refilling) must not hold a checkpoint for ever
 REFILL_WAITS = 3
+REFILL_BOUND_S = 10.0
 
 
 class JournalBehind(RuntimeError):
@@ -74,11 +76,12 @@ class JournalGuard:
     async def wait_copied(self, offsets: Offsets, timeout_s: float = JOURNAL_WAIT_S) -> None:
         """Return once the journal holds every record below ``offsets`` (at once without a
         journal); `JournalBehind` if it does not within ``timeout_s`` (from the last refill
-        seen, and at most ``REFILL_WAITS`` times ``timeout_s`` in all), or if a journal this
-        guard found owned before has no owner now (its `up` gone: not "no journal")."""
+        seen, within `REFILL_WAITS` times ``timeout_s`` or `REFILL_BOUND_S` in all), or if a
+        journal this guard found owned before has no owner now (its `up` gone: not "no
+        journal")."""
         started = time.monotonic()
         deadline = started + timeout_s
-        last = started + REFILL_WAITS * timeout_s
+        last = started + max(REFILL_WAITS * timeout_s, REFILL_BOUND_S)
         refills: int | None = None
         while True:
             view = await self.view(offsets)

@@ -1,9 +1,10 @@
 """`JournalGuard.wait_copied` (streams/brain/runtime/journal.py) has one bound: a refill
-seen during the wait gives the journal time again, never more than `REFILL_WAITS` waits
-in all. Before, every refill seen started the wait again, so a journal refilling again and
-again (or stuck refilling: a refill that failed leaves its flag up) held a checkpoint, and
-the brain with it, for ever. The journal's answers are stubbed here;
-tests/integration/brain/test_brain_journal.py asks real ones."""
+seen during the wait gives the journal time again, within one bound for the call
+(`REFILL_WAITS` waits, at least `REFILL_BOUND_S`). Before, every refill seen started the
+wait again, so a journal refilling again and again (or stuck refilling: a refill that
+failed leaves its flag up) held a checkpoint, and the brain with it, for ever. The
+journal's answers are stubbed here; tests/integration/brain/test_brain_journal.py asks
+real ones."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ async def test_a_journal_that_keeps_refilling_does_not_hold_a_checkpoint_for_eve
         return JournalView(refilling, {TP: 0}, next(refills), {})
 
     monkeypatch.setattr(module, "journal_view", journal_view)
+    monkeypatch.setattr(module, "REFILL_BOUND_S", 1.0)
     guard = JournalGuard(None, "127.0.0.1:9092")  # type: ignore[arg-type]
     with pytest.raises(JournalBehind):
         await asyncio.wait_for(guard.wait_copied({TP: 5}, timeout_s=0.2), NEVER_S)
