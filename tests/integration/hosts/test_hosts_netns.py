@@ -42,7 +42,8 @@ from handlers.operator.wiring.modes import run_operator
 from schemas.checkpoints import CheckpointCommitted
 from schemas.cluster import CapacityReported
 from schemas.control import EnvMode
-from schemas.jobs import RuntimeSample
+from schemas.hosts import HostReported
+from schemas.jobs import NodeFailed, RuntimeSample
 from schemas.plans import ScalePlan, ScaleResult, ScaleStatus
 from tests.conftest import ARTIFACTS, cli_environ, unique_env
 from tests.integration.hosts.conftest import DEADLINE_S
@@ -76,7 +77,9 @@ class Cluster:
         self.root = root
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.tap = Tap(
-            settings, env, (*OPERATOR_OUTPUTS, "scale.plans", "cluster.capacity", CHECKPOINTS)
+            settings,
+            env,
+            (*OPERATOR_OUTPUTS, "scale.plans", "cluster.capacity", CHECKPOINTS, "hosts.reports"),
         )
 
     def workdir(self, host: str) -> Path:
@@ -299,16 +302,41 @@ async def test_a_job_across_namespaces_outlives_lost_hosts(
         await lose("SIGKILL", kill, cluster.start_agent)
 
         # An agent killed alone and started again: its pods keep their pids, nothing re-joins.
+        # Waited for: the new agent's report of the pods it took back (before it, samples
+        # alone proved nothing: the pods train on while no agent runs, until the operator
+        # counts the host lost), then training on past it.
         host = sorted(HOSTS)[1]
         before = _pids(cluster, host)
+        running = {name: before[name] for name in _running_pods(cluster, host)}
+        assert running, f"no pod runs on {host}"
+        killed_id = json.loads((cluster.workdir(host) / "agent.json").read_text())["agent_id"]
         joined = len(cluster.memberships())
         cluster.agents[host].kill()
         cluster.agents[host].wait(10)
+        killed = time.time()
         cluster.start_agent(host)
+
+        def taken_back() -> list[HostReported]:
+            return [
+                e
+                for e in cluster.tap.of(HostReported)
+                if e.host == host
+                and e.agent_id != killed_id
+                and {p.name: p.pid for p in e.pods if p.phase == "Running"} == running
+            ]
+
+        back = await wait_for(f"{host}'s restarted agent reporting its pods", taken_back)
+        figures["agent_restart_first_report_s"] = round(back[0].occurred_at.timestamp() - killed, 2)
         seen = len(cluster.tap.of(RuntimeSample, uid))
         await wait_for("more samples", lambda: len(cluster.tap.of(RuntimeSample, uid)) > seen + 6)
         assert _pids(cluster, host) == before
         assert len(cluster.memberships()) == joined, "a worker re-joined: the job restarted"
+        lost = [
+            e
+            for e in cluster.tap.of(NodeFailed, uid)
+            if e.reason == "NodeLost" and e.occurred_at.timestamp() > killed
+        ]
+        assert not lost, f"the restarted agent's host was counted lost: {lost}"
 
         await scale(2)
 
