@@ -223,6 +223,13 @@ class BrokerJournal:
             await conn.execute(
                 "INSERT INTO stack (id, identity) VALUES (1, $1) ON CONFLICT (id) DO NOTHING", mine
             )
+            # owned again, and its broker not refilled by this owner yet: refilling from now
+            # on, not from `say_restarting`. Else a producer asking in between (a new `up`
+            # starting after kill -9 of the last) found the journal owned, not refilling,
+            # with nothing lost, published, and its records, held by its client until a
+            # broker answered, took the offsets of lost ones that readers had read (issue
+            # 37's chaos test: the operator's republished records landed at other offsets)
+            await conn.execute("UPDATE stack SET refilling = true, updated_at = now() WHERE id = 1")
             if stack is None:
                 said = await old_journal(conn, dsn)
                 if said is not None:
