@@ -59,8 +59,12 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[3]
 HOSTS = ["ha", "hb", "hc"]
-LOST_AFTER_S = 4.0
-FENCE_AFTER_S = 5.0
+#: the operator's default (DLROVER_EVENTS_HOSTS_LOST_AFTER_S): the agent restarted as a
+#: process must be back within it, and a cold start of `dlrover-events agent` (its imports)
+#: took 0.7, 2.0 and 5.1 s from the kill to its first report on this machine under other
+#: sessions' load (4 s, the value before, counted the host lost in the last of those runs)
+LOST_AFTER_S = 6.0
+FENCE_AFTER_S = 8.0
 CLI = str(Path(sys.executable).parent / "dlrover-events")
 
 
