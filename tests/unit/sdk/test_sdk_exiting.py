@@ -3,6 +3,7 @@ process still had to say is said, its code is kept, and module teardown does not
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -89,3 +90,39 @@ def test_in_a_multiprocessing_child_a_clean_end_is_a_system_exit(tmp_path: Path)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["0 0 ('SystemExit', 0)", "3 3 None"], done.stdout
+
+
+HANDLED = textwrap.dedent(
+    """
+    import gc, os, signal, sys, weakref
+    import torch
+    from dlrover_events.sdk.torch import ElasticCheckpoint
+
+    model = torch.nn.Linear(2, 1)
+    ck = ElasticCheckpoint(sys.argv[1], model, torch.optim.SGD(model.parameters(), lr=0.1))
+    os.kill(os.getpid(), signal.SIGTERM)  # while it lives: the loop is asked to stop
+    print("stop asked", ck.stop_requested, flush=True)
+    gone = weakref.ref(ck)
+    del ck
+    gc.collect()
+    print("freed", gone() is None, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)  # once it is gone: what SIGTERM does by default
+    print("still here", flush=True)
+    """
+)
+
+
+def test_the_sigterm_handler_keeps_no_checkpoint_alive(tmp_path: Path) -> None:
+    """The signal module keeps a handler until the interpreter's finalization: a checkpoint
+    its handler held (with the model and the optimizer) was freed only there, where a gloo
+    worker thread releasing its last collective's tensors aborts the process (exiting.py)."""
+    done = subprocess.run(
+        [sys.executable, "-c", HANDLED, str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert done.stdout.splitlines() == ["stop asked True", "freed True"], done.stderr
+    assert done.returncode == -signal.SIGTERM, done.stderr

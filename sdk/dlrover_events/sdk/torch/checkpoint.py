@@ -53,6 +53,7 @@ from dlrover_events.sdk.checkpoint_manifest import (
 )
 from dlrover_events.sdk.knobs import StepKnobs
 from dlrover_events.sdk.torch.checkpoint_storage import Storage
+from dlrover_events.sdk.torch.exiting import weak_handler
 from dlrover_events.sdk.torch.ranks import distributed, is_peer_failure, world
 from dlrover_events.sdk.torch.sampler import ElasticSampler
 
@@ -469,7 +470,7 @@ class ElasticCheckpoint:
         if threading.current_thread() is not threading.main_thread():
             log.warning("not in the main thread: SIGTERM will not save a checkpoint")
             return False
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._previous = signal.signal(signal.SIGTERM, weak_handler(self._on_sigterm))
         return True
 
     def uninstall_sigterm_handler(self) -> None:

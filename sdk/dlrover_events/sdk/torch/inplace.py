@@ -76,6 +76,7 @@ from dlrover_events.sdk.membership import (
 from dlrover_events.sdk.probes import process_started_at
 from dlrover_events.sdk.reporter import Reporter
 from dlrover_events.sdk.torch import ElasticCheckpoint, is_peer_failure, knob_sync
+from dlrover_events.sdk.torch.exiting import weak_handler
 from dlrover_events.sdk.torch.inplace_ddp import GenerationGroup
 from dlrover_events.sdk.torch.inplace_settings import (
     DEFAULT_GATHER_S,
@@ -253,7 +254,7 @@ class InPlaceGroup:
         if threading.current_thread() is not threading.main_thread():
             log.warning("not in the main thread: SIGTERM will not make this rank leave")
             return False
-        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._previous_handler = signal.signal(signal.SIGTERM, weak_handler(self._on_sigterm))
         return True
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
