@@ -18,8 +18,10 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dlrover_events.envs.registry import EnvRecord, EnvRegistry
+from dlrover_events.runtime.broker_journal import BrokerJournal
 from dlrover_events.runtime.embedded import (
     LOCAL_PG,
     Broker,
@@ -176,6 +178,26 @@ async def own_pg(pg_dsn: str) -> AsyncIterator[str]:
     await _admin(pg_dsn, f"CREATE DATABASE {quote_ident(name)}")
     yield with_database(pg_dsn, name)
     await _admin(pg_dsn, f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+
+
+@pytest.fixture
+async def journal(own_pg: str) -> AsyncIterator[BrokerJournal]:
+    """`up`'s broker journal, in the test's own database."""
+    j = await BrokerJournal.open(Settings(), own_pg)
+    yield j
+    await j.close()
+
+
+async def journal_topic(journal: BrokerJournal, servers: str, topic: str, partitions: int) -> None:
+    """Journal the broker at ``servers`` from its (empty) refill on, ``topic`` made in it."""
+    await journal.attach(servers)
+    await journal.refill()
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
 
 
 @pytest.fixture

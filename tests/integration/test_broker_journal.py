@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -29,13 +28,6 @@ from dlrover_events.store.database import quote_ident
 from tests.conftest import ARTIFACTS, _admin
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def journal(own_pg: str) -> AsyncIterator[BrokerJournal]:
-    j = await BrokerJournal.open(Settings(), own_pg)
-    yield j
-    await j.close()
 
 
 def new_broker() -> Broker:

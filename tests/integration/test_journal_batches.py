@@ -12,17 +12,13 @@ not there."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dlrover_events.bus.kafka_client import stop_consumer
 from dlrover_events.runtime.broker_journal import BrokerJournal
 from dlrover_events.runtime.embedded import Broker
-from dlrover_events.settings import Settings
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACTS, journal_topic
 
 pytestmark = pytest.mark.integration
 
@@ -30,13 +26,6 @@ TOPIC = "b.acks"
 TP = TopicPartition(TOPIC, 0)
 #: records sent together: one alone, three in a batch, one alone, four in a batch
 GROUPS = [1, 3, 1, 4]
-
-
-@pytest.fixture
-async def journal(own_pg: str) -> AsyncIterator[BrokerJournal]:
-    j = await BrokerJournal.open(Settings(), own_pg)
-    yield j
-    await j.close()
 
 
 async def send_in_batches(servers: str) -> list[tuple[int, bytes]]:
@@ -79,12 +68,7 @@ async def test_records_sent_in_one_batch_come_back_at_their_offsets(
     first.start()
     servers = first.bootstrap_servers
     try:
-        await journal.attach(servers)
-        await journal.refill()
-        admin = AIOKafkaAdminClient(bootstrap_servers=servers)
-        await admin.start()
-        await admin.create_topics([NewTopic(TOPIC, 1, 1)])
-        await admin.close()
+        await journal_topic(journal, servers, TOPIC, 1)
         acked = await send_in_batches(servers)
         assert [o for o, _ in acked] == list(range(sum(GROUPS)))
         before, listed = await read_from(servers, 0)

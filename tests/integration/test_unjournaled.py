@@ -7,31 +7,22 @@ other's next record, which took the offset of a lost one, and waited for good)."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import murmur2
 
 from dlrover_events.runtime.broker_journal import BrokerJournal
 from dlrover_events.runtime.embedded import Broker
 from dlrover_events.runtime.unjournaled import Unjournaled
 from dlrover_events.settings import Settings
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACTS, journal_topic
 from tests.integration.test_broker_journal import read_all
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "u.acks"
-
-
-@pytest.fixture
-async def journal(own_pg: str) -> AsyncIterator[BrokerJournal]:
-    j = await BrokerJournal.open(Settings(), own_pg)
-    yield j
-    await j.close()
 
 
 async def send(servers: str, records: list[tuple[int, bytes]]) -> list[tuple[int, int, bytes]]:
@@ -62,12 +53,7 @@ async def test_what_a_refilled_broker_lost_is_published_again_at_its_offsets(
     conn = await asyncpg.connect(own_pg)
     unjournaled = Unjournaled(conn, settings)
     try:
-        await journal.attach(servers)
-        await journal.refill()
-        admin = AIOKafkaAdminClient(bootstrap_servers=servers)
-        await admin.start()
-        await admin.create_topics([NewTopic(TOPIC, 2, 1)])
-        await admin.close()
+        await journal_topic(journal, servers, TOPIC, 2)
         assert await unjournaled.lost() == []  # asked before publishing: refills known
 
         def note(acked: list[tuple[int, int, bytes]]) -> None:
@@ -124,12 +110,7 @@ async def test_a_record_in_a_partition_the_refilled_topic_lacks_is_lost_not_wait
     conn = await asyncpg.connect(own_pg)
     unjournaled = Unjournaled(conn, Settings(bootstrap_servers=servers))
     try:
-        await journal.attach(servers)
-        await journal.refill()
-        admin = AIOKafkaAdminClient(bootstrap_servers=servers)
-        await admin.start()
-        await admin.create_topics([NewTopic(TOPIC, 2, 1)])
-        await admin.close()
+        await journal_topic(journal, servers, TOPIC, 2)
         await send(servers, [(0, b"kept")])
         assert await journal.drain()
         assert await unjournaled.lost() == []

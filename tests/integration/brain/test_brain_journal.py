@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -26,13 +25,6 @@ from tests.conftest import ARTIFACTS, unique_env
 from tests.integration.brain.workload import expected_plans, job_events, plans_on, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def journal(own_pg: str) -> AsyncIterator[BrokerJournal]:
-    j = await BrokerJournal.open(Settings(), own_pg)
-    yield j
-    await j.close()
 
 
 def _broker() -> Broker:

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client import CollectorRegistry
 
 from dlrover_events.bus.kafka_client import stop_consumer
@@ -31,20 +29,13 @@ from schemas.codec import decode
 from schemas.lockstep import BarrierAck
 from streams.brain.core.processor import Output
 from streams.brain.runtime.courier import Courier
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACTS, journal_topic
 
 pytestmark = pytest.mark.integration
 
 ENV = "cr"
 PLANS = f"{ENV}.scale.plans"
 DEADLINE_S = 60.0
-
-
-@pytest.fixture
-async def journal(own_pg: str) -> AsyncIterator[BrokerJournal]:
-    j = await BrokerJournal.open(Settings(), own_pg)
-    yield j
-    await j.close()
 
 
 def acks(*ticks: int) -> Output:
@@ -95,12 +86,7 @@ async def test_a_batch_waits_for_the_refill_and_lands_after_what_the_broker_lost
         return await (await producer.send(name, value, key=key, partition=partition))
 
     try:
-        await journal.attach(servers)
-        await journal.refill()
-        admin = AIOKafkaAdminClient(bootstrap_servers=servers)
-        await admin.start()
-        await admin.create_topics([NewTopic(PLANS, 1, 1)])
-        await admin.close()
+        await journal_topic(journal, servers, PLANS, 1)
         assert await journal.drain()  # the topic in the journal, no record yet
         await producer.start()
         courier = Courier(
